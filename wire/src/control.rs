@@ -1,0 +1,435 @@
+//! Control messages: registration into a session and leaving it.
+//!
+//! Every message is an 8-byte header followed by a body (little-endian):
+//!
+//! | offset | size | field      |
+//! |-------:|-----:|------------|
+//! | 0      | 1    | version ([`PROTOCOL_VERSION`]) |
+//! | 1      | 1    | type: 1 register, 2 accept, 3 reject, 4 leave |
+//! | 2      | 2    | body length |
+//! | 4      | 4    | request id, echoed in the reply |
+//!
+//! Bodies are listed with each [`ControlMessage`] variant and in `docs/protocol.md`.
+
+use crate::{Result, WireError, PROTOCOL_VERSION};
+
+/// Length of the control header.
+pub const CONTROL_HEADER_LEN: usize = 8;
+/// Longest session name, in bytes of UTF-8.
+pub const MAX_SESSION_NAME_LEN: usize = 64;
+/// Longest reject message, in bytes of UTF-8.
+pub const MAX_REJECT_MESSAGE_LEN: usize = 1024;
+
+const REGISTER: u8 = 1;
+const ACCEPT: u8 = 2;
+const REJECT: u8 = 3;
+const LEAVE: u8 = 4;
+
+/// How a session's workers encode floats; every rank must agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ValueEncoding {
+    /// int32 as is, float32 as native floats summed by the aggregator.
+    Native = 0,
+    /// float32 quantised to int32 with a per-packet exponent (switch-faithful).
+    BlockFloatingPoint = 1,
+}
+
+impl TryFrom<u8> for ValueEncoding {
+    type Error = WireError;
+    fn try_from(value: u8) -> Result<Self> {
+        match value {
+            0 => Ok(Self::Native),
+            1 => Ok(Self::BlockFloatingPoint),
+            _ => Err(WireError::InvalidField { field: "encoding", reason: "unknown encoding" }),
+        }
+    }
+}
+
+/// Why the switch refused a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum RejectCode {
+    /// The worker speaks another protocol version.
+    Version = 1,
+    /// Parameters differ from those of ranks already registered in the session.
+    Mismatch = 2,
+    /// The rank is already registered in the session.
+    DuplicateRank = 3,
+    /// The rank is not below the world size.
+    RankOutOfRange = 4,
+    /// A configured limit (sessions, workers, slots, bytes) would be exceeded.
+    Limit = 5,
+    /// The message names a session the switch does not hold.
+    UnknownSession = 6,
+    /// The message could not be parsed.
+    Malformed = 7,
+}
+
+impl TryFrom<u16> for RejectCode {
+    type Error = WireError;
+    fn try_from(value: u16) -> Result<Self> {
+        Ok(match value {
+            1 => Self::Version,
+            2 => Self::Mismatch,
+            3 => Self::DuplicateRank,
+            4 => Self::RankOutOfRange,
+            5 => Self::Limit,
+            6 => Self::UnknownSession,
+            7 => Self::Malformed,
+            _ => {
+                return Err(WireError::InvalidField { field: "code", reason: "unknown reject code" })
+            }
+        })
+    }
+}
+
+/// A control message, in valid states only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlMessage {
+    /// Worker → switch: join session `name` as `rank` of `world_size`.
+    ///
+    /// Body: rank u16, world size u16, packet elements u16, slots u16, depth u8,
+    /// encoding u8, name length u8, name.
+    Register {
+        rank: u16,
+        world_size: u16,
+        /// Elements per packet.
+        packet_elements: u16,
+        /// Slots every worker keeps in flight (its window, all threads together).
+        slots: u16,
+        /// Rounds a slot retains for loss recovery (2 is SwitchML's shadow copy).
+        depth: u8,
+        encoding: ValueEncoding,
+        /// Groups the registrations of one job; distinct names are distinct sessions.
+        name: String,
+    },
+    /// Switch → worker, once every rank has registered: the session is open.
+    ///
+    /// Body: session u32, rank u16, world size u16, packet elements u16, slots u16,
+    /// depth u8, reserved u8.
+    Accept { session: u32, rank: u16, world_size: u16, packet_elements: u16, slots: u16, depth: u8 },
+    /// Switch → worker: the request is refused.
+    ///
+    /// Body: code u16, message length u16, message (UTF-8).
+    Reject { code: RejectCode, message: String },
+    /// Worker → switch: this rank leaves the session; the session closes with its first
+    /// leaver. Body: session u32, rank u16.
+    Leave { session: u32, rank: u16 },
+}
+
+impl ControlMessage {
+    /// Bytes of the whole message: header and body.
+    pub fn buffer_len(&self) -> usize {
+        CONTROL_HEADER_LEN + self.body_len()
+    }
+
+    fn body_len(&self) -> usize {
+        match self {
+            Self::Register { name, .. } => 11 + name.len(),
+            Self::Accept { .. } => 14,
+            Self::Reject { message, .. } => 4 + message.len(),
+            Self::Leave { .. } => 6,
+        }
+    }
+
+    /// Parses one message, returning its request id with it.
+    pub fn parse(bytes: &[u8]) -> Result<(u32, ControlMessage)> {
+        if bytes.len() < CONTROL_HEADER_LEN {
+            return Err(WireError::Truncated { len: bytes.len(), needed: CONTROL_HEADER_LEN });
+        }
+        if bytes[0] != PROTOCOL_VERSION {
+            return Err(WireError::Version { found: bytes[0] });
+        }
+        let body_len = u16::from_le_bytes([bytes[2], bytes[3]]) as usize;
+        let request_id = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        let expected = CONTROL_HEADER_LEN + body_len;
+        if bytes.len() != expected {
+            return Err(if bytes.len() < expected {
+                WireError::Truncated { len: bytes.len(), needed: expected }
+            } else {
+                WireError::LengthMismatch { len: bytes.len(), expected }
+            });
+        }
+        let mut body = Reader { bytes: &bytes[CONTROL_HEADER_LEN..] };
+        let message = match bytes[1] {
+            REGISTER => Self::Register {
+                rank: body.u16()?,
+                world_size: body.u16()?,
+                packet_elements: body.u16()?,
+                slots: body.u16()?,
+                depth: body.u8()?,
+                encoding: ValueEncoding::try_from(body.u8()?)?,
+                name: {
+                    let len = body.u8()? as usize;
+                    body.text(len, MAX_SESSION_NAME_LEN, "name")?
+                },
+            },
+            ACCEPT => {
+                let message = Self::Accept {
+                    session: body.u32()?,
+                    rank: body.u16()?,
+                    world_size: body.u16()?,
+                    packet_elements: body.u16()?,
+                    slots: body.u16()?,
+                    depth: body.u8()?,
+                };
+                body.u8()?; // reserved
+                message
+            }
+            REJECT => Self::Reject {
+                code: RejectCode::try_from(body.u16()?)?,
+                message: {
+                    let len = body.u16()? as usize;
+                    body.text(len, MAX_REJECT_MESSAGE_LEN, "message")?
+                },
+            },
+            LEAVE => Self::Leave { session: body.u32()?, rank: body.u16()? },
+            other => return Err(WireError::UnknownMessageType(other)),
+        };
+        if !body.bytes.is_empty() {
+            return Err(WireError::LengthMismatch { len: bytes.len(), expected: expected - body.bytes.len() });
+        }
+        Ok((request_id, message))
+    }
+
+    /// Writes the message into the front of `buffer` and returns its length.
+    pub fn emit(&self, request_id: u32, buffer: &mut [u8]) -> Result<usize> {
+        let len = self.buffer_len();
+        match self {
+            Self::Register { name, .. } if name.len() > MAX_SESSION_NAME_LEN => {
+                return Err(WireError::InvalidField { field: "name", reason: "longer than 64 bytes" })
+            }
+            Self::Reject { message, .. } if message.len() > MAX_REJECT_MESSAGE_LEN => {
+                return Err(WireError::InvalidField {
+                    field: "message",
+                    reason: "longer than 1024 bytes",
+                })
+            }
+            _ => {}
+        }
+        if buffer.len() < len {
+            return Err(WireError::BufferTooSmall { len: buffer.len(), needed: len });
+        }
+        let mut out = Writer { bytes: &mut buffer[..len], at: 0 };
+        out.u8(PROTOCOL_VERSION);
+        match self {
+            Self::Register { rank, world_size, packet_elements, slots, depth, encoding, name } => {
+                out.header(REGISTER, self.body_len(), request_id);
+                out.u16(*rank);
+                out.u16(*world_size);
+                out.u16(*packet_elements);
+                out.u16(*slots);
+                out.u8(*depth);
+                out.u8(*encoding as u8);
+                out.u8(name.len() as u8);
+                out.slice(name.as_bytes());
+            }
+            Self::Accept { session, rank, world_size, packet_elements, slots, depth } => {
+                out.header(ACCEPT, self.body_len(), request_id);
+                out.u32(*session);
+                out.u16(*rank);
+                out.u16(*world_size);
+                out.u16(*packet_elements);
+                out.u16(*slots);
+                out.u8(*depth);
+                out.u8(0);
+            }
+            Self::Reject { code, message } => {
+                out.header(REJECT, self.body_len(), request_id);
+                out.u16(*code as u16);
+                out.u16(message.len() as u16);
+                out.slice(message.as_bytes());
+            }
+            Self::Leave { session, rank } => {
+                out.header(LEAVE, self.body_len(), request_id);
+                out.u32(*session);
+                out.u16(*rank);
+            }
+        }
+        debug_assert_eq!(out.at, len);
+        Ok(len)
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.bytes.len() < n {
+            return Err(WireError::InvalidField { field: "body", reason: "shorter than its fields" });
+        }
+        let (head, tail) = self.bytes.split_at(n);
+        self.bytes = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn text(&mut self, len: usize, max: usize, field: &'static str) -> Result<String> {
+        if len > max {
+            return Err(WireError::InvalidField { field, reason: "too long" });
+        }
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| WireError::InvalidField { field, reason: "not UTF-8" })
+    }
+}
+
+struct Writer<'a> {
+    bytes: &'a mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn slice(&mut self, data: &[u8]) {
+        self.bytes[self.at..self.at + data.len()].copy_from_slice(data);
+        self.at += data.len();
+    }
+    fn u8(&mut self, v: u8) {
+        self.slice(&[v]);
+    }
+    fn u16(&mut self, v: u16) {
+        self.slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.slice(&v.to_le_bytes());
+    }
+    fn header(&mut self, message_type: u8, body_len: usize, request_id: u32) {
+        self.u8(message_type);
+        self.u16(body_len as u16);
+        self.u32(request_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register() -> ControlMessage {
+        ControlMessage::Register {
+            rank: 1,
+            world_size: 4,
+            packet_elements: 256,
+            slots: 128,
+            depth: 2,
+            encoding: ValueEncoding::BlockFloatingPoint,
+            name: "job".into(),
+        }
+    }
+
+    #[rustfmt::skip]
+    const REGISTER_BYTES: [u8; 22] = [
+        0x01, 0x01, 0x0E, 0x00, 0x2A, 0x00, 0x00, 0x00, // version, register, body 14, request 42
+        0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
+        0x02, 0x01, 0x03, b'j', b'o', b'b',             // depth 2, block fp, name "job"
+    ];
+
+    #[test]
+    fn register_bytes_round_trip() {
+        let mut buffer = [0u8; 64];
+        let len = register().emit(42, &mut buffer).unwrap();
+        assert_eq!(&buffer[..len], &REGISTER_BYTES[..]);
+        assert_eq!(ControlMessage::parse(&REGISTER_BYTES).unwrap(), (42, register()));
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        let messages = [
+            register(),
+            ControlMessage::Accept {
+                session: 0xDEAD_BEEF,
+                rank: 3,
+                world_size: 64,
+                packet_elements: 1024,
+                slots: 256,
+                depth: 8,
+            },
+            ControlMessage::Reject {
+                code: RejectCode::Mismatch,
+                message: "world size 4 differs from 8 of rank 0".into(),
+            },
+            ControlMessage::Leave { session: 9, rank: 2 },
+        ];
+        for message in messages {
+            let mut buffer = vec![0u8; message.buffer_len()];
+            assert_eq!(message.emit(7, &mut buffer).unwrap(), buffer.len());
+            assert_eq!(ControlMessage::parse(&buffer).unwrap(), (7, message));
+        }
+    }
+
+    #[test]
+    fn truncated_and_oversized_messages_are_rejected() {
+        assert_eq!(
+            ControlMessage::parse(&REGISTER_BYTES[..5]).unwrap_err(),
+            WireError::Truncated { len: 5, needed: 8 }
+        );
+        assert_eq!(
+            ControlMessage::parse(&REGISTER_BYTES[..21]).unwrap_err(),
+            WireError::Truncated { len: 21, needed: 22 }
+        );
+        let mut longer = REGISTER_BYTES.to_vec();
+        longer.push(0);
+        assert_eq!(
+            ControlMessage::parse(&longer).unwrap_err(),
+            WireError::LengthMismatch { len: 23, expected: 22 }
+        );
+    }
+
+    #[test]
+    fn body_length_that_lies_is_rejected() {
+        // A body length covering the bytes but a name length pointing past them.
+        let mut bytes = REGISTER_BYTES;
+        bytes[18] = 9;
+        assert!(matches!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::InvalidField { field: "body", .. }
+        ));
+    }
+
+    #[test]
+    fn wrong_version_and_unknown_type_are_rejected() {
+        let mut bytes = REGISTER_BYTES;
+        bytes[0] = 9;
+        assert_eq!(ControlMessage::parse(&bytes).unwrap_err(), WireError::Version { found: 9 });
+        let mut bytes = REGISTER_BYTES;
+        bytes[1] = 99;
+        assert_eq!(ControlMessage::parse(&bytes).unwrap_err(), WireError::UnknownMessageType(99));
+    }
+
+    #[test]
+    fn invalid_values_are_rejected() {
+        let mut bytes = REGISTER_BYTES;
+        bytes[17] = 7; // encoding
+        assert!(matches!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::InvalidField { field: "encoding", .. }
+        ));
+        let mut bytes = REGISTER_BYTES;
+        bytes[19] = 0xFF; // name not UTF-8
+        assert!(matches!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::InvalidField { field: "name", reason: "not UTF-8" }
+        ));
+        let long = ControlMessage::Register {
+            rank: 0,
+            world_size: 1,
+            packet_elements: 64,
+            slots: 1,
+            depth: 2,
+            encoding: ValueEncoding::Native,
+            name: "x".repeat(65),
+        };
+        assert!(long.emit(0, &mut [0u8; 128]).is_err());
+    }
+}

@@ -1,0 +1,63 @@
+//! netagg's wire formats: typed views over bytes, shared by workers and the switch.
+//!
+//! Two families of messages exist:
+//! - [`packet`]: the aggregation packets of the data path (worker → switch *data* and *ack*,
+//!   switch → worker *result*), one fixed 40-byte header followed by the payload;
+//! - [`control`]: registration and session set-up, exchanged once per session.
+//!
+//! Each format comes as a view over a byte buffer (`Packet<T: AsRef<[u8]>>`), with getters,
+//! setters when `T: AsMut<[u8]>`, `new_checked` for untrusted input and `new_unchecked` for
+//! building, and as a `Repr` that holds only valid states, with `parse`, `emit` and
+//! `buffer_len`.
+//!
+//! # Byte order
+//! Every multi-byte field and every payload element is **little-endian**. SwitchML's
+//! switch parses big-endian because a Tofino does; netagg's aggregator is software on
+//! little-endian hosts, where little-endian payloads are summed in place without a byte
+//! swap per element per hop. `docs/protocol.md` lists every field.
+//!
+//! # Panics
+//! Accessors of a view made with `new_checked` never panic. A view made with
+//! `new_unchecked` over a buffer shorter than its header panics in the accessors that read
+//! past its end, and the enum getters (`message_type`, `element_type`) panic on a value no
+//! valid packet holds: build with `new_unchecked`, read untrusted bytes with `new_checked`.
+
+pub mod control;
+pub mod packet;
+
+pub use control::{ControlMessage, RejectCode, ValueEncoding};
+pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
+
+/// Version of the aggregation-packet format and of the control protocol.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// The largest UDP payload over IPv4: the bound on any netagg datagram.
+pub const MAX_DATAGRAM_LEN: usize = 65_507;
+
+/// Why a byte buffer is not a valid netagg message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("message truncated: {len} bytes, at least {needed} needed")]
+    Truncated { len: usize, needed: usize },
+    #[error("message of {len} bytes exceeds the {max}-byte limit")]
+    Oversized { len: usize, max: usize },
+    #[error("message length {len} does not match the {expected} bytes its header announces")]
+    LengthMismatch { len: usize, expected: usize },
+    #[error("protocol version {found} is not supported (this side speaks {PROTOCOL_VERSION})")]
+    Version { found: u8 },
+    #[error("unknown message type {0}")]
+    UnknownMessageType(u8),
+    #[error("unknown element type {0}")]
+    UnknownElementType(u8),
+    #[error("unknown flag bits {0:#04x}")]
+    UnknownFlags(u8),
+    #[error("invalid field {field}: {reason}")]
+    InvalidField {
+        field: &'static str,
+        reason: &'static str,
+    },
+    #[error("buffer of {len} bytes cannot hold a {needed}-byte message")]
+    BufferTooSmall { len: usize, needed: usize },
+}
+
+pub type Result<T> = core::result::Result<T, WireError>;

@@ -1,0 +1,550 @@
+//! Aggregation packets: worker → switch *data* and *ack*, switch → worker *result*.
+//!
+//! All three share one 40-byte header (little-endian), followed by `element_count`
+//! 4-byte elements:
+//!
+//! | offset | size | field          | meaning |
+//! |-------:|-----:|----------------|---------|
+//! | 0      | 1    | version        | [`PROTOCOL_VERSION`] |
+//! | 1      | 1    | message type   | [`MessageType`] |
+//! | 2      | 1    | element type   | [`ElementType`] |
+//! | 3      | 1    | flags          | [`Flags`] |
+//! | 4      | 4    | session        | session id handed out by the switch's control plane |
+//! | 8      | 4    | job            | job number within the session |
+//! | 12     | 4    | packet id      | opaque to the switch, echoed in results |
+//! | 16     | 2    | rank           | sender rank; in results the recipient, or [`BROADCAST_RANK`] |
+//! | 18     | 2    | element count  | elements in the payload |
+//! | 20     | 2    | slot           | aggregation slot within the session |
+//! | 22     | 1    | exponent       | block-floating-point exponent (i8), max-reduced |
+//! | 23     | 1    | reserved       | zero |
+//! | 24     | 4    | round          | use number of the slot; `round % depth` is the set |
+//! | 28     | 4    | block          | block index carried (sparse) or packet index (dense) |
+//! | 32     | 4    | next block     | sparse: sender's next non-zero block; result: everyone's next |
+//! | 36     | 4    | ack round      | data/ack: every result of this slot up to this round is held |
+//! | 40     | 4·n  | payload        | elements, little-endian |
+
+use crate::{Result, WireError, MAX_DATAGRAM_LEN, PROTOCOL_VERSION};
+
+/// Length of the aggregation-packet header.
+pub const HEADER_LEN: usize = field::PAYLOAD;
+/// Size of one payload element (int32 and float32 alike).
+pub const ELEMENT_LEN: usize = 4;
+/// Most elements one packet can carry inside a 64 KiB datagram.
+pub const MAX_ELEMENTS: usize = (MAX_DATAGRAM_LEN - HEADER_LEN) / ELEMENT_LEN;
+/// `next block` value meaning "no further non-zero block in this stream".
+pub const END_OF_STREAM: u32 = u32::MAX;
+/// Rank of a result sent to every worker of the session.
+pub const BROADCAST_RANK: u16 = u16::MAX;
+
+mod field {
+    use core::ops::Range;
+    pub const VERSION: usize = 0;
+    pub const MESSAGE_TYPE: usize = 1;
+    pub const ELEMENT_TYPE: usize = 2;
+    pub const FLAGS: usize = 3;
+    pub const SESSION: Range<usize> = 4..8;
+    pub const JOB: Range<usize> = 8..12;
+    pub const PACKET_ID: Range<usize> = 12..16;
+    pub const RANK: Range<usize> = 16..18;
+    pub const ELEMENT_COUNT: Range<usize> = 18..20;
+    pub const SLOT: Range<usize> = 20..22;
+    pub const EXPONENT: usize = 22;
+    pub const RESERVED: usize = 23;
+    pub const ROUND: Range<usize> = 24..28;
+    pub const BLOCK: Range<usize> = 28..32;
+    pub const NEXT_BLOCK: Range<usize> = 32..36;
+    pub const ACK_ROUND: Range<usize> = 36..40;
+    pub const PAYLOAD: usize = 40;
+}
+
+/// What an aggregation packet is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MessageType {
+    /// Worker → switch: one worker's contribution to a round of a slot.
+    Data = 1,
+    /// Switch → worker: the aggregate of a completed round.
+    Result = 2,
+    /// Worker → switch: a cumulative acknowledgement, optionally asking for a result
+    /// again ([`Flags::WANT_RESULT`]); carries no payload.
+    Ack = 3,
+}
+
+impl TryFrom<u8> for MessageType {
+    type Error = WireError;
+    fn try_from(value: u8) -> Result<Self> {
+        match value {
+            1 => Ok(Self::Data),
+            2 => Ok(Self::Result),
+            3 => Ok(Self::Ack),
+            other => Err(WireError::UnknownMessageType(other)),
+        }
+    }
+}
+
+/// How the payload's 4-byte elements are summed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ElementType {
+    /// Two's-complement int32, summed with wrap-around as switch hardware does. Also the
+    /// carrier of block-floating-point floats (with the packet's exponent).
+    Int32 = 1,
+    /// IEEE-754 binary32, summed natively (what a server aggregator does).
+    Float32 = 2,
+}
+
+impl TryFrom<u8> for ElementType {
+    type Error = WireError;
+    fn try_from(value: u8) -> Result<Self> {
+        match value {
+            1 => Ok(Self::Int32),
+            2 => Ok(Self::Float32),
+            other => Err(WireError::UnknownElementType(other)),
+        }
+    }
+}
+
+/// Flag bits of the aggregation header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Flags(u8);
+
+impl Flags {
+    pub const NONE: Flags = Flags(0);
+    /// The slot streams a sparse tensor: `block` / `next block` drive which workers
+    /// contribute to the next round.
+    pub const SPARSE: Flags = Flags(1);
+    /// The sender has sent this packet before (informational, for counters).
+    pub const RETRANSMISSION: Flags = Flags(2);
+    /// On an ack: send me the result of `round` again if you hold it.
+    pub const WANT_RESULT: Flags = Flags(4);
+    const ALL: u8 = 0b111;
+
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+    pub const fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub fn from_bits(bits: u8) -> Result<Self> {
+        if bits & !Self::ALL != 0 {
+            return Err(WireError::UnknownFlags(bits & !Self::ALL));
+        }
+        Ok(Flags(bits))
+    }
+}
+
+impl core::ops::BitOr for Flags {
+    type Output = Flags;
+    fn bitor(self, rhs: Flags) -> Flags {
+        Flags(self.0 | rhs.0)
+    }
+}
+
+/// A view of an aggregation packet over a byte buffer.
+#[derive(Debug, Clone)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps a buffer without checking it; for building packets.
+    pub const fn new_unchecked(buffer: T) -> Packet<T> {
+        Packet { buffer }
+    }
+
+    /// Wraps untrusted bytes, checking everything the accessors rely on: length, version,
+    /// message and element type, flags, and that the length is exactly header + payload.
+    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
+        let packet = Self::new_unchecked(buffer);
+        packet.check()?;
+        Ok(packet)
+    }
+
+    fn check(&self) -> Result<()> {
+        let data = self.buffer.as_ref();
+        let len = data.len();
+        if len > MAX_DATAGRAM_LEN {
+            return Err(WireError::Oversized { len, max: MAX_DATAGRAM_LEN });
+        }
+        if len < HEADER_LEN {
+            return Err(WireError::Truncated { len, needed: HEADER_LEN });
+        }
+        if data[field::VERSION] != PROTOCOL_VERSION {
+            return Err(WireError::Version { found: data[field::VERSION] });
+        }
+        let message_type = MessageType::try_from(data[field::MESSAGE_TYPE])?;
+        ElementType::try_from(data[field::ELEMENT_TYPE])?;
+        Flags::from_bits(data[field::FLAGS])?;
+        if data[field::RESERVED] != 0 {
+            return Err(WireError::InvalidField { field: "reserved", reason: "must be zero" });
+        }
+        let count = self.element_count() as usize;
+        if message_type == MessageType::Ack && count != 0 {
+            return Err(WireError::InvalidField {
+                field: "element count",
+                reason: "an ack carries no payload",
+            });
+        }
+        let expected = HEADER_LEN + count * ELEMENT_LEN;
+        if len != expected {
+            return Err(if len < expected {
+                WireError::Truncated { len, needed: expected }
+            } else {
+                WireError::LengthMismatch { len, expected }
+            });
+        }
+        Ok(())
+    }
+
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    fn u16_at(&self, range: core::ops::Range<usize>) -> u16 {
+        let bytes = &self.buffer.as_ref()[range];
+        u16::from_le_bytes([bytes[0], bytes[1]])
+    }
+
+    fn u32_at(&self, range: core::ops::Range<usize>) -> u32 {
+        let bytes = &self.buffer.as_ref()[range];
+        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    }
+
+    pub fn version(&self) -> u8 {
+        self.buffer.as_ref()[field::VERSION]
+    }
+    /// # Panics
+    /// On a type byte no checked packet holds (see the crate docs).
+    pub fn message_type(&self) -> MessageType {
+        MessageType::try_from(self.buffer.as_ref()[field::MESSAGE_TYPE])
+            .expect("message type was validated by new_checked")
+    }
+    /// # Panics
+    /// On a type byte no checked packet holds (see the crate docs).
+    pub fn element_type(&self) -> ElementType {
+        ElementType::try_from(self.buffer.as_ref()[field::ELEMENT_TYPE])
+            .expect("element type was validated by new_checked")
+    }
+    pub fn flags(&self) -> Flags {
+        // Unknown bits are rejected by new_checked; an unchecked view drops them.
+        Flags(self.buffer.as_ref()[field::FLAGS] & Flags::ALL)
+    }
+    pub fn session(&self) -> u32 {
+        self.u32_at(field::SESSION)
+    }
+    pub fn job(&self) -> u32 {
+        self.u32_at(field::JOB)
+    }
+    pub fn packet_id(&self) -> u32 {
+        self.u32_at(field::PACKET_ID)
+    }
+    pub fn rank(&self) -> u16 {
+        self.u16_at(field::RANK)
+    }
+    pub fn element_count(&self) -> u16 {
+        self.u16_at(field::ELEMENT_COUNT)
+    }
+    pub fn slot(&self) -> u16 {
+        self.u16_at(field::SLOT)
+    }
+    pub fn exponent(&self) -> i8 {
+        self.buffer.as_ref()[field::EXPONENT] as i8
+    }
+    pub fn round(&self) -> u32 {
+        self.u32_at(field::ROUND)
+    }
+    pub fn block(&self) -> u32 {
+        self.u32_at(field::BLOCK)
+    }
+    pub fn next_block(&self) -> u32 {
+        self.u32_at(field::NEXT_BLOCK)
+    }
+    pub fn ack_round(&self) -> u32 {
+        self.u32_at(field::ACK_ROUND)
+    }
+    /// The payload: `element_count` little-endian elements.
+    pub fn payload(&self) -> &[u8] {
+        let end = HEADER_LEN + self.element_count() as usize * ELEMENT_LEN;
+        &self.buffer.as_ref()[HEADER_LEN..end]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    fn set_u16_at(&mut self, range: core::ops::Range<usize>, value: u16) {
+        self.buffer.as_mut()[range].copy_from_slice(&value.to_le_bytes());
+    }
+    fn set_u32_at(&mut self, range: core::ops::Range<usize>, value: u32) {
+        self.buffer.as_mut()[range].copy_from_slice(&value.to_le_bytes());
+    }
+    pub fn set_version(&mut self, value: u8) {
+        self.buffer.as_mut()[field::VERSION] = value;
+    }
+    pub fn set_message_type(&mut self, value: MessageType) {
+        self.buffer.as_mut()[field::MESSAGE_TYPE] = value as u8;
+    }
+    pub fn set_element_type(&mut self, value: ElementType) {
+        self.buffer.as_mut()[field::ELEMENT_TYPE] = value as u8;
+    }
+    pub fn set_flags(&mut self, value: Flags) {
+        self.buffer.as_mut()[field::FLAGS] = value.bits();
+    }
+    pub fn set_session(&mut self, value: u32) {
+        self.set_u32_at(field::SESSION, value);
+    }
+    pub fn set_job(&mut self, value: u32) {
+        self.set_u32_at(field::JOB, value);
+    }
+    pub fn set_packet_id(&mut self, value: u32) {
+        self.set_u32_at(field::PACKET_ID, value);
+    }
+    pub fn set_rank(&mut self, value: u16) {
+        self.set_u16_at(field::RANK, value);
+    }
+    pub fn set_element_count(&mut self, value: u16) {
+        self.set_u16_at(field::ELEMENT_COUNT, value);
+    }
+    pub fn set_slot(&mut self, value: u16) {
+        self.set_u16_at(field::SLOT, value);
+    }
+    pub fn set_exponent(&mut self, value: i8) {
+        self.buffer.as_mut()[field::EXPONENT] = value as u8;
+    }
+    pub fn set_round(&mut self, value: u32) {
+        self.set_u32_at(field::ROUND, value);
+    }
+    pub fn set_block(&mut self, value: u32) {
+        self.set_u32_at(field::BLOCK, value);
+    }
+    pub fn set_next_block(&mut self, value: u32) {
+        self.set_u32_at(field::NEXT_BLOCK, value);
+    }
+    pub fn set_ack_round(&mut self, value: u32) {
+        self.set_u32_at(field::ACK_ROUND, value);
+    }
+    /// The payload, sized by the element count already written.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let end = HEADER_LEN + self.element_count() as usize * ELEMENT_LEN;
+        &mut self.buffer.as_mut()[HEADER_LEN..end]
+    }
+}
+
+/// The header of an aggregation packet, in valid states only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketRepr {
+    pub message_type: MessageType,
+    pub element_type: ElementType,
+    pub flags: Flags,
+    pub session: u32,
+    pub job: u32,
+    pub packet_id: u32,
+    pub rank: u16,
+    pub element_count: u16,
+    pub slot: u16,
+    pub exponent: i8,
+    pub round: u32,
+    pub block: u32,
+    pub next_block: u32,
+    pub ack_round: u32,
+}
+
+impl PacketRepr {
+    /// Reads the header of a checked packet.
+    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> PacketRepr {
+        PacketRepr {
+            message_type: packet.message_type(),
+            element_type: packet.element_type(),
+            flags: packet.flags(),
+            session: packet.session(),
+            job: packet.job(),
+            packet_id: packet.packet_id(),
+            rank: packet.rank(),
+            element_count: packet.element_count(),
+            slot: packet.slot(),
+            exponent: packet.exponent(),
+            round: packet.round(),
+            block: packet.block(),
+            next_block: packet.next_block(),
+            ack_round: packet.ack_round(),
+        }
+    }
+
+    /// Bytes of the whole packet: header and payload.
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN + self.element_count as usize * ELEMENT_LEN
+    }
+
+    /// Writes the header into the front of `buffer` and returns a view over exactly
+    /// `buffer_len()` bytes, whose payload the caller then fills.
+    pub fn emit<'a>(&self, buffer: &'a mut [u8]) -> Result<Packet<&'a mut [u8]>> {
+        let len = self.buffer_len();
+        if len > MAX_DATAGRAM_LEN {
+            return Err(WireError::Oversized { len, max: MAX_DATAGRAM_LEN });
+        }
+        if self.message_type == MessageType::Ack && self.element_count != 0 {
+            return Err(WireError::InvalidField {
+                field: "element count",
+                reason: "an ack carries no payload",
+            });
+        }
+        let available = buffer.len();
+        let Some(target) = buffer.get_mut(..len) else {
+            return Err(WireError::BufferTooSmall { len: available, needed: len });
+        };
+        let mut packet = Packet::new_unchecked(target);
+        packet.set_version(PROTOCOL_VERSION);
+        packet.set_message_type(self.message_type);
+        packet.set_element_type(self.element_type);
+        packet.set_flags(self.flags);
+        packet.set_session(self.session);
+        packet.set_job(self.job);
+        packet.set_packet_id(self.packet_id);
+        packet.set_rank(self.rank);
+        packet.set_element_count(self.element_count);
+        packet.set_slot(self.slot);
+        packet.set_exponent(self.exponent);
+        packet.buffer.as_mut()[field::RESERVED] = 0;
+        packet.set_round(self.round);
+        packet.set_block(self.block);
+        packet.set_next_block(self.next_block);
+        packet.set_ack_round(self.ack_round);
+        Ok(packet)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PacketRepr {
+        PacketRepr {
+            message_type: MessageType::Data,
+            element_type: ElementType::Int32,
+            flags: Flags::SPARSE | Flags::RETRANSMISSION,
+            session: 0x0102_0304,
+            job: 7,
+            packet_id: 0xAABB_CCDD,
+            rank: 3,
+            element_count: 2,
+            slot: 0x1234,
+            exponent: -5,
+            round: 0x0506_0708,
+            block: 42,
+            next_block: END_OF_STREAM,
+            ack_round: 0x0506_0707,
+        }
+    }
+
+    #[rustfmt::skip]
+    const SAMPLE_BYTES: [u8; 48] = [
+        0x01, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
+        0x04, 0x03, 0x02, 0x01,             // session
+        0x07, 0x00, 0x00, 0x00,             // job
+        0xDD, 0xCC, 0xBB, 0xAA,             // packet id
+        0x03, 0x00, 0x02, 0x00,             // rank, element count
+        0x34, 0x12, 0xFB, 0x00,             // slot, exponent -5, reserved
+        0x08, 0x07, 0x06, 0x05,             // round
+        0x2A, 0x00, 0x00, 0x00,             // block
+        0xFF, 0xFF, 0xFF, 0xFF,             // next block: end of stream
+        0x07, 0x07, 0x06, 0x05,             // ack round
+        0x01, 0x00, 0x00, 0x00,             // element 0: 1
+        0xFF, 0xFF, 0xFF, 0xFF,             // element 1: -1
+    ];
+
+    #[test]
+    fn emit_writes_the_documented_bytes() {
+        let mut buffer = [0xEEu8; 64];
+        let mut packet = sample().emit(&mut buffer).unwrap();
+        packet.payload_mut()[..4].copy_from_slice(&1i32.to_le_bytes());
+        packet.payload_mut()[4..].copy_from_slice(&(-1i32).to_le_bytes());
+        assert_eq!(&buffer[..48], &SAMPLE_BYTES[..]);
+    }
+
+    #[test]
+    fn parse_reads_the_documented_bytes() {
+        let packet = Packet::new_checked(&SAMPLE_BYTES[..]).unwrap();
+        assert_eq!(PacketRepr::parse(&packet), sample());
+        assert_eq!(packet.payload(), &SAMPLE_BYTES[40..]);
+    }
+
+    #[test]
+    fn truncated_header_and_payload_are_rejected() {
+        assert_eq!(
+            Packet::new_checked(&SAMPLE_BYTES[..39]).unwrap_err(),
+            WireError::Truncated { len: 39, needed: 40 }
+        );
+        assert_eq!(
+            Packet::new_checked(&SAMPLE_BYTES[..47]).unwrap_err(),
+            WireError::Truncated { len: 47, needed: 48 }
+        );
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected() {
+        let mut bytes = SAMPLE_BYTES.to_vec();
+        bytes.push(0);
+        assert_eq!(
+            Packet::new_checked(&bytes[..]).unwrap_err(),
+            WireError::LengthMismatch { len: 49, expected: 48 }
+        );
+    }
+
+    #[test]
+    fn oversized_datagrams_are_rejected() {
+        let bytes = vec![0u8; MAX_DATAGRAM_LEN + 1];
+        assert_eq!(
+            Packet::new_checked(&bytes[..]).unwrap_err(),
+            WireError::Oversized { len: MAX_DATAGRAM_LEN + 1, max: MAX_DATAGRAM_LEN }
+        );
+        let too_many = PacketRepr { element_count: u16::MAX, ..sample() };
+        let mut buffer = vec![0u8; too_many.buffer_len()];
+        assert!(matches!(too_many.emit(&mut buffer), Err(WireError::Oversized { .. })));
+    }
+
+    #[test]
+    fn largest_packet_fits_a_datagram() {
+        let repr = PacketRepr { element_count: MAX_ELEMENTS as u16, ..sample() };
+        assert!(repr.buffer_len() <= MAX_DATAGRAM_LEN);
+        let mut buffer = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut buffer).unwrap();
+        Packet::new_checked(&buffer[..]).unwrap();
+    }
+
+    #[test]
+    fn wrong_version_unknown_types_and_flags_are_rejected() {
+        let with = |offset: usize, value: u8| {
+            let mut bytes = SAMPLE_BYTES;
+            bytes[offset] = value;
+            Packet::new_checked(bytes).unwrap_err()
+        };
+        assert_eq!(with(0, 2), WireError::Version { found: 2 });
+        assert_eq!(with(1, 0), WireError::UnknownMessageType(0));
+        assert_eq!(with(1, 9), WireError::UnknownMessageType(9));
+        assert_eq!(with(2, 3), WireError::UnknownElementType(3));
+        assert_eq!(with(3, 0x83), WireError::UnknownFlags(0x80));
+        assert!(matches!(with(23, 1), WireError::InvalidField { field: "reserved", .. }));
+    }
+
+    #[test]
+    fn ack_carries_no_payload() {
+        let mut bytes = SAMPLE_BYTES;
+        bytes[1] = MessageType::Ack as u8;
+        assert!(matches!(
+            Packet::new_checked(bytes).unwrap_err(),
+            WireError::InvalidField { field: "element count", .. }
+        ));
+        let ack = PacketRepr { message_type: MessageType::Ack, element_count: 0, ..sample() };
+        let mut buffer = [0u8; HEADER_LEN];
+        ack.emit(&mut buffer).unwrap();
+        let parsed = PacketRepr::parse(&Packet::new_checked(&buffer[..]).unwrap());
+        assert_eq!(parsed, ack);
+    }
+
+    #[test]
+    fn emit_into_a_short_buffer_fails() {
+        let mut buffer = [0u8; 47];
+        assert_eq!(
+            sample().emit(&mut buffer).unwrap_err(),
+            WireError::BufferTooSmall { len: 47, needed: 48 }
+        );
+    }
+}
