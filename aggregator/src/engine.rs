@@ -1,0 +1,797 @@
+//! The aggregation engine: sessions of slots that sum the workers' packets, without I/O.
+//!
+//! A datagram and the current time go in ([`Engine::handle_datagram`]); a [`Verdict`]
+//! comes out, naming the packet to send (written into a buffer the caller lends) and its
+//! recipients. Idle sessions expire through [`Engine::poll_timeout`] and
+//! [`Engine::handle_timeout`]. `docs/protocol.md` explains the protocol this implements.
+//!
+//! # Slots, rounds and sets
+//! Each use of a slot is a *round*, numbered per slot from 0 (wrapping). A slot keeps the
+//! last `depth` rounds in a ring of *sets*, `round % depth` being the set; depth 2 is
+//! SwitchML's pair of a working copy and a shadow copy. A set passes through:
+//! - *aggregating*: the first contribution writes the payload, each new one adds to it,
+//!   and a duplicate changes nothing; exponents are max-reduced;
+//! - *complete*: the last expected contribution makes the result, sent to every worker.
+//!   A duplicate from a contributor gets the result back, to that worker alone. The set
+//!   keeps the result until every worker has acknowledged it (the *unacked* bitmap,
+//!   SwitchML's cross-clear generalised), and only then may the set be reused.
+//!
+//! Rounds make stale packets harmless: a packet of a round that is neither open nor
+//! retained is dropped, where SwitchML's single set bit would let a late duplicate of an
+//! earlier job count as a contribution to a later one.
+//!
+//! # Dense and sparse rounds
+//! A *start* round expects every worker. Dense rounds are all start rounds. In a sparse
+//! stream each contribution also names the sender's next non-zero block; when a round
+//! completes, the stream moves to the smallest of those, and only the workers that named
+//! it are expected in the next round. A stream whose next block is [`END_OF_STREAM`]
+//! ends, and the slot's next round is a start round again.
+
+use std::time::{Duration, Instant};
+
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, MAX_ELEMENTS};
+use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, WireError};
+
+use crate::sum;
+use crate::workers::WorkerSet;
+
+/// Limits of one engine; every session is checked against them when it opens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// Sessions open at once (at most 65535).
+    pub max_sessions: u16,
+    /// Workers in one session.
+    pub max_workers: u16,
+    /// Slots in one session.
+    pub max_slots: u16,
+    /// Rounds a slot may retain; a power of two, at most [`MAX_DEPTH`].
+    pub max_depth: u8,
+    /// Elements in one packet.
+    pub max_packet_elements: u16,
+    /// Bytes of state all sessions together may hold.
+    pub max_bytes: usize,
+    /// A session that receives nothing for this long is closed.
+    pub session_idle_timeout: Duration,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        EngineLimits {
+            max_sessions: 64,
+            max_workers: 1024,
+            max_slots: 8192,
+            max_depth: MAX_DEPTH,
+            max_packet_elements: MAX_ELEMENTS as u16,
+            max_bytes: 1 << 30,
+            session_idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The deepest ring of sets a slot may keep: workers track received rounds in a 64-bit
+/// window.
+pub const MAX_DEPTH: u8 = 64;
+
+/// What a session is made of, agreed by its workers at registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionSpec {
+    pub workers: u16,
+    pub slots: u16,
+    pub packet_elements: u16,
+    /// Rounds each slot retains: 2 for dense jobs, more lets silent workers of sparse
+    /// streams acknowledge in batches.
+    pub depth: u8,
+}
+
+impl SessionSpec {
+    /// Bytes of engine state a session of this shape holds.
+    pub fn state_bytes(&self) -> usize {
+        let bitmap = WorkerSet::heap_bytes(self.workers);
+        let set = core::mem::size_of::<Set>() + 2 * bitmap + self.packet_elements as usize * 4;
+        let slot = core::mem::size_of::<Slot>() + bitmap + self.workers as usize * 4;
+        self.slots as usize * (slot + self.depth as usize * set)
+    }
+}
+
+/// Why a session could not open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error("{open} sessions are open, the limit is {max}")]
+    TooManySessions { open: usize, max: u16 },
+    #[error("{requested} workers requested, a session holds 1 to {max}")]
+    Workers { requested: u16, max: u16 },
+    #[error("{requested} slots requested, a session holds 1 to {max}")]
+    Slots { requested: u16, max: u16 },
+    #[error("depth {requested} requested, it must be a power of two from 2 to {max}")]
+    Depth { requested: u8, max: u8 },
+    #[error("{requested} elements per packet requested, the limit is 1 to {max}")]
+    PacketElements { requested: u16, max: u16 },
+    #[error("the session needs {needed} bytes, {available} of the engine's budget are free")]
+    Memory { needed: usize, available: usize },
+    #[error("no open session has id {0:#010x}")]
+    Unknown(u32),
+}
+
+/// Handle of an open session; also the `session` field of its packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u32);
+
+impl SessionId {
+    fn index(self) -> usize {
+        (self.0 & 0xFFFF) as usize
+    }
+}
+
+/// What to do after a datagram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Taken into the state; nothing to send.
+    Consumed,
+    /// Send the first `len` bytes of the output buffer.
+    Send(Transmit),
+    /// Not taken; the session's state is unchanged by it.
+    Dropped(DropReason),
+}
+
+/// A packet the engine wrote into the caller's output buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub session: SessionId,
+    pub recipient: Recipient,
+    pub len: usize,
+}
+
+/// Who a result goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipient {
+    /// Every worker of the session.
+    All,
+    /// One worker, by rank.
+    Worker(u16),
+}
+
+/// Why a datagram was dropped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DropReason {
+    #[error("malformed packet: {0}")]
+    Malformed(#[from] WireError),
+    #[error("no open session has this id")]
+    UnknownSession,
+    #[error("a result packet is for workers, not for the switch")]
+    NotForSwitch,
+    #[error("rank is not below the session's worker count")]
+    RankOutOfRange,
+    #[error("slot is not below the session's slot count")]
+    SlotOutOfRange,
+    #[error("more elements than the session's packet size")]
+    TooManyElements,
+    #[error("round is older than any the slot retains")]
+    Stale,
+    #[error("round is ahead of the slot's open round")]
+    TooEarly,
+    #[error("duplicate contribution to a round still aggregating")]
+    DuplicateIncomplete,
+    #[error("worker is not expected to contribute to this round")]
+    NotExpected,
+    #[error("contribution disagrees with the round on its {0}")]
+    Mismatch(&'static str),
+    #[error("the set this round needs still holds a result some worker has not acknowledged")]
+    Stalled,
+    #[error("the requested round has not completed yet")]
+    NotReady,
+    #[error("output buffer cannot hold a result of this session")]
+    OutputTooSmall,
+}
+
+counters! {
+    /// Counters of one session.
+    pub struct SessionCounters {
+        /// Datagrams that named this session.
+        pub packets_in: u64,
+        /// Contributions taken into a sum.
+        pub contributions: u64,
+        /// Rounds completed, each sent to every worker.
+        pub results_broadcast: u64,
+        /// Results sent again to one worker (after a duplicate or a request).
+        pub results_resent: u64,
+        /// Duplicate contributions (to complete or aggregating rounds).
+        pub duplicates: u64,
+        /// Packets of rounds no longer retained.
+        pub stale: u64,
+        /// Contributions dropped because their set still held an unacknowledged result.
+        pub stalled: u64,
+        /// Requests for a round that has not completed.
+        pub not_ready: u64,
+        /// Packets that break the protocol (wrong rank, slot, round, size or fields).
+        pub rejected: u64,
+    }
+}
+
+counters! {
+    /// Counters of the whole engine.
+    pub struct EngineCounters {
+        pub datagrams: u64,
+        pub malformed: u64,
+        pub unknown_session: u64,
+        pub sessions_opened: u64,
+        pub sessions_closed: u64,
+        pub sessions_expired: u64,
+    }
+}
+
+/// The aggregation engine.
+#[derive(Debug)]
+pub struct Engine {
+    limits: EngineLimits,
+    sessions: Vec<Option<Session>>,
+    /// Generation of each session index, so a reused index gets a new id.
+    generations: Vec<u16>,
+    bytes_in_use: usize,
+    counters: EngineCounters,
+}
+
+impl Engine {
+    pub fn new(limits: EngineLimits) -> Engine {
+        Engine {
+            limits,
+            sessions: Vec::new(),
+            generations: Vec::new(),
+            bytes_in_use: 0,
+            counters: EngineCounters::default(),
+        }
+    }
+
+    pub fn limits(&self) -> &EngineLimits {
+        &self.limits
+    }
+
+    pub fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+
+    /// Opens a session, checking it against every limit before allocating anything.
+    pub fn open_session(
+        &mut self,
+        now: Instant,
+        spec: SessionSpec,
+    ) -> Result<SessionId, SessionError> {
+        let limits = &self.limits;
+        if spec.workers == 0 || spec.workers > limits.max_workers {
+            return Err(SessionError::Workers {
+                requested: spec.workers,
+                max: limits.max_workers,
+            });
+        }
+        if spec.slots == 0 || spec.slots > limits.max_slots {
+            return Err(SessionError::Slots {
+                requested: spec.slots,
+                max: limits.max_slots,
+            });
+        }
+        let max_depth = limits.max_depth.min(MAX_DEPTH);
+        if spec.depth < 2 || !spec.depth.is_power_of_two() || spec.depth > max_depth {
+            return Err(SessionError::Depth {
+                requested: spec.depth,
+                max: max_depth,
+            });
+        }
+        let max_elements = limits.max_packet_elements.min(MAX_ELEMENTS as u16);
+        if spec.packet_elements == 0 || spec.packet_elements > max_elements {
+            return Err(SessionError::PacketElements {
+                requested: spec.packet_elements,
+                max: max_elements,
+            });
+        }
+        let open = self.sessions.iter().filter(|s| s.is_some()).count();
+        if open >= limits.max_sessions as usize {
+            return Err(SessionError::TooManySessions {
+                open,
+                max: limits.max_sessions,
+            });
+        }
+        let needed = spec.state_bytes();
+        let available = limits.max_bytes.saturating_sub(self.bytes_in_use);
+        if needed > available {
+            return Err(SessionError::Memory { needed, available });
+        }
+        let index = match self.sessions.iter().position(Option::is_none) {
+            Some(index) => index,
+            None => {
+                self.sessions.push(None);
+                self.generations.push(0);
+                self.sessions.len() - 1
+            }
+        };
+        // Generations start at 1 so that no session ever has id 0.
+        let generation = self.generations[index].wrapping_add(1).max(1);
+        self.generations[index] = generation;
+        let id = SessionId((generation as u32) << 16 | index as u32);
+        self.sessions[index] = Some(Session::new(id, spec, now));
+        self.bytes_in_use += needed;
+        self.counters.sessions_opened += 1;
+        Ok(id)
+    }
+
+    /// Closes a session, freeing its slots; returns its final counters.
+    pub fn close_session(&mut self, id: SessionId) -> Result<SessionCounters, SessionError> {
+        let session = self.take_session(id).ok_or(SessionError::Unknown(id.0))?;
+        self.counters.sessions_closed += 1;
+        Ok(session.counters)
+    }
+
+    fn take_session(&mut self, id: SessionId) -> Option<Session> {
+        let entry = self.sessions.get_mut(id.index())?;
+        if entry.as_ref().is_none_or(|s| s.id != id) {
+            return None;
+        }
+        let session = entry.take()?;
+        self.bytes_in_use -= session.spec.state_bytes();
+        Some(session)
+    }
+
+    fn session_mut(&mut self, id: SessionId) -> Option<&mut Session> {
+        self.sessions
+            .get_mut(id.index())?
+            .as_mut()
+            .filter(|s| s.id == id)
+    }
+
+    /// The shape and counters of an open session.
+    pub fn session(&self, id: SessionId) -> Option<(SessionSpec, SessionCounters)> {
+        let session = self
+            .sessions
+            .get(id.index())?
+            .as_ref()
+            .filter(|s| s.id == id)?;
+        Some((session.spec, session.counters))
+    }
+
+    /// Ids of the open sessions.
+    pub fn sessions(&self) -> impl Iterator<Item = SessionId> + '_ {
+        self.sessions.iter().flatten().map(|s| s.id)
+    }
+
+    /// Bytes of state the open sessions hold.
+    pub fn bytes_in_use(&self) -> usize {
+        self.bytes_in_use
+    }
+
+    /// Takes one datagram from a worker. A result to send is written into `out`, which
+    /// must hold a header and a full packet of the session (a [`MAX_DATAGRAM_LEN`]-byte
+    /// buffer always does).
+    ///
+    /// [`MAX_DATAGRAM_LEN`]: netagg_wire::MAX_DATAGRAM_LEN
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8], out: &mut [u8]) -> Verdict {
+        self.counters.datagrams += 1;
+        let packet = match Packet::new_checked(datagram) {
+            Ok(packet) => packet,
+            Err(error) => {
+                self.counters.malformed += 1;
+                return Verdict::Dropped(DropReason::Malformed(error));
+            }
+        };
+        let repr = PacketRepr::parse(&packet);
+        let Some(session) = self.session_mut(SessionId(repr.session)) else {
+            self.counters.unknown_session += 1;
+            return Verdict::Dropped(DropReason::UnknownSession);
+        };
+        session.handle(now, &repr, packet.payload(), out)
+    }
+
+    /// When [`Engine::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let idle = self.limits.session_idle_timeout;
+        self.sessions
+            .iter()
+            .flatten()
+            .map(|s| s.last_activity + idle)
+            .min()
+    }
+
+    /// Closes every session idle for the configured timeout; returns their ids.
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<SessionId> {
+        let idle = self.limits.session_idle_timeout;
+        let expired: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .flatten()
+            .filter(|s| now.saturating_duration_since(s.last_activity) >= idle)
+            .map(|s| s.id)
+            .collect();
+        for &id in &expired {
+            self.take_session(id);
+            self.counters.sessions_expired += 1;
+        }
+        expired
+    }
+}
+
+#[derive(Debug)]
+struct Session {
+    id: SessionId,
+    spec: SessionSpec,
+    last_activity: Instant,
+    counters: SessionCounters,
+    slots: Vec<Slot>,
+    /// `slots × depth` sets; slot `s`, round `r` lives at `s * depth + r % depth`.
+    sets: Vec<Set>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    /// The round now aggregating; every earlier round has completed.
+    open_round: u32,
+    /// In a sparse stream, the block the open round aggregates; `None` for a start round,
+    /// which every worker contributes to.
+    continuation: Option<u32>,
+    /// Workers expected in a continuation round.
+    expected: WorkerSet,
+    /// Each worker's latest *next block* in this slot's sparse stream.
+    next_blocks: Box<[u32]>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SetState {
+    Free,
+    Aggregating,
+    Complete,
+}
+
+#[derive(Debug)]
+struct Set {
+    state: SetState,
+    round: u32,
+    contributed: WorkerSet,
+    /// Workers that may still need this set's result; the set is reused only when empty.
+    unacked: WorkerSet,
+    contributions: u16,
+    /// What every contribution to the round must agree on; the first one sets it.
+    job: u32,
+    packet_id: u32,
+    block: u32,
+    element_type: ElementType,
+    sparse: bool,
+    /// Elements of the sum; 0 until a contribution with a payload arrives.
+    element_count: u16,
+    exponent: i8,
+    next_block: u32,
+    payload: Box<[u8]>,
+}
+
+impl Session {
+    fn new(id: SessionId, spec: SessionSpec, now: Instant) -> Session {
+        let slots = (0..spec.slots)
+            .map(|_| Slot {
+                open_round: 0,
+                continuation: None,
+                expected: WorkerSet::new(spec.workers),
+                next_blocks: vec![END_OF_STREAM; spec.workers as usize].into_boxed_slice(),
+            })
+            .collect();
+        let payload_len = spec.packet_elements as usize * ELEMENT_LEN;
+        let sets = (0..spec.slots as usize * spec.depth as usize)
+            .map(|_| Set {
+                state: SetState::Free,
+                round: 0,
+                contributed: WorkerSet::new(spec.workers),
+                unacked: WorkerSet::new(spec.workers),
+                contributions: 0,
+                job: 0,
+                packet_id: 0,
+                block: 0,
+                element_type: ElementType::Int32,
+                sparse: false,
+                element_count: 0,
+                exponent: i8::MIN,
+                next_block: END_OF_STREAM,
+                payload: vec![0; payload_len].into_boxed_slice(),
+            })
+            .collect();
+        Session {
+            id,
+            spec,
+            last_activity: now,
+            counters: SessionCounters::default(),
+            slots,
+            sets,
+        }
+    }
+
+    fn set_index(&self, slot: u16, round: u32) -> usize {
+        slot as usize * self.spec.depth as usize + (round % self.spec.depth as u32) as usize
+    }
+
+    fn reject(&mut self, reason: DropReason) -> Verdict {
+        self.counters.rejected += 1;
+        Verdict::Dropped(reason)
+    }
+
+    fn handle(
+        &mut self,
+        now: Instant,
+        repr: &PacketRepr,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Verdict {
+        self.last_activity = now;
+        self.counters.packets_in += 1;
+        if out.len() < HEADER_LEN + self.spec.packet_elements as usize * ELEMENT_LEN {
+            return Verdict::Dropped(DropReason::OutputTooSmall);
+        }
+        if repr.rank >= self.spec.workers {
+            return self.reject(DropReason::RankOutOfRange);
+        }
+        if repr.slot >= self.spec.slots {
+            return self.reject(DropReason::SlotOutOfRange);
+        }
+        match repr.message_type {
+            MessageType::Result => self.reject(DropReason::NotForSwitch),
+            MessageType::Ack => {
+                self.apply_ack(repr.slot, repr.rank, repr.ack_round);
+                if !repr.flags.contains(Flags::WANT_RESULT) {
+                    return Verdict::Consumed;
+                }
+                self.resend_result(repr.slot, repr.round, repr.rank, false, out)
+            }
+            MessageType::Data => {
+                self.apply_ack(repr.slot, repr.rank, repr.ack_round);
+                self.contribute(repr, payload, out)
+            }
+        }
+    }
+
+    /// Records that `rank` holds every result of `slot` up to round `ack` (the cross-clear).
+    fn apply_ack(&mut self, slot: u16, rank: u16, ack: u32) {
+        let first = slot as usize * self.spec.depth as usize;
+        for set in &mut self.sets[first..first + self.spec.depth as usize] {
+            if set.state == SetState::Complete && !is_after(set.round, ack) {
+                set.unacked.remove(rank);
+            }
+        }
+    }
+
+    /// Sends a retained result again to one worker; contributors only, unless `anyone`.
+    fn resend_result(
+        &mut self,
+        slot: u16,
+        round: u32,
+        rank: u16,
+        only_contributors: bool,
+        out: &mut [u8],
+    ) -> Verdict {
+        let index = self.set_index(slot, round);
+        let set = &self.sets[index];
+        if set.state != SetState::Complete || set.round != round {
+            if round == self.slots[slot as usize].open_round {
+                self.counters.not_ready += 1;
+                return Verdict::Dropped(DropReason::NotReady);
+            }
+            if is_after(round, self.slots[slot as usize].open_round) {
+                return self.reject(DropReason::TooEarly);
+            }
+            self.counters.stale += 1;
+            return Verdict::Dropped(DropReason::Stale);
+        }
+        if only_contributors && !set.contributed.contains(rank) {
+            return self.reject(DropReason::NotExpected);
+        }
+        self.counters.results_resent += 1;
+        self.emit_result(index, slot, Recipient::Worker(rank), out)
+    }
+
+    fn contribute(&mut self, repr: &PacketRepr, payload: &[u8], out: &mut [u8]) -> Verdict {
+        let slot_index = repr.slot as usize;
+        let open_round = self.slots[slot_index].open_round;
+        if repr.round != open_round {
+            if is_after(repr.round, open_round) {
+                return self.reject(DropReason::TooEarly);
+            }
+            let verdict = self.resend_result(repr.slot, repr.round, repr.rank, true, out);
+            if matches!(verdict, Verdict::Send(_)) {
+                self.counters.duplicates += 1;
+            }
+            return verdict;
+        }
+        if let Err(reason) = self.check_contribution(repr) {
+            return self.reject(reason);
+        }
+
+        let index = self.set_index(repr.slot, repr.round);
+        let set = &mut self.sets[index];
+        if set.state != SetState::Aggregating || set.round != repr.round {
+            if set.state == SetState::Complete && !set.unacked.is_empty() {
+                self.counters.stalled += 1;
+                return Verdict::Dropped(DropReason::Stalled);
+            }
+            set.start(repr);
+        } else if set.contributed.contains(repr.rank) {
+            self.counters.duplicates += 1;
+            return Verdict::Dropped(DropReason::DuplicateIncomplete);
+        } else if let Err(field) = set.agrees_with(repr) {
+            return self.reject(DropReason::Mismatch(field));
+        }
+
+        set.contributed.insert(repr.rank);
+        set.contributions += 1;
+        set.exponent = set.exponent.max(repr.exponent);
+        if repr.element_count > 0 {
+            if set.element_count == 0 {
+                set.element_count = repr.element_count;
+                set.payload[..payload.len()].copy_from_slice(payload);
+            } else {
+                sum::add_assign(set.element_type, &mut set.payload[..payload.len()], payload);
+            }
+        }
+        self.counters.contributions += 1;
+
+        let slot = &mut self.slots[slot_index];
+        if set.sparse {
+            slot.next_blocks[repr.rank as usize] = repr.next_block;
+        }
+        let expected = match slot.continuation {
+            Some(_) => slot.expected.len(),
+            None => self.spec.workers as usize,
+        };
+        if (set.contributions as usize) < expected {
+            return Verdict::Consumed;
+        }
+
+        // The last expected contribution: the round completes.
+        set.state = SetState::Complete;
+        set.unacked.fill(self.spec.workers);
+        slot.open_round = repr.round.wrapping_add(1);
+        slot.continuation = None;
+        set.next_block = END_OF_STREAM;
+        if set.sparse {
+            let next = slot
+                .next_blocks
+                .iter()
+                .copied()
+                .min()
+                .unwrap_or(END_OF_STREAM);
+            set.next_block = next;
+            if next != END_OF_STREAM {
+                slot.continuation = Some(next);
+                slot.expected.clear();
+                for (rank, &block) in slot.next_blocks.iter().enumerate() {
+                    if block == next {
+                        slot.expected.insert(rank as u16);
+                    }
+                }
+            }
+        }
+        self.counters.results_broadcast += 1;
+        self.emit_result(index, repr.slot, Recipient::All, out)
+    }
+
+    /// Checks a contribution to the open round against the slot, before any state changes.
+    fn check_contribution(&self, repr: &PacketRepr) -> Result<(), DropReason> {
+        if repr.element_count > self.spec.packet_elements {
+            return Err(DropReason::TooManyElements);
+        }
+        let sparse = repr.flags.contains(Flags::SPARSE);
+        if !sparse && repr.element_count == 0 {
+            return Err(DropReason::Mismatch(
+                "element count (a dense contribution carries elements)",
+            ));
+        }
+        if sparse && repr.next_block <= repr.block {
+            return Err(DropReason::Mismatch(
+                "next block (it must follow the block)",
+            ));
+        }
+        let slot = &self.slots[repr.slot as usize];
+        if let Some(block) = slot.continuation {
+            if !sparse {
+                return Err(DropReason::Mismatch(
+                    "mode (the slot streams a sparse tensor)",
+                ));
+            }
+            if repr.block != block {
+                return Err(DropReason::Mismatch("block"));
+            }
+            if !slot.expected.contains(repr.rank) {
+                return Err(DropReason::NotExpected);
+            }
+        }
+        Ok(())
+    }
+
+    fn emit_result(
+        &mut self,
+        index: usize,
+        slot: u16,
+        recipient: Recipient,
+        out: &mut [u8],
+    ) -> Verdict {
+        let set = &self.sets[index];
+        let repr = PacketRepr {
+            message_type: MessageType::Result,
+            element_type: set.element_type,
+            flags: if set.sparse {
+                Flags::SPARSE
+            } else {
+                Flags::NONE
+            },
+            session: self.id.0,
+            job: set.job,
+            packet_id: set.packet_id,
+            rank: match recipient {
+                Recipient::All => BROADCAST_RANK,
+                Recipient::Worker(rank) => rank,
+            },
+            element_count: set.element_count,
+            slot,
+            exponent: set.exponent,
+            round: set.round,
+            block: set.block,
+            next_block: set.next_block,
+            ack_round: 0,
+        };
+        let len = repr.buffer_len();
+        // `handle` checked that `out` holds a full packet of the session.
+        match repr.emit(out) {
+            Ok(mut packet) => {
+                packet
+                    .payload_mut()
+                    .copy_from_slice(&set.payload[..len - HEADER_LEN]);
+                Verdict::Send(Transmit {
+                    session: self.id,
+                    recipient,
+                    len,
+                })
+            }
+            Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
+        }
+    }
+}
+
+impl Set {
+    /// Resets the set for a new round; the first contribution writes rather than adds.
+    fn start(&mut self, repr: &PacketRepr) {
+        self.state = SetState::Aggregating;
+        self.round = repr.round;
+        self.contributed.clear();
+        self.unacked.clear();
+        self.contributions = 0;
+        self.job = repr.job;
+        self.packet_id = repr.packet_id;
+        self.block = repr.block;
+        self.element_type = repr.element_type;
+        self.sparse = repr.flags.contains(Flags::SPARSE);
+        self.element_count = 0;
+        self.exponent = i8::MIN;
+        self.next_block = END_OF_STREAM;
+    }
+
+    /// Checks that a further contribution describes the same round as the first.
+    fn agrees_with(&self, repr: &PacketRepr) -> Result<(), &'static str> {
+        if repr.job != self.job {
+            return Err("job");
+        }
+        if repr.packet_id != self.packet_id {
+            return Err("packet id");
+        }
+        if repr.block != self.block {
+            return Err("block");
+        }
+        if repr.element_type != self.element_type {
+            return Err("element type");
+        }
+        if repr.flags.contains(Flags::SPARSE) != self.sparse {
+            return Err("mode");
+        }
+        if repr.element_count != 0
+            && self.element_count != 0
+            && repr.element_count != self.element_count
+        {
+            return Err("element count");
+        }
+        Ok(())
+    }
+}
+
+/// Whether round `a` comes after round `b`, in wrapping (serial number) order.
+pub fn is_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}

@@ -1,0 +1,41 @@
+//! netagg's aggregation engine and the worker side of its protocol, without I/O.
+//!
+//! - [`engine`]: the switch's core: sessions of slots that sum the packets of every worker,
+//!   dense (SwitchML's semantics) and sparse (OmniReduce's block streams), loss-tolerant.
+//! - [`worker`]: the worker thread's core: window, rounds, retransmission timers and sparse
+//!   next-block bookkeeping.
+//! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock.
+//! - [`sum`]: the element-wise sums.
+//!
+//! Neither core reads a clock, opens a socket or starts a thread: bytes and the time go in,
+//! packets to send come out, so the switch process and the client library are thin shells
+//! and every behaviour can be tested deterministically in memory.
+
+/// Declares a struct of `u64` event counters with a `since` that subtracts an earlier
+/// snapshot, field by field.
+macro_rules! counters {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$field_meta:meta])* pub $field:ident: u64,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct $name { $($(#[$field_meta])* pub $field: u64,)* }
+
+        impl $name {
+            /// The events counted since the snapshot `earlier`.
+            pub fn since(&self, earlier: &$name) -> $name {
+                $name { $($field: self.$field - earlier.$field,)* }
+            }
+        }
+    };
+}
+
+pub mod engine;
+pub mod sim;
+pub mod sum;
+pub mod worker;
+pub mod workers;
+
+pub use engine::{
+    DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit,
+    Verdict,
+};
+pub use worker::{BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerProtocol};

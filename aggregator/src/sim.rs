@@ -1,0 +1,488 @@
+//! An in-memory cluster: N workers running [`WorkerProtocol`], one [`Engine`], and links
+//! that drop, duplicate, reorder and delay packets from a seeded RNG, on a virtual clock.
+//!
+//! Runs are deterministic for a seed and bounded in steps, so a livelock fails instead of
+//! hanging. The tests, property tests and benches drive the protocol through it.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
+
+use netagg_wire::{ElementType, MAX_DATAGRAM_LEN};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::engine::{
+    Engine, EngineLimits, Recipient, SessionCounters, SessionError, SessionId, SessionSpec, Verdict,
+};
+use crate::worker::{
+    BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol,
+};
+
+/// Faults and timing of one direction of every worker's link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkFaults {
+    /// Probability that a packet is lost.
+    pub drop: f64,
+    /// Probability that a packet arrives twice.
+    pub duplicate: f64,
+    /// Probability that a packet is held back by up to four latencies, overtaken by others.
+    pub reorder: f64,
+    pub latency: Duration,
+    /// Uniform extra delay of up to this much.
+    pub jitter: Duration,
+}
+
+impl LinkFaults {
+    /// A link that delivers everything, in order, after `latency`.
+    pub const fn perfect(latency: Duration) -> LinkFaults {
+        LinkFaults {
+            drop: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            latency,
+            jitter: Duration::ZERO,
+        }
+    }
+
+    /// A link that loses, duplicates and reorders the given fraction of packets each.
+    pub const fn lossy(rate: f64, latency: Duration) -> LinkFaults {
+        LinkFaults {
+            drop: rate,
+            duplicate: rate,
+            reorder: rate,
+            latency,
+            jitter: latency,
+        }
+    }
+}
+
+/// Shape of a simulated cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    pub workers: u16,
+    /// Slots (the window) of every worker.
+    pub slots: u16,
+    pub packet_elements: u16,
+    pub depth: u8,
+    pub uplink: LinkFaults,
+    pub downlink: LinkFaults,
+    pub retransmit_timeout: Duration,
+    pub max_retransmit_timeout: Duration,
+    pub job_timeout: Duration,
+    pub seed: u64,
+    /// Events (deliveries and timer firings) one allreduce may take before it counts as a
+    /// livelock.
+    pub max_steps: u64,
+}
+
+impl ClusterConfig {
+    /// A lossless cluster with 10 µs links.
+    pub fn new(workers: u16, slots: u16, packet_elements: u16) -> ClusterConfig {
+        let latency = Duration::from_micros(10);
+        ClusterConfig {
+            workers,
+            slots,
+            packet_elements,
+            depth: 8,
+            uplink: LinkFaults::perfect(latency),
+            downlink: LinkFaults::perfect(latency),
+            retransmit_timeout: Duration::from_micros(200),
+            max_retransmit_timeout: Duration::from_millis(5),
+            job_timeout: Duration::from_secs(10),
+            seed: 1,
+            max_steps: 10_000_000,
+        }
+    }
+
+    /// Both directions lose, duplicate and reorder `rate` of the packets.
+    pub fn with_faults(mut self, rate: f64) -> ClusterConfig {
+        self.uplink = LinkFaults::lossy(rate, self.uplink.latency);
+        self.downlink = LinkFaults::lossy(rate, self.downlink.latency);
+        self
+    }
+}
+
+/// A tensor of one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tensor {
+    Int32(Vec<i32>),
+    Float32(Vec<f32>),
+}
+
+impl Tensor {
+    pub fn len(&self) -> usize {
+        match self {
+            Tensor::Int32(v) => v.len(),
+            Tensor::Float32(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn element_type(&self) -> ElementType {
+        match self {
+            Tensor::Int32(_) => ElementType::Int32,
+            Tensor::Float32(_) => ElementType::Float32,
+        }
+    }
+
+    fn to_le_bytes(&self) -> Vec<u8> {
+        match self {
+            Tensor::Int32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Tensor::Float32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+
+    fn from_le_bytes(element_type: ElementType, bytes: &[u8]) -> Tensor {
+        let words = bytes.chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]);
+        match element_type {
+            ElementType::Int32 => Tensor::Int32(words.map(i32::from_le_bytes).collect()),
+            ElementType::Float32 => Tensor::Float32(words.map(f32::from_le_bytes).collect()),
+        }
+    }
+}
+
+/// Why a simulated allreduce did not finish.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    #[error("inputs disagree on length or element type")]
+    Inputs,
+    #[error("no event left to run, but worker {rank} has not finished")]
+    Stuck { rank: u16 },
+    #[error("still running after {steps} steps: livelock")]
+    Livelock { steps: u64 },
+    #[error("worker {rank} failed: {reason}")]
+    Failed { rank: u16, reason: String },
+}
+
+/// What one allreduce cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunReport {
+    pub outputs: Vec<Tensor>,
+    /// Counters of each worker, for this allreduce alone.
+    pub workers: Vec<WorkerCounters>,
+    /// The session's counters, for this allreduce alone.
+    pub switch: SessionCounters,
+    pub steps: u64,
+    /// Virtual time the allreduce took.
+    pub elapsed: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Endpoint {
+    Switch,
+    Worker(u16),
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct InFlight {
+    at: Instant,
+    sequence: u64,
+    to: Endpoint,
+    bytes: Vec<u8>,
+}
+
+/// The simulated cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    config: ClusterConfig,
+    engine: Engine,
+    session: SessionId,
+    workers: Vec<WorkerProtocol>,
+    rng: ChaCha8Rng,
+    now: Instant,
+    in_flight: BinaryHeap<Reverse<InFlight>>,
+    sequence: u64,
+    next_job: u32,
+}
+
+struct TensorIo {
+    input: Vec<u8>,
+    output: Vec<u8>,
+    block_bytes: usize,
+}
+
+impl BlockIo for TensorIo {
+    fn load(&mut self, block: u32, payload: &mut [u8]) -> i8 {
+        let start = block as usize * self.block_bytes;
+        payload.copy_from_slice(&self.input[start..start + payload.len()]);
+        0
+    }
+
+    fn store(&mut self, block: u32, payload: &[u8], _exponent: i8) {
+        let start = block as usize * self.block_bytes;
+        let end = (start + self.block_bytes).min(self.output.len());
+        if payload.is_empty() {
+            self.output[start..end].fill(0);
+        } else {
+            self.output[start..start + payload.len()].copy_from_slice(payload);
+        }
+    }
+}
+
+impl Cluster {
+    pub fn new(config: ClusterConfig) -> Result<Cluster, SessionError> {
+        let now = Instant::now();
+        let mut engine = Engine::new(EngineLimits {
+            session_idle_timeout: Duration::from_secs(3600),
+            ..EngineLimits::default()
+        });
+        let session = engine.open_session(
+            now,
+            SessionSpec {
+                workers: config.workers,
+                slots: config.slots,
+                packet_elements: config.packet_elements,
+                depth: config.depth,
+            },
+        )?;
+        let workers = (0..config.workers)
+            .map(|rank| {
+                WorkerProtocol::new(
+                    WorkerConfig {
+                        session: session.0,
+                        rank,
+                        slot_base: 0,
+                        slots: config.slots,
+                        packet_elements: config.packet_elements,
+                        depth: config.depth,
+                        retransmit_timeout: config.retransmit_timeout,
+                        max_retransmit_timeout: config.max_retransmit_timeout,
+                        job_timeout: config.job_timeout,
+                    },
+                    now,
+                )
+            })
+            .collect();
+        let rng = ChaCha8Rng::seed_from_u64(config.seed);
+        Ok(Cluster {
+            config,
+            engine,
+            session,
+            workers,
+            rng,
+            now,
+            in_flight: BinaryHeap::new(),
+            sequence: 0,
+            next_job: 1,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn session(&self) -> SessionId {
+        self.session
+    }
+
+    /// Sums the workers' tensors (one per worker) and returns every worker's result.
+    /// `sparse` sends only the blocks holding a non-zero element.
+    pub fn allreduce(&mut self, inputs: &[Tensor], sparse: bool) -> Result<RunReport, SimError> {
+        let first = inputs.first().ok_or(SimError::Inputs)?;
+        if inputs.len() != self.workers.len()
+            || inputs
+                .iter()
+                .any(|t| t.len() != first.len() || t.element_type() != first.element_type())
+        {
+            return Err(SimError::Inputs);
+        }
+        let job = self.next_job;
+        self.next_job += 1;
+        let packet_elements = self.config.packet_elements as usize;
+        let blocks = first.len().div_ceil(packet_elements) as u32;
+        let mut ios: Vec<TensorIo> = inputs
+            .iter()
+            .map(|tensor| {
+                let input = tensor.to_le_bytes();
+                TensorIo {
+                    output: vec![0; input.len()],
+                    input,
+                    block_bytes: packet_elements * 4,
+                }
+            })
+            .collect();
+        let counters_before: Vec<WorkerCounters> =
+            self.workers.iter().map(|w| *w.counters()).collect();
+        let switch_before = self.switch_counters();
+        let started = self.now;
+        for (worker, io) in self.workers.iter_mut().zip(&ios) {
+            let layout = if sparse {
+                Layout::Sparse(BlockMask::from_fn(blocks, |b| {
+                    let start = b as usize * packet_elements * 4;
+                    let end = (start + packet_elements * 4).min(io.input.len());
+                    io.input[start..end].iter().any(|&byte| byte != 0)
+                }))
+            } else {
+                Layout::Dense
+            };
+            let spec = JobSpec {
+                job,
+                element_type: first.element_type(),
+                elements: first.len() as u64,
+                layout,
+            };
+            worker
+                .start_job(self.now, spec)
+                .map_err(|e| SimError::Failed {
+                    rank: worker.config().rank,
+                    reason: e.to_string(),
+                })?;
+        }
+
+        let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
+        let mut steps = 0;
+        loop {
+            for (worker, io) in self.workers.iter_mut().zip(&mut ios) {
+                while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
+                    Self::send(
+                        &mut self.rng,
+                        &mut self.in_flight,
+                        &mut self.sequence,
+                        self.now,
+                        self.config.uplink,
+                        Endpoint::Switch,
+                        &buf[..len],
+                    );
+                }
+            }
+            if let Some(failed) = self
+                .workers
+                .iter()
+                .find(|w| matches!(w.status(), JobStatus::Failed(_)))
+            {
+                let JobStatus::Failed(error) = failed.status() else {
+                    unreachable!()
+                };
+                return Err(SimError::Failed {
+                    rank: failed.config().rank,
+                    reason: error.to_string(),
+                });
+            }
+            if self.workers.iter().all(|w| *w.status() == JobStatus::Done) {
+                break;
+            }
+            steps += 1;
+            if steps > self.config.max_steps {
+                return Err(SimError::Livelock { steps });
+            }
+            let next_delivery = self.in_flight.peek().map(|Reverse(p)| p.at);
+            let next_timer = self
+                .workers
+                .iter_mut()
+                .filter_map(|w| w.poll_timeout())
+                .min();
+            let Some(next) = [next_delivery, next_timer].into_iter().flatten().min() else {
+                let rank = self
+                    .workers
+                    .iter()
+                    .position(|w| *w.status() != JobStatus::Done)
+                    .unwrap_or(0);
+                return Err(SimError::Stuck { rank: rank as u16 });
+            };
+            self.now = self.now.max(next);
+            self.deliver_due(&mut ios, &mut buf);
+            for worker in &mut self.workers {
+                worker.handle_timeout(self.now);
+            }
+        }
+
+        let switch_after = self.switch_counters();
+        Ok(RunReport {
+            outputs: ios
+                .iter()
+                .map(|io| Tensor::from_le_bytes(first.element_type(), &io.output))
+                .collect(),
+            workers: self
+                .workers
+                .iter()
+                .zip(&counters_before)
+                .map(|(w, before)| w.counters().since(before))
+                .collect(),
+            switch: switch_after.since(&switch_before),
+            steps,
+            elapsed: self.now - started,
+        })
+    }
+
+    fn switch_counters(&self) -> SessionCounters {
+        self.engine
+            .session(self.session)
+            .map(|(_, c)| c)
+            .unwrap_or_default()
+    }
+
+    fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8]) {
+        while self
+            .in_flight
+            .peek()
+            .is_some_and(|Reverse(p)| p.at <= self.now)
+        {
+            let Some(Reverse(packet)) = self.in_flight.pop() else {
+                break;
+            };
+            match packet.to {
+                Endpoint::Worker(rank) => {
+                    self.workers[rank as usize].handle_datagram(
+                        self.now,
+                        &packet.bytes,
+                        &mut ios[rank as usize],
+                    );
+                }
+                Endpoint::Switch => {
+                    let Verdict::Send(transmit) =
+                        self.engine.handle_datagram(self.now, &packet.bytes, buf)
+                    else {
+                        continue;
+                    };
+                    let recipients: Vec<u16> = match transmit.recipient {
+                        Recipient::All => (0..self.config.workers).collect(),
+                        Recipient::Worker(rank) => vec![rank],
+                    };
+                    for rank in recipients {
+                        Self::send(
+                            &mut self.rng,
+                            &mut self.in_flight,
+                            &mut self.sequence,
+                            self.now,
+                            self.config.downlink,
+                            Endpoint::Worker(rank),
+                            &buf[..transmit.len],
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn send(
+        rng: &mut ChaCha8Rng,
+        in_flight: &mut BinaryHeap<Reverse<InFlight>>,
+        sequence: &mut u64,
+        now: Instant,
+        faults: LinkFaults,
+        to: Endpoint,
+        bytes: &[u8],
+    ) {
+        if rng.gen_bool(faults.drop) {
+            return;
+        }
+        let copies = if rng.gen_bool(faults.duplicate) { 2 } else { 1 };
+        for _ in 0..copies {
+            let mut delay = faults.latency + faults.jitter.mul_f64(rng.gen::<f64>());
+            if rng.gen_bool(faults.reorder) {
+                delay += faults.latency.mul_f64(4.0 * rng.gen::<f64>());
+            }
+            *sequence += 1;
+            in_flight.push(Reverse(InFlight {
+                at: now + delay,
+                sequence: *sequence,
+                to,
+                bytes: bytes.to_vec(),
+            }));
+        }
+    }
+}

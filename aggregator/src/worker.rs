@@ -1,0 +1,701 @@
+//! The worker side of the protocol, without I/O: one instance per worker thread.
+//!
+//! A thread owns a contiguous range of the session's slots. Its share of a job is cut
+//! into blocks of `packet_elements`; block `b` travels through local slot `b % slots`, so
+//! every slot carries a *stream* of blocks `s, s + slots, s + 2·slots, …`, and every rank
+//! maps the same elements to the same slot.
+//!
+//! - **Dense** jobs: each slot has one packet in flight; the result of round `r` releases
+//!   the slot's next block as round `r + 1` (SwitchML's self-clocked window).
+//! - **Sparse** jobs: each slot starts with one contribution from every worker (data if
+//!   its first block is non-zero, an empty packet otherwise), naming the sender's next
+//!   non-zero block. Afterwards a worker sends only when a result names its own next block;
+//!   meanwhile it takes the results of the rounds others contribute to, and acknowledges
+//!   them in batches so the aggregator can free its sets.
+//!
+//! Loss is recovered by per-slot timers with exponential backoff: an outstanding
+//! contribution is sent again; a worker with nothing outstanding, or missing a result,
+//! asks for the first round it lacks. A job with no progress for `job_timeout` fails.
+//!
+//! Payloads never pass through this core: [`BlockIo`] loads a block into an outgoing
+//! packet and stores a result, so the caller does pre- and post-processing in place.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::{Duration, Instant};
+
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
+use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, WireError};
+
+use crate::engine::is_after;
+
+/// Moves payloads between the caller's tensors and packets.
+pub trait BlockIo {
+    /// Writes block `block` (as many elements as `payload` holds, little-endian) into
+    /// `payload` and returns its exponent (0 when no quantisation is used).
+    fn load(&mut self, block: u32, payload: &mut [u8]) -> i8;
+    /// Takes the aggregate of block `block`. An empty `payload` means the block is zero
+    /// on every worker. Blocks of a sparse job that no round visits are zero on every
+    /// worker and are never stored: the caller zeroes its output first.
+    fn store(&mut self, block: u32, payload: &[u8], exponent: i8);
+}
+
+/// Which blocks of a job hold a non-zero element.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMask {
+    words: Vec<u64>,
+    blocks: u32,
+}
+
+impl BlockMask {
+    /// A mask of `blocks` blocks, all zero.
+    pub fn new(blocks: u32) -> BlockMask {
+        BlockMask {
+            words: vec![0; (blocks as usize).div_ceil(64)],
+            blocks,
+        }
+    }
+
+    /// A mask whose block `b` is non-zero where `nonzero(b)` says so.
+    pub fn from_fn(blocks: u32, mut nonzero: impl FnMut(u32) -> bool) -> BlockMask {
+        let mut mask = BlockMask::new(blocks);
+        for block in 0..blocks {
+            if nonzero(block) {
+                mask.insert(block);
+            }
+        }
+        mask
+    }
+
+    pub fn blocks(&self) -> u32 {
+        self.blocks
+    }
+
+    pub fn insert(&mut self, block: u32) {
+        if block < self.blocks {
+            self.words[block as usize / 64] |= 1 << (block % 64);
+        }
+    }
+
+    pub fn contains(&self, block: u32) -> bool {
+        block < self.blocks && self.words[block as usize / 64] & (1 << (block % 64)) != 0
+    }
+
+    /// Non-zero blocks in the mask.
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// The first non-zero block of `from, from + stride, …`, or [`END_OF_STREAM`].
+    fn next_in_stream(&self, from: u64, stride: u64) -> u32 {
+        let mut block = from;
+        while block < self.blocks as u64 {
+            if self.contains(block as u32) {
+                return block as u32;
+            }
+            block += stride;
+        }
+        END_OF_STREAM
+    }
+}
+
+/// How a job's blocks travel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// Every block is sent.
+    Dense,
+    /// Only non-zero blocks are sent, OmniReduce-style.
+    Sparse(BlockMask),
+}
+
+/// One job, as this worker thread sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpec {
+    /// Job number, the same on every rank; results of other jobs are stale.
+    pub job: u32,
+    pub element_type: ElementType,
+    /// Elements of this thread's share of the tensor.
+    pub elements: u64,
+    pub layout: Layout,
+}
+
+/// Parameters of one worker thread in one session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub session: u32,
+    pub rank: u16,
+    /// This thread's slots are `slot_base..slot_base + slots`.
+    pub slot_base: u16,
+    pub slots: u16,
+    pub packet_elements: u16,
+    /// The session's depth: rounds each slot retains at the aggregator.
+    pub depth: u8,
+    /// First retransmission timeout; it doubles on every timeout of a slot.
+    pub retransmit_timeout: Duration,
+    pub max_retransmit_timeout: Duration,
+    /// A job that makes no progress for this long fails.
+    pub job_timeout: Duration,
+}
+
+/// Why a job could not start or did not finish.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobError {
+    #[error("a job is already running")]
+    Busy,
+    #[error("the job's {blocks} blocks exceed the protocol's 2^32 - 1")]
+    TooLarge { blocks: u64 },
+    #[error("the sparse mask has {mask} blocks, the job has {blocks}")]
+    MaskSize { mask: u32, blocks: u32 },
+    #[error("no progress for {0:?}: the switch or another worker is not answering")]
+    Timeout(Duration),
+    #[error("an earlier job failed, so the slots' rounds are out of step: open a new session")]
+    SessionBroken,
+}
+
+/// Where the current job stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobStatus {
+    Idle,
+    Running,
+    Done,
+    Failed(JobError),
+}
+
+/// What became of a datagram received from the switch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// A new result, stored.
+    Accepted,
+    /// A result already held.
+    Duplicate,
+    /// A result of another job, or for a slot not in use.
+    Stale,
+    /// Not a result for this worker.
+    Rejected(RejectReason),
+}
+
+/// Why a datagram from the switch was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    #[error("malformed packet: {0}")]
+    Malformed(#[from] WireError),
+    #[error("not a result packet")]
+    NotAResult,
+    #[error("result of another session")]
+    WrongSession,
+    #[error("result for another rank")]
+    WrongRank,
+    #[error("slot outside this thread's range")]
+    WrongSlot,
+    #[error("round outside the window this slot can receive")]
+    RoundOutOfWindow,
+    #[error("result does not match the block in flight")]
+    WrongBlock,
+    #[error("payload does not fit the block")]
+    WrongLength,
+}
+
+counters! {
+    /// Counters of one worker thread.
+    pub struct WorkerCounters {
+        pub packets_sent: u64,
+        pub data_sent: u64,
+        pub acks_sent: u64,
+        pub retransmissions: u64,
+        pub results_received: u64,
+        pub duplicates: u64,
+        pub stale: u64,
+        pub rejected: u64,
+        pub timeouts: u64,
+        pub jobs_done: u64,
+        pub jobs_failed: u64,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Contribution {
+    round: u32,
+    block: u32,
+    /// The sender's next non-zero block after `block` (sparse), fixed at first sending so
+    /// that retransmissions repeat it.
+    next: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Send {
+    Data { retransmission: bool },
+    Ack { want: bool },
+}
+
+#[derive(Debug)]
+struct SlotState {
+    /// First round of this slot's next stream; persists across jobs.
+    next_round: u32,
+    active: bool,
+    /// Every result of this slot up to this round is held.
+    have: u32,
+    /// Bit `i`: the result of round `have + 2 + i` is held (`have + 1` never is).
+    ahead: u64,
+    outstanding: Option<Contribution>,
+    /// Sparse: the first non-zero block of this stream not yet contributed.
+    my_next: u32,
+    /// Sparse: the round whose result ended the stream.
+    end_round: Option<u32>,
+    /// The last `have` sent to the aggregator.
+    acked: u32,
+    rto: Duration,
+    timer: u32,
+}
+
+#[derive(Debug)]
+struct Job {
+    spec: JobSpec,
+    blocks: u32,
+}
+
+/// The worker-side protocol core of one worker thread.
+#[derive(Debug)]
+pub struct WorkerProtocol {
+    config: WorkerConfig,
+    slots: Vec<SlotState>,
+    job: Option<Job>,
+    status: JobStatus,
+    broken: bool,
+    pending: VecDeque<(u16, Send)>,
+    /// Slot deadlines; an entry whose timer number is no longer the slot's is stale.
+    timers: BinaryHeap<Reverse<(Instant, u16, u32)>>,
+    last_progress: Instant,
+    counters: WorkerCounters,
+}
+
+impl WorkerProtocol {
+    pub fn new(config: WorkerConfig, now: Instant) -> WorkerProtocol {
+        let slots = (0..config.slots)
+            .map(|_| SlotState {
+                next_round: 0,
+                active: false,
+                have: u32::MAX,
+                ahead: 0,
+                outstanding: None,
+                my_next: END_OF_STREAM,
+                end_round: None,
+                acked: u32::MAX,
+                rto: config.retransmit_timeout,
+                timer: 0,
+            })
+            .collect();
+        WorkerProtocol {
+            config,
+            slots,
+            job: None,
+            status: JobStatus::Idle,
+            broken: false,
+            pending: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            last_progress: now,
+            counters: WorkerCounters::default(),
+        }
+    }
+
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    pub fn status(&self) -> &JobStatus {
+        &self.status
+    }
+
+    pub fn counters(&self) -> &WorkerCounters {
+        &self.counters
+    }
+
+    /// Starts a job; its packets then come out of [`WorkerProtocol::poll_transmit`].
+    pub fn start_job(&mut self, now: Instant, spec: JobSpec) -> Result<(), JobError> {
+        if self.status == JobStatus::Running {
+            return Err(JobError::Busy);
+        }
+        if self.broken {
+            return Err(JobError::SessionBroken);
+        }
+        let blocks = spec.elements.div_ceil(self.config.packet_elements as u64);
+        if blocks >= END_OF_STREAM as u64 {
+            return Err(JobError::TooLarge { blocks });
+        }
+        let blocks = blocks as u32;
+        if let Layout::Sparse(mask) = &spec.layout {
+            if mask.blocks() != blocks {
+                return Err(JobError::MaskSize {
+                    mask: mask.blocks(),
+                    blocks,
+                });
+            }
+        }
+        let active_slots = (self.config.slots as u32).min(blocks) as u16;
+        let stride = self.config.slots as u64;
+        self.pending.clear();
+        self.timers.clear();
+        self.last_progress = now;
+        for (index, slot) in self
+            .slots
+            .iter_mut()
+            .enumerate()
+            .take(active_slots as usize)
+        {
+            let block = index as u32;
+            let next = match &spec.layout {
+                Layout::Dense => END_OF_STREAM,
+                Layout::Sparse(mask) => mask.next_in_stream(block as u64 + stride, stride),
+            };
+            slot.active = true;
+            slot.have = slot.next_round.wrapping_sub(1);
+            slot.ahead = 0;
+            slot.outstanding = Some(Contribution {
+                round: slot.next_round,
+                block,
+                next,
+            });
+            slot.my_next = next;
+            slot.end_round = None;
+            slot.rto = self.config.retransmit_timeout;
+            self.pending.push_back((
+                index as u16,
+                Send::Data {
+                    retransmission: false,
+                },
+            ));
+        }
+        self.job = Some(Job { spec, blocks });
+        self.status = JobStatus::Running;
+        if active_slots == 0 {
+            self.finish_job();
+        }
+        Ok(())
+    }
+
+    /// Writes the next packet to send into `buf` and returns its length.
+    ///
+    /// `buf` must hold a header and a full packet (a [`MAX_DATAGRAM_LEN`]-byte buffer
+    /// always does); a smaller one yields nothing.
+    ///
+    /// [`MAX_DATAGRAM_LEN`]: netagg_wire::MAX_DATAGRAM_LEN
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        io: &mut impl BlockIo,
+    ) -> Option<usize> {
+        if buf.len() < HEADER_LEN + self.config.packet_elements as usize * ELEMENT_LEN {
+            return None;
+        }
+        while let Some((index, send)) = self.pending.pop_front() {
+            if let Some(len) = self.build(index, send, buf, io) {
+                self.counters.packets_sent += 1;
+                self.arm_timer(index, now);
+                return Some(len);
+            }
+        }
+        None
+    }
+
+    fn build(
+        &mut self,
+        index: u16,
+        send: Send,
+        buf: &mut [u8],
+        io: &mut impl BlockIo,
+    ) -> Option<usize> {
+        let job = self.job.as_ref()?;
+        let slot = &self.slots[index as usize];
+        if !slot.active {
+            return None;
+        }
+        let sparse = matches!(job.spec.layout, Layout::Sparse(_));
+        let mut repr = PacketRepr {
+            message_type: MessageType::Ack,
+            element_type: job.spec.element_type,
+            flags: if sparse { Flags::SPARSE } else { Flags::NONE },
+            session: self.config.session,
+            job: job.spec.job,
+            packet_id: 0,
+            rank: self.config.rank,
+            element_count: 0,
+            slot: self.config.slot_base + index,
+            exponent: 0,
+            round: slot.have.wrapping_add(1),
+            block: 0,
+            next_block: 0,
+            ack_round: slot.have,
+        };
+        match send {
+            Send::Ack { want } => {
+                if want {
+                    repr.flags = repr.flags | Flags::WANT_RESULT;
+                }
+                self.counters.acks_sent += 1;
+            }
+            Send::Data { retransmission } => {
+                let contribution = slot.outstanding?;
+                let carries_data = match &job.spec.layout {
+                    Layout::Dense => true,
+                    Layout::Sparse(mask) => mask.contains(contribution.block),
+                };
+                repr.message_type = MessageType::Data;
+                repr.packet_id = contribution.block;
+                repr.round = contribution.round;
+                repr.block = contribution.block;
+                repr.next_block = contribution.next;
+                if carries_data {
+                    repr.element_count =
+                        block_len(&job.spec, contribution.block, self.config.packet_elements);
+                }
+                if retransmission {
+                    repr.flags = repr.flags | Flags::RETRANSMISSION;
+                    self.counters.retransmissions += 1;
+                }
+                self.counters.data_sent += 1;
+            }
+        }
+        let len = repr.buffer_len();
+        // `poll_transmit` checked that `buf` holds a full packet.
+        let mut packet = repr.emit(buf).ok()?;
+        if repr.element_count > 0 {
+            let exponent = io.load(repr.block, packet.payload_mut());
+            packet.set_exponent(exponent);
+        }
+        self.slots[index as usize].acked = repr.ack_round;
+        Some(len)
+    }
+
+    fn arm_timer(&mut self, index: u16, now: Instant) {
+        let slot = &mut self.slots[index as usize];
+        slot.timer = slot.timer.wrapping_add(1);
+        self.timers
+            .push(Reverse((now + slot.rto, index, slot.timer)));
+    }
+
+    /// Takes one datagram from the switch.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        datagram: &[u8],
+        io: &mut impl BlockIo,
+    ) -> Delivery {
+        match self.receive(now, datagram, io) {
+            Ok(delivery) => {
+                match delivery {
+                    Delivery::Accepted => self.counters.results_received += 1,
+                    Delivery::Duplicate => self.counters.duplicates += 1,
+                    Delivery::Stale => self.counters.stale += 1,
+                    Delivery::Rejected(_) => {}
+                }
+                delivery
+            }
+            Err(reason) => {
+                self.counters.rejected += 1;
+                Delivery::Rejected(reason)
+            }
+        }
+    }
+
+    fn receive(
+        &mut self,
+        now: Instant,
+        datagram: &[u8],
+        io: &mut impl BlockIo,
+    ) -> Result<Delivery, RejectReason> {
+        let packet = Packet::new_checked(datagram)?;
+        let repr = PacketRepr::parse(&packet);
+        if repr.message_type != MessageType::Result {
+            return Err(RejectReason::NotAResult);
+        }
+        if repr.session != self.config.session {
+            return Err(RejectReason::WrongSession);
+        }
+        if repr.rank != BROADCAST_RANK && repr.rank != self.config.rank {
+            return Err(RejectReason::WrongRank);
+        }
+        let index = repr.slot.wrapping_sub(self.config.slot_base);
+        if index >= self.config.slots {
+            return Err(RejectReason::WrongSlot);
+        }
+        let Some(job) = &self.job else {
+            return Ok(Delivery::Stale);
+        };
+        let slot = &mut self.slots[index as usize];
+        if !slot.active || repr.job != job.spec.job || self.status != JobStatus::Running {
+            return Ok(Delivery::Stale);
+        }
+        let offset = repr.round.wrapping_sub(slot.have);
+        if offset == 0 || !is_after(repr.round, slot.have) {
+            return Ok(Delivery::Duplicate);
+        }
+        if offset > 64 {
+            return Err(RejectReason::RoundOutOfWindow);
+        }
+        if offset >= 2 && slot.ahead & (1 << (offset - 2)) != 0 {
+            return Ok(Delivery::Duplicate);
+        }
+        let sparse = matches!(job.spec.layout, Layout::Sparse(_));
+        if !sparse
+            && slot
+                .outstanding
+                .is_none_or(|c| c.round != repr.round || c.block != repr.block)
+        {
+            return Err(RejectReason::WrongBlock);
+        }
+        if repr.block >= job.blocks
+            || (repr.element_count != 0
+                && repr.element_count
+                    != block_len(&job.spec, repr.block, self.config.packet_elements))
+            || (!sparse && repr.element_count == 0)
+        {
+            return Err(RejectReason::WrongLength);
+        }
+
+        io.store(repr.block, packet.payload(), repr.exponent);
+        if offset == 1 {
+            slot.have = repr.round;
+            while slot.ahead & 1 != 0 {
+                slot.have = slot.have.wrapping_add(1);
+                slot.ahead >>= 1;
+            }
+            slot.ahead >>= 1;
+        } else {
+            slot.ahead |= 1 << (offset - 2);
+        }
+        if slot.outstanding.is_some_and(|c| c.round == repr.round) {
+            slot.outstanding = None;
+        }
+        slot.rto = self.config.retransmit_timeout;
+        self.last_progress = now;
+
+        let stride = self.config.slots as u64;
+        match &job.spec.layout {
+            Layout::Dense => {
+                let next = repr.block as u64 + stride;
+                if next < job.blocks as u64 {
+                    let round = repr.round.wrapping_add(1);
+                    slot.outstanding = Some(Contribution {
+                        round,
+                        block: next as u32,
+                        next: END_OF_STREAM,
+                    });
+                    self.pending.push_back((
+                        index,
+                        Send::Data {
+                            retransmission: false,
+                        },
+                    ));
+                } else {
+                    slot.end_round = Some(repr.round);
+                }
+            }
+            Layout::Sparse(mask) => {
+                if repr.next_block == END_OF_STREAM {
+                    slot.end_round = Some(repr.round);
+                } else if repr.next_block == slot.my_next {
+                    let block = slot.my_next;
+                    let next = mask.next_in_stream(block as u64 + stride, stride);
+                    let round = repr.round.wrapping_add(1);
+                    slot.outstanding = Some(Contribution { round, block, next });
+                    slot.my_next = next;
+                    self.pending.push_back((
+                        index,
+                        Send::Data {
+                            retransmission: false,
+                        },
+                    ));
+                }
+            }
+        }
+
+        if slot.end_round == Some(slot.have) && slot.outstanding.is_none() {
+            slot.next_round = slot.have.wrapping_add(1);
+            slot.active = false;
+            if self.slots.iter().all(|s| !s.active) {
+                self.finish_job();
+            }
+            return Ok(Delivery::Accepted);
+        }
+        // A silent worker acknowledges every depth/2 results, so the aggregator can free
+        // sets before a stream needs them again.
+        let batch = (self.config.depth as u32 / 2).max(1);
+        if slot.outstanding.is_none() && slot.have.wrapping_sub(slot.acked) >= batch {
+            self.pending.push_back((index, Send::Ack { want: false }));
+        }
+        self.arm_timer(index, now);
+        Ok(Delivery::Accepted)
+    }
+
+    fn finish_job(&mut self) {
+        self.status = JobStatus::Done;
+        self.counters.jobs_done += 1;
+        self.pending.clear();
+        self.timers.clear();
+    }
+
+    /// When [`WorkerProtocol::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        if self.status != JobStatus::Running {
+            return None;
+        }
+        while let Some(&Reverse((deadline, index, timer))) = self.timers.peek() {
+            let slot = &self.slots[index as usize];
+            if slot.active && slot.timer == timer {
+                let job_deadline = self.last_progress + self.config.job_timeout;
+                return Some(deadline.min(job_deadline));
+            }
+            self.timers.pop();
+        }
+        Some(self.last_progress + self.config.job_timeout)
+    }
+
+    /// Fires every timer due at `now`: retransmissions, requests, and the job timeout.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.status != JobStatus::Running {
+            return;
+        }
+        if now.saturating_duration_since(self.last_progress) >= self.config.job_timeout {
+            self.status = JobStatus::Failed(JobError::Timeout(self.config.job_timeout));
+            self.counters.jobs_failed += 1;
+            self.broken = true;
+            self.pending.clear();
+            self.timers.clear();
+            for slot in &mut self.slots {
+                slot.active = false;
+            }
+            return;
+        }
+        while let Some(&Reverse((deadline, index, timer))) = self.timers.peek() {
+            if deadline > now {
+                break;
+            }
+            self.timers.pop();
+            let slot = &mut self.slots[index as usize];
+            if !slot.active || slot.timer != timer {
+                continue;
+            }
+            self.counters.timeouts += 1;
+            slot.rto = (slot.rto * 2).min(self.config.max_retransmit_timeout);
+            if slot.outstanding.is_some() {
+                self.pending.push_back((
+                    index,
+                    Send::Data {
+                        retransmission: true,
+                    },
+                ));
+            }
+            if slot.outstanding.is_none() || slot.ahead != 0 {
+                self.pending.push_back((index, Send::Ack { want: true }));
+            }
+        }
+    }
+}
+
+/// Elements in block `block` of a job: a full packet, or the tail.
+fn block_len(spec: &JobSpec, block: u32, packet_elements: u16) -> u16 {
+    let start = block as u64 * packet_elements as u64;
+    spec.elements
+        .saturating_sub(start)
+        .min(packet_elements as u64) as u16
+}
