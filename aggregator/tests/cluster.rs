@@ -1,0 +1,345 @@
+//! Whole allreduces through the in-memory cluster: results, packet counts, completion,
+//! over perfect and faulty links.
+
+use std::time::Duration;
+
+use netagg_aggregator::sim::{Cluster, ClusterConfig, LinkFaults, SimError, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn int32_inputs(workers: u16, len: usize, seed: u64) -> Vec<Tensor> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..workers)
+        .map(|_| Tensor::Int32((0..len).map(|_| rng.gen()).collect()))
+        .collect()
+}
+
+fn float32_inputs(workers: u16, len: usize, seed: u64) -> Vec<Tensor> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..workers)
+        .map(|_| Tensor::Float32((0..len).map(|_| rng.gen_range(-1e3..1e3)).collect()))
+        .collect()
+}
+
+/// int32 tensors whose blocks are non-zero with probability `density`, each worker placing
+/// its non-zero blocks independently.
+fn sparse_inputs(workers: u16, len: usize, block: usize, density: f64, seed: u64) -> Vec<Tensor> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..workers)
+        .map(|_| {
+            let mut values = vec![0i32; len];
+            for chunk in values.chunks_mut(block) {
+                if rng.gen_bool(density) {
+                    chunk
+                        .iter_mut()
+                        .for_each(|v| *v = rng.gen_range(-1000..1000) | 1);
+                }
+            }
+            Tensor::Int32(values)
+        })
+        .collect()
+}
+
+fn exact_sum(inputs: &[Tensor]) -> Vec<i32> {
+    let mut sum = vec![0i32; inputs[0].len()];
+    for input in inputs {
+        let Tensor::Int32(values) = input else {
+            panic!("int32 inputs expected")
+        };
+        sum.iter_mut()
+            .zip(values)
+            .for_each(|(s, v)| *s = s.wrapping_add(*v));
+    }
+    sum
+}
+
+fn assert_int32_results(outputs: &[Tensor], inputs: &[Tensor]) {
+    let expected = exact_sum(inputs);
+    for (rank, output) in outputs.iter().enumerate() {
+        let Tensor::Int32(values) = output else {
+            panic!("int32 output expected")
+        };
+        if let Some(i) = values.iter().zip(&expected).position(|(a, b)| a != b) {
+            panic!(
+                "rank {rank}, element {i}: got {} expected {}",
+                values[i], expected[i]
+            );
+        }
+    }
+}
+
+fn assert_float32_results(outputs: &[Tensor], inputs: &[Tensor]) {
+    let len = inputs[0].len();
+    for i in 0..len {
+        let terms: Vec<f64> = inputs
+            .iter()
+            .map(|t| match t {
+                Tensor::Float32(v) => v[i] as f64,
+                Tensor::Int32(_) => unreachable!(),
+            })
+            .collect();
+        let exact: f64 = terms.iter().sum();
+        let magnitude: f64 = terms.iter().map(|t| t.abs()).sum();
+        // Summation in any order stays within n·ε·Σ|x| of the exact sum.
+        let bound = terms.len() as f64 * f32::EPSILON as f64 * magnitude + f32::MIN_POSITIVE as f64;
+        for (rank, output) in outputs.iter().enumerate() {
+            let Tensor::Float32(values) = output else {
+                panic!("float32 output expected")
+            };
+            let error = (values[i] as f64 - exact).abs();
+            assert!(
+                error <= bound,
+                "rank {rank}, element {i}: got {} expected {exact} (error {error} > {bound})",
+                values[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn dense_int32_sums_are_exact_for_every_size_and_cluster() {
+    for workers in [2u16, 3, 8] {
+        for packet in [64u16, 256, 1024] {
+            let mut cluster = Cluster::new(ClusterConfig::new(workers, 8, packet)).unwrap();
+            let p = packet as usize;
+            for len in [0, 1, p - 1, p, p + 1, 8 * p + 3, 20 * p] {
+                let inputs = int32_inputs(workers, len, len as u64);
+                let report = cluster.allreduce(&inputs, false).unwrap();
+                assert_int32_results(&report.outputs, &inputs);
+                let blocks = len.div_ceil(p) as u64;
+                for counters in &report.workers {
+                    assert_eq!(
+                        counters.data_sent, blocks,
+                        "one packet per block on a perfect link"
+                    );
+                    assert_eq!(counters.results_received, blocks);
+                    assert_eq!((counters.retransmissions, counters.acks_sent), (0, 0));
+                }
+                assert_eq!(report.switch.results_broadcast, blocks);
+            }
+        }
+    }
+}
+
+#[test]
+fn dense_float32_sums_stay_within_rounding_of_the_exact_sum() {
+    let mut cluster = Cluster::new(ClusterConfig::new(4, 16, 256)).unwrap();
+    let inputs = float32_inputs(4, 10_000, 7);
+    let report = cluster.allreduce(&inputs, false).unwrap();
+    assert_float32_results(&report.outputs, &inputs);
+}
+
+#[test]
+fn window_bounds_the_packets_in_flight() {
+    // With one slot the allreduce is a sequence of round trips: 20 blocks take 20 of them.
+    let mut config = ClusterConfig::new(2, 1, 64);
+    config.uplink = LinkFaults::perfect(Duration::from_micros(100));
+    config.downlink = LinkFaults::perfect(Duration::from_micros(100));
+    let mut cluster = Cluster::new(config.clone()).unwrap();
+    let report = cluster
+        .allreduce(&int32_inputs(2, 20 * 64, 1), false)
+        .unwrap();
+    assert_eq!(report.elapsed, Duration::from_micros(200) * 20);
+    config.slots = 20;
+    let mut cluster = Cluster::new(config).unwrap();
+    let report = cluster
+        .allreduce(&int32_inputs(2, 20 * 64, 1), false)
+        .unwrap();
+    assert_eq!(report.elapsed, Duration::from_micros(200));
+}
+
+#[test]
+fn dense_jobs_survive_loss_duplication_and_reordering() {
+    for (rate, seed) in [(0.01, 1), (0.05, 2), (0.2, 3)] {
+        let mut config = ClusterConfig::new(4, 16, 64).with_faults(rate);
+        config.seed = seed;
+        let mut cluster = Cluster::new(config).unwrap();
+        let mut retransmissions = 0;
+        for job in 0..5 {
+            let inputs = int32_inputs(4, 64 * 50 + job, seed * 100 + job as u64);
+            let report = cluster.allreduce(&inputs, false).unwrap();
+            assert_int32_results(&report.outputs, &inputs);
+            retransmissions += report
+                .workers
+                .iter()
+                .map(|c| c.retransmissions)
+                .sum::<u64>();
+        }
+        assert!(
+            retransmissions > 0,
+            "rate {rate}: losses must have caused retransmissions"
+        );
+    }
+}
+
+#[test]
+fn sparse_jobs_send_only_non_zero_blocks() {
+    let (workers, slots, packet) = (4u16, 8u16, 64u16);
+    let blocks = 400usize;
+    let len = blocks * packet as usize - 5;
+    for density in [1.0, 0.1, 0.01, 0.0] {
+        let mut cluster = Cluster::new(ClusterConfig::new(workers, slots, packet)).unwrap();
+        let inputs = sparse_inputs(
+            workers,
+            len,
+            packet as usize,
+            density,
+            (density * 1000.0) as u64,
+        );
+        let report = cluster.allreduce(&inputs, true).unwrap();
+        assert_int32_results(&report.outputs, &inputs);
+        for (input, counters) in inputs.iter().zip(&report.workers) {
+            let Tensor::Int32(values) = input else {
+                unreachable!()
+            };
+            let nonzero: Vec<bool> = values
+                .chunks(packet as usize)
+                .map(|c| c.iter().any(|&v| v != 0))
+                .collect();
+            let nonzero_count = nonzero.iter().filter(|&&b| b).count() as u64;
+            let zero_starts = nonzero[..slots as usize].iter().filter(|&&b| !b).count() as u64;
+            // Every non-zero block once, plus one empty report per stream whose first
+            // block is zero.
+            assert_eq!(
+                counters.data_sent,
+                nonzero_count + zero_starts,
+                "density {density}"
+            );
+            // Acknowledgements of the rounds others contribute to come in batches of
+            // depth / 2 = 4 results at most.
+            assert!(
+                counters.acks_sent <= counters.results_received / 4 + slots as u64,
+                "density {density}"
+            );
+            assert_eq!(counters.retransmissions, 0);
+        }
+        if density == 0.0 {
+            assert_eq!(
+                report.switch.results_broadcast, slots as u64,
+                "one empty round per stream"
+            );
+        }
+    }
+}
+
+#[test]
+fn sparse_results_are_exact_wherever_the_zero_blocks_lie() {
+    let packet = 16usize;
+    let blocks = 64usize;
+    // Same placement on every worker, disjoint placements, and a tensor zero on all but one.
+    let same: Vec<Tensor> = (0..3)
+        .map(|w| {
+            Tensor::Int32(
+                (0..blocks * packet)
+                    .map(|i| if (i / packet) % 5 == 0 { w + 1 } else { 0 })
+                    .collect(),
+            )
+        })
+        .collect();
+    let disjoint: Vec<Tensor> = (0..3)
+        .map(|w| {
+            Tensor::Int32(
+                (0..blocks * packet)
+                    .map(|i| {
+                        if (i / packet) % 3 == w as usize {
+                            i as i32
+                        } else {
+                            0
+                        }
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    let lonely: Vec<Tensor> = (0..3)
+        .map(|w| {
+            Tensor::Int32(
+                (0..blocks * packet)
+                    .map(|i| if w == 2 && i % 97 == 0 { -7 } else { 0 })
+                    .collect(),
+            )
+        })
+        .collect();
+    for inputs in [same, disjoint, lonely] {
+        for slots in [1u16, 4, 64, 100] {
+            let mut cluster = Cluster::new(ClusterConfig::new(3, slots, packet as u16)).unwrap();
+            let report = cluster.allreduce(&inputs, true).unwrap();
+            assert_int32_results(&report.outputs, &inputs);
+        }
+    }
+}
+
+#[test]
+fn sparse_float32_sums_stay_within_rounding() {
+    let mut cluster = Cluster::new(ClusterConfig::new(3, 8, 64)).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let inputs: Vec<Tensor> = (0..3)
+        .map(|_| {
+            Tensor::Float32(
+                (0..64 * 100)
+                    .map(|i| {
+                        if (i / 64) % 7 == 0 {
+                            rng.gen_range(-1.0..1.0)
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    let report = cluster.allreduce(&inputs, true).unwrap();
+    assert_float32_results(&report.outputs, &inputs);
+}
+
+#[test]
+fn sparse_jobs_survive_loss_duplication_and_reordering() {
+    for (rate, depth, seed) in [(0.01, 2u8, 11), (0.05, 8, 12), (0.1, 4, 13), (0.2, 16, 14)] {
+        let mut config = ClusterConfig::new(4, 8, 32).with_faults(rate);
+        config.depth = depth;
+        config.seed = seed;
+        let mut cluster = Cluster::new(config).unwrap();
+        for (job, density) in [0.5, 0.1, 0.02, 0.0, 1.0].into_iter().enumerate() {
+            let inputs = sparse_inputs(4, 32 * 300, 32, density, seed * 10 + job as u64);
+            let report = cluster.allreduce(&inputs, true).unwrap();
+            assert_int32_results(&report.outputs, &inputs);
+        }
+    }
+}
+
+#[test]
+fn dense_and_sparse_jobs_interleave_on_the_same_slots() {
+    let mut cluster = Cluster::new(ClusterConfig::new(3, 4, 64).with_faults(0.02)).unwrap();
+    for job in 0..12u64 {
+        let sparse = job % 2 == 1;
+        let inputs = if sparse {
+            sparse_inputs(3, 64 * 37, 64, 0.3, job)
+        } else {
+            int32_inputs(3, 64 * 9 + job as usize, job)
+        };
+        let report = cluster.allreduce(&inputs, sparse).unwrap();
+        assert_int32_results(&report.outputs, &inputs);
+    }
+}
+
+#[test]
+fn a_dead_switch_fails_the_job_within_the_timeout() {
+    let mut config = ClusterConfig::new(2, 4, 64);
+    config.uplink.drop = 1.0;
+    config.job_timeout = Duration::from_millis(50);
+    let mut cluster = Cluster::new(config).unwrap();
+    let error = cluster
+        .allreduce(&int32_inputs(2, 1000, 1), false)
+        .unwrap_err();
+    let SimError::Failed { reason, .. } = error else {
+        panic!("expected a failure, got {error:?}")
+    };
+    assert!(reason.contains("no progress for 50ms"), "{reason}");
+    // The session's rounds are now out of step; the worker refuses to go on silently.
+    let error = cluster
+        .allreduce(&int32_inputs(2, 1000, 1), false)
+        .unwrap_err();
+    assert!(
+        matches!(error, SimError::Failed { reason, .. } if reason.contains("open a new session"))
+    );
+}
