@@ -211,8 +211,16 @@ fn sparse_jobs_send_only_non_zero_blocks() {
                 counters.acks_sent <= counters.results_received / 4 + slots as u64,
                 "density {density}"
             );
-            assert_eq!(counters.retransmissions, 0);
+            assert_eq!(
+                (counters.retransmissions, counters.timeouts),
+                (0, 0),
+                "density {density}"
+            );
         }
+        assert_eq!(
+            report.switch.stalled, 0,
+            "batched acks free every set in time"
+        );
         if density == 0.0 {
             assert_eq!(
                 report.switch.results_broadcast, slots as u64,
