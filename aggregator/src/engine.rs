@@ -250,44 +250,25 @@ impl Engine {
     }
 
     /// Opens a session, checking it against every limit before allocating anything.
-    pub fn open_session(
-        &mut self,
-        now: Instant,
-        spec: SessionSpec,
-    ) -> Result<SessionId, SessionError> {
+    pub fn open_session(&mut self, now: Instant, spec: SessionSpec) -> Result<SessionId, SessionError> {
         let limits = &self.limits;
         if spec.workers == 0 || spec.workers > limits.max_workers {
-            return Err(SessionError::Workers {
-                requested: spec.workers,
-                max: limits.max_workers,
-            });
+            return Err(SessionError::Workers { requested: spec.workers, max: limits.max_workers });
         }
         if spec.slots == 0 || spec.slots > limits.max_slots {
-            return Err(SessionError::Slots {
-                requested: spec.slots,
-                max: limits.max_slots,
-            });
+            return Err(SessionError::Slots { requested: spec.slots, max: limits.max_slots });
         }
         let max_depth = limits.max_depth.min(MAX_DEPTH);
         if spec.depth < 2 || !spec.depth.is_power_of_two() || spec.depth > max_depth {
-            return Err(SessionError::Depth {
-                requested: spec.depth,
-                max: max_depth,
-            });
+            return Err(SessionError::Depth { requested: spec.depth, max: max_depth });
         }
         let max_elements = limits.max_packet_elements.min(MAX_ELEMENTS as u16);
         if spec.packet_elements == 0 || spec.packet_elements > max_elements {
-            return Err(SessionError::PacketElements {
-                requested: spec.packet_elements,
-                max: max_elements,
-            });
+            return Err(SessionError::PacketElements { requested: spec.packet_elements, max: max_elements });
         }
         let open = self.sessions.iter().filter(|s| s.is_some()).count();
         if open >= limits.max_sessions as usize {
-            return Err(SessionError::TooManySessions {
-                open,
-                max: limits.max_sessions,
-            });
+            return Err(SessionError::TooManySessions { open, max: limits.max_sessions });
         }
         let needed = spec.state_bytes();
         let available = limits.max_bytes.saturating_sub(self.bytes_in_use);
@@ -330,19 +311,12 @@ impl Engine {
     }
 
     fn session_mut(&mut self, id: SessionId) -> Option<&mut Session> {
-        self.sessions
-            .get_mut(id.index())?
-            .as_mut()
-            .filter(|s| s.id == id)
+        self.sessions.get_mut(id.index())?.as_mut().filter(|s| s.id == id)
     }
 
     /// The shape and counters of an open session.
     pub fn session(&self, id: SessionId) -> Option<(SessionSpec, SessionCounters)> {
-        let session = self
-            .sessions
-            .get(id.index())?
-            .as_ref()
-            .filter(|s| s.id == id)?;
+        let session = self.sessions.get(id.index())?.as_ref().filter(|s| s.id == id)?;
         Some((session.spec, session.counters))
     }
 
@@ -381,11 +355,7 @@ impl Engine {
     /// When [`Engine::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let idle = self.limits.session_idle_timeout;
-        self.sessions
-            .iter()
-            .flatten()
-            .map(|s| s.last_activity + idle)
-            .min()
+        self.sessions.iter().flatten().map(|s| s.last_activity + idle).min()
     }
 
     /// Closes every session idle for the configured timeout; returns their ids.
@@ -487,14 +457,7 @@ impl Session {
                 payload: vec![0; payload_len].into_boxed_slice(),
             })
             .collect();
-        Session {
-            id,
-            spec,
-            last_activity: now,
-            counters: SessionCounters::default(),
-            slots,
-            sets,
-        }
+        Session { id, spec, last_activity: now, counters: SessionCounters::default(), slots, sets }
     }
 
     fn set_index(&self, slot: u16, round: u32) -> usize {
@@ -506,13 +469,7 @@ impl Session {
         Verdict::Dropped(reason)
     }
 
-    fn handle(
-        &mut self,
-        now: Instant,
-        repr: &PacketRepr,
-        payload: &[u8],
-        out: &mut [u8],
-    ) -> Verdict {
+    fn handle(&mut self, now: Instant, repr: &PacketRepr, payload: &[u8], out: &mut [u8]) -> Verdict {
         self.last_activity = now;
         self.counters.packets_in += 1;
         if out.len() < HEADER_LEN + self.spec.packet_elements as usize * ELEMENT_LEN {
@@ -643,12 +600,7 @@ impl Session {
         slot.continuation = None;
         set.next_block = END_OF_STREAM;
         if set.sparse {
-            let next = slot
-                .next_blocks
-                .iter()
-                .copied()
-                .min()
-                .unwrap_or(END_OF_STREAM);
+            let next = slot.next_blocks.iter().copied().min().unwrap_or(END_OF_STREAM);
             set.next_block = next;
             if next != END_OF_STREAM {
                 slot.continuation = Some(next);
@@ -671,21 +623,15 @@ impl Session {
         }
         let sparse = repr.flags.contains(Flags::SPARSE);
         if !sparse && repr.element_count == 0 {
-            return Err(DropReason::Mismatch(
-                "element count (a dense contribution carries elements)",
-            ));
+            return Err(DropReason::Mismatch("element count (a dense contribution carries elements)"));
         }
         if sparse && repr.next_block <= repr.block {
-            return Err(DropReason::Mismatch(
-                "next block (it must follow the block)",
-            ));
+            return Err(DropReason::Mismatch("next block (it must follow the block)"));
         }
         let slot = &self.slots[repr.slot as usize];
         if let Some(block) = slot.continuation {
             if !sparse {
-                return Err(DropReason::Mismatch(
-                    "mode (the slot streams a sparse tensor)",
-                ));
+                return Err(DropReason::Mismatch("mode (the slot streams a sparse tensor)"));
             }
             if repr.block != block {
                 return Err(DropReason::Mismatch("block"));
@@ -697,22 +643,12 @@ impl Session {
         Ok(())
     }
 
-    fn emit_result(
-        &mut self,
-        index: usize,
-        slot: u16,
-        recipient: Recipient,
-        out: &mut [u8],
-    ) -> Verdict {
+    fn emit_result(&mut self, index: usize, slot: u16, recipient: Recipient, out: &mut [u8]) -> Verdict {
         let set = &self.sets[index];
         let repr = PacketRepr {
             message_type: MessageType::Result,
             element_type: set.element_type,
-            flags: if set.sparse {
-                Flags::SPARSE
-            } else {
-                Flags::NONE
-            },
+            flags: if set.sparse { Flags::SPARSE } else { Flags::NONE },
             session: self.id.0,
             job: set.job,
             packet_id: set.packet_id,
@@ -732,14 +668,8 @@ impl Session {
         // `handle` checked that `out` holds a full packet of the session.
         match repr.emit(out) {
             Ok(mut packet) => {
-                packet
-                    .payload_mut()
-                    .copy_from_slice(&set.payload[..len - HEADER_LEN]);
-                Verdict::Send(Transmit {
-                    session: self.id,
-                    recipient,
-                    len,
-                })
+                packet.payload_mut().copy_from_slice(&set.payload[..len - HEADER_LEN]);
+                Verdict::Send(Transmit { session: self.id, recipient, len })
             }
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
         }
@@ -781,10 +711,7 @@ impl Set {
         if repr.flags.contains(Flags::SPARSE) != self.sparse {
             return Err("mode");
         }
-        if repr.element_count != 0
-            && self.element_count != 0
-            && repr.element_count != self.element_count
-        {
+        if repr.element_count != 0 && self.element_count != 0 && repr.element_count != self.element_count {
             return Err("element count");
         }
         Ok(())

@@ -35,7 +35,6 @@ pub mod worker;
 pub mod workers;
 
 pub use engine::{
-    DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit,
-    Verdict,
+    DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit, Verdict,
 };
 pub use worker::{BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerProtocol};

@@ -36,24 +36,12 @@ pub struct LinkFaults {
 impl LinkFaults {
     /// A link that delivers everything, in order, after `latency`.
     pub const fn perfect(latency: Duration) -> LinkFaults {
-        LinkFaults {
-            drop: 0.0,
-            duplicate: 0.0,
-            reorder: 0.0,
-            latency,
-            jitter: Duration::ZERO,
-        }
+        LinkFaults { drop: 0.0, duplicate: 0.0, reorder: 0.0, latency, jitter: Duration::ZERO }
     }
 
     /// A link that loses, duplicates and reorders the given fraction of packets each.
     pub const fn lossy(rate: f64, latency: Duration) -> LinkFaults {
-        LinkFaults {
-            drop: rate,
-            duplicate: rate,
-            reorder: rate,
-            latency,
-            jitter: latency,
-        }
+        LinkFaults { drop: rate, duplicate: rate, reorder: rate, latency, jitter: latency }
     }
 }
 
@@ -284,9 +272,7 @@ impl Cluster {
     pub fn allreduce(&mut self, inputs: &[Tensor], sparse: bool) -> Result<RunReport, SimError> {
         let first = inputs.first().ok_or(SimError::Inputs)?;
         if inputs.len() != self.workers.len()
-            || inputs
-                .iter()
-                .any(|t| t.len() != first.len() || t.element_type() != first.element_type())
+            || inputs.iter().any(|t| t.len() != first.len() || t.element_type() != first.element_type())
         {
             return Err(SimError::Inputs);
         }
@@ -298,15 +284,10 @@ impl Cluster {
             .iter()
             .map(|tensor| {
                 let input = tensor.to_le_bytes();
-                TensorIo {
-                    output: vec![0; input.len()],
-                    input,
-                    block_bytes: packet_elements * 4,
-                }
+                TensorIo { output: vec![0; input.len()], input, block_bytes: packet_elements * 4 }
             })
             .collect();
-        let counters_before: Vec<WorkerCounters> =
-            self.workers.iter().map(|w| *w.counters()).collect();
+        let counters_before: Vec<WorkerCounters> = self.workers.iter().map(|w| *w.counters()).collect();
         let switch_before = self.switch_counters();
         let started = self.now;
         for (worker, io) in self.workers.iter_mut().zip(&ios) {
@@ -319,18 +300,11 @@ impl Cluster {
             } else {
                 Layout::Dense
             };
-            let spec = JobSpec {
-                job,
-                element_type: first.element_type(),
-                elements: first.len() as u64,
-                layout,
-            };
+            let spec =
+                JobSpec { job, element_type: first.element_type(), elements: first.len() as u64, layout };
             worker
                 .start_job(self.now, spec)
-                .map_err(|e| SimError::Failed {
-                    rank: worker.config().rank,
-                    reason: e.to_string(),
-                })?;
+                .map_err(|e| SimError::Failed { rank: worker.config().rank, reason: e.to_string() })?;
         }
 
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
@@ -349,18 +323,9 @@ impl Cluster {
                     );
                 }
             }
-            if let Some(failed) = self
-                .workers
-                .iter()
-                .find(|w| matches!(w.status(), JobStatus::Failed(_)))
-            {
-                let JobStatus::Failed(error) = failed.status() else {
-                    unreachable!()
-                };
-                return Err(SimError::Failed {
-                    rank: failed.config().rank,
-                    reason: error.to_string(),
-                });
+            if let Some(failed) = self.workers.iter().find(|w| matches!(w.status(), JobStatus::Failed(_))) {
+                let JobStatus::Failed(error) = failed.status() else { unreachable!() };
+                return Err(SimError::Failed { rank: failed.config().rank, reason: error.to_string() });
             }
             if self.workers.iter().all(|w| *w.status() == JobStatus::Done) {
                 break;
@@ -370,17 +335,9 @@ impl Cluster {
                 return Err(SimError::Livelock { steps });
             }
             let next_delivery = self.in_flight.peek().map(|Reverse(p)| p.at);
-            let next_timer = self
-                .workers
-                .iter_mut()
-                .filter_map(|w| w.poll_timeout())
-                .min();
+            let next_timer = self.workers.iter_mut().filter_map(|w| w.poll_timeout()).min();
             let Some(next) = [next_delivery, next_timer].into_iter().flatten().min() else {
-                let rank = self
-                    .workers
-                    .iter()
-                    .position(|w| *w.status() != JobStatus::Done)
-                    .unwrap_or(0);
+                let rank = self.workers.iter().position(|w| *w.status() != JobStatus::Done).unwrap_or(0);
                 return Err(SimError::Stuck { rank: rank as u16 });
             };
             self.now = self.now.max(next);
@@ -392,10 +349,7 @@ impl Cluster {
 
         let switch_after = self.switch_counters();
         Ok(RunReport {
-            outputs: ios
-                .iter()
-                .map(|io| Tensor::from_le_bytes(first.element_type(), &io.output))
-                .collect(),
+            outputs: ios.iter().map(|io| Tensor::from_le_bytes(first.element_type(), &io.output)).collect(),
             workers: self
                 .workers
                 .iter()
@@ -409,18 +363,11 @@ impl Cluster {
     }
 
     fn switch_counters(&self) -> SessionCounters {
-        self.engine
-            .session(self.session)
-            .map(|(_, c)| c)
-            .unwrap_or_default()
+        self.engine.session(self.session).map(|(_, c)| c).unwrap_or_default()
     }
 
     fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8]) {
-        while self
-            .in_flight
-            .peek()
-            .is_some_and(|Reverse(p)| p.at <= self.now)
-        {
+        while self.in_flight.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
             let Some(Reverse(packet)) = self.in_flight.pop() else {
                 break;
             };
@@ -433,8 +380,7 @@ impl Cluster {
                     );
                 }
                 Endpoint::Switch => {
-                    let Verdict::Send(transmit) =
-                        self.engine.handle_datagram(self.now, &packet.bytes, buf)
+                    let Verdict::Send(transmit) = self.engine.handle_datagram(self.now, &packet.bytes, buf)
                     else {
                         continue;
                     };

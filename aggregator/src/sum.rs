@@ -30,8 +30,7 @@ pub fn add_assign_i32(acc: &mut [u8], src: &[u8]) {
 /// float32 sum of little-endian elements.
 pub fn add_assign_f32(acc: &mut [u8], src: &[u8]) {
     for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
-        let sum = f32::from_le_bytes([a[0], a[1], a[2], a[3]])
-            + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let sum = f32::from_le_bytes([a[0], a[1], a[2], a[3]]) + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         a.copy_from_slice(&sum.to_le_bytes());
     }
 }
@@ -53,19 +52,10 @@ mod tests {
 
     #[test]
     fn float32_sum_is_native() {
-        let mut acc: Vec<u8> = [1.5f32, -2.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let src: Vec<u8> = [0.25f32, f32::INFINITY]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let mut acc: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let src: Vec<u8> = [0.25f32, f32::INFINITY].iter().flat_map(|v| v.to_le_bytes()).collect();
         add_assign(ElementType::Float32, &mut acc, &src);
-        let got: Vec<f32> = acc
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let got: Vec<f32> = acc.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         assert_eq!(got, [1.75, f32::INFINITY]);
     }
 

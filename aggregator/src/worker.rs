@@ -50,10 +50,7 @@ pub struct BlockMask {
 impl BlockMask {
     /// A mask of `blocks` blocks, all zero.
     pub fn new(blocks: u32) -> BlockMask {
-        BlockMask {
-            words: vec![0; (blocks as usize).div_ceil(64)],
-            blocks,
-        }
+        BlockMask { words: vec![0; (blocks as usize).div_ceil(64)], blocks }
     }
 
     /// A mask whose block `b` is non-zero where `nonzero(b)` says so.
@@ -324,10 +321,7 @@ impl WorkerProtocol {
         let blocks = blocks as u32;
         if let Layout::Sparse(mask) = &spec.layout {
             if mask.blocks() != blocks {
-                return Err(JobError::MaskSize {
-                    mask: mask.blocks(),
-                    blocks,
-                });
+                return Err(JobError::MaskSize { mask: mask.blocks(), blocks });
             }
         }
         let active_slots = (self.config.slots as u32).min(blocks) as u16;
@@ -335,12 +329,7 @@ impl WorkerProtocol {
         self.pending.clear();
         self.timers.clear();
         self.last_progress = now;
-        for (index, slot) in self
-            .slots
-            .iter_mut()
-            .enumerate()
-            .take(active_slots as usize)
-        {
+        for (index, slot) in self.slots.iter_mut().enumerate().take(active_slots as usize) {
             let block = index as u32;
             let next = match &spec.layout {
                 Layout::Dense => END_OF_STREAM,
@@ -349,20 +338,11 @@ impl WorkerProtocol {
             slot.active = true;
             slot.have = slot.next_round.wrapping_sub(1);
             slot.ahead = 0;
-            slot.outstanding = Some(Contribution {
-                round: slot.next_round,
-                block,
-                next,
-            });
+            slot.outstanding = Some(Contribution { round: slot.next_round, block, next });
             slot.my_next = next;
             slot.end_round = None;
             slot.rto = self.config.retransmit_timeout;
-            self.pending.push_back((
-                index as u16,
-                Send::Data {
-                    retransmission: false,
-                },
-            ));
+            self.pending.push_back((index as u16, Send::Data { retransmission: false }));
         }
         self.job = Some(Job { spec, blocks });
         self.status = JobStatus::Running;
@@ -378,12 +358,7 @@ impl WorkerProtocol {
     /// always does); a smaller one yields nothing.
     ///
     /// [`MAX_DATAGRAM_LEN`]: netagg_wire::MAX_DATAGRAM_LEN
-    pub fn poll_transmit(
-        &mut self,
-        now: Instant,
-        buf: &mut [u8],
-        io: &mut impl BlockIo,
-    ) -> Option<usize> {
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8], io: &mut impl BlockIo) -> Option<usize> {
         if buf.len() < HEADER_LEN + self.config.packet_elements as usize * ELEMENT_LEN {
             return None;
         }
@@ -397,13 +372,7 @@ impl WorkerProtocol {
         None
     }
 
-    fn build(
-        &mut self,
-        index: u16,
-        send: Send,
-        buf: &mut [u8],
-        io: &mut impl BlockIo,
-    ) -> Option<usize> {
+    fn build(&mut self, index: u16, send: Send, buf: &mut [u8], io: &mut impl BlockIo) -> Option<usize> {
         let job = self.job.as_ref()?;
         let slot = &self.slots[index as usize];
         if !slot.active {
@@ -469,17 +438,11 @@ impl WorkerProtocol {
     fn arm_timer(&mut self, index: u16, now: Instant) {
         let slot = &mut self.slots[index as usize];
         slot.timer = slot.timer.wrapping_add(1);
-        self.timers
-            .push(Reverse((now + slot.rto, index, slot.timer)));
+        self.timers.push(Reverse((now + slot.rto, index, slot.timer)));
     }
 
     /// Takes one datagram from the switch.
-    pub fn handle_datagram(
-        &mut self,
-        now: Instant,
-        datagram: &[u8],
-        io: &mut impl BlockIo,
-    ) -> Delivery {
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8], io: &mut impl BlockIo) -> Delivery {
         match self.receive(now, datagram, io) {
             Ok(delivery) => {
                 match delivery {
@@ -536,17 +499,12 @@ impl WorkerProtocol {
             return Ok(Delivery::Duplicate);
         }
         let sparse = matches!(job.spec.layout, Layout::Sparse(_));
-        if !sparse
-            && slot
-                .outstanding
-                .is_none_or(|c| c.round != repr.round || c.block != repr.block)
-        {
+        if !sparse && slot.outstanding.is_none_or(|c| c.round != repr.round || c.block != repr.block) {
             return Err(RejectReason::WrongBlock);
         }
         if repr.block >= job.blocks
             || (repr.element_count != 0
-                && repr.element_count
-                    != block_len(&job.spec, repr.block, self.config.packet_elements))
+                && repr.element_count != block_len(&job.spec, repr.block, self.config.packet_elements))
             || (!sparse && repr.element_count == 0)
         {
             return Err(RejectReason::WrongLength);
@@ -575,17 +533,8 @@ impl WorkerProtocol {
                 let next = repr.block as u64 + stride;
                 if next < job.blocks as u64 {
                     let round = repr.round.wrapping_add(1);
-                    slot.outstanding = Some(Contribution {
-                        round,
-                        block: next as u32,
-                        next: END_OF_STREAM,
-                    });
-                    self.pending.push_back((
-                        index,
-                        Send::Data {
-                            retransmission: false,
-                        },
-                    ));
+                    slot.outstanding = Some(Contribution { round, block: next as u32, next: END_OF_STREAM });
+                    self.pending.push_back((index, Send::Data { retransmission: false }));
                 } else {
                     slot.end_round = Some(repr.round);
                 }
@@ -599,12 +548,7 @@ impl WorkerProtocol {
                     let round = repr.round.wrapping_add(1);
                     slot.outstanding = Some(Contribution { round, block, next });
                     slot.my_next = next;
-                    self.pending.push_back((
-                        index,
-                        Send::Data {
-                            retransmission: false,
-                        },
-                    ));
+                    self.pending.push_back((index, Send::Data { retransmission: false }));
                 }
             }
         }
@@ -678,12 +622,7 @@ impl WorkerProtocol {
             self.counters.timeouts += 1;
             slot.rto = (slot.rto * 2).min(self.config.max_retransmit_timeout);
             if slot.outstanding.is_some() {
-                self.pending.push_back((
-                    index,
-                    Send::Data {
-                        retransmission: true,
-                    },
-                ));
+                self.pending.push_back((index, Send::Data { retransmission: true }));
             }
             if slot.outstanding.is_none() || slot.ahead != 0 {
                 self.pending.push_back((index, Send::Ack { want: true }));
@@ -695,7 +634,5 @@ impl WorkerProtocol {
 /// Elements in block `block` of a job: a full packet, or the tail.
 fn block_len(spec: &JobSpec, block: u32, packet_elements: u16) -> u16 {
     let start = block as u64 * packet_elements as u64;
-    spec.elements
-        .saturating_sub(start)
-        .min(packet_elements as u64) as u16
+    spec.elements.saturating_sub(start).min(packet_elements as u64) as u16
 }

@@ -9,9 +9,7 @@ pub struct WorkerSet {
 impl WorkerSet {
     /// An empty set able to hold ranks `0..capacity`.
     pub fn new(capacity: u16) -> WorkerSet {
-        WorkerSet {
-            words: vec![0; (capacity as usize).div_ceil(64)].into_boxed_slice(),
-        }
+        WorkerSet { words: vec![0; (capacity as usize).div_ceil(64)].into_boxed_slice() }
     }
 
     /// The set of all ranks `0..capacity`.
@@ -38,9 +36,7 @@ impl WorkerSet {
     /// out-of-range rank is reported as absent rather than panicking.
     pub fn contains(&self, rank: u16) -> bool {
         let rank = rank as usize;
-        self.words
-            .get(rank / 64)
-            .is_some_and(|w| w & (1 << (rank % 64)) != 0)
+        self.words.get(rank / 64).is_some_and(|w| w & (1 << (rank % 64)) != 0)
     }
 
     pub fn insert(&mut self, rank: u16) {

@@ -9,16 +9,12 @@ use rand_chacha::ChaCha8Rng;
 
 fn int32_inputs(workers: u16, len: usize, seed: u64) -> Vec<Tensor> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..workers)
-        .map(|_| Tensor::Int32((0..len).map(|_| rng.gen()).collect()))
-        .collect()
+    (0..workers).map(|_| Tensor::Int32((0..len).map(|_| rng.gen()).collect())).collect()
 }
 
 fn float32_inputs(workers: u16, len: usize, seed: u64) -> Vec<Tensor> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..workers)
-        .map(|_| Tensor::Float32((0..len).map(|_| rng.gen_range(-1e3..1e3)).collect()))
-        .collect()
+    (0..workers).map(|_| Tensor::Float32((0..len).map(|_| rng.gen_range(-1e3..1e3)).collect())).collect()
 }
 
 /// int32 tensors whose blocks are non-zero with probability `density`, each worker placing
@@ -30,9 +26,7 @@ fn sparse_inputs(workers: u16, len: usize, block: usize, density: f64, seed: u64
             let mut values = vec![0i32; len];
             for chunk in values.chunks_mut(block) {
                 if rng.gen_bool(density) {
-                    chunk
-                        .iter_mut()
-                        .for_each(|v| *v = rng.gen_range(-1000..1000) | 1);
+                    chunk.iter_mut().for_each(|v| *v = rng.gen_range(-1000..1000) | 1);
                 }
             }
             Tensor::Int32(values)
@@ -43,12 +37,8 @@ fn sparse_inputs(workers: u16, len: usize, block: usize, density: f64, seed: u64
 fn exact_sum(inputs: &[Tensor]) -> Vec<i32> {
     let mut sum = vec![0i32; inputs[0].len()];
     for input in inputs {
-        let Tensor::Int32(values) = input else {
-            panic!("int32 inputs expected")
-        };
-        sum.iter_mut()
-            .zip(values)
-            .for_each(|(s, v)| *s = s.wrapping_add(*v));
+        let Tensor::Int32(values) = input else { panic!("int32 inputs expected") };
+        sum.iter_mut().zip(values).for_each(|(s, v)| *s = s.wrapping_add(*v));
     }
     sum
 }
@@ -56,14 +46,9 @@ fn exact_sum(inputs: &[Tensor]) -> Vec<i32> {
 fn assert_int32_results(outputs: &[Tensor], inputs: &[Tensor]) {
     let expected = exact_sum(inputs);
     for (rank, output) in outputs.iter().enumerate() {
-        let Tensor::Int32(values) = output else {
-            panic!("int32 output expected")
-        };
+        let Tensor::Int32(values) = output else { panic!("int32 output expected") };
         if let Some(i) = values.iter().zip(&expected).position(|(a, b)| a != b) {
-            panic!(
-                "rank {rank}, element {i}: got {} expected {}",
-                values[i], expected[i]
-            );
+            panic!("rank {rank}, element {i}: got {} expected {}", values[i], expected[i]);
         }
     }
 }
@@ -83,9 +68,7 @@ fn assert_float32_results(outputs: &[Tensor], inputs: &[Tensor]) {
         // Summation in any order stays within n·ε·Σ|x| of the exact sum.
         let bound = terms.len() as f64 * f32::EPSILON as f64 * magnitude + f32::MIN_POSITIVE as f64;
         for (rank, output) in outputs.iter().enumerate() {
-            let Tensor::Float32(values) = output else {
-                panic!("float32 output expected")
-            };
+            let Tensor::Float32(values) = output else { panic!("float32 output expected") };
             let error = (values[i] as f64 - exact).abs();
             assert!(
                 error <= bound,
@@ -108,10 +91,7 @@ fn dense_int32_sums_are_exact_for_every_size_and_cluster() {
                 assert_int32_results(&report.outputs, &inputs);
                 let blocks = len.div_ceil(p) as u64;
                 for counters in &report.workers {
-                    assert_eq!(
-                        counters.data_sent, blocks,
-                        "one packet per block on a perfect link"
-                    );
+                    assert_eq!(counters.data_sent, blocks, "one packet per block on a perfect link");
                     assert_eq!(counters.results_received, blocks);
                     assert_eq!((counters.retransmissions, counters.acks_sent), (0, 0));
                 }
@@ -136,15 +116,11 @@ fn window_bounds_the_packets_in_flight() {
     config.uplink = LinkFaults::perfect(Duration::from_micros(100));
     config.downlink = LinkFaults::perfect(Duration::from_micros(100));
     let mut cluster = Cluster::new(config.clone()).unwrap();
-    let report = cluster
-        .allreduce(&int32_inputs(2, 20 * 64, 1), false)
-        .unwrap();
+    let report = cluster.allreduce(&int32_inputs(2, 20 * 64, 1), false).unwrap();
     assert_eq!(report.elapsed, Duration::from_micros(200) * 20);
     config.slots = 20;
     let mut cluster = Cluster::new(config).unwrap();
-    let report = cluster
-        .allreduce(&int32_inputs(2, 20 * 64, 1), false)
-        .unwrap();
+    let report = cluster.allreduce(&int32_inputs(2, 20 * 64, 1), false).unwrap();
     assert_eq!(report.elapsed, Duration::from_micros(200));
 }
 
@@ -159,16 +135,9 @@ fn dense_jobs_survive_loss_duplication_and_reordering() {
             let inputs = int32_inputs(4, 64 * 50 + job, seed * 100 + job as u64);
             let report = cluster.allreduce(&inputs, false).unwrap();
             assert_int32_results(&report.outputs, &inputs);
-            retransmissions += report
-                .workers
-                .iter()
-                .map(|c| c.retransmissions)
-                .sum::<u64>();
+            retransmissions += report.workers.iter().map(|c| c.retransmissions).sum::<u64>();
         }
-        assert!(
-            retransmissions > 0,
-            "rate {rate}: losses must have caused retransmissions"
-        );
+        assert!(retransmissions > 0, "rate {rate}: losses must have caused retransmissions");
     }
 }
 
@@ -179,53 +148,26 @@ fn sparse_jobs_send_only_non_zero_blocks() {
     let len = blocks * packet as usize - 5;
     for density in [1.0, 0.1, 0.01, 0.0] {
         let mut cluster = Cluster::new(ClusterConfig::new(workers, slots, packet)).unwrap();
-        let inputs = sparse_inputs(
-            workers,
-            len,
-            packet as usize,
-            density,
-            (density * 1000.0) as u64,
-        );
+        let inputs = sparse_inputs(workers, len, packet as usize, density, (density * 1000.0) as u64);
         let report = cluster.allreduce(&inputs, true).unwrap();
         assert_int32_results(&report.outputs, &inputs);
         for (input, counters) in inputs.iter().zip(&report.workers) {
-            let Tensor::Int32(values) = input else {
-                unreachable!()
-            };
-            let nonzero: Vec<bool> = values
-                .chunks(packet as usize)
-                .map(|c| c.iter().any(|&v| v != 0))
-                .collect();
+            let Tensor::Int32(values) = input else { unreachable!() };
+            let nonzero: Vec<bool> =
+                values.chunks(packet as usize).map(|c| c.iter().any(|&v| v != 0)).collect();
             let nonzero_count = nonzero.iter().filter(|&&b| b).count() as u64;
             let zero_starts = nonzero[..slots as usize].iter().filter(|&&b| !b).count() as u64;
             // Every non-zero block once, plus one empty report per stream whose first
             // block is zero.
-            assert_eq!(
-                counters.data_sent,
-                nonzero_count + zero_starts,
-                "density {density}"
-            );
+            assert_eq!(counters.data_sent, nonzero_count + zero_starts, "density {density}");
             // Acknowledgements of the rounds others contribute to come in batches of
             // depth / 2 = 4 results at most.
-            assert!(
-                counters.acks_sent <= counters.results_received / 4 + slots as u64,
-                "density {density}"
-            );
-            assert_eq!(
-                (counters.retransmissions, counters.timeouts),
-                (0, 0),
-                "density {density}"
-            );
+            assert!(counters.acks_sent <= counters.results_received / 4 + slots as u64, "density {density}");
+            assert_eq!((counters.retransmissions, counters.timeouts), (0, 0), "density {density}");
         }
-        assert_eq!(
-            report.switch.stalled, 0,
-            "batched acks free every set in time"
-        );
+        assert_eq!(report.switch.stalled, 0, "batched acks free every set in time");
         if density == 0.0 {
-            assert_eq!(
-                report.switch.results_broadcast, slots as u64,
-                "one empty round per stream"
-            );
+            assert_eq!(report.switch.results_broadcast, slots as u64, "one empty round per stream");
         }
     }
 }
@@ -238,9 +180,7 @@ fn sparse_results_are_exact_wherever_the_zero_blocks_lie() {
     let same: Vec<Tensor> = (0..3)
         .map(|w| {
             Tensor::Int32(
-                (0..blocks * packet)
-                    .map(|i| if (i / packet) % 5 == 0 { w + 1 } else { 0 })
-                    .collect(),
+                (0..blocks * packet).map(|i| if (i / packet) % 5 == 0 { w + 1 } else { 0 }).collect(),
             )
         })
         .collect();
@@ -248,24 +188,14 @@ fn sparse_results_are_exact_wherever_the_zero_blocks_lie() {
         .map(|w| {
             Tensor::Int32(
                 (0..blocks * packet)
-                    .map(|i| {
-                        if (i / packet) % 3 == w as usize {
-                            i as i32
-                        } else {
-                            0
-                        }
-                    })
+                    .map(|i| if (i / packet) % 3 == w as usize { i as i32 } else { 0 })
                     .collect(),
             )
         })
         .collect();
     let lonely: Vec<Tensor> = (0..3)
         .map(|w| {
-            Tensor::Int32(
-                (0..blocks * packet)
-                    .map(|i| if w == 2 && i % 97 == 0 { -7 } else { 0 })
-                    .collect(),
-            )
+            Tensor::Int32((0..blocks * packet).map(|i| if w == 2 && i % 97 == 0 { -7 } else { 0 }).collect())
         })
         .collect();
     for inputs in [same, disjoint, lonely] {
@@ -285,13 +215,7 @@ fn sparse_float32_sums_stay_within_rounding() {
         .map(|_| {
             Tensor::Float32(
                 (0..64 * 100)
-                    .map(|i| {
-                        if (i / 64) % 7 == 0 {
-                            rng.gen_range(-1.0..1.0)
-                        } else {
-                            0.0
-                        }
-                    })
+                    .map(|i| if (i / 64) % 7 == 0 { rng.gen_range(-1.0..1.0) } else { 0.0 })
                     .collect(),
             )
         })
@@ -336,18 +260,10 @@ fn a_dead_switch_fails_the_job_within_the_timeout() {
     config.uplink.drop = 1.0;
     config.job_timeout = Duration::from_millis(50);
     let mut cluster = Cluster::new(config).unwrap();
-    let error = cluster
-        .allreduce(&int32_inputs(2, 1000, 1), false)
-        .unwrap_err();
-    let SimError::Failed { reason, .. } = error else {
-        panic!("expected a failure, got {error:?}")
-    };
+    let error = cluster.allreduce(&int32_inputs(2, 1000, 1), false).unwrap_err();
+    let SimError::Failed { reason, .. } = error else { panic!("expected a failure, got {error:?}") };
     assert!(reason.contains("no progress for 50ms"), "{reason}");
     // The session's rounds are now out of step; the worker refuses to go on silently.
-    let error = cluster
-        .allreduce(&int32_inputs(2, 1000, 1), false)
-        .unwrap_err();
-    assert!(
-        matches!(error, SimError::Failed { reason, .. } if reason.contains("open a new session"))
-    );
+    let error = cluster.allreduce(&int32_inputs(2, 1000, 1), false).unwrap_err();
+    assert!(matches!(error, SimError::Failed { reason, .. } if reason.contains("open a new session")));
 }

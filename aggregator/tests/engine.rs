@@ -4,8 +4,7 @@
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::engine::{
-    DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit,
-    Verdict,
+    DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit, Verdict,
 };
 use netagg_wire::packet::{BROADCAST_RANK, END_OF_STREAM};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
@@ -78,24 +77,14 @@ impl Switch {
         Switch::with_limits(EngineLimits::default())
     }
     fn with_limits(limits: EngineLimits) -> Switch {
-        Switch {
-            engine: Engine::new(limits),
-            now: Instant::now(),
-            out: vec![0; MAX_DATAGRAM_LEN],
-        }
+        Switch { engine: Engine::new(limits), now: Instant::now(), out: vec![0; MAX_DATAGRAM_LEN] }
     }
     fn open(&mut self, workers: u16, slots: u16, depth: u8) -> SessionId {
-        let spec = SessionSpec {
-            workers,
-            slots,
-            packet_elements: 64,
-            depth,
-        };
+        let spec = SessionSpec { workers, slots, packet_elements: 64, depth };
         self.engine.open_session(self.now, spec).unwrap()
     }
     fn feed(&mut self, packet: &Contribution) -> Verdict {
-        self.engine
-            .handle_datagram(self.now, &packet.bytes(), &mut self.out)
+        self.engine.handle_datagram(self.now, &packet.bytes(), &mut self.out)
     }
     /// Feeds a packet that must produce a result; returns its header and values.
     fn result(&mut self, packet: &Contribution) -> (Recipient, PacketRepr, Vec<i32>) {
@@ -118,10 +107,7 @@ impl Switch {
 fn last_contribution_broadcasts_the_sum() {
     let mut switch = Switch::new();
     let session = switch.open(3, 4, 2);
-    assert_eq!(
-        switch.feed(&data(session, 0, 2, 0, &[1, 2, 3]).with(|r| r.exponent = -3)),
-        Verdict::Consumed
-    );
+    assert_eq!(switch.feed(&data(session, 0, 2, 0, &[1, 2, 3]).with(|r| r.exponent = -3)), Verdict::Consumed);
     assert_eq!(
         switch.feed(&data(session, 2, 2, 0, &[10, 20, 30]).with(|r| r.exponent = 5)),
         Verdict::Consumed
@@ -132,16 +118,7 @@ fn last_contribution_broadcasts_the_sum() {
     assert_eq!(values, [111, 222, 333]);
     assert_eq!(repr.message_type, MessageType::Result);
     assert_eq!(repr.rank, BROADCAST_RANK);
-    assert_eq!(
-        (
-            repr.session,
-            repr.job,
-            repr.packet_id,
-            repr.slot,
-            repr.round
-        ),
-        (session.0, 1, 102, 2, 0)
-    );
+    assert_eq!((repr.session, repr.job, repr.packet_id, repr.slot, repr.round), (session.0, 1, 102, 2, 0));
     assert_eq!(repr.exponent, 5, "exponents are max-reduced");
     let (_, counters) = switch.engine.session(session).unwrap();
     assert_eq!((counters.contributions, counters.results_broadcast), (3, 1));
@@ -161,8 +138,7 @@ fn float32_is_summed_natively() {
     let mut switch = Switch::new();
     let session = switch.open(2, 1, 2);
     let floats = |values: &[f32]| {
-        let mut packet =
-            data(session, 0, 0, 0, &[0; 2]).with(|r| r.element_type = ElementType::Float32);
+        let mut packet = data(session, 0, 0, 0, &[0; 2]).with(|r| r.element_type = ElementType::Float32);
         packet.payload = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         packet
     };
@@ -178,10 +154,7 @@ fn duplicate_to_an_aggregating_round_changes_nothing() {
     let mut switch = Switch::new();
     let session = switch.open(2, 1, 2);
     switch.feed(&data(session, 0, 0, 0, &[5]));
-    assert_eq!(
-        switch.feed(&data(session, 0, 0, 0, &[5])),
-        Verdict::Dropped(DropReason::DuplicateIncomplete)
-    );
+    assert_eq!(switch.feed(&data(session, 0, 0, 0, &[5])), Verdict::Dropped(DropReason::DuplicateIncomplete));
     let (_, _, values) = switch.result(&data(session, 1, 0, 0, &[1]));
     assert_eq!(values, [6], "the duplicate was not added");
     assert_eq!(switch.engine.session(session).unwrap().1.duplicates, 1);
@@ -217,17 +190,11 @@ fn rounds_alternate_sets_and_stale_rounds_cannot_contribute() {
     }
     // A late copy of round 1 (an earlier job, say) reaches the set round 3 used and
     // round 5 will use: SwitchML would count it; rounds make it stale.
-    assert_eq!(
-        switch.feed(&data(session, 0, 0, 1, &[999])),
-        Verdict::Dropped(DropReason::Stale)
-    );
+    assert_eq!(switch.feed(&data(session, 0, 0, 1, &[999])), Verdict::Dropped(DropReason::Stale));
     switch.feed(&data(session, 0, 0, 4, &[1]));
     let (_, _, values) = switch.result(&data(session, 1, 0, 4, &[1]));
     assert_eq!(values, [2]);
-    assert_eq!(
-        switch.feed(&data(session, 0, 0, 9, &[1])),
-        Verdict::Dropped(DropReason::TooEarly)
-    );
+    assert_eq!(switch.feed(&data(session, 0, 0, 9, &[1])), Verdict::Dropped(DropReason::TooEarly));
 }
 
 #[test]
@@ -241,21 +208,11 @@ fn a_set_is_reused_only_when_every_worker_acknowledged_its_result() {
     switch.result(&no_ack(data(session, 1, 0, 1, &[1])));
     // Round 2 needs set 0, whose result no worker has acknowledged.
     let round_two = no_ack(data(session, 0, 0, 2, &[3]));
-    assert_eq!(
-        switch.feed(&round_two),
-        Verdict::Dropped(DropReason::Stalled)
-    );
+    assert_eq!(switch.feed(&round_two), Verdict::Dropped(DropReason::Stalled));
     assert_eq!(switch.feed(&ack(session, 0, 0, 1)), Verdict::Consumed);
-    assert_eq!(
-        switch.feed(&round_two),
-        Verdict::Dropped(DropReason::Stalled),
-        "rank 1 has not acknowledged"
-    );
+    assert_eq!(switch.feed(&round_two), Verdict::Dropped(DropReason::Stalled), "rank 1 has not acknowledged");
     // Rank 1's contribution acknowledges round 1, and with it round 0.
-    assert_eq!(
-        switch.feed(&data(session, 1, 0, 2, &[4])),
-        Verdict::Consumed
-    );
+    assert_eq!(switch.feed(&data(session, 1, 0, 2, &[4])), Verdict::Consumed);
     let (_, _, values) = switch.result(&round_two);
     assert_eq!(values, [7]);
     assert_eq!(switch.engine.session(session).unwrap().1.stalled, 2);
@@ -267,26 +224,14 @@ fn contributions_that_disagree_with_the_round_are_rejected() {
     let session = switch.open(2, 1, 2);
     switch.feed(&data(session, 0, 0, 0, &[1, 1]));
     let wrong: [(Contribution, DropReason); 7] = [
-        (
-            data(session, 1, 0, 0, &[1, 1]).with(|r| r.job = 2),
-            DropReason::Mismatch("job"),
-        ),
-        (
-            data(session, 1, 0, 0, &[1, 1]).with(|r| r.packet_id = 7),
-            DropReason::Mismatch("packet id"),
-        ),
-        (
-            data(session, 1, 0, 0, &[1]),
-            DropReason::Mismatch("element count"),
-        ),
+        (data(session, 1, 0, 0, &[1, 1]).with(|r| r.job = 2), DropReason::Mismatch("job")),
+        (data(session, 1, 0, 0, &[1, 1]).with(|r| r.packet_id = 7), DropReason::Mismatch("packet id")),
+        (data(session, 1, 0, 0, &[1]), DropReason::Mismatch("element count")),
         (
             data(session, 1, 0, 0, &[1, 1]).with(|r| r.element_type = ElementType::Float32),
             DropReason::Mismatch("element type"),
         ),
-        (
-            data(session, 1, 0, 0, &[1, 1]).with(|r| r.block = 5),
-            DropReason::Mismatch("block"),
-        ),
+        (data(session, 1, 0, 0, &[1, 1]).with(|r| r.block = 5), DropReason::Mismatch("block")),
         (
             data(session, 1, 0, 0, &[1, 1]).with(|r| {
                 r.flags = Flags::SPARSE;
@@ -294,10 +239,7 @@ fn contributions_that_disagree_with_the_round_are_rejected() {
             }),
             DropReason::Mismatch("mode"),
         ),
-        (
-            data(session, 1, 0, 0, &[0; 65]),
-            DropReason::TooManyElements,
-        ),
+        (data(session, 1, 0, 0, &[0; 65]), DropReason::TooManyElements),
     ];
     for (packet, reason) in wrong {
         assert_eq!(switch.feed(&packet), Verdict::Dropped(reason));
@@ -322,29 +264,18 @@ fn out_of_range_and_misdirected_packets_are_dropped() {
             data(session, 0, 0, 0, &[]),
             DropReason::Mismatch("element count (a dense contribution carries elements)"),
         ),
-        (
-            data(SessionId(session.0 ^ 0x10000), 0, 0, 0, &[1]),
-            DropReason::UnknownSession,
-        ),
+        (data(SessionId(session.0 ^ 0x10000), 0, 0, 0, &[1]), DropReason::UnknownSession),
     ];
     for (packet, reason) in cases {
         assert_eq!(switch.feed(&packet), Verdict::Dropped(reason));
     }
-    let malformed = switch
-        .engine
-        .handle_datagram(switch.now, &[1, 2, 3], &mut switch.out);
-    assert!(matches!(
-        malformed,
-        Verdict::Dropped(DropReason::Malformed(_))
-    ));
+    let malformed = switch.engine.handle_datagram(switch.now, &[1, 2, 3], &mut switch.out);
+    assert!(matches!(malformed, Verdict::Dropped(DropReason::Malformed(_))));
     let counters = switch.engine.counters();
     assert_eq!((counters.malformed, counters.unknown_session), (1, 1));
     let mut short = [0u8; 100];
-    let verdict = switch.engine.handle_datagram(
-        switch.now,
-        &data(session, 0, 0, 0, &[1]).bytes(),
-        &mut short,
-    );
+    let verdict =
+        switch.engine.handle_datagram(switch.now, &data(session, 0, 0, 0, &[1]).bytes(), &mut short);
     assert_eq!(verdict, Verdict::Dropped(DropReason::OutputTooSmall));
 }
 
@@ -364,10 +295,7 @@ fn sessions_are_isolated() {
     switch.engine.close_session(a).unwrap();
     let c = switch.open(2, 1, 2);
     assert_ne!(a, c);
-    assert_eq!(
-        switch.feed(&data(a, 0, 0, 1, &[1])),
-        Verdict::Dropped(DropReason::UnknownSession)
-    );
+    assert_eq!(switch.feed(&data(a, 0, 0, 1, &[1])), Verdict::Dropped(DropReason::UnknownSession));
 }
 
 #[test]
@@ -375,10 +303,7 @@ fn more_than_64_workers_aggregate() {
     let mut switch = Switch::new();
     let session = switch.open(100, 1, 2);
     for rank in 0..99 {
-        assert_eq!(
-            switch.feed(&data(session, rank, 0, 0, &[rank as i32, 1])),
-            Verdict::Consumed
-        );
+        assert_eq!(switch.feed(&data(session, rank, 0, 0, &[rank as i32, 1])), Verdict::Consumed);
     }
     let (_, _, values) = switch.result(&data(session, 99, 0, 0, &[99, 1]));
     assert_eq!(values, [(0..100).sum::<i32>(), 100]);
@@ -397,84 +322,41 @@ fn limits_reject_sessions_before_allocating() {
     };
     let mut switch = Switch::with_limits(limits);
     let now = switch.now;
-    let spec = SessionSpec {
-        workers: 4,
-        slots: 8,
-        packet_elements: 64,
-        depth: 2,
-    };
+    let spec = SessionSpec { workers: 4, slots: 8, packet_elements: 64, depth: 2 };
     let open = |engine: &mut Engine, spec| engine.open_session(now, spec);
     assert_eq!(
         open(&mut switch.engine, SessionSpec { workers: 9, ..spec }),
-        Err(SessionError::Workers {
-            requested: 9,
-            max: 8
-        })
+        Err(SessionError::Workers { requested: 9, max: 8 })
     );
     assert_eq!(
         open(&mut switch.engine, SessionSpec { workers: 0, ..spec }),
-        Err(SessionError::Workers {
-            requested: 0,
-            max: 8
-        })
+        Err(SessionError::Workers { requested: 0, max: 8 })
     );
     assert_eq!(
         open(&mut switch.engine, SessionSpec { slots: 17, ..spec }),
-        Err(SessionError::Slots {
-            requested: 17,
-            max: 16
-        })
+        Err(SessionError::Slots { requested: 17, max: 16 })
     );
     assert_eq!(
         open(&mut switch.engine, SessionSpec { depth: 3, ..spec }),
-        Err(SessionError::Depth {
-            requested: 3,
-            max: 8
-        })
+        Err(SessionError::Depth { requested: 3, max: 8 })
     );
     assert_eq!(
         open(&mut switch.engine, SessionSpec { depth: 16, ..spec }),
-        Err(SessionError::Depth {
-            requested: 16,
-            max: 8
-        })
+        Err(SessionError::Depth { requested: 16, max: 8 })
     );
     assert_eq!(
-        open(
-            &mut switch.engine,
-            SessionSpec {
-                packet_elements: 257,
-                ..spec
-            }
-        ),
-        Err(SessionError::PacketElements {
-            requested: 257,
-            max: 256
-        })
+        open(&mut switch.engine, SessionSpec { packet_elements: 257, ..spec }),
+        Err(SessionError::PacketElements { requested: 257, max: 256 })
     );
-    let big = SessionSpec {
-        workers: 8,
-        slots: 16,
-        packet_elements: 256,
-        depth: 8,
-    };
-    assert!(matches!(
-        open(&mut switch.engine, big),
-        Err(SessionError::Memory { .. })
-    ));
+    let big = SessionSpec { workers: 8, slots: 16, packet_elements: 256, depth: 8 };
+    assert!(matches!(open(&mut switch.engine, big), Err(SessionError::Memory { .. })));
     assert_eq!(switch.engine.bytes_in_use(), 0);
     let first = open(&mut switch.engine, spec).unwrap();
     open(&mut switch.engine, spec).unwrap();
-    assert_eq!(
-        open(&mut switch.engine, spec),
-        Err(SessionError::TooManySessions { open: 2, max: 2 })
-    );
+    assert_eq!(open(&mut switch.engine, spec), Err(SessionError::TooManySessions { open: 2, max: 2 }));
     assert_eq!(switch.engine.bytes_in_use(), 2 * spec.state_bytes());
     switch.engine.close_session(first).unwrap();
-    assert_eq!(
-        switch.engine.close_session(first),
-        Err(SessionError::Unknown(first.0))
-    );
+    assert_eq!(switch.engine.close_session(first), Err(SessionError::Unknown(first.0)));
     open(&mut switch.engine, spec).unwrap();
 }
 
@@ -487,18 +369,12 @@ fn idle_sessions_expire_and_free_their_memory() {
     let quiet = switch.open(2, 1, 2);
     switch.now += Duration::from_secs(3);
     let busy = switch.open(2, 1, 2);
-    assert_eq!(
-        switch.engine.poll_timeout(),
-        Some(switch.now + Duration::from_secs(2))
-    );
+    assert_eq!(switch.engine.poll_timeout(), Some(switch.now + Duration::from_secs(2)));
     switch.now += Duration::from_secs(2);
     switch.feed(&data(busy, 0, 0, 0, &[1]));
     assert_eq!(switch.engine.handle_timeout(switch.now), vec![quiet]);
     assert_eq!(switch.engine.sessions().collect::<Vec<_>>(), vec![busy]);
-    assert_eq!(
-        switch.engine.bytes_in_use(),
-        switch.engine.session(busy).unwrap().0.state_bytes()
-    );
+    assert_eq!(switch.engine.bytes_in_use(), switch.engine.session(busy).unwrap().0.state_bytes());
     assert_eq!(switch.engine.counters().sessions_expired, 1);
 }
 
@@ -507,14 +383,8 @@ fn a_sparse_stream_expects_only_the_workers_holding_its_next_block() {
     let mut switch = Switch::new();
     let session = switch.open(3, 1, 4);
     // Start round: every worker reports, with data only where its block 0 is non-zero.
-    assert_eq!(
-        switch.feed(&data(session, 0, 0, 0, &[5]).sparse(0, 8)),
-        Verdict::Consumed
-    );
-    assert_eq!(
-        switch.feed(&data(session, 1, 0, 0, &[]).sparse(0, 4)),
-        Verdict::Consumed
-    );
+    assert_eq!(switch.feed(&data(session, 0, 0, 0, &[5]).sparse(0, 8)), Verdict::Consumed);
+    assert_eq!(switch.feed(&data(session, 1, 0, 0, &[]).sparse(0, 4)), Verdict::Consumed);
     let (_, repr, values) = switch.result(&data(session, 2, 0, 0, &[]).sparse(0, END_OF_STREAM));
     assert_eq!((repr.block, repr.next_block, values), (0, 4, vec![5]));
     assert!(repr.flags.contains(Flags::SPARSE));
@@ -529,35 +399,19 @@ fn a_sparse_stream_expects_only_the_workers_holding_its_next_block() {
         Verdict::Dropped(DropReason::Mismatch("block"))
     );
     let (_, repr, values) = switch.result(&data(session, 1, 0, 1, &[7]).sparse(4, 8));
-    assert_eq!(
-        (repr.round, repr.block, repr.next_block, values),
-        (1, 4, 8, vec![7])
-    );
+    assert_eq!((repr.round, repr.block, repr.next_block, values), (1, 4, 8, vec![7]));
 
     // Round 2 aggregates block 8, which ranks 0 and 1 both hold.
-    assert_eq!(
-        switch.feed(&data(session, 0, 0, 2, &[2]).sparse(8, END_OF_STREAM)),
-        Verdict::Consumed
-    );
+    assert_eq!(switch.feed(&data(session, 0, 0, 2, &[2]).sparse(8, END_OF_STREAM)), Verdict::Consumed);
     let (_, repr, values) = switch.result(&data(session, 1, 0, 2, &[3]).sparse(8, END_OF_STREAM));
-    assert_eq!(
-        (repr.block, repr.next_block, values),
-        (8, END_OF_STREAM, vec![5])
-    );
+    assert_eq!((repr.block, repr.next_block, values), (8, END_OF_STREAM, vec![5]));
 
     // The stream ended: round 3 is a start round again, open to every worker.
     for rank in 0..2 {
-        switch.feed(
-            &data(session, rank, 0, 3, &[1])
-                .sparse(0, END_OF_STREAM)
-                .with(|r| r.job = 2),
-        );
+        switch.feed(&data(session, rank, 0, 3, &[1]).sparse(0, END_OF_STREAM).with(|r| r.job = 2));
     }
-    let (_, repr, values) = switch.result(
-        &data(session, 2, 0, 3, &[1])
-            .sparse(0, END_OF_STREAM)
-            .with(|r| r.job = 2),
-    );
+    let (_, repr, values) =
+        switch.result(&data(session, 2, 0, 3, &[1]).sparse(0, END_OF_STREAM).with(|r| r.job = 2));
     assert_eq!((repr.job, values), (2, vec![3]));
 }
 
@@ -578,31 +432,17 @@ fn workers_that_did_not_contribute_can_ask_for_a_result() {
     switch.feed(&data(session, 0, 0, 0, &[1]).sparse(0, 4));
     switch.result(&data(session, 1, 0, 0, &[2]).sparse(0, END_OF_STREAM));
     let want = |round: u32| {
-        ack(session, 1, 0, round.wrapping_sub(1))
-            .with(|r| r.flags = Flags::WANT_RESULT | Flags::SPARSE)
+        ack(session, 1, 0, round.wrapping_sub(1)).with(|r| r.flags = Flags::WANT_RESULT | Flags::SPARSE)
     };
     // Round 1 (block 4, rank 0 alone) has not completed.
-    assert_eq!(
-        switch.feed(&want(1)),
-        Verdict::Dropped(DropReason::NotReady)
-    );
-    let (recipient, _, values) =
-        switch.result(&data(session, 0, 0, 1, &[9]).sparse(4, END_OF_STREAM));
+    assert_eq!(switch.feed(&want(1)), Verdict::Dropped(DropReason::NotReady));
+    let (recipient, _, values) = switch.result(&data(session, 0, 0, 1, &[9]).sparse(4, END_OF_STREAM));
     assert_eq!((recipient, values), (Recipient::All, vec![9]));
     // Rank 1 contributed nothing to round 1 but may fetch it again; it may not claim it
     // as a duplicate contribution.
     let (recipient, repr, values) = switch.result(&want(1));
-    assert_eq!(
-        (recipient, repr.round, values),
-        (Recipient::Worker(1), 1, vec![9])
-    );
+    assert_eq!((recipient, repr.round, values), (Recipient::Worker(1), 1, vec![9]));
     let claim = data(session, 1, 0, 1, &[9]).sparse(4, END_OF_STREAM);
-    assert_eq!(
-        switch.feed(&claim),
-        Verdict::Dropped(DropReason::NotExpected)
-    );
-    assert_eq!(
-        switch.feed(&want(7)),
-        Verdict::Dropped(DropReason::TooEarly)
-    );
+    assert_eq!(switch.feed(&claim), Verdict::Dropped(DropReason::NotExpected));
+    assert_eq!(switch.feed(&want(7)), Verdict::Dropped(DropReason::TooEarly));
 }

@@ -31,19 +31,17 @@ fn cases() -> impl Strategy<Value = Case> {
         prop::sample::select(vec![0.0, 0.01, 0.05, 0.15]),
         any::<u64>(),
     )
-        .prop_map(
-            |(workers, slots, packet_elements, depth, len, density, sparse, loss, seed)| Case {
-                workers,
-                slots,
-                packet_elements,
-                depth,
-                len,
-                density,
-                sparse,
-                loss,
-                seed,
-            },
-        )
+        .prop_map(|(workers, slots, packet_elements, depth, len, density, sparse, loss, seed)| Case {
+            workers,
+            slots,
+            packet_elements,
+            depth,
+            len,
+            density,
+            sparse,
+            loss,
+            seed,
+        })
 }
 
 fn inputs(case: &Case) -> Vec<Tensor> {

@@ -41,10 +41,7 @@ impl TryFrom<u8> for ValueEncoding {
         match value {
             0 => Ok(Self::Native),
             1 => Ok(Self::BlockFloatingPoint),
-            _ => Err(WireError::InvalidField {
-                field: "encoding",
-                reason: "unknown encoding",
-            }),
+            _ => Err(WireError::InvalidField { field: "encoding", reason: "unknown encoding" }),
         }
     }
 }
@@ -80,12 +77,7 @@ impl TryFrom<u16> for RejectCode {
             5 => Self::Limit,
             6 => Self::UnknownSession,
             7 => Self::Malformed,
-            _ => {
-                return Err(WireError::InvalidField {
-                    field: "code",
-                    reason: "unknown reject code",
-                })
-            }
+            _ => return Err(WireError::InvalidField { field: "code", reason: "unknown reject code" }),
         })
     }
 }
@@ -114,14 +106,7 @@ pub enum ControlMessage {
     ///
     /// Body: session u32, rank u16, world size u16, packet elements u16, slots u16,
     /// depth u8, reserved u8.
-    Accept {
-        session: u32,
-        rank: u16,
-        world_size: u16,
-        packet_elements: u16,
-        slots: u16,
-        depth: u8,
-    },
+    Accept { session: u32, rank: u16, world_size: u16, packet_elements: u16, slots: u16, depth: u8 },
     /// Switch → worker: the request is refused.
     ///
     /// Body: code u16, message length u16, message (UTF-8).
@@ -149,10 +134,7 @@ impl ControlMessage {
     /// Parses one message, returning its request id with it.
     pub fn parse(bytes: &[u8]) -> Result<(u32, ControlMessage)> {
         if bytes.len() < CONTROL_HEADER_LEN {
-            return Err(WireError::Truncated {
-                len: bytes.len(),
-                needed: CONTROL_HEADER_LEN,
-            });
+            return Err(WireError::Truncated { len: bytes.len(), needed: CONTROL_HEADER_LEN });
         }
         if bytes[0] != PROTOCOL_VERSION {
             return Err(WireError::Version { found: bytes[0] });
@@ -162,20 +144,12 @@ impl ControlMessage {
         let expected = CONTROL_HEADER_LEN + body_len;
         if bytes.len() != expected {
             return Err(if bytes.len() < expected {
-                WireError::Truncated {
-                    len: bytes.len(),
-                    needed: expected,
-                }
+                WireError::Truncated { len: bytes.len(), needed: expected }
             } else {
-                WireError::LengthMismatch {
-                    len: bytes.len(),
-                    expected,
-                }
+                WireError::LengthMismatch { len: bytes.len(), expected }
             });
         }
-        let mut body = Reader {
-            bytes: &bytes[CONTROL_HEADER_LEN..],
-        };
+        let mut body = Reader { bytes: &bytes[CONTROL_HEADER_LEN..] };
         let message = match bytes[1] {
             REGISTER => Self::Register {
                 rank: body.u16()?,
@@ -208,10 +182,7 @@ impl ControlMessage {
                     body.text(len, MAX_REJECT_MESSAGE_LEN, "message")?
                 },
             },
-            LEAVE => Self::Leave {
-                session: body.u32()?,
-                rank: body.u16()?,
-            },
+            LEAVE => Self::Leave { session: body.u32()?, rank: body.u16()? },
             other => return Err(WireError::UnknownMessageType(other)),
         };
         if !body.bytes.is_empty() {
@@ -228,40 +199,20 @@ impl ControlMessage {
         let len = self.buffer_len();
         match self {
             Self::Register { name, .. } if name.len() > MAX_SESSION_NAME_LEN => {
-                return Err(WireError::InvalidField {
-                    field: "name",
-                    reason: "longer than 64 bytes",
-                })
+                return Err(WireError::InvalidField { field: "name", reason: "longer than 64 bytes" })
             }
             Self::Reject { message, .. } if message.len() > MAX_REJECT_MESSAGE_LEN => {
-                return Err(WireError::InvalidField {
-                    field: "message",
-                    reason: "longer than 1024 bytes",
-                })
+                return Err(WireError::InvalidField { field: "message", reason: "longer than 1024 bytes" })
             }
             _ => {}
         }
         if buffer.len() < len {
-            return Err(WireError::BufferTooSmall {
-                len: buffer.len(),
-                needed: len,
-            });
+            return Err(WireError::BufferTooSmall { len: buffer.len(), needed: len });
         }
-        let mut out = Writer {
-            bytes: &mut buffer[..len],
-            at: 0,
-        };
+        let mut out = Writer { bytes: &mut buffer[..len], at: 0 };
         out.u8(PROTOCOL_VERSION);
         match self {
-            Self::Register {
-                rank,
-                world_size,
-                packet_elements,
-                slots,
-                depth,
-                encoding,
-                name,
-            } => {
+            Self::Register { rank, world_size, packet_elements, slots, depth, encoding, name } => {
                 out.header(REGISTER, self.body_len(), request_id);
                 out.u16(*rank);
                 out.u16(*world_size);
@@ -272,14 +223,7 @@ impl ControlMessage {
                 out.u8(name.len() as u8);
                 out.slice(name.as_bytes());
             }
-            Self::Accept {
-                session,
-                rank,
-                world_size,
-                packet_elements,
-                slots,
-                depth,
-            } => {
+            Self::Accept { session, rank, world_size, packet_elements, slots, depth } => {
                 out.header(ACCEPT, self.body_len(), request_id);
                 out.u32(*session);
                 out.u16(*rank);
@@ -313,10 +257,7 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.bytes.len() < n {
-            return Err(WireError::InvalidField {
-                field: "body",
-                reason: "shorter than its fields",
-            });
+            return Err(WireError::InvalidField { field: "body", reason: "shorter than its fields" });
         }
         let (head, tail) = self.bytes.split_at(n);
         self.bytes = tail;
@@ -335,16 +276,10 @@ impl<'a> Reader<'a> {
     }
     fn text(&mut self, len: usize, max: usize, field: &'static str) -> Result<String> {
         if len > max {
-            return Err(WireError::InvalidField {
-                field,
-                reason: "too long",
-            });
+            return Err(WireError::InvalidField { field, reason: "too long" });
         }
         let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| WireError::InvalidField {
-            field,
-            reason: "not UTF-8",
-        })
+        String::from_utf8(bytes.to_vec()).map_err(|_| WireError::InvalidField { field, reason: "not UTF-8" })
     }
 }
 
@@ -402,10 +337,7 @@ mod tests {
         let mut buffer = [0u8; 64];
         let len = register().emit(42, &mut buffer).unwrap();
         assert_eq!(&buffer[..len], &REGISTER_BYTES[..]);
-        assert_eq!(
-            ControlMessage::parse(&REGISTER_BYTES).unwrap(),
-            (42, register())
-        );
+        assert_eq!(ControlMessage::parse(&REGISTER_BYTES).unwrap(), (42, register()));
     }
 
     #[test]
@@ -424,10 +356,7 @@ mod tests {
                 code: RejectCode::Mismatch,
                 message: "world size 4 differs from 8 of rank 0".into(),
             },
-            ControlMessage::Leave {
-                session: 9,
-                rank: 2,
-            },
+            ControlMessage::Leave { session: 9, rank: 2 },
         ];
         for message in messages {
             let mut buffer = vec![0u8; message.buffer_len()];
@@ -444,19 +373,13 @@ mod tests {
         );
         assert_eq!(
             ControlMessage::parse(&REGISTER_BYTES[..21]).unwrap_err(),
-            WireError::Truncated {
-                len: 21,
-                needed: 22
-            }
+            WireError::Truncated { len: 21, needed: 22 }
         );
         let mut longer = REGISTER_BYTES.to_vec();
         longer.push(0);
         assert_eq!(
             ControlMessage::parse(&longer).unwrap_err(),
-            WireError::LengthMismatch {
-                len: 23,
-                expected: 22
-            }
+            WireError::LengthMismatch { len: 23, expected: 22 }
         );
     }
 
@@ -475,16 +398,10 @@ mod tests {
     fn wrong_version_and_unknown_type_are_rejected() {
         let mut bytes = REGISTER_BYTES;
         bytes[0] = 9;
-        assert_eq!(
-            ControlMessage::parse(&bytes).unwrap_err(),
-            WireError::Version { found: 9 }
-        );
+        assert_eq!(ControlMessage::parse(&bytes).unwrap_err(), WireError::Version { found: 9 });
         let mut bytes = REGISTER_BYTES;
         bytes[1] = 99;
-        assert_eq!(
-            ControlMessage::parse(&bytes).unwrap_err(),
-            WireError::UnknownMessageType(99)
-        );
+        assert_eq!(ControlMessage::parse(&bytes).unwrap_err(), WireError::UnknownMessageType(99));
     }
 
     #[test]
@@ -493,19 +410,13 @@ mod tests {
         bytes[17] = 7; // encoding
         assert!(matches!(
             ControlMessage::parse(&bytes).unwrap_err(),
-            WireError::InvalidField {
-                field: "encoding",
-                ..
-            }
+            WireError::InvalidField { field: "encoding", .. }
         ));
         let mut bytes = REGISTER_BYTES;
         bytes[19] = 0xFF; // name not UTF-8
         assert!(matches!(
             ControlMessage::parse(&bytes).unwrap_err(),
-            WireError::InvalidField {
-                field: "name",
-                reason: "not UTF-8"
-            }
+            WireError::InvalidField { field: "name", reason: "not UTF-8" }
         ));
         let long = ControlMessage::Register {
             rank: 0,

@@ -52,10 +52,7 @@ pub enum WireError {
     #[error("unknown flag bits {0:#04x}")]
     UnknownFlags(u8),
     #[error("invalid field {field}: {reason}")]
-    InvalidField {
-        field: &'static str,
-        reason: &'static str,
-    },
+    InvalidField { field: &'static str, reason: &'static str },
     #[error("buffer of {len} bytes cannot hold a {needed}-byte message")]
     BufferTooSmall { len: usize, needed: usize },
 }

@@ -164,30 +164,19 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let data = self.buffer.as_ref();
         let len = data.len();
         if len > MAX_DATAGRAM_LEN {
-            return Err(WireError::Oversized {
-                len,
-                max: MAX_DATAGRAM_LEN,
-            });
+            return Err(WireError::Oversized { len, max: MAX_DATAGRAM_LEN });
         }
         if len < HEADER_LEN {
-            return Err(WireError::Truncated {
-                len,
-                needed: HEADER_LEN,
-            });
+            return Err(WireError::Truncated { len, needed: HEADER_LEN });
         }
         if data[field::VERSION] != PROTOCOL_VERSION {
-            return Err(WireError::Version {
-                found: data[field::VERSION],
-            });
+            return Err(WireError::Version { found: data[field::VERSION] });
         }
         let message_type = MessageType::try_from(data[field::MESSAGE_TYPE])?;
         ElementType::try_from(data[field::ELEMENT_TYPE])?;
         Flags::from_bits(data[field::FLAGS])?;
         if data[field::RESERVED] != 0 {
-            return Err(WireError::InvalidField {
-                field: "reserved",
-                reason: "must be zero",
-            });
+            return Err(WireError::InvalidField { field: "reserved", reason: "must be zero" });
         }
         let count = self.element_count() as usize;
         if message_type == MessageType::Ack && count != 0 {
@@ -199,10 +188,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let expected = HEADER_LEN + count * ELEMENT_LEN;
         if len != expected {
             return Err(if len < expected {
-                WireError::Truncated {
-                    len,
-                    needed: expected,
-                }
+                WireError::Truncated { len, needed: expected }
             } else {
                 WireError::LengthMismatch { len, expected }
             });
@@ -392,10 +378,7 @@ impl PacketRepr {
     pub fn emit<'a>(&self, buffer: &'a mut [u8]) -> Result<Packet<&'a mut [u8]>> {
         let len = self.buffer_len();
         if len > MAX_DATAGRAM_LEN {
-            return Err(WireError::Oversized {
-                len,
-                max: MAX_DATAGRAM_LEN,
-            });
+            return Err(WireError::Oversized { len, max: MAX_DATAGRAM_LEN });
         }
         if self.message_type == MessageType::Ack && self.element_count != 0 {
             return Err(WireError::InvalidField {
@@ -405,10 +388,7 @@ impl PacketRepr {
         }
         let available = buffer.len();
         let Some(target) = buffer.get_mut(..len) else {
-            return Err(WireError::BufferTooSmall {
-                len: available,
-                needed: len,
-            });
+            return Err(WireError::BufferTooSmall { len: available, needed: len });
         };
         let mut packet = Packet::new_unchecked(target);
         packet.set_version(PROTOCOL_VERSION);
@@ -422,7 +402,7 @@ impl PacketRepr {
         packet.set_element_count(self.element_count);
         packet.set_slot(self.slot);
         packet.set_exponent(self.exponent);
-        packet.buffer.as_mut()[field::RESERVED] = 0;
+        packet.buffer[field::RESERVED] = 0;
         packet.set_round(self.round);
         packet.set_block(self.block);
         packet.set_next_block(self.next_block);
@@ -490,17 +470,11 @@ mod tests {
     fn truncated_header_and_payload_are_rejected() {
         assert_eq!(
             Packet::new_checked(&SAMPLE_BYTES[..39]).unwrap_err(),
-            WireError::Truncated {
-                len: 39,
-                needed: 40
-            }
+            WireError::Truncated { len: 39, needed: 40 }
         );
         assert_eq!(
             Packet::new_checked(&SAMPLE_BYTES[..47]).unwrap_err(),
-            WireError::Truncated {
-                len: 47,
-                needed: 48
-            }
+            WireError::Truncated { len: 47, needed: 48 }
         );
     }
 
@@ -510,10 +484,7 @@ mod tests {
         bytes.push(0);
         assert_eq!(
             Packet::new_checked(&bytes[..]).unwrap_err(),
-            WireError::LengthMismatch {
-                len: 49,
-                expected: 48
-            }
+            WireError::LengthMismatch { len: 49, expected: 48 }
         );
     }
 
@@ -522,28 +493,16 @@ mod tests {
         let bytes = vec![0u8; MAX_DATAGRAM_LEN + 1];
         assert_eq!(
             Packet::new_checked(&bytes[..]).unwrap_err(),
-            WireError::Oversized {
-                len: MAX_DATAGRAM_LEN + 1,
-                max: MAX_DATAGRAM_LEN
-            }
+            WireError::Oversized { len: MAX_DATAGRAM_LEN + 1, max: MAX_DATAGRAM_LEN }
         );
-        let too_many = PacketRepr {
-            element_count: u16::MAX,
-            ..sample()
-        };
+        let too_many = PacketRepr { element_count: u16::MAX, ..sample() };
         let mut buffer = vec![0u8; too_many.buffer_len()];
-        assert!(matches!(
-            too_many.emit(&mut buffer),
-            Err(WireError::Oversized { .. })
-        ));
+        assert!(matches!(too_many.emit(&mut buffer), Err(WireError::Oversized { .. })));
     }
 
     #[test]
     fn largest_packet_fits_a_datagram() {
-        let repr = PacketRepr {
-            element_count: MAX_ELEMENTS as u16,
-            ..sample()
-        };
+        let repr = PacketRepr { element_count: MAX_ELEMENTS as u16, ..sample() };
         assert!(repr.buffer_len() <= MAX_DATAGRAM_LEN);
         let mut buffer = vec![0u8; repr.buffer_len()];
         repr.emit(&mut buffer).unwrap();
@@ -562,13 +521,7 @@ mod tests {
         assert_eq!(with(1, 9), WireError::UnknownMessageType(9));
         assert_eq!(with(2, 3), WireError::UnknownElementType(3));
         assert_eq!(with(3, 0x83), WireError::UnknownFlags(0x80));
-        assert!(matches!(
-            with(23, 1),
-            WireError::InvalidField {
-                field: "reserved",
-                ..
-            }
-        ));
+        assert!(matches!(with(23, 1), WireError::InvalidField { field: "reserved", .. }));
     }
 
     #[test]
@@ -577,16 +530,9 @@ mod tests {
         bytes[1] = MessageType::Ack as u8;
         assert!(matches!(
             Packet::new_checked(bytes).unwrap_err(),
-            WireError::InvalidField {
-                field: "element count",
-                ..
-            }
+            WireError::InvalidField { field: "element count", .. }
         ));
-        let ack = PacketRepr {
-            message_type: MessageType::Ack,
-            element_count: 0,
-            ..sample()
-        };
+        let ack = PacketRepr { message_type: MessageType::Ack, element_count: 0, ..sample() };
         let mut buffer = [0u8; HEADER_LEN];
         ack.emit(&mut buffer).unwrap();
         let parsed = PacketRepr::parse(&Packet::new_checked(&buffer[..]).unwrap());
@@ -598,10 +544,7 @@ mod tests {
         let mut buffer = [0u8; 47];
         assert_eq!(
             sample().emit(&mut buffer).unwrap_err(),
-            WireError::BufferTooSmall {
-                len: 47,
-                needed: 48
-            }
+            WireError::BufferTooSmall { len: 47, needed: 48 }
         );
     }
 }
