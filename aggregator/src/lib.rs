@@ -11,8 +11,8 @@
 //! packets to send come out, so the switch process and the client library are thin shells
 //! and every behaviour can be tested deterministically in memory.
 
-/// Declares a struct of `u64` event counters with a `since` that subtracts an earlier
-/// snapshot, field by field.
+/// Declares a struct of `u64` event counters with `since`, which subtracts an earlier
+/// snapshot, and `+`, which adds two, field by field.
 macro_rules! counters {
     ($(#[$meta:meta])* pub struct $name:ident { $($(#[$field_meta:meta])* pub $field:ident: u64,)* }) => {
         $(#[$meta])*
@@ -23,6 +23,13 @@ macro_rules! counters {
             /// The events counted since the snapshot `earlier`.
             pub fn since(&self, earlier: &$name) -> $name {
                 $name { $($field: self.$field - earlier.$field,)* }
+            }
+        }
+
+        impl core::ops::Add for $name {
+            type Output = $name;
+            fn add(self, other: $name) -> $name {
+                $name { $($field: self.$field + other.$field,)* }
             }
         }
     };

@@ -17,6 +17,12 @@
 //! contribution is sent again; a worker with nothing outstanding, or missing a result,
 //! asks for the first round it lacks. A job with no progress for `job_timeout` fails.
 //!
+//! The timeout follows the measured round-trip time (RFC 6298's smoothed mean plus four
+//! deviations, sampled only from packets sent once, as Karn's rule says), never below
+//! the configured one. A round trip includes waiting for the slowest worker, and a fixed
+//! timeout below that makes every worker retransmit rounds that are merely waiting, which
+//! slows the switch and the others further: congestion collapse.
+//!
 //! Payloads never pass through this core: [`BlockIo`] loads a block into an outgoing
 //! packet and stores a result, so the caller does pre- and post-processing in place.
 
@@ -127,7 +133,8 @@ pub struct WorkerConfig {
     pub packet_elements: u16,
     /// The session's depth: rounds each slot retains at the aggregator.
     pub depth: u8,
-    /// First retransmission timeout; it doubles on every timeout of a slot.
+    /// Retransmission timeout before any round trip is measured, and its floor after;
+    /// it doubles on every timeout of a slot.
     pub retransmit_timeout: Duration,
     pub max_retransmit_timeout: Duration,
     /// A job that makes no progress for this long fails.
@@ -240,8 +247,19 @@ struct SlotState {
     end_round: Option<u32>,
     /// The last `have` sent to the aggregator.
     acked: u32,
-    rto: Duration,
+    /// Consecutive timeouts of this slot; each doubles its timeout.
+    backoff: u32,
+    /// When the outstanding contribution was first sent, unless it was sent again since
+    /// (then its round trip says nothing: Karn's rule).
+    sent_once_at: Option<Instant>,
     timer: u32,
+}
+
+/// Smoothed round-trip time and its deviation (RFC 6298).
+#[derive(Debug, Clone, Copy)]
+struct RttEstimate {
+    smoothed: Duration,
+    deviation: Duration,
 }
 
 #[derive(Debug)]
@@ -262,6 +280,7 @@ pub struct WorkerProtocol {
     /// Slot deadlines; an entry whose timer number is no longer the slot's is stale.
     timers: BinaryHeap<Reverse<(Instant, u16, u32)>>,
     last_progress: Instant,
+    rtt: Option<RttEstimate>,
     counters: WorkerCounters,
 }
 
@@ -277,7 +296,8 @@ impl WorkerProtocol {
                 my_next: END_OF_STREAM,
                 end_round: None,
                 acked: u32::MAX,
-                rto: config.retransmit_timeout,
+                backoff: 0,
+                sent_once_at: None,
                 timer: 0,
             })
             .collect();
@@ -290,8 +310,36 @@ impl WorkerProtocol {
             pending: VecDeque::new(),
             timers: BinaryHeap::new(),
             last_progress: now,
+            rtt: None,
             counters: WorkerCounters::default(),
         }
+    }
+
+    /// The current retransmission timeout of a slot.
+    fn retransmit_timeout(&self, slot: &SlotState) -> Duration {
+        let base = match self.rtt {
+            None => self.config.retransmit_timeout,
+            Some(rtt) => (rtt.smoothed + rtt.deviation * 4).max(self.config.retransmit_timeout),
+        };
+        base.saturating_mul(1 << slot.backoff.min(16)).min(self.config.max_retransmit_timeout.max(base))
+    }
+
+    fn sample_rtt(&mut self, sample: Duration) {
+        self.rtt = Some(match self.rtt {
+            None => RttEstimate { smoothed: sample, deviation: sample / 2 },
+            Some(rtt) => {
+                let error = sample.abs_diff(rtt.smoothed);
+                RttEstimate {
+                    smoothed: rtt.smoothed * 7 / 8 + sample / 8,
+                    deviation: rtt.deviation * 3 / 4 + error / 4,
+                }
+            }
+        });
+    }
+
+    /// The smoothed round-trip time measured so far.
+    pub fn smoothed_rtt(&self) -> Option<Duration> {
+        self.rtt.map(|rtt| rtt.smoothed)
     }
 
     pub fn config(&self) -> &WorkerConfig {
@@ -341,7 +389,8 @@ impl WorkerProtocol {
             slot.outstanding = Some(Contribution { round: slot.next_round, block, next });
             slot.my_next = next;
             slot.end_round = None;
-            slot.rto = self.config.retransmit_timeout;
+            slot.backoff = 0;
+            slot.sent_once_at = None;
             self.pending.push_back((index as u16, Send::Data { retransmission: false }));
         }
         self.job = Some(Job { spec, blocks });
@@ -365,6 +414,12 @@ impl WorkerProtocol {
         while let Some((index, send)) = self.pending.pop_front() {
             if let Some(len) = self.build(index, send, buf, io) {
                 self.counters.packets_sent += 1;
+                let slot = &mut self.slots[index as usize];
+                match send {
+                    Send::Data { retransmission: false } => slot.sent_once_at = Some(now),
+                    Send::Data { retransmission: true } => slot.sent_once_at = None,
+                    Send::Ack { .. } => {}
+                }
                 self.arm_timer(index, now);
                 return Some(len);
             }
@@ -436,9 +491,10 @@ impl WorkerProtocol {
     }
 
     fn arm_timer(&mut self, index: u16, now: Instant) {
+        let timeout = self.retransmit_timeout(&self.slots[index as usize]);
         let slot = &mut self.slots[index as usize];
         slot.timer = slot.timer.wrapping_add(1);
-        self.timers.push(Reverse((now + slot.rto, index, slot.timer)));
+        self.timers.push(Reverse((now + timeout, index, slot.timer)));
     }
 
     /// Takes one datagram from the switch.
@@ -502,6 +558,9 @@ impl WorkerProtocol {
         if !sparse && slot.outstanding.is_none_or(|c| c.round != repr.round || c.block != repr.block) {
             return Err(RejectReason::WrongBlock);
         }
+        if sparse && repr.block as u64 % self.config.slots as u64 != index as u64 {
+            return Err(RejectReason::WrongBlock);
+        }
         if repr.block >= job.blocks
             || (repr.element_count != 0
                 && repr.element_count != block_len(&job.spec, repr.block, self.config.packet_elements))
@@ -521,10 +580,12 @@ impl WorkerProtocol {
         } else {
             slot.ahead |= 1 << (offset - 2);
         }
+        let mut rtt_sample = None;
         if slot.outstanding.is_some_and(|c| c.round == repr.round) {
             slot.outstanding = None;
+            rtt_sample = slot.sent_once_at.take().map(|sent| now.saturating_duration_since(sent));
         }
-        slot.rto = self.config.retransmit_timeout;
+        slot.backoff = 0;
         self.last_progress = now;
 
         let stride = self.config.slots as u64;
@@ -553,7 +614,12 @@ impl WorkerProtocol {
             }
         }
 
-        if slot.end_round == Some(slot.have) && slot.outstanding.is_none() {
+        let done = slot.end_round == Some(slot.have) && slot.outstanding.is_none();
+        if let Some(sample) = rtt_sample {
+            self.sample_rtt(sample);
+        }
+        let slot = &mut self.slots[index as usize];
+        if done {
             slot.next_round = slot.have.wrapping_add(1);
             slot.active = false;
             if self.slots.iter().all(|s| !s.active) {
@@ -620,7 +686,7 @@ impl WorkerProtocol {
                 continue;
             }
             self.counters.timeouts += 1;
-            slot.rto = (slot.rto * 2).min(self.config.max_retransmit_timeout);
+            slot.backoff += 1;
             if slot.outstanding.is_some() {
                 self.pending.push_back((index, Send::Data { retransmission: true }));
             }

@@ -1,0 +1,234 @@
+//! A sequence of datagrams, waits and session restarts through the aggregation engine:
+//! no panic, and every packet it asks to send is a well-formed result.
+//!
+//! Raw datagrams alone rarely get past the header checks, so most steps describe a
+//! packet by a few small fields that index the open sessions, emitted with
+//! `PacketRepr::emit`; and since a round completes only when every worker sent the same
+//! header, a step can repeat the last one from another rank or for the slot's next round.
+
+#![no_main]
+
+use std::time::{Duration, Instant};
+
+use arbitrary::{Arbitrary, Result, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM};
+use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
+
+/// The two sessions every input starts with: different shapes, so that rank, slot and
+/// size checks differ between them.
+const SPECS: [SessionSpec; 2] = [
+    SessionSpec { workers: 3, slots: 4, packet_elements: 16, depth: 4 },
+    SessionSpec { workers: 2, slots: 2, packet_elements: 8, depth: 2 },
+];
+
+const IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Blocks named in structured packets: few, so that streams meet on the same block.
+const BLOCKS: u32 = 8;
+
+#[derive(Debug, Arbitrary)]
+enum Step {
+    Raw(Raw),
+    Packet(Header),
+    Again(Again),
+    /// Lets time pass (in 10 ms units, so idle sessions can expire) and fires timeouts.
+    Wait(u8),
+    /// Closes session `index % 2` if open and opens a new one of its shape, so an input
+    /// goes on after an expiry and reaches index reuse.
+    Reopen(u8),
+}
+
+/// Datagram bytes behind a one-byte length, taken in place (`Vec`'s `Arbitrary` reads its
+/// length from the input's end), so a datagram is one run of input bytes.
+#[derive(Debug)]
+struct Raw(Vec<u8>);
+
+impl<'a> Arbitrary<'a> for Raw {
+    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
+        let len = u8::arbitrary(u)? as usize;
+        let len = len.min(u.len());
+        Ok(Raw(u.bytes(len)?.to_vec()))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Arbitrary)]
+enum Kind {
+    Data,
+    Ack,
+    Result,
+}
+
+/// A worker → switch packet in a few bytes: small values where the engine compares.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+struct Header {
+    kind: Kind,
+    session: u8,
+    rank: u8,
+    slot: u8,
+    /// Sign-extended, so rounds just below zero (wrapped) are reachable too.
+    round: i8,
+    /// How far `ack round` trails `round`; 1 is what a worker in step sends.
+    ack_lag: u8,
+    flags: u8,
+    float: bool,
+    job: u8,
+    /// The packet id is the block, as workers send it, or one more.
+    other_packet_id: bool,
+    exponent: i8,
+    block: u8,
+    /// `None` is the end of the stream.
+    next_block: Option<u8>,
+    /// Element count; data may carry one more than the larger session takes.
+    elements: u8,
+    /// Seed of the element values.
+    value: i32,
+}
+
+/// The last header again, from `rank`, naming `next_block` as the sender's next block.
+#[derive(Debug, Arbitrary)]
+struct Again {
+    rank: u8,
+    /// For the slot's next round: of the stream's next block if the last header named
+    /// one, else of the same block.
+    next_round: bool,
+    /// With `next_round`: acknowledge every earlier round, else none more than before
+    /// (sets then fill up with unacknowledged results).
+    ack: bool,
+    next_block: Option<u8>,
+}
+
+struct Harness {
+    engine: Engine,
+    now: Instant,
+    sessions: [SessionId; 2],
+    last: Option<Header>,
+    out: Vec<u8>,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let now = Instant::now();
+        let mut engine = Engine::new(EngineLimits {
+            max_sessions: 2,
+            max_workers: 4,
+            max_slots: 4,
+            max_depth: 4,
+            max_packet_elements: 16,
+            max_bytes: 1 << 20,
+            session_idle_timeout: IDLE_TIMEOUT,
+        });
+        let sessions = SPECS.map(|spec| engine.open_session(now, spec).expect("spec fits"));
+        Harness { engine, now, sessions, last: None, out: vec![0; MAX_DATAGRAM_LEN] }
+    }
+
+    fn step(&mut self, step: Step) {
+        match step {
+            Step::Raw(Raw(bytes)) => self.feed(&bytes),
+            Step::Packet(header) => self.send(header),
+            Step::Again(again) => {
+                let Some(mut header) = self.last else {
+                    return;
+                };
+                header.rank = again.rank;
+                if again.next_round {
+                    header.round = header.round.wrapping_add(1);
+                    header.ack_lag = if again.ack { 1 } else { header.ack_lag.wrapping_add(1) };
+                    if let Some(next) = header.next_block {
+                        header.block = next;
+                    }
+                }
+                header.next_block = again.next_block;
+                self.send(header);
+            }
+            Step::Wait(ticks) => {
+                self.now += Duration::from_millis(10 * ticks as u64);
+                let due = self.engine.poll_timeout().is_some_and(|t| t <= self.now);
+                let expired = self.engine.handle_timeout(self.now);
+                assert_eq!(due, !expired.is_empty(), "poll_timeout disagrees");
+                for id in expired {
+                    assert!(self.engine.session(id).is_none(), "{id:?} expired but open");
+                }
+            }
+            Step::Reopen(index) => {
+                let index = index as usize % SPECS.len();
+                // An expired session is already gone: closing it fails, which is fine.
+                let _ = self.engine.close_session(self.sessions[index]);
+                self.sessions[index] = self
+                    .engine
+                    .open_session(self.now, SPECS[index])
+                    .expect("a closed session's room is free again");
+            }
+        }
+    }
+
+    fn send(&mut self, header: Header) {
+        let bytes = self.build(&header);
+        self.feed(&bytes);
+        self.last = Some(header);
+    }
+
+    fn build(&self, h: &Header) -> Vec<u8> {
+        let (message_type, max_elements) = match h.kind {
+            Kind::Data => (MessageType::Data, SPECS[0].packet_elements as u8 + 1),
+            Kind::Ack => (MessageType::Ack, 0),
+            Kind::Result => (MessageType::Result, 1),
+        };
+        let round = h.round as i32 as u32;
+        let block = h.block as u32 % BLOCKS;
+        let repr = PacketRepr {
+            message_type,
+            element_type: if h.float { ElementType::Float32 } else { ElementType::Int32 },
+            flags: Flags::from_bits(h.flags & 0b111).expect("masked to the known bits"),
+            session: self.sessions[h.session as usize % SPECS.len()].0,
+            job: h.job as u32 % 2,
+            packet_id: block + h.other_packet_id as u32,
+            rank: h.rank as u16 % 4,
+            element_count: (h.elements % (max_elements + 1)) as u16,
+            slot: h.slot as u16 % 5,
+            exponent: h.exponent,
+            round,
+            block,
+            next_block: h.next_block.map_or(END_OF_STREAM, |b| b as u32 % BLOCKS),
+            ack_round: round.wrapping_sub(h.ack_lag as u32),
+        };
+        let mut bytes = vec![0; repr.buffer_len()];
+        let mut packet = repr.emit(&mut bytes).expect("fields are in range");
+        for (i, element) in packet.payload_mut().chunks_exact_mut(ELEMENT_LEN).enumerate() {
+            let value = h.value.rotate_left(i as u32);
+            element.copy_from_slice(&value.to_le_bytes());
+        }
+        bytes
+    }
+
+    fn feed(&mut self, datagram: &[u8]) {
+        let Verdict::Send(transmit) = self.engine.handle_datagram(self.now, datagram, &mut self.out) else {
+            return;
+        };
+        let bytes = &self.out[..transmit.len];
+        let packet = match Packet::new_checked(bytes) {
+            Ok(packet) => packet,
+            Err(error) => panic!("engine sent a malformed packet ({error}): {bytes:02x?}"),
+        };
+        let repr = PacketRepr::parse(&packet);
+        assert_eq!(repr.message_type, MessageType::Result, "{repr:?}");
+        assert_eq!(repr.session, transmit.session.0, "{repr:?}");
+        let rank = match transmit.recipient {
+            Recipient::All => BROADCAST_RANK,
+            Recipient::Worker(rank) => rank,
+        };
+        assert_eq!(repr.rank, rank, "{repr:?} to {:?}", transmit.recipient);
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut u = Unstructured::new(data);
+    let mut harness = Harness::new();
+    while !u.is_empty() {
+        let Ok(step) = Step::arbitrary(&mut u) else {
+            break;
+        };
+        harness.step(step);
+    }
+});

@@ -1,0 +1,310 @@
+//! A worker thread's protocol core, running jobs the input chooses, fed datagrams and time
+//! by the input: no panic, every packet it sends is a well-formed data or ack packet of
+//! its own, and it loads and stores only blocks of the running job.
+//!
+//! Guessing a result the worker accepts takes the right slot, round, job and block at
+//! once, so besides raw bytes and free-form results the input can *answer* one of the
+//! packets the worker sent lately, as a switch would.
+
+#![no_main]
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use arbitrary::{Arbitrary, Result, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use netagg_aggregator::{BlockIo, BlockMask, JobSpec, Layout, WorkerConfig, WorkerProtocol};
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
+use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
+
+const CONFIG: WorkerConfig = WorkerConfig {
+    session: 0x0001_0001,
+    rank: 1,
+    // Not 0, so slot numbers below the thread's range are reachable.
+    slot_base: 2,
+    slots: 3,
+    packet_elements: 8,
+    depth: 4,
+    retransmit_timeout: Duration::from_millis(10),
+    max_retransmit_timeout: Duration::from_millis(80),
+    job_timeout: Duration::from_secs(1),
+};
+
+const BLOCK_BYTES: usize = CONFIG.packet_elements as usize * ELEMENT_LEN;
+
+/// Sent packets kept for `Step::Answer`.
+const SENT_KEPT: usize = 8;
+
+#[derive(Debug, Arbitrary)]
+enum Step {
+    Raw(Raw),
+    Result(Header),
+    Answer(Answer),
+    /// Takes every packet the worker has to send.
+    Transmit,
+    /// Lets time pass, in 5 ms units, and fires the timers.
+    Wait(u8),
+    /// Jumps to the worker's next deadline and fires it.
+    NextTimeout,
+    /// Starts another job; refused while one runs or after one failed.
+    Start(Job),
+}
+
+/// Datagram bytes behind a one-byte length, taken in place (`Vec`'s `Arbitrary` reads its
+/// length from the input's end), so a datagram is one run of input bytes.
+#[derive(Debug)]
+struct Raw(Vec<u8>);
+
+impl<'a> Arbitrary<'a> for Raw {
+    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
+        let len = u8::arbitrary(u)? as usize;
+        let len = len.min(u.len());
+        Ok(Raw(u.bytes(len)?.to_vec()))
+    }
+}
+
+/// A job of up to 32 blocks, whose non-zero blocks (sparse) are the bits of `mask`.
+#[derive(Debug, Arbitrary)]
+struct Job {
+    job: u8,
+    float: bool,
+    elements: u8,
+    sparse: bool,
+    mask: u32,
+}
+
+impl Job {
+    fn spec(&self) -> JobSpec {
+        let elements = self.elements as u64;
+        let blocks = elements.div_ceil(CONFIG.packet_elements as u64) as u32;
+        JobSpec {
+            job: self.job as u32 % 3,
+            element_type: if self.float { ElementType::Float32 } else { ElementType::Int32 },
+            elements,
+            layout: if self.sparse {
+                Layout::Sparse(BlockMask::from_fn(blocks, |b| self.mask & (1 << b) != 0))
+            } else {
+                Layout::Dense
+            },
+        }
+    }
+}
+
+/// A switch → worker result in a few bytes: small values where the worker compares.
+#[derive(Debug, Arbitrary)]
+struct Header {
+    other_session: bool,
+    /// `None` is a broadcast.
+    rank: Option<u8>,
+    slot: u8,
+    /// Sign-extended, so rounds just below zero (wrapped) are reachable too.
+    round: i8,
+    job: u8,
+    flags: u8,
+    float: bool,
+    exponent: i8,
+    block: u8,
+    /// `None` is the end of the stream.
+    next_block: Option<u8>,
+    elements: u8,
+    /// Seed of the element values.
+    value: i32,
+}
+
+/// The result of the round of a packet the worker sent lately.
+#[derive(Debug, Arbitrary)]
+struct Answer {
+    pick: u8,
+    broadcast: bool,
+    /// All workers' blocks were zero: a result without payload.
+    empty: bool,
+    /// The stream moves to the block the worker named, else to `next_block`.
+    own_next: bool,
+    /// `None` is the end of the stream.
+    next_block: Option<u8>,
+    /// Seed of the element values.
+    value: i32,
+}
+
+/// The job's tensors: `load` reads `input`, `store` writes `output`.
+struct Tensor {
+    input: Vec<u8>,
+    output: Vec<u8>,
+}
+
+impl Tensor {
+    fn new(spec: &JobSpec) -> Tensor {
+        let len = spec.elements as usize * ELEMENT_LEN;
+        Tensor { input: (0..len).map(|i| i as u8).collect(), output: vec![0; len] }
+    }
+}
+
+impl BlockIo for Tensor {
+    fn load(&mut self, block: u32, payload: &mut [u8]) -> i8 {
+        let start = block as usize * BLOCK_BYTES;
+        let Some(source) = self.input.get(start..start + payload.len()) else {
+            panic!(
+                "load of {} bytes of block {block} past the job's {} bytes",
+                payload.len(),
+                self.input.len()
+            );
+        };
+        payload.copy_from_slice(source);
+        0
+    }
+
+    fn store(&mut self, block: u32, payload: &[u8], _exponent: i8) {
+        let start = block as usize * BLOCK_BYTES;
+        let len = self.output.len();
+        assert!(start < len, "store of block {block} past the job's {len} bytes");
+        if payload.is_empty() {
+            self.output[start..len.min(start + BLOCK_BYTES)].fill(0);
+            return;
+        }
+        let Some(target) = self.output.get_mut(start..start + payload.len()) else {
+            panic!("store of {} bytes of block {block} past the job's {len} bytes", payload.len());
+        };
+        target.copy_from_slice(payload);
+    }
+}
+
+struct Harness {
+    worker: WorkerProtocol,
+    tensor: Tensor,
+    now: Instant,
+    sent: VecDeque<PacketRepr>,
+    /// Exactly one full packet: the least `poll_transmit` is documented to need.
+    buf: Vec<u8>,
+}
+
+impl Harness {
+    fn new(job: &Job) -> Harness {
+        let now = Instant::now();
+        let mut worker = WorkerProtocol::new(CONFIG, now);
+        let spec = job.spec();
+        let tensor = Tensor::new(&spec);
+        worker.start_job(now, spec).expect("a fresh worker takes a job");
+        Harness {
+            worker,
+            tensor,
+            now,
+            sent: VecDeque::with_capacity(SENT_KEPT),
+            buf: vec![0; HEADER_LEN + BLOCK_BYTES],
+        }
+    }
+
+    fn step(&mut self, step: Step) {
+        match step {
+            Step::Raw(Raw(bytes)) => self.deliver(&bytes),
+            Step::Result(header) => self.deliver(&result_bytes(&free_form(&header), header.value)),
+            Step::Answer(answer) => {
+                if let Some(repr) = self.answer(&answer) {
+                    self.deliver(&result_bytes(&repr, answer.value));
+                }
+            }
+            Step::Transmit => self.transmit(),
+            Step::Wait(ticks) => {
+                self.now += Duration::from_millis(5 * ticks as u64);
+                self.worker.handle_timeout(self.now);
+            }
+            Step::NextTimeout => {
+                if let Some(deadline) = self.worker.poll_timeout() {
+                    self.now = self.now.max(deadline);
+                    self.worker.handle_timeout(self.now);
+                }
+            }
+            Step::Start(job) => {
+                let spec = job.spec();
+                let tensor = Tensor::new(&spec);
+                if self.worker.start_job(self.now, spec).is_ok() {
+                    self.tensor = tensor;
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, datagram: &[u8]) {
+        self.worker.handle_datagram(self.now, datagram, &mut self.tensor);
+    }
+
+    fn transmit(&mut self) {
+        while let Some(len) = self.worker.poll_transmit(self.now, &mut self.buf, &mut self.tensor) {
+            let bytes = &self.buf[..len];
+            let packet = match Packet::new_checked(bytes) {
+                Ok(packet) => packet,
+                Err(error) => panic!("worker sent a malformed packet ({error}): {bytes:02x?}"),
+            };
+            let repr = PacketRepr::parse(&packet);
+            assert_ne!(repr.message_type, MessageType::Result, "{repr:?}");
+            assert_eq!((repr.session, repr.rank), (CONFIG.session, CONFIG.rank), "{repr:?}");
+            let slots = CONFIG.slot_base..CONFIG.slot_base + CONFIG.slots;
+            assert!(slots.contains(&repr.slot), "{repr:?}");
+            if self.sent.len() == SENT_KEPT {
+                self.sent.pop_front();
+            }
+            self.sent.push_back(repr);
+        }
+    }
+
+    fn answer(&self, answer: &Answer) -> Option<PacketRepr> {
+        let sent = self.sent.get(answer.pick as usize % SENT_KEPT)?;
+        Some(PacketRepr {
+            message_type: MessageType::Result,
+            flags: if sent.flags.contains(Flags::SPARSE) { Flags::SPARSE } else { Flags::NONE },
+            rank: if answer.broadcast { BROADCAST_RANK } else { sent.rank },
+            element_count: if answer.empty { 0 } else { sent.element_count },
+            next_block: if answer.own_next {
+                sent.next_block
+            } else {
+                answer.next_block.map_or(END_OF_STREAM, u32::from)
+            },
+            ack_round: 0,
+            ..*sent
+        })
+    }
+}
+
+fn free_form(h: &Header) -> PacketRepr {
+    PacketRepr {
+        message_type: MessageType::Result,
+        element_type: if h.float { ElementType::Float32 } else { ElementType::Int32 },
+        flags: Flags::from_bits(h.flags & 0b111).expect("masked to the known bits"),
+        session: if h.other_session { !CONFIG.session } else { CONFIG.session },
+        job: h.job as u32 % 3,
+        packet_id: h.block as u32,
+        rank: h.rank.map_or(BROADCAST_RANK, |r| r as u16 % 3),
+        // One more than a packet holds, to reach the length checks.
+        element_count: h.elements as u16 % (CONFIG.packet_elements + 2),
+        // Two below and one above the thread's range.
+        slot: h.slot as u16 % (CONFIG.slot_base + CONFIG.slots + 1),
+        exponent: h.exponent,
+        round: h.round as i32 as u32,
+        block: h.block as u32,
+        next_block: h.next_block.map_or(END_OF_STREAM, u32::from),
+        ack_round: 0,
+    }
+}
+
+/// The bytes of a result with the given header, its elements made from `value`.
+fn result_bytes(repr: &PacketRepr, value: i32) -> Vec<u8> {
+    let mut bytes = vec![0; repr.buffer_len()];
+    let mut packet = repr.emit(&mut bytes).expect("fields are in range");
+    for (i, element) in packet.payload_mut().chunks_exact_mut(ELEMENT_LEN).enumerate() {
+        element.copy_from_slice(&value.rotate_left(i as u32).to_le_bytes());
+    }
+    bytes
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut u = Unstructured::new(data);
+    let Ok(job) = Job::arbitrary(&mut u) else {
+        return;
+    };
+    let mut harness = Harness::new(&job);
+    while !u.is_empty() {
+        let Ok(step) = Step::arbitrary(&mut u) else {
+            break;
+        };
+        harness.step(step);
+    }
+});
