@@ -19,6 +19,8 @@ pub const CONTROL_HEADER_LEN: usize = 8;
 pub const MAX_SESSION_NAME_LEN: usize = 64;
 /// Longest reject message, in bytes of UTF-8.
 pub const MAX_REJECT_MESSAGE_LEN: usize = 1024;
+/// Most worker threads one registration may announce.
+pub const MAX_THREADS: usize = 1024;
 
 const REGISTER: u8 = 1;
 const ACCEPT: u8 = 2;
@@ -88,7 +90,7 @@ pub enum ControlMessage {
     /// Worker → switch: join session `name` as `rank` of `world_size`.
     ///
     /// Body: rank u16, world size u16, packet elements u16, slots u16, depth u8,
-    /// encoding u8, name length u8, name.
+    /// encoding u8, name length u8, name, thread count u16, one UDP port u16 per thread.
     Register {
         rank: u16,
         world_size: u16,
@@ -101,12 +103,24 @@ pub enum ControlMessage {
         encoding: ValueEncoding,
         /// Groups the registrations of one job; distinct names are distinct sessions.
         name: String,
+        /// The UDP port of each worker thread, at the address the registration came
+        /// from; thread `t` uses slots `t·slots/threads .. (t+1)·slots/threads`.
+        ports: Vec<u16>,
     },
     /// Switch → worker, once every rank has registered: the session is open.
     ///
     /// Body: session u32, rank u16, world size u16, packet elements u16, slots u16,
-    /// depth u8, reserved u8.
-    Accept { session: u32, rank: u16, world_size: u16, packet_elements: u16, slots: u16, depth: u8 },
+    /// depth u8, reserved u8, data port u16.
+    Accept {
+        session: u32,
+        rank: u16,
+        world_size: u16,
+        packet_elements: u16,
+        slots: u16,
+        depth: u8,
+        /// The switch's UDP port for aggregation packets.
+        data_port: u16,
+    },
     /// Switch → worker: the request is refused.
     ///
     /// Body: code u16, message length u16, message (UTF-8).
@@ -124,8 +138,8 @@ impl ControlMessage {
 
     fn body_len(&self) -> usize {
         match self {
-            Self::Register { name, .. } => 11 + name.len(),
-            Self::Accept { .. } => 14,
+            Self::Register { name, ports, .. } => 13 + name.len() + 2 * ports.len(),
+            Self::Accept { .. } => 16,
             Self::Reject { message, .. } => 4 + message.len(),
             Self::Leave { .. } => 6,
         }
@@ -162,19 +176,28 @@ impl ControlMessage {
                     let len = body.u8()? as usize;
                     body.text(len, MAX_SESSION_NAME_LEN, "name")?
                 },
+                ports: {
+                    let threads = body.u16()? as usize;
+                    if threads == 0 || threads > MAX_THREADS {
+                        return Err(WireError::InvalidField { field: "threads", reason: "not 1 to 1024" });
+                    }
+                    (0..threads).map(|_| body.u16()).collect::<Result<Vec<u16>>>()?
+                },
             },
-            ACCEPT => {
-                let message = Self::Accept {
-                    session: body.u32()?,
-                    rank: body.u16()?,
-                    world_size: body.u16()?,
-                    packet_elements: body.u16()?,
-                    slots: body.u16()?,
-                    depth: body.u8()?,
-                };
-                body.u8()?; // reserved
-                message
-            }
+            ACCEPT => Self::Accept {
+                session: body.u32()?,
+                rank: body.u16()?,
+                world_size: body.u16()?,
+                packet_elements: body.u16()?,
+                slots: body.u16()?,
+                depth: body.u8()?,
+                data_port: {
+                    if body.u8()? != 0 {
+                        return Err(WireError::InvalidField { field: "reserved", reason: "must be zero" });
+                    }
+                    body.u16()?
+                },
+            },
             REJECT => Self::Reject {
                 code: RejectCode::try_from(body.u16()?)?,
                 message: {
@@ -194,12 +217,36 @@ impl ControlMessage {
         Ok((request_id, message))
     }
 
+    /// Reads one message from a byte stream (the control plane's TCP connection): the
+    /// header, then the body it announces. A malformed message is an `InvalidData` error
+    /// carrying the [`WireError`]; a stream that ends before a header, `UnexpectedEof`.
+    pub fn read_from(reader: &mut impl std::io::Read) -> std::io::Result<(u32, ControlMessage)> {
+        let mut header = [0u8; CONTROL_HEADER_LEN];
+        reader.read_exact(&mut header)?;
+        let body_len = u16::from_le_bytes([header[2], header[3]]) as usize;
+        let mut message = vec![0u8; CONTROL_HEADER_LEN + body_len];
+        message[..CONTROL_HEADER_LEN].copy_from_slice(&header);
+        reader.read_exact(&mut message[CONTROL_HEADER_LEN..])?;
+        ControlMessage::parse(&message).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
+    /// Writes the message to a byte stream in one piece.
+    pub fn write_to(&self, request_id: u32, writer: &mut impl std::io::Write) -> std::io::Result<()> {
+        let mut buffer = vec![0u8; self.buffer_len()];
+        self.emit(request_id, &mut buffer)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        writer.write_all(&buffer)
+    }
+
     /// Writes the message into the front of `buffer` and returns its length.
     pub fn emit(&self, request_id: u32, buffer: &mut [u8]) -> Result<usize> {
         let len = self.buffer_len();
         match self {
             Self::Register { name, .. } if name.len() > MAX_SESSION_NAME_LEN => {
                 return Err(WireError::InvalidField { field: "name", reason: "longer than 64 bytes" })
+            }
+            Self::Register { ports, .. } if ports.is_empty() || ports.len() > MAX_THREADS => {
+                return Err(WireError::InvalidField { field: "threads", reason: "not 1 to 1024" })
             }
             Self::Reject { message, .. } if message.len() > MAX_REJECT_MESSAGE_LEN => {
                 return Err(WireError::InvalidField { field: "message", reason: "longer than 1024 bytes" })
@@ -212,7 +259,7 @@ impl ControlMessage {
         let mut out = Writer { bytes: &mut buffer[..len], at: 0 };
         out.u8(PROTOCOL_VERSION);
         match self {
-            Self::Register { rank, world_size, packet_elements, slots, depth, encoding, name } => {
+            Self::Register { rank, world_size, packet_elements, slots, depth, encoding, name, ports } => {
                 out.header(REGISTER, self.body_len(), request_id);
                 out.u16(*rank);
                 out.u16(*world_size);
@@ -222,8 +269,10 @@ impl ControlMessage {
                 out.u8(*encoding as u8);
                 out.u8(name.len() as u8);
                 out.slice(name.as_bytes());
+                out.u16(ports.len() as u16);
+                ports.iter().for_each(|&port| out.u16(port));
             }
-            Self::Accept { session, rank, world_size, packet_elements, slots, depth } => {
+            Self::Accept { session, rank, world_size, packet_elements, slots, depth, data_port } => {
                 out.header(ACCEPT, self.body_len(), request_id);
                 out.u32(*session);
                 out.u16(*rank);
@@ -232,6 +281,7 @@ impl ControlMessage {
                 out.u16(*slots);
                 out.u8(*depth);
                 out.u8(0);
+                out.u16(*data_port);
             }
             Self::Reject { code, message } => {
                 out.header(REJECT, self.body_len(), request_id);
@@ -322,14 +372,16 @@ mod tests {
             depth: 2,
             encoding: ValueEncoding::BlockFloatingPoint,
             name: "job".into(),
+            ports: vec![4000, 4001],
         }
     }
 
     #[rustfmt::skip]
-    const REGISTER_BYTES: [u8; 22] = [
-        0x01, 0x01, 0x0E, 0x00, 0x2A, 0x00, 0x00, 0x00, // version, register, body 14, request 42
+    const REGISTER_BYTES: [u8; 28] = [
+        0x01, 0x01, 0x14, 0x00, 0x2A, 0x00, 0x00, 0x00, // version, register, body 20, request 42
         0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
         0x02, 0x01, 0x03, b'j', b'o', b'b',             // depth 2, block fp, name "job"
+        0x02, 0x00, 0xA0, 0x0F, 0xA1, 0x0F,             // 2 threads: ports 4000, 4001
     ];
 
     #[test]
@@ -351,6 +403,7 @@ mod tests {
                 packet_elements: 1024,
                 slots: 256,
                 depth: 8,
+                data_port: 48864,
             },
             ControlMessage::Reject {
                 code: RejectCode::Mismatch,
@@ -366,20 +419,43 @@ mod tests {
     }
 
     #[test]
+    fn messages_travel_over_a_byte_stream() {
+        let mut stream = Vec::new();
+        register().write_to(42, &mut stream).unwrap();
+        ControlMessage::Leave { session: 1, rank: 1 }.write_to(43, &mut stream).unwrap();
+        assert_eq!(&stream[..REGISTER_BYTES.len()], &REGISTER_BYTES[..]);
+        let mut reader = &stream[..];
+        assert_eq!(ControlMessage::read_from(&mut reader).unwrap(), (42, register()));
+        assert_eq!(
+            ControlMessage::read_from(&mut reader).unwrap(),
+            (43, ControlMessage::Leave { session: 1, rank: 1 })
+        );
+        let end = ControlMessage::read_from(&mut reader).unwrap_err();
+        assert_eq!(end.kind(), std::io::ErrorKind::UnexpectedEof);
+        let mut bad = &[9u8, 1, 0, 0, 0, 0, 0, 0][..];
+        let error = ControlMessage::read_from(&mut bad).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(
+            error.into_inner().unwrap().downcast::<WireError>().unwrap().as_ref(),
+            &WireError::Version { found: 9 }
+        );
+    }
+
+    #[test]
     fn truncated_and_oversized_messages_are_rejected() {
         assert_eq!(
             ControlMessage::parse(&REGISTER_BYTES[..5]).unwrap_err(),
             WireError::Truncated { len: 5, needed: 8 }
         );
         assert_eq!(
-            ControlMessage::parse(&REGISTER_BYTES[..21]).unwrap_err(),
-            WireError::Truncated { len: 21, needed: 22 }
+            ControlMessage::parse(&REGISTER_BYTES[..27]).unwrap_err(),
+            WireError::Truncated { len: 27, needed: 28 }
         );
         let mut longer = REGISTER_BYTES.to_vec();
         longer.push(0);
         assert_eq!(
             ControlMessage::parse(&longer).unwrap_err(),
-            WireError::LengthMismatch { len: 23, expected: 22 }
+            WireError::LengthMismatch { len: 29, expected: 28 }
         );
     }
 
@@ -387,7 +463,7 @@ mod tests {
     fn body_length_that_lies_is_rejected() {
         // A body length covering the bytes but a name length pointing past them.
         let mut bytes = REGISTER_BYTES;
-        bytes[18] = 9;
+        bytes[18] = 30;
         assert!(matches!(
             ControlMessage::parse(&bytes).unwrap_err(),
             WireError::InvalidField { field: "body", .. }
@@ -402,6 +478,26 @@ mod tests {
         let mut bytes = REGISTER_BYTES;
         bytes[1] = 99;
         assert_eq!(ControlMessage::parse(&bytes).unwrap_err(), WireError::UnknownMessageType(99));
+    }
+
+    #[test]
+    fn reserved_bytes_must_be_zero() {
+        let accept = ControlMessage::Accept {
+            session: 1,
+            rank: 0,
+            world_size: 2,
+            packet_elements: 64,
+            slots: 8,
+            depth: 2,
+            data_port: 9,
+        };
+        let mut bytes = vec![0u8; accept.buffer_len()];
+        accept.emit(0, &mut bytes).unwrap();
+        bytes[21] = 1;
+        assert_eq!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::InvalidField { field: "reserved", reason: "must be zero" }
+        );
     }
 
     #[test]
@@ -426,7 +522,15 @@ mod tests {
             depth: 2,
             encoding: ValueEncoding::Native,
             name: "x".repeat(65),
+            ports: vec![1],
         };
         assert!(long.emit(0, &mut [0u8; 128]).is_err());
+        let mut bytes = REGISTER_BYTES;
+        bytes[22] = 0; // no threads
+        bytes[23] = 0;
+        assert!(matches!(
+            ControlMessage::parse(&bytes[..24]).unwrap_err(),
+            WireError::Truncated { .. } | WireError::InvalidField { field: "threads", .. }
+        ));
     }
 }

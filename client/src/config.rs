@@ -1,0 +1,512 @@
+//! Configuration: SwitchML's file format, sections and key names, plus netagg's own keys.
+//!
+//! Values come, later ones winning, from: the defaults; one config file; the launcher's
+//! rank and world size (`OMPI_COMM_WORLD_RANK`/`_SIZE`, `PMI_RANK`/`PMI_SIZE`,
+//! `SLURM_PROCID`/`SLURM_NTASKS`, `RANK`/`WORLD_SIZE`); and `NETAGG_<SECTION>__<KEY>`
+//! variables (`NETAGG_GENERAL__NUM_WORKERS`, `NETAGG_BACKEND_UDP__BIND_IP`). The file is
+//! the one named explicitly, else `$NETAGG_CONFIG`, else the first of `./netagg.cfg`,
+//! `./netagg-<hostname>.cfg`, `/etc/netagg.cfg` that exists; none at all is fine.
+//! `configs/netagg.cfg` documents every key.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use netagg_wire::packet::MAX_ELEMENTS;
+
+/// Which transport carries the packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// No network: an in-process switch sums as if every worker sent the same data.
+    Dummy,
+    /// UDP to a `netagg-switch`.
+    Udp,
+}
+
+/// `[general]`: what every backend shares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct General {
+    pub rank: u16,
+    pub num_workers: u16,
+    pub num_worker_threads: u16,
+    /// Packets in flight per worker, shared by its threads (the slots it uses).
+    pub max_outstanding_packets: u16,
+    pub packet_numel: u16,
+    pub backend: BackendKind,
+    /// How float32 travels: `native` (summed as floats by the switch).
+    pub prepostprocessor: String,
+    /// First retransmission timeout; doubles on each timeout of a slot.
+    pub timeout: Duration,
+    /// A job that makes no progress for this long fails.
+    pub job_timeout: Duration,
+    /// How long registration waits for every rank to join.
+    pub connect_timeout: Duration,
+    /// Where the switch's control plane listens (SwitchML's controller).
+    pub controller_ip: String,
+    pub controller_port: u16,
+    /// Session name: the ranks of one job share it; other jobs use other names.
+    pub session: String,
+    /// Rounds each slot retains at the switch (2: SwitchML's shadow copy).
+    pub depth: u8,
+}
+
+/// `[backend.dummy]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dummy {
+    /// Emulated link bandwidth in Mbit/s; 0 sends as fast as the CPU allows.
+    pub bandwidth: f64,
+    /// Sum as the switch would; false returns each packet unchanged.
+    pub process_packets: bool,
+}
+
+/// `[backend.udp]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Udp {
+    /// Local address the worker threads' sockets bind to.
+    pub bind_ip: IpAddr,
+    /// Socket send and receive buffer size, bytes (0: the system default).
+    pub socket_buffer: usize,
+}
+
+/// A whole configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub general: General,
+    pub dummy: Dummy,
+    pub udp: Udp,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            general: General {
+                rank: 0,
+                num_workers: 1,
+                num_worker_threads: 2,
+                max_outstanding_packets: 256,
+                packet_numel: 256,
+                backend: BackendKind::Udp,
+                prepostprocessor: "native".into(),
+                timeout: Duration::from_millis(10),
+                job_timeout: Duration::from_secs(10),
+                connect_timeout: Duration::from_secs(30),
+                controller_ip: "127.0.0.1".into(),
+                controller_port: 50099,
+                session: "default".into(),
+                depth: 8,
+            },
+            dummy: Dummy { bandwidth: 100_000.0, process_packets: true },
+            udp: Udp { bind_ip: IpAddr::from([0, 0, 0, 0]), socket_buffer: 4 << 20 },
+        }
+    }
+}
+
+/// Where a value came from, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    File(PathBuf),
+    Environment(String),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File(path) => write!(f, "{}", path.display()),
+            Origin::Environment(variable) => write!(f, "environment variable {variable}"),
+        }
+    }
+}
+
+/// Why a configuration could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("{origin}: unknown key '{key}'; known keys: {known}")]
+    UnknownKey { origin: Origin, key: String, known: String },
+    #[error("{origin}: key '{key}' = '{value}': expected {expected}")]
+    Value { origin: Origin, key: String, value: String, expected: String },
+    #[error("{origin}: {message}")]
+    Combination { origin: String, message: String },
+}
+
+type Setter = fn(&mut Config, &str) -> Result<(), String>;
+
+/// Every key: its name, what it accepts, and how it is set.
+const KEYS: &[(&str, &str, Setter)] = &[
+    ("general.rank", "an integer from 0 to 65534", |c, v| set_int(&mut c.general.rank, v, 0, 65534)),
+    ("general.num_workers", "an integer from 1 to 65535", |c, v| {
+        set_int(&mut c.general.num_workers, v, 1, 65535)
+    }),
+    ("general.num_worker_threads", "an integer from 1 to 1024", |c, v| {
+        set_int(&mut c.general.num_worker_threads, v, 1, 1024)
+    }),
+    ("general.max_outstanding_packets", "an integer from 1 to 65535", |c, v| {
+        set_int(&mut c.general.max_outstanding_packets, v, 1, 65535)
+    }),
+    ("general.packet_numel", "an integer from 1 to 16366", |c, v| {
+        set_int(&mut c.general.packet_numel, v, 1, MAX_ELEMENTS as u64)
+    }),
+    ("general.backend", "'udp' or 'dummy'", |c, v| {
+        c.general.backend = match v {
+            "udp" => BackendKind::Udp,
+            "dummy" => BackendKind::Dummy,
+            _ => return Err(String::new()),
+        };
+        Ok(())
+    }),
+    ("general.prepostprocessor", "'native'", |c, v| {
+        if v != "native" {
+            return Err(String::new());
+        }
+        c.general.prepostprocessor = v.into();
+        Ok(())
+    }),
+    ("general.timeout", "milliseconds, a number above 0", |c, v| {
+        set_duration(&mut c.general.timeout, v, 1e-3)
+    }),
+    ("general.job_timeout", "seconds, a number above 0", |c, v| {
+        set_duration(&mut c.general.job_timeout, v, 1.0)
+    }),
+    ("general.connect_timeout", "seconds, a number above 0", |c, v| {
+        set_duration(&mut c.general.connect_timeout, v, 1.0)
+    }),
+    ("general.controller_ip", "a host name or IP address", |c, v| {
+        if v.is_empty() {
+            return Err(String::new());
+        }
+        c.general.controller_ip = v.into();
+        Ok(())
+    }),
+    ("general.controller_port", "a port from 1 to 65535", |c, v| {
+        set_int(&mut c.general.controller_port, v, 1, 65535)
+    }),
+    ("general.session", "a name of 1 to 64 bytes", |c, v| {
+        if v.is_empty() || v.len() > netagg_wire::control::MAX_SESSION_NAME_LEN {
+            return Err(String::new());
+        }
+        c.general.session = v.into();
+        Ok(())
+    }),
+    ("general.depth", "a power of two from 2 to 64", |c, v| {
+        let depth: u8 = v.parse().map_err(|_| String::new())?;
+        if !(2..=64).contains(&depth) || !depth.is_power_of_two() {
+            return Err(String::new());
+        }
+        c.general.depth = depth;
+        Ok(())
+    }),
+    ("backend.dummy.bandwidth", "Mbit/s, a number of at least 0", |c, v| {
+        let bandwidth: f64 = v.parse().map_err(|_| String::new())?;
+        if !bandwidth.is_finite() || bandwidth < 0.0 {
+            return Err(String::new());
+        }
+        c.dummy.bandwidth = bandwidth;
+        Ok(())
+    }),
+    ("backend.dummy.process_packets", "true or false", |c, v| set_bool(&mut c.dummy.process_packets, v)),
+    ("backend.udp.bind_ip", "an IP address", |c, v| {
+        c.udp.bind_ip = v.parse().map_err(|_| String::new())?;
+        Ok(())
+    }),
+    ("backend.udp.socket_buffer", "bytes, an integer from 0 to 1073741824", |c, v| {
+        set_int(&mut c.udp.socket_buffer, v, 0, 1 << 30)
+    }),
+];
+
+fn set_int<T: TryFrom<u64>>(field: &mut T, value: &str, min: u64, max: u64) -> Result<(), String> {
+    let parsed: u64 = value.parse().map_err(|_| String::new())?;
+    if parsed < min || parsed > max {
+        return Err(String::new());
+    }
+    *field = T::try_from(parsed).map_err(|_| String::new())?;
+    Ok(())
+}
+
+fn set_duration(field: &mut Duration, value: &str, unit_seconds: f64) -> Result<(), String> {
+    let parsed: f64 = value.parse().map_err(|_| String::new())?;
+    if parsed.is_nan() || parsed <= 0.0 {
+        return Err(String::new());
+    }
+    *field = Duration::try_from_secs_f64(parsed * unit_seconds).map_err(|_| String::new())?;
+    Ok(())
+}
+
+fn set_bool(field: &mut bool, value: &str) -> Result<(), String> {
+    *field = match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => true,
+        "false" | "0" | "no" | "off" => false,
+        _ => return Err(String::new()),
+    };
+    Ok(())
+}
+
+/// Launcher variables for rank and world size, in the order they are tried.
+const LAUNCHER_VARIABLES: &[(&str, &str)] = &[
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+    ("RANK", "WORLD_SIZE"),
+];
+
+impl Config {
+    /// Loads the configuration from the file named, or the first one found, then the
+    /// environment of this process.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let vars: Vec<(String, String)> = std::env::vars().collect();
+        Config::load_with_environment(path, &vars)
+    }
+
+    /// [`Config::load`] with an explicit environment, for callers and tests that must not
+    /// read the process's own.
+    pub fn load_with_environment(
+        path: Option<&Path>,
+        vars: &[(String, String)],
+    ) -> Result<Config, ConfigError> {
+        let lookup = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let mut config = Config::default();
+        let file = match path {
+            Some(path) => Some(path.to_path_buf()),
+            None => lookup("NETAGG_CONFIG").map(PathBuf::from).or_else(find_config_file),
+        };
+        if let Some(file) = &file {
+            config.apply_file(file)?;
+        }
+        for (rank_variable, size_variable) in LAUNCHER_VARIABLES {
+            if let (Some(rank), Some(size)) = (lookup(rank_variable), lookup(size_variable)) {
+                config.set(&Origin::Environment(rank_variable.to_string()), "general.rank", &rank)?;
+                config.set(&Origin::Environment(size_variable.to_string()), "general.num_workers", &size)?;
+                break;
+            }
+        }
+        for (name, value) in vars {
+            let Some(rest) = name.strip_prefix("NETAGG_") else { continue };
+            if name == "NETAGG_CONFIG" {
+                continue;
+            }
+            let Some((section, key)) = rest.split_once("__") else {
+                return Err(ConfigError::UnknownKey {
+                    origin: Origin::Environment(name.clone()),
+                    key: rest.to_ascii_lowercase(),
+                    known: "NETAGG_<SECTION>__<KEY>, e.g. NETAGG_GENERAL__RANK, NETAGG_BACKEND_UDP__BIND_IP"
+                        .into(),
+                });
+            };
+            let key =
+                format!("{}.{}", section.to_ascii_lowercase().replace('_', "."), key.to_ascii_lowercase());
+            config.set(&Origin::Environment(name.clone()), &key, value)?;
+        }
+        let origin = file.map(|f| f.display().to_string()).unwrap_or_else(|| "configuration".into());
+        config.validate().map_err(|message| ConfigError::Combination { origin, message })?;
+        Ok(config)
+    }
+
+    /// Parses config-file text in SwitchML's INI format, without looking at the
+    /// environment; `origin` names it in errors.
+    pub fn from_ini(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        config.apply_ini(text, origin)?;
+        config
+            .validate()
+            .map_err(|message| ConfigError::Combination { origin: origin.display().to_string(), message })?;
+        Ok(config)
+    }
+
+    fn apply_file(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::File { path: path.to_path_buf(), reason: e.to_string() })?;
+        self.apply_ini(&text, path)
+    }
+
+    fn apply_ini(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
+        let parsed = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Ini))
+            .build()
+            .and_then(|c| c.try_deserialize::<BTreeMap<String, config::Value>>())
+            .map_err(|e| ConfigError::File { path: path.to_path_buf(), reason: e.to_string() })?;
+        let mut values = Vec::new();
+        flatten("", parsed, &mut values);
+        let origin = Origin::File(path.to_path_buf());
+        for (key, value) in values {
+            self.set(&origin, &key, &value)?;
+        }
+        Ok(())
+    }
+
+    fn set(&mut self, origin: &Origin, key: &str, value: &str) -> Result<(), ConfigError> {
+        let Some((_, expected, setter)) = KEYS.iter().find(|(name, _, _)| *name == key) else {
+            return Err(ConfigError::UnknownKey {
+                origin: origin.clone(),
+                key: key.to_string(),
+                known: KEYS.iter().map(|(name, _, _)| *name).collect::<Vec<_>>().join(", "),
+            });
+        };
+        setter(self, value.trim()).map_err(|_| ConfigError::Value {
+            origin: origin.clone(),
+            key: key.to_string(),
+            value: value.to_string(),
+            expected: expected.to_string(),
+        })
+    }
+
+    /// Checks what no single key can: combinations.
+    pub fn validate(&self) -> Result<(), String> {
+        let g = &self.general;
+        if g.rank >= g.num_workers {
+            return Err(format!(
+                "general.rank {} must be below general.num_workers {}",
+                g.rank, g.num_workers
+            ));
+        }
+        if g.max_outstanding_packets < g.num_worker_threads {
+            return Err(format!(
+                "general.max_outstanding_packets {} must be at least general.num_worker_threads {}: every thread needs a slot",
+                g.max_outstanding_packets, g.num_worker_threads
+            ));
+        }
+        Ok(())
+    }
+
+    /// Slots of each worker thread: the window divided evenly (the remainder is unused).
+    pub fn slots_per_thread(&self) -> u16 {
+        self.general.max_outstanding_packets / self.general.num_worker_threads
+    }
+
+    /// Every key with its accepted values, as documented in `configs/netagg.cfg`.
+    pub fn keys() -> impl Iterator<Item = (&'static str, &'static str)> {
+        KEYS.iter().map(|(name, expected, _)| (*name, *expected))
+    }
+}
+
+fn flatten(prefix: &str, table: BTreeMap<String, config::Value>, out: &mut Vec<(String, String)>) {
+    for (name, value) in table {
+        let key = if prefix.is_empty() { name } else { format!("{prefix}.{name}") };
+        match value.clone().into_table() {
+            Ok(inner) => flatten(&key, inner.into_iter().collect(), out),
+            Err(_) => out.push((key, value.to_string())),
+        }
+    }
+}
+
+fn find_config_file() -> Option<PathBuf> {
+    let mut candidates = vec![PathBuf::from("netagg.cfg")];
+    if let Ok(host) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        candidates.push(PathBuf::from(format!("netagg-{}.cfg", host.trim())));
+    }
+    candidates.push(PathBuf::from("/etc/netagg.cfg"));
+    candidates.into_iter().find(|path| path.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ini(text: &str) -> Result<Config, ConfigError> {
+        Config::from_ini(text, Path::new("test.cfg"))
+    }
+
+    #[test]
+    fn switchml_sections_and_keys_are_read() {
+        let config = ini(
+            "[general]\nrank = 1\nnum_workers = 4\nnum_worker_threads = 4\nmax_outstanding_packets = 128\n\
+             packet_numel = 64\nbackend = dummy\ntimeout = 2.5\n[backend.dummy]\nbandwidth = 1000\nprocess_packets = false\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (config.general.rank, config.general.num_workers, config.general.num_worker_threads),
+            (1, 4, 4)
+        );
+        assert_eq!((config.general.packet_numel, config.slots_per_thread()), (64, 32));
+        assert_eq!(config.general.backend, BackendKind::Dummy);
+        assert_eq!(config.general.timeout, Duration::from_micros(2500));
+        assert_eq!((config.dummy.bandwidth, config.dummy.process_packets), (1000.0, false));
+    }
+
+    #[test]
+    fn unknown_keys_name_the_file_and_the_known_keys() {
+        let error = ini("[general]\nnum_wokers = 4\n").unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.starts_with("test.cfg: unknown key 'general.num_wokers'; known keys: general.rank, "),
+            "{message}"
+        );
+        let error = ini("[backend.rdma]\nmsg_numel = 1024\n").unwrap_err();
+        assert!(matches!(error, ConfigError::UnknownKey { key, .. } if key == "backend.rdma.msg_numel"));
+    }
+
+    #[test]
+    fn bad_values_say_what_is_allowed() {
+        let cases = [
+            (
+                "[general]\nnum_workers = 0\n",
+                "key 'general.num_workers' = '0': expected an integer from 1 to 65535",
+            ),
+            ("[general]\nbackend = dpdk\n", "key 'general.backend' = 'dpdk': expected 'udp' or 'dummy'"),
+            ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16366"),
+            ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
+            ("[general]\ntimeout = -1\n", "expected milliseconds, a number above 0"),
+            ("[general]\nprepostprocessor = bypass\n", "expected 'native'"),
+            ("[backend.dummy]\nprocess_packets = maybe\n", "expected true or false"),
+            ("[backend.udp]\nbind_ip = 300.1.1.1\n", "expected an IP address"),
+        ];
+        for (text, expected) in cases {
+            let message = ini(text).unwrap_err().to_string();
+            assert!(message.starts_with("test.cfg: key"), "{message}");
+            assert!(message.contains(expected), "{message} lacks {expected}");
+        }
+    }
+
+    #[test]
+    fn impossible_combinations_are_rejected() {
+        let message = ini("[general]\nrank = 4\nnum_workers = 4\n").unwrap_err().to_string();
+        assert_eq!(message, "test.cfg: general.rank 4 must be below general.num_workers 4");
+        let message =
+            ini("[general]\nnum_worker_threads = 8\nmax_outstanding_packets = 4\n").unwrap_err().to_string();
+        assert!(message.contains("every thread needs a slot"), "{message}");
+    }
+
+    #[test]
+    fn environment_overrides_file_and_launcher_variables_set_rank() {
+        let dir = std::env::temp_dir().join(format!("netagg-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("netagg.cfg");
+        std::fs::write(&file, "[general]\nnum_workers = 2\npacket_numel = 64\n").unwrap();
+        let vars = |pairs: &[(&str, &str)]| {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>()
+        };
+
+        let config = Config::load_with_environment(
+            Some(&file),
+            &vars(&[
+                ("OMPI_COMM_WORLD_RANK", "2"),
+                ("OMPI_COMM_WORLD_SIZE", "3"),
+                ("NETAGG_GENERAL__PACKET_NUMEL", "1024"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (config.general.rank, config.general.num_workers, config.general.packet_numel),
+            (2, 3, 1024)
+        );
+
+        let config = Config::load_with_environment(
+            None,
+            &vars(&[("NETAGG_CONFIG", file.to_str().unwrap()), ("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")]),
+        )
+        .unwrap();
+        assert_eq!((config.general.rank, config.general.num_workers), (1, 2));
+
+        let error =
+            Config::load_with_environment(Some(&file), &vars(&[("NETAGG_BACKEND_UDP__BIND_IP", "nowhere")]))
+                .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "environment variable NETAGG_BACKEND_UDP__BIND_IP: key 'backend.udp.bind_ip' = 'nowhere': expected an IP address"
+        );
+        let error = Config::load_with_environment(Some(&dir.join("missing.cfg")), &[]).unwrap_err();
+        assert!(matches!(error, ConfigError::File { .. }), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

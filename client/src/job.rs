@@ -1,0 +1,232 @@
+//! Jobs: one allreduce each, shared by the worker threads that carry its slices.
+
+use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use netagg_wire::ElementType;
+
+use crate::Error;
+
+/// Element types an allreduce sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataType {
+    Int32,
+    Float32,
+}
+
+impl DataType {
+    pub const fn size(self) -> usize {
+        4
+    }
+
+    pub(crate) fn element_type(self) -> ElementType {
+        match self {
+            DataType::Int32 => ElementType::Int32,
+            DataType::Float32 => ElementType::Float32,
+        }
+    }
+}
+
+/// A Rust type that travels as one of the [`DataType`]s.
+pub trait Element: Copy + Send + Sync + 'static {
+    const DATA_TYPE: DataType;
+}
+
+impl Element for i32 {
+    const DATA_TYPE: DataType = DataType::Int32;
+}
+
+impl Element for f32 {
+    const DATA_TYPE: DataType = DataType::Float32;
+}
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobStatus {
+    /// Submitted; no worker thread has started it.
+    Queued,
+    Running,
+    Finished,
+    Failed,
+}
+
+/// State shared by a job's handle and the threads carrying its slices.
+pub(crate) struct JobShared {
+    pub id: u64,
+    pub data_type: DataType,
+    pub numel: usize,
+    /// Where the elements are read from and the sums written to; valid, and not touched
+    /// by the caller, until the job is finished or failed (the submitter's contract).
+    pub input: *const u8,
+    pub output: *mut u8,
+    /// Keeps owned buffers alive while the threads use them.
+    keepalive: Mutex<Option<Box<dyn Any + Send>>>,
+    state: Mutex<JobState>,
+    done: Condvar,
+}
+
+// SAFETY: the raw pointers are only dereferenced by worker threads on disjoint block
+// ranges while the job runs, under the submitter's contract above; everything else is
+// behind mutexes.
+unsafe impl Send for JobShared {}
+unsafe impl Sync for JobShared {}
+
+struct JobState {
+    status: JobStatus,
+    slices_left: usize,
+    error: Option<Error>,
+}
+
+impl JobShared {
+    pub fn new(
+        id: u64,
+        data_type: DataType,
+        numel: usize,
+        input: *const u8,
+        output: *mut u8,
+        keepalive: Option<Box<dyn Any + Send>>,
+        slices: usize,
+    ) -> Arc<JobShared> {
+        let status = if slices == 0 { JobStatus::Finished } else { JobStatus::Queued };
+        Arc::new(JobShared {
+            id,
+            data_type,
+            numel,
+            input,
+            output,
+            keepalive: Mutex::new(keepalive),
+            state: Mutex::new(JobState { status, slices_left: slices, error: None }),
+            done: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, JobState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn status(&self) -> JobStatus {
+        self.lock().status
+    }
+
+    pub fn mark_running(&self) {
+        let mut state = self.lock();
+        if state.status == JobStatus::Queued {
+            state.status = JobStatus::Running;
+        }
+    }
+
+    /// Records one slice's end; the job ends with its last slice, failed if any failed.
+    /// Returns true when this was the last slice.
+    pub fn finish_slice(&self, outcome: Result<(), Error>) -> bool {
+        let mut state = self.lock();
+        if let Err(error) = outcome {
+            state.error.get_or_insert(error);
+        }
+        state.slices_left = state.slices_left.saturating_sub(1);
+        if state.slices_left > 0 {
+            return false;
+        }
+        state.status = if state.error.is_some() { JobStatus::Failed } else { JobStatus::Finished };
+        self.done.notify_all();
+        true
+    }
+
+    /// Waits until the job ended, or `deadline` passed (then returns None).
+    pub fn wait_until(&self, deadline: Option<Instant>) -> Option<Result<(), Error>> {
+        let mut state = self.lock();
+        loop {
+            match state.status {
+                JobStatus::Finished => return Some(Ok(())),
+                JobStatus::Failed => {
+                    return Some(Err(state.error.clone().unwrap_or(Error::Stopped)));
+                }
+                _ => {}
+            }
+            match deadline {
+                None => state = self.done.wait(state).unwrap_or_else(|p| p.into_inner()),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    state = self.done.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+                }
+            }
+        }
+    }
+
+    pub fn take_keepalive(&self) -> Option<Box<dyn Any + Send>> {
+        self.keepalive.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// A handle to a submitted allreduce.
+#[derive(Clone)]
+pub struct Job {
+    pub(crate) shared: Arc<JobShared>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("id", &self.id()).field("status", &self.status()).finish()
+    }
+}
+
+impl Job {
+    /// The job's number, the same on every rank (jobs are numbered in submission order).
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    pub fn status(&self) -> JobStatus {
+        self.shared.status()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shared.numel
+    }
+
+    pub fn data_type(&self) -> DataType {
+        self.shared.data_type
+    }
+
+    /// Waits until the job has finished or failed.
+    pub fn wait(&self) -> Result<(), Error> {
+        self.shared.wait_until(None).unwrap_or(Err(Error::Stopped))
+    }
+
+    /// Waits at most `timeout`; `Ok(false)` if the job is still running then.
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<bool, Error> {
+        match self.shared.wait_until(Some(Instant::now() + timeout)) {
+            None => Ok(false),
+            Some(result) => result.map(|()| true),
+        }
+    }
+}
+
+/// An allreduce over a buffer the job owns; [`TensorJob::wait`] hands the sums back.
+#[derive(Debug)]
+pub struct TensorJob<T: Element> {
+    job: Job,
+    element: PhantomData<T>,
+}
+
+impl<T: Element> TensorJob<T> {
+    pub(crate) fn new(job: Job) -> TensorJob<T> {
+        TensorJob { job, element: PhantomData }
+    }
+
+    /// The untyped handle: id, status, timed waits.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// Waits for the job and returns the buffer, now holding the sums.
+    pub fn wait(self) -> Result<Vec<T>, Error> {
+        self.job.wait()?;
+        let buffer = self.job.shared.take_keepalive().ok_or(Error::Stopped)?;
+        buffer.downcast::<Vec<T>>().map(|b| *b).map_err(|_| Error::Stopped)
+    }
+}

@@ -1,0 +1,65 @@
+//! netagg's client library: allreduce through an in-network aggregation switch.
+//!
+//! A [`Context`] is one rank of a session. Start it from a [`Config`]; it registers with
+//! a `netagg-switch` (or, with the dummy backend, emulates one in process) and runs
+//! `num_worker_threads` threads that stream jobs through the switch:
+//!
+//! ```no_run
+//! let config = netagg::Config::load(None)?;
+//! let context = netagg::Context::start(config)?;
+//! let mut gradients = vec![1.0f32; 1 << 20];
+//! context.allreduce(&mut gradients)?; // now the sum over every rank
+//! let job = context.allreduce_async(vec![1i32; 1000])?;
+//! let sums = job.wait()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Errors are returned, never raised as panics or aborts: a dead switch or worker fails
+//! jobs within `job_timeout`, and a session the switch closes fails them at once.
+
+pub mod backend;
+pub mod config;
+mod context;
+mod job;
+mod stats;
+
+use std::time::Duration;
+
+pub use config::{BackendKind, Config, ConfigError};
+pub use context::Context;
+pub use job::{DataType, Element, Job, JobStatus, TensorJob};
+pub use netagg_wire::RejectCode;
+pub use stats::Stats;
+
+/// Why an operation of the library failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    #[error("cannot reach the switch at {address}: {reason}")]
+    Connect { address: String, reason: String },
+    #[error("the switch refused the registration ({code:?}): {message}")]
+    Rejected { code: RejectCode, message: String },
+    #[error("session '{session}': not all {workers} workers registered within {waited:?}")]
+    RegisterTimeout { waited: Duration, session: String, workers: u16 },
+    #[error("session lost: {0}")]
+    SessionLost(String),
+    #[error("job failed: {0}")]
+    Job(String),
+    #[error("the context is stopped")]
+    Stopped,
+    #[error("input has {input} elements but output has {output}")]
+    LengthMismatch { input: usize, output: usize },
+    #[error("a buffer pointer is null")]
+    NullBuffer,
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(error: std::io::Error) -> Error {
+        Error::Io(error.to_string())
+    }
+}

@@ -1,0 +1,331 @@
+//! The control plane: workers register over TCP; when every rank of a session has
+//! registered, the session opens in the engine and every rank gets an `accept`.
+//!
+//! Each worker keeps its connection open for the life of the session. When one closes
+//! (a worker exits or is killed) or leaves, the session is closed at once, its slots are
+//! freed, and the remaining ranks are told, so their jobs fail fast instead of timing
+//! out, and a new set of workers can register under the same name right away.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use netagg_aggregator::{SessionId, SessionSpec};
+use netagg_wire::{ControlMessage, RejectCode, ValueEncoding, WireError};
+
+use crate::datapath::{Command, Event, Peers};
+
+/// What every rank of a session must agree on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Shape {
+    world_size: u16,
+    packet_elements: u16,
+    slots: u16,
+    depth: u8,
+    encoding: ValueEncoding,
+    threads: usize,
+}
+
+struct Member {
+    stream: TcpStream,
+    request_id: u32,
+    ip: IpAddr,
+    ports: Vec<u16>,
+}
+
+struct Pending {
+    shape: Shape,
+    /// The rank whose registration fixed the shape, for mismatch messages.
+    first_rank: u16,
+    members: BTreeMap<u16, Member>,
+}
+
+struct Open {
+    id: SessionId,
+    members: BTreeMap<u16, TcpStream>,
+}
+
+#[derive(Default)]
+struct Registry {
+    pending: HashMap<String, Pending>,
+    open: HashMap<String, Open>,
+}
+
+pub struct ControlPlane {
+    registry: Mutex<Registry>,
+    commands: Sender<Command>,
+    data_port: u16,
+}
+
+type Rejection = (RejectCode, String);
+
+impl ControlPlane {
+    pub fn new(commands: Sender<Command>, data_port: u16) -> Arc<ControlPlane> {
+        Arc::new(ControlPlane { registry: Mutex::default(), commands, data_port })
+    }
+
+    /// Accepts connections until the listener fails; one thread per connection.
+    pub fn serve(self: &Arc<Self>, listener: TcpListener) {
+        for stream in listener.incoming() {
+            match stream {
+                Ok(stream) => {
+                    let plane = Arc::clone(self);
+                    std::thread::spawn(move || plane.connection(stream));
+                }
+                Err(error) => tracing::warn!(%error, "accepting a control connection failed"),
+            }
+        }
+    }
+
+    /// Tells the ranks of sessions the data path expired, and forgets those sessions.
+    pub fn handle_events(self: &Arc<Self>, events: crossbeam_channel::Receiver<Event>) {
+        for Event::Expired(id) in events {
+            let mut registry = self.lock();
+            let Some(name) =
+                registry.open.iter().find(|(_, open)| open.id == id).map(|(name, _)| name.clone())
+            else {
+                continue;
+            };
+            if let Some(open) = registry.open.remove(&name) {
+                let message = format!("session '{name}' expired: no packets for the idle timeout");
+                for mut stream in open.members.into_values() {
+                    let _ = send(
+                        &mut stream,
+                        0,
+                        &ControlMessage::Reject {
+                            code: RejectCode::UnknownSession,
+                            message: message.clone(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // A panicking connection thread must not take the whole control plane with it.
+        self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn connection(&self, mut stream: TcpStream) {
+        let peer = match stream.peer_addr() {
+            Ok(peer) => peer,
+            Err(_) => return,
+        };
+        let mut membership: Option<(String, u16)> = None;
+        loop {
+            let (request_id, message) = match ControlMessage::read_from(&mut stream) {
+                Ok(message) => message,
+                Err(error) if error.kind() == io::ErrorKind::InvalidData => {
+                    let wire = error.get_ref().and_then(|e| e.downcast_ref::<WireError>());
+                    let code = match wire {
+                        Some(WireError::Version { .. }) => RejectCode::Version,
+                        _ => RejectCode::Malformed,
+                    };
+                    let _ =
+                        send(&mut stream, 0, &ControlMessage::Reject { code, message: error.to_string() });
+                    break;
+                }
+                Err(error) => {
+                    if error.kind() != io::ErrorKind::UnexpectedEof {
+                        tracing::debug!(%peer, %error, "control connection failed");
+                    }
+                    break;
+                }
+            };
+            match message {
+                ControlMessage::Register {
+                    rank,
+                    world_size,
+                    packet_elements,
+                    slots,
+                    depth,
+                    encoding,
+                    name,
+                    ports,
+                } if membership.is_none() => {
+                    let shape =
+                        Shape { world_size, packet_elements, slots, depth, encoding, threads: ports.len() };
+                    let member = match stream.try_clone() {
+                        Ok(clone) => Member { stream: clone, request_id, ip: peer.ip(), ports },
+                        Err(_) => break,
+                    };
+                    match self.register(&name, rank, shape, member) {
+                        Ok(()) => membership = Some((name, rank)),
+                        Err((code, message)) => {
+                            tracing::info!(%peer, %name, rank, %message, "registration rejected");
+                            let _ = send(&mut stream, request_id, &ControlMessage::Reject { code, message });
+                        }
+                    }
+                }
+                ControlMessage::Leave { .. } => break,
+                _ => {
+                    let message = "expected one register, then nothing until leave".to_string();
+                    let _ = send(
+                        &mut stream,
+                        request_id,
+                        &ControlMessage::Reject { code: RejectCode::Malformed, message },
+                    );
+                    break;
+                }
+            }
+        }
+        if let Some((name, rank)) = membership {
+            self.depart(&name, rank);
+        }
+    }
+
+    fn register(&self, name: &str, rank: u16, shape: Shape, member: Member) -> Result<(), Rejection> {
+        if rank >= shape.world_size {
+            return Err((
+                RejectCode::RankOutOfRange,
+                format!("rank {rank} is not below the world size {}", shape.world_size),
+            ));
+        }
+        if shape.slots as usize % shape.threads != 0 || (shape.slots as usize) < shape.threads {
+            return Err((
+                RejectCode::Malformed,
+                format!("{} slots do not divide among {} threads", shape.slots, shape.threads),
+            ));
+        }
+        let mut registry = self.lock();
+        if registry.open.contains_key(name) {
+            return Err((
+                RejectCode::DuplicateRank,
+                format!("session '{name}' is already running with all its ranks"),
+            ));
+        }
+        let pending = registry.pending.entry(name.to_string()).or_insert_with(|| Pending {
+            shape: shape.clone(),
+            first_rank: rank,
+            members: BTreeMap::new(),
+        });
+        if pending.members.contains_key(&rank) {
+            return Err((
+                RejectCode::DuplicateRank,
+                format!("rank {rank} is already registered in session '{name}'"),
+            ));
+        }
+        let differences = describe_differences(&pending.shape, &shape);
+        if !differences.is_empty() {
+            let first = pending.first_rank;
+            return Err((
+                RejectCode::Mismatch,
+                format!("rank {rank} differs from rank {first}: {differences}"),
+            ));
+        }
+        pending.members.insert(rank, member);
+        tracing::info!(%name, rank, joined = pending.members.len(), world = shape.world_size, "worker registered");
+        if pending.members.len() < shape.world_size as usize {
+            return Ok(());
+        }
+        let Some(pending) = registry.pending.remove(name) else { return Ok(()) };
+        self.open(&mut registry, name, pending);
+        Ok(())
+    }
+
+    /// Opens a session whose every rank has registered, and answers them all.
+    fn open(&self, registry: &mut Registry, name: &str, pending: Pending) {
+        let shape = &pending.shape;
+        let spec = SessionSpec {
+            workers: shape.world_size,
+            slots: shape.slots,
+            packet_elements: shape.packet_elements,
+            depth: shape.depth,
+        };
+        let peers = Peers {
+            workers: pending.members.values().map(|m| (m.ip, m.ports.clone())).collect(),
+            slots_per_thread: shape.slots / shape.threads as u16,
+        };
+        let (reply, result) = crossbeam_channel::bounded(1);
+        let opened = self
+            .commands
+            .send(Command::Open { spec, peers, reply })
+            .ok()
+            .and_then(|()| result.recv_timeout(Duration::from_secs(5)).ok());
+        let outcome = match opened {
+            Some(Ok(id)) => Ok(id),
+            Some(Err(error)) => Err((RejectCode::Limit, error.to_string())),
+            None => Err((RejectCode::Limit, "the data path is not running".to_string())),
+        };
+        let mut streams = BTreeMap::new();
+        for (rank, mut member) in pending.members {
+            let message = match &outcome {
+                Ok(id) => ControlMessage::Accept {
+                    session: id.0,
+                    rank,
+                    world_size: shape.world_size,
+                    packet_elements: shape.packet_elements,
+                    slots: shape.slots,
+                    depth: shape.depth,
+                    data_port: self.data_port,
+                },
+                Err((code, message)) => ControlMessage::Reject { code: *code, message: message.clone() },
+            };
+            let _ = send(&mut member.stream, member.request_id, &message);
+            streams.insert(rank, member.stream);
+        }
+        match outcome {
+            Ok(id) => {
+                tracing::info!(%name, session = format_args!("{:#010x}", id.0), workers = shape.world_size, "session open");
+                registry.open.insert(name.to_string(), Open { id, members: streams });
+            }
+            Err((_, message)) => tracing::warn!(%name, %message, "session could not open"),
+        }
+    }
+
+    /// A rank left or its connection closed: a pending registration is withdrawn; an
+    /// open session closes and its other ranks are told why.
+    fn depart(&self, name: &str, rank: u16) {
+        let mut registry = self.lock();
+        if let Some(pending) = registry.pending.get_mut(name) {
+            pending.members.remove(&rank);
+            if pending.members.is_empty() {
+                registry.pending.remove(name);
+            }
+            return;
+        }
+        let Some(open) = registry.open.remove(name) else { return };
+        let (reply, result) = crossbeam_channel::bounded(1);
+        let counters = self
+            .commands
+            .send(Command::Close { id: open.id, reply })
+            .ok()
+            .and_then(|()| result.recv_timeout(Duration::from_secs(5)).ok())
+            .flatten();
+        tracing::info!(%name, rank, ?counters, "session closed: a rank left");
+        let message = format!("rank {rank} left session '{name}'; the session is closed");
+        for (other, mut stream) in open.members {
+            if other != rank {
+                let _ = send(
+                    &mut stream,
+                    0,
+                    &ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() },
+                );
+            }
+        }
+    }
+}
+
+fn describe_differences(expected: &Shape, got: &Shape) -> String {
+    let mut differences = Vec::new();
+    let mut compare = |what: &str, a: String, b: String| {
+        if a != b {
+            differences.push(format!("{what} {b} instead of {a}"));
+        }
+    };
+    compare("world size", expected.world_size.to_string(), got.world_size.to_string());
+    compare("packet elements", expected.packet_elements.to_string(), got.packet_elements.to_string());
+    compare("slots", expected.slots.to_string(), got.slots.to_string());
+    compare("depth", expected.depth.to_string(), got.depth.to_string());
+    compare("encoding", format!("{:?}", expected.encoding), format!("{:?}", got.encoding));
+    compare("worker threads", expected.threads.to_string(), got.threads.to_string());
+    differences.join(", ")
+}
+
+fn send(stream: &mut TcpStream, request_id: u32, message: &ControlMessage) -> io::Result<()> {
+    message.write_to(request_id, stream)
+}
