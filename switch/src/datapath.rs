@@ -1,29 +1,26 @@
 //! The data path: one thread that owns the engine and the UDP socket.
 //!
 //! It receives in batches (recvmmsg, and GRO where the kernel coalesces datagrams), hands
-//! each datagram to the engine, and sends the results to the workers' thread sockets. The
-//! control plane talks to it through a channel of [`Command`]s, which it drains between
-//! batches; the socket's read timeout bounds how long that can wait, and keeps an idle
-//! switch asleep instead of spinning.
+//! each datagram to the engine, and sends the results of a batch to each worker thread's
+//! socket as one GSO send. The control plane talks to it through a channel of
+//! [`Command`]s, which it drains between batches; the receive timeout bounds how long
+//! that can wait, and keeps an idle switch asleep instead of spinning.
 
 use std::collections::HashMap;
-use std::io::{self, IoSliceMut};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Verdict};
-use netagg_wire::batch::SegmentBatch;
+use netagg_udp::{BatchSocket, SegmentBatch};
 use netagg_wire::MAX_DATAGRAM_LEN;
-use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 
 /// How long the data thread sleeps in `recv` before it looks at commands and timers.
 const IDLE_WAKEUP: Duration = Duration::from_millis(20);
-/// Receive buffers per batch; each holds up to 64 KiB (a GRO batch or one datagram).
-const RECV_BATCH: usize = 32;
 /// Socket buffer size asked for; the kernel caps it at net.core.rmem_max / wmem_max.
-const SOCKET_BUFFER: usize = 16 << 20;
+pub const SOCKET_BUFFER: usize = 16 << 20;
 
 /// Where each worker thread of a session listens.
 #[derive(Debug, Clone)]
@@ -58,8 +55,7 @@ pub enum Event {
 }
 
 pub struct DataPath {
-    socket: UdpSocket,
-    state: UdpSocketState,
+    socket: BatchSocket,
     engine: Engine,
     peers: HashMap<SessionId, Peers>,
     commands: Receiver<Command>,
@@ -72,55 +68,39 @@ pub struct DataPath {
 
 impl DataPath {
     pub fn new(
-        socket: UdpSocket,
+        socket: BatchSocket,
         limits: EngineLimits,
         commands: Receiver<Command>,
         events: Sender<Event>,
-    ) -> io::Result<DataPath> {
-        socket.set_read_timeout(Some(IDLE_WAKEUP))?;
-        let state = UdpSocketState::new((&socket).into())?;
-        // Every worker's window can arrive at once; the kernel caps this at rmem_max.
-        let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
-        let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
-        let max_segments = state.max_gso_segments().min(64);
-        Ok(DataPath {
+    ) -> DataPath {
+        let max_segments = socket.max_segments();
+        DataPath {
             socket,
-            state,
             engine: Engine::new(limits),
-            peers: Default::default(),
+            peers: HashMap::new(),
             commands,
             events,
             outgoing: HashMap::new(),
             max_segments,
             send_errors: 0,
-        })
+        }
     }
 
     /// Runs until a [`Command::Shutdown`] arrives or the command channel closes.
     pub fn run(mut self) -> io::Result<()> {
-        let mut buffers = vec![vec![0u8; MAX_DATAGRAM_LEN]; RECV_BATCH];
-        let mut meta = [RecvMeta::default(); RECV_BATCH];
         let mut out = vec![0u8; MAX_DATAGRAM_LEN];
+        let mut datagrams = Vec::new();
         let mut next_timer_check = Instant::now();
         loop {
             if !self.drain_commands() {
                 return Ok(());
             }
-            let received = {
-                let mut slices: Vec<IoSliceMut> = buffers.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-                match self.state.recv((&self.socket).into(), &mut slices, &mut meta) {
-                    Ok(count) => count,
-                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => 0,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-                    Err(e) => return Err(e),
-                }
-            };
+            // Copied out of the socket's buffers so the engine and the socket are not
+            // borrowed at once; a memcpy per datagram is cheap beside its system call.
+            self.socket.recv(IDLE_WAKEUP, |_, datagram| datagrams.push(datagram.to_vec()))?;
             let now = Instant::now();
-            for (buffer, meta) in buffers.iter().zip(&meta).take(received) {
-                // With GRO one buffer holds several datagrams of `stride` bytes each.
-                for datagram in buffer[..meta.len].chunks(meta.stride.max(1)) {
-                    self.handle(now, datagram, &mut out);
-                }
+            for datagram in datagrams.drain(..) {
+                self.handle(now, &datagram, &mut out);
             }
             self.flush_all();
             if now >= next_timer_check {
@@ -176,16 +156,9 @@ impl DataPath {
 
     fn flush(&mut self, destination: SocketAddr) {
         let Some(batch) = self.outgoing.get_mut(&destination) else { return };
-        let transmit = Transmit {
-            destination,
-            ecn: None,
-            contents: batch.contents(),
-            segment_size: batch.segment_size(),
-            src_ip: None,
-        };
-        if let Err(error) = self.state.try_send((&self.socket).into(), &transmit) {
-            // A full socket buffer loses results like a congested link would; the
-            // workers' retransmissions recover them.
+        if let Err(error) = self.socket.send(destination, batch) {
+            // Results that cannot leave are lost like on a congested link; the workers'
+            // retransmissions recover them.
             self.send_errors += 1;
             tracing::debug!(%error, %destination, "send failed");
         }

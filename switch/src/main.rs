@@ -9,7 +9,7 @@
 mod control;
 mod datapath;
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -93,14 +93,14 @@ fn run(args: Args) -> Result<(), String> {
 
     let control =
         TcpListener::bind(args.control).map_err(|e| format!("cannot listen on {}: {e}", args.control))?;
-    let data = UdpSocket::bind(args.data).map_err(|e| format!("cannot bind UDP {}: {e}", args.data))?;
+    let data = netagg_udp::BatchSocket::bind(args.data, datapath::SOCKET_BUFFER)
+        .map_err(|e| format!("cannot bind UDP {}: {e}", args.data))?;
     let control_addr = control.local_addr().map_err(|e| e.to_string())?;
     let data_addr = data.local_addr().map_err(|e| e.to_string())?;
 
     let (commands, command_receiver) = crossbeam_channel::unbounded();
     let (events, event_receiver) = crossbeam_channel::unbounded();
-    let datapath =
-        DataPath::new(data, limits, command_receiver, events).map_err(|e| format!("data path setup: {e}"))?;
+    let datapath = DataPath::new(data, limits, command_receiver, events);
     let datapath = std::thread::Builder::new()
         .name("datapath".into())
         .spawn(move || datapath.run())

@@ -86,13 +86,14 @@ fn run(options: &Options) -> Result<bool, String> {
     let (rank, workers) = (config.general.rank as usize, config.general.num_workers as usize);
     let context = Context::start(config).map_err(|e| e.to_string())?;
     let expected = |i: usize, job: usize| (0..workers).map(|r| value(r, i, job) as i64).sum::<i64>();
-    let started = Instant::now();
     let mut all_correct = true;
+    let elapsed;
     if options.float {
         let inputs: Vec<Vec<f32>> = (0..options.jobs)
             .map(|job| (0..options.numel).map(|i| value(rank, i, job) as f32).collect())
             .collect();
-        let outputs = run_jobs(&context, options, inputs)?;
+        let (outputs, took) = run_jobs(&context, options, inputs)?;
+        elapsed = took;
         for (job, output) in outputs.iter().enumerate() {
             let wrong = output
                 .iter()
@@ -104,13 +105,13 @@ fn run(options: &Options) -> Result<bool, String> {
     } else {
         let inputs: Vec<Vec<i32>> =
             (0..options.jobs).map(|job| (0..options.numel).map(|i| value(rank, i, job)).collect()).collect();
-        let outputs = run_jobs(&context, options, inputs)?;
+        let (outputs, took) = run_jobs(&context, options, inputs)?;
+        elapsed = took;
         for (job, output) in outputs.iter().enumerate() {
             let wrong = output.iter().enumerate().filter(|(i, v)| **v as i64 != expected(*i, job)).count();
             all_correct &= report(rank, job, options.numel, wrong);
         }
     }
-    let elapsed = started.elapsed();
     let bits = (options.numel * 4 * 8 * options.jobs) as f64;
     println!(
         "rank {rank}: {} jobs of {} {} elements in {:.3} s: {:.3} Gbit/s, {:.1} M elements/s",
@@ -125,33 +126,38 @@ fn run(options: &Options) -> Result<bool, String> {
     Ok(all_correct)
 }
 
+/// Runs the jobs; returns their results and the time they took (inputs ready, outputs
+/// allocated: only the allreduces are timed).
 fn run_jobs<T: netagg::Element + Default>(
     context: &Context,
     options: &Options,
     inputs: Vec<Vec<T>>,
-) -> Result<Vec<Vec<T>>, String> {
+) -> Result<(Vec<Vec<T>>, std::time::Duration), String> {
     let error = |e: netagg::Error| e.to_string();
     if options.asynchronous {
+        let started = Instant::now();
         let jobs = inputs
             .into_iter()
             .map(|input| context.allreduce_async(input))
             .collect::<Result<Vec<_>, _>>()
             .map_err(error)?;
-        return jobs.into_iter().map(|job| job.wait().map_err(error)).collect();
+        let results = jobs.into_iter().map(|job| job.wait().map_err(error)).collect::<Result<Vec<_>, _>>()?;
+        return Ok((results, started.elapsed()));
     }
-    inputs
-        .into_iter()
-        .map(|mut input| {
-            if options.in_place {
-                context.allreduce(&mut input).map_err(error)?;
-                Ok(input)
-            } else {
-                let mut output = vec![T::default(); input.len()];
-                context.allreduce_into(&input, &mut output).map_err(error)?;
-                Ok(output)
-            }
-        })
-        .collect()
+    if !options.in_place {
+        let mut outputs: Vec<Vec<T>> = inputs.iter().map(|input| vec![T::default(); input.len()]).collect();
+        let started = Instant::now();
+        for (input, output) in inputs.iter().zip(&mut outputs) {
+            context.allreduce_into(input, output).map_err(error)?;
+        }
+        return Ok((outputs, started.elapsed()));
+    }
+    let mut results = inputs;
+    let started = Instant::now();
+    for input in &mut results {
+        context.allreduce(input).map_err(error)?;
+    }
+    Ok((results, started.elapsed()))
 }
 
 fn report(rank: usize, job: usize, numel: usize, wrong: usize) -> bool {

@@ -4,7 +4,7 @@
 //! possibly shorter, so a window of packets to one destination costs one system call.
 //! This is only the layout; the socket call is the caller's.
 
-use crate::MAX_DATAGRAM_LEN;
+use netagg_wire::MAX_DATAGRAM_LEN;
 
 /// Equal-sized datagrams back to back; a shorter one can only come last.
 #[derive(Debug, Clone)]

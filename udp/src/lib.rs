@@ -1,0 +1,186 @@
+//! A UDP endpoint with batched system calls, shared by the switch and the client.
+//!
+//! On one machine the kernel's cost per datagram, not summing, bounds UDP throughput, so
+//! the endpoint receives with recvmmsg and GRO (many datagrams per call) and sends
+//! equal-sized datagrams to one destination as one GSO [`SegmentBatch`]. The socket is
+//! non-blocking, because recvmmsg on a blocking socket waits to fill every buffer; a
+//! `poll(2)` with a timeout does the waiting instead.
+
+pub mod batch;
+
+use std::io::{self, IoSliceMut};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use netagg_wire::MAX_DATAGRAM_LEN;
+use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
+
+pub use batch::SegmentBatch;
+
+/// Receive buffers per call; each holds one datagram or a GRO batch of up to 64 KiB.
+const RECV_BUFFERS: usize = 16;
+
+/// A bound, non-blocking UDP socket with batched receive and send.
+pub struct BatchSocket {
+    socket: UdpSocket,
+    state: UdpSocketState,
+    buffers: Vec<Vec<u8>>,
+}
+
+impl BatchSocket {
+    /// Binds at `address`, asking for `buffer_bytes` of kernel buffers each way (capped by
+    /// the kernel at `net.core.rmem_max` / `wmem_max`; 0 keeps the defaults).
+    pub fn bind(address: SocketAddr, buffer_bytes: usize) -> io::Result<BatchSocket> {
+        let socket = UdpSocket::bind(address)?;
+        socket.set_nonblocking(true)?;
+        let state = UdpSocketState::new((&socket).into())?;
+        if buffer_bytes > 0 {
+            // Best effort: a smaller buffer only means more loss under bursts.
+            let _ = state.set_recv_buffer_size((&socket).into(), buffer_bytes);
+            let _ = state.set_send_buffer_size((&socket).into(), buffer_bytes);
+        }
+        Ok(BatchSocket { socket, state, buffers: vec![vec![0u8; MAX_DATAGRAM_LEN]; RECV_BUFFERS] })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    /// Accepts datagrams from `peer` only.
+    pub fn connect(&self, peer: SocketAddr) -> io::Result<()> {
+        self.socket.connect(peer)
+    }
+
+    /// Most datagrams one [`SegmentBatch`] may hold on this socket (1 without GSO).
+    pub fn max_segments(&self) -> usize {
+        self.state.max_gso_segments().clamp(1, 64)
+    }
+
+    /// Waits up to `timeout` for datagrams and hands each, with its source, to `sink`;
+    /// returns how many arrived (0 when the time ran out).
+    pub fn recv(&mut self, timeout: Duration, mut sink: impl FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        let mut count = self.try_recv(&mut sink)?;
+        if count == 0 && wait_readable(&self.socket, timeout)? {
+            count = self.try_recv(&mut sink)?;
+        }
+        Ok(count)
+    }
+
+    fn try_recv(&mut self, sink: &mut impl FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        let mut meta = [RecvMeta::default(); RECV_BUFFERS];
+        let received = {
+            let mut slices: Vec<IoSliceMut> = self.buffers.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            match self.state.recv((&self.socket).into(), &mut slices, &mut meta) {
+                Ok(count) => count,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => 0,
+                // An ICMP port-unreachable from an earlier send: the peer is gone, which
+                // the protocol above notices by its own timeouts.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => 0,
+                Err(e) => return Err(e),
+            }
+        };
+        let mut datagrams = 0;
+        for (buffer, meta) in self.buffers.iter().zip(&meta).take(received) {
+            // With GRO one buffer holds several datagrams of `stride` bytes each.
+            for datagram in buffer[..meta.len].chunks(meta.stride.max(1)) {
+                sink(meta.addr, datagram);
+                datagrams += 1;
+            }
+        }
+        Ok(datagrams)
+    }
+
+    /// Sends a batch to `destination` in one system call.
+    pub fn send(&self, destination: SocketAddr, batch: &SegmentBatch) -> io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let transmit = Transmit {
+            destination,
+            ecn: None,
+            contents: batch.contents(),
+            segment_size: batch.segment_size(),
+            src_ip: None,
+        };
+        loop {
+            match self.state.try_send((&self.socket).into(), &transmit) {
+                // A full send buffer: wait for room rather than drop what the window
+                // already allows in flight.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    wait_writable(&self.socket, Duration::from_millis(10))?
+                }
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Ok(()),
+                other => return other,
+            }
+        }
+    }
+}
+
+fn wait_readable(socket: &UdpSocket, timeout: Duration) -> io::Result<bool> {
+    wait(socket, libc::POLLIN, timeout)
+}
+
+fn wait_writable(socket: &UdpSocket, timeout: Duration) -> io::Result<()> {
+    wait(socket, libc::POLLOUT, timeout).map(|_| ())
+}
+
+fn wait(socket: &UdpSocket, events: libc::c_short, timeout: Duration) -> io::Result<bool> {
+    let mut descriptor = libc::pollfd { fd: socket.as_raw_fd(), events, revents: 0 };
+    // Round up so that a short positive wait does not become a busy poll.
+    let millis = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd, for a descriptor `socket` keeps open during the call.
+    let ready = unsafe { libc::poll(&mut descriptor, 1, millis) };
+    match ready {
+        -1 => {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(error)
+            }
+        }
+        0 => Ok(false),
+        _ => Ok(true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_batch_arrives_as_its_datagrams_and_an_idle_wait_times_out() {
+        let mut receiver = BatchSocket::bind("127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap();
+        let sender = BatchSocket::bind("127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap();
+        let mut batch = SegmentBatch::new(sender.max_segments());
+        let mut sent = Vec::new();
+        for i in 0..5u8 {
+            let datagram = vec![i; if i == 4 { 300 } else { 1000 }];
+            if !batch.accepts(datagram.len()) {
+                sender.send(receiver.local_addr().unwrap(), &batch).unwrap();
+                batch.clear();
+            }
+            batch.push(&datagram);
+            sent.push(datagram);
+        }
+        sender.send(receiver.local_addr().unwrap(), &batch).unwrap();
+        let mut received = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while received.len() < sent.len() && Instant::now() < deadline {
+            receiver
+                .recv(Duration::from_millis(100), |from, datagram| {
+                    assert_eq!(from, sender.local_addr().unwrap());
+                    received.push(datagram.to_vec());
+                })
+                .unwrap();
+        }
+        assert_eq!(received, sent);
+
+        let started = Instant::now();
+        assert_eq!(receiver.recv(Duration::from_millis(30), |_, _| panic!("nothing was sent")).unwrap(), 0);
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(29), "returned after {waited:?}");
+    }
+}
