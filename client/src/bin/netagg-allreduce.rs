@@ -5,7 +5,8 @@
 //! for float32). Configured like any netagg program (config file, launcher variables,
 //! `NETAGG_*`), so `netagg-run -n 4 -- netagg-allreduce` runs it across 4 local workers.
 //!
-//! Options: `--numel N` (default 1000000), `--type int32|float32`, `--jobs N` (default 3),
+//! Options: `--numel N[,N...]` (default 1000000; jobs cycle through the sizes),
+//! `--type int32|float32`, `--jobs N` (default 3),
 //! `--async` (submit all jobs, then wait), `--out-of-place`, `--config FILE`.
 
 use std::path::PathBuf;
@@ -15,7 +16,7 @@ use std::time::Instant;
 use netagg::{Config, Context};
 
 struct Options {
-    numel: usize,
+    sizes: Vec<usize>,
     float: bool,
     jobs: usize,
     asynchronous: bool,
@@ -25,7 +26,7 @@ struct Options {
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
-        numel: 1_000_000,
+        sizes: vec![1_000_000],
         float: false,
         jobs: 3,
         asynchronous: false,
@@ -37,7 +38,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
         let mut value = |name: &str| args.next().cloned().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
             "--numel" => {
-                options.numel = value("--numel")?.parse().map_err(|_| "--numel takes a whole number")?
+                options.sizes = value("--numel")?
+                    .split(',')
+                    .map(|n| {
+                        n.trim()
+                            .parse()
+                            .map_err(|_| format!("--numel {n}: expected whole numbers separated by commas"))
+                    })
+                    .collect::<Result<_, _>>()?
             }
             "--jobs" => options.jobs = value("--jobs")?.parse().map_err(|_| "--jobs takes a whole number")?,
             "--type" => {
@@ -88,9 +96,11 @@ fn run(options: &Options) -> Result<bool, String> {
     let expected = |i: usize, job: usize| (0..workers).map(|r| value(r, i, job) as i64).sum::<i64>();
     let mut all_correct = true;
     let elapsed;
+    let size = |job: usize| options.sizes[job % options.sizes.len()];
+    let total: usize = (0..options.jobs).map(size).sum();
     if options.float {
         let inputs: Vec<Vec<f32>> = (0..options.jobs)
-            .map(|job| (0..options.numel).map(|i| value(rank, i, job) as f32).collect())
+            .map(|job| (0..size(job)).map(|i| value(rank, i, job) as f32).collect())
             .collect();
         let (outputs, took) = run_jobs(&context, options, inputs)?;
         elapsed = took;
@@ -100,27 +110,27 @@ fn run(options: &Options) -> Result<bool, String> {
                 .enumerate()
                 .filter(|(i, v)| (**v as f64 - expected(*i, job) as f64).abs() > 1e-3)
                 .count();
-            all_correct &= report(rank, job, options.numel, wrong);
+            all_correct &= report(rank, job, size(job), wrong);
         }
     } else {
         let inputs: Vec<Vec<i32>> =
-            (0..options.jobs).map(|job| (0..options.numel).map(|i| value(rank, i, job)).collect()).collect();
+            (0..options.jobs).map(|job| (0..size(job)).map(|i| value(rank, i, job)).collect()).collect();
         let (outputs, took) = run_jobs(&context, options, inputs)?;
         elapsed = took;
         for (job, output) in outputs.iter().enumerate() {
             let wrong = output.iter().enumerate().filter(|(i, v)| **v as i64 != expected(*i, job)).count();
-            all_correct &= report(rank, job, options.numel, wrong);
+            all_correct &= report(rank, job, size(job), wrong);
         }
     }
-    let bits = (options.numel * 4 * 8 * options.jobs) as f64;
+    let bits = (total * 4 * 8) as f64;
     println!(
-        "rank {rank}: {} jobs of {} {} elements in {:.3} s: {:.3} Gbit/s, {:.1} M elements/s",
+        "rank {rank}: {} jobs, {} {} elements in {:.3} s: {:.3} Gbit/s, {:.1} M elements/s",
         options.jobs,
-        options.numel,
+        total,
         if options.float { "float32" } else { "int32" },
         elapsed.as_secs_f64(),
         bits / elapsed.as_secs_f64() / 1e9,
-        (options.numel * options.jobs) as f64 / elapsed.as_secs_f64() / 1e6
+        total as f64 / elapsed.as_secs_f64() / 1e6
     );
     print!("{}", context.stop());
     Ok(all_correct)

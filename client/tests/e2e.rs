@@ -1,0 +1,286 @@
+//! End to end: a real `netagg-switch` process and worker processes on 127.0.0.1, and the
+//! library in process against a real switch.
+//!
+//! The worker program is `netagg-allreduce`, which checks every element of every result
+//! itself (exact for int32, within rounding for float32). The switch binary is found
+//! beside it, in the same target directory: `cargo test --workspace` builds both.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use netagg::{BackendKind, Config, Context, Error, RejectCode};
+
+fn binary(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_netagg-allreduce")).with_file_name(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace's binaries (cargo build --workspace)",
+        path.display()
+    );
+    path
+}
+
+/// A switch process on free loopback ports, killed on drop.
+struct Switch {
+    child: Child,
+    control_port: u16,
+}
+
+impl Switch {
+    fn start(extra: &[&str]) -> Switch {
+        let mut child = Command::new(binary("netagg-switch"))
+            .args(["--control", "127.0.0.1:0", "--data", "127.0.0.1:0", "--log-level", "warn"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("netagg-switch starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        // "netagg-switch: control 127.0.0.1:PORT data 127.0.0.1:PORT"
+        let control =
+            line.split_whitespace().nth(2).unwrap_or_else(|| panic!("unexpected first line '{line}'"));
+        let control_port = control.rsplit_once(':').unwrap().1.parse().unwrap();
+        Switch { child, control_port }
+    }
+
+    fn config(&self, rank: u16, workers: u16) -> Config {
+        let mut config = Config::default();
+        config.general.rank = rank;
+        config.general.num_workers = workers;
+        config.general.controller_port = self.control_port;
+        config.general.session = unique_session();
+        config.general.connect_timeout = Duration::from_secs(20);
+        config
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unique_session() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("e2e-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Runs `workers` processes of `netagg-allreduce` with `args`; every one must verify every
+/// job. `env` adds configuration variables.
+fn run_workers(switch: &Switch, workers: u16, env: &[(&str, String)], args: &[&str]) {
+    let session = unique_session();
+    let mut children: Vec<Child> = (0..workers)
+        .map(|rank| {
+            Command::new(binary("netagg-allreduce"))
+                .args(args)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", workers.to_string())
+                .env("NETAGG_GENERAL__CONTROLLER_PORT", switch.control_port.to_string())
+                .env("NETAGG_GENERAL__SESSION", &session)
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("netagg-allreduce starts")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if Instant::now() > deadline {
+            children.iter_mut().for_each(|c| drop(c.kill()));
+            panic!("workers still running after 120 s: {args:?} {env:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for (rank, child) in children.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "rank {rank} failed ({args:?} {env:?}):\n{stdout}\n{stderr}");
+        let jobs =
+            args.iter().position(|a| *a == "--jobs").map_or(3, |i| args[i + 1].parse::<usize>().unwrap());
+        assert_eq!(stdout.matches("elements verified").count(), jobs, "rank {rank}:\n{stdout}");
+        assert!(!stdout.contains("WRONG"), "rank {rank}:\n{stdout}");
+    }
+}
+
+#[test]
+fn two_three_and_eight_workers_sum_int32_exactly() {
+    let switch = Switch::start(&[]);
+    for workers in [2, 3, 8] {
+        run_workers(&switch, workers, &[], &["--numel", "0,1,255,256,257,100000", "--jobs", "6"]);
+    }
+}
+
+#[test]
+fn every_thread_count_and_packet_size_sums_exactly() {
+    let switch = Switch::start(&[]);
+    for threads in [1u16, 2, 4] {
+        for packet in [64usize, 256, 1024] {
+            let sizes = format!("0,1,{},{},{},20000", packet - 1, packet, packet + 1);
+            let env = [
+                ("NETAGG_GENERAL__NUM_WORKER_THREADS", threads.to_string()),
+                ("NETAGG_GENERAL__PACKET_NUMEL", packet.to_string()),
+            ];
+            run_workers(&switch, 2, &env, &["--numel", &sizes, "--jobs", "6"]);
+        }
+    }
+}
+
+#[test]
+fn float32_sums_and_ten_million_elements() {
+    let switch = Switch::start(&[]);
+    run_workers(&switch, 3, &[], &["--type", "float32", "--numel", "1,1000,100000", "--jobs", "3"]);
+    let env = [("NETAGG_GENERAL__PACKET_NUMEL", "1024".to_string())];
+    run_workers(&switch, 2, &env, &["--numel", "10000000", "--jobs", "1"]);
+}
+
+#[test]
+fn async_jobs_interleave_and_out_of_place_jobs_keep_their_input() {
+    let switch = Switch::start(&[]);
+    run_workers(&switch, 3, &[], &["--async", "--numel", "5000,1,70000,0,300", "--jobs", "10"]);
+    run_workers(&switch, 3, &[], &["--out-of-place", "--numel", "4097,1", "--jobs", "4"]);
+}
+
+#[test]
+fn jobs_from_several_threads_of_one_process() {
+    let switch = Switch::start(&[]);
+    let contexts: Vec<Context> = std::thread::scope(|scope| {
+        let starts: Vec<_> = (0..2u16)
+            .map(|rank| {
+                let mut config = switch.config(rank, 2);
+                config.general.session = "threads".into();
+                scope.spawn(move || Context::start(config).unwrap())
+            })
+            .collect();
+        starts.into_iter().map(|s| s.join().unwrap()).collect()
+    });
+    // Each rank submits 6 jobs in the same order, from one thread; the ranks run in
+    // parallel and their jobs run concurrently.
+    std::thread::scope(|scope| {
+        for (rank, context) in contexts.iter().enumerate() {
+            scope.spawn(move || {
+                let jobs: Vec<_> = (0..6)
+                    .map(|job| {
+                        context.allreduce_async(vec![(rank * 10 + job) as i32; 3000 + job * 1000]).unwrap()
+                    })
+                    .collect();
+                for (job, handle) in jobs.into_iter().enumerate() {
+                    let sums = handle.wait().unwrap();
+                    assert!(sums.iter().all(|&v| v == (10 + 2 * job) as i32), "job {job}");
+                }
+            });
+        }
+    });
+    for context in contexts {
+        let stats = context.stop();
+        assert_eq!((stats.jobs_submitted, stats.jobs_finished, stats.jobs_failed), (6, 6, 0));
+    }
+}
+
+#[test]
+fn dummy_backend_sums_as_if_every_worker_sent_the_same_data() {
+    let mut config = Config::default();
+    config.general.backend = BackendKind::Dummy;
+    config.general.num_workers = 4;
+    config.general.num_worker_threads = 2;
+    config.dummy.bandwidth = 0.0;
+    let context = Context::start(config.clone()).unwrap();
+    let mut ints: Vec<i32> = (0..10_000).map(|i| i - 5000).collect();
+    context.allreduce(&mut ints).unwrap();
+    assert!(ints.iter().enumerate().all(|(i, &v)| v == (i as i32 - 5000) * 4));
+    let floats: Vec<f32> = (0..1000).map(|i| i as f32 * 0.25).collect();
+    let mut sums = vec![0.0f32; 1000];
+    context.allreduce_into(&floats, &mut sums).unwrap();
+    assert!(sums.iter().zip(&floats).all(|(s, f)| *s == f * 4.0));
+    let job = context.allreduce_async(vec![3i32; 777]).unwrap();
+    assert_eq!(job.wait().unwrap(), vec![12; 777]);
+    assert_eq!(
+        context.allreduce_into(&[1i32; 3], &mut [0i32; 4]),
+        Err(Error::LengthMismatch { input: 3, output: 4 })
+    );
+    let stats = context.stop();
+    assert_eq!(stats.jobs_finished, 3);
+    assert!(stats.total().data_sent > 0);
+
+    // An emulated 1 Gbit/s link: 8 Mbit of payload take at least 8 ms.
+    config.dummy.bandwidth = 1000.0;
+    let context = Context::start(config).unwrap();
+    let started = Instant::now();
+    context.allreduce(&mut vec![1i32; 250_000]).unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(8), "{:?}", started.elapsed());
+}
+
+#[test]
+fn mismatched_registrations_are_rejected_with_what_differs() {
+    let switch = Switch::start(&[]);
+    let mut first = switch.config(0, 2);
+    first.general.connect_timeout = Duration::from_secs(3);
+    let mut second = switch.config(1, 2);
+    second.general.session = first.general.session.clone();
+    second.general.packet_numel = 64;
+    let waiting = std::thread::spawn(move || Context::start(first).map(|_| ()));
+    std::thread::sleep(Duration::from_millis(300));
+    let error = Context::start(second).map(|_| ()).unwrap_err();
+    let Error::Rejected { code, message } = &error else { panic!("expected a rejection, got {error:?}") };
+    assert_eq!(*code, RejectCode::Mismatch);
+    assert_eq!(message, "rank 1 differs from rank 0: packet elements 64 instead of 256");
+    // Rank 0 never sees its session complete.
+    assert!(matches!(waiting.join().unwrap(), Err(Error::RegisterTimeout { workers: 2, .. })));
+
+    let mut first = switch.config(0, 2);
+    first.general.connect_timeout = Duration::from_secs(3);
+    let mut duplicate = first.clone();
+    duplicate.general.connect_timeout = Duration::from_secs(1);
+    let waiting = std::thread::spawn(move || Context::start(first).map(|_| ()));
+    std::thread::sleep(Duration::from_millis(300));
+    let error = Context::start(duplicate).map(|_| ()).unwrap_err();
+    assert!(matches!(&error, Error::Rejected { code: RejectCode::DuplicateRank, .. }), "{error:?}");
+    assert!(waiting.join().unwrap().is_err());
+}
+
+#[test]
+fn an_unreachable_switch_fails_within_the_timeout() {
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = unused.local_addr().unwrap().port();
+    drop(unused);
+    let mut config = Config::default();
+    config.general.controller_port = port;
+    config.general.connect_timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let error = Context::start(config).map(|_| ()).unwrap_err();
+    assert!(matches!(error, Error::Connect { .. }), "{error:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_rank_that_leaves_fails_the_others_jobs_at_once() {
+    let switch = Switch::start(&[]);
+    let mut configs: Vec<Config> = (0..2).map(|rank| switch.config(rank, 2)).collect();
+    let session = configs[0].general.session.clone();
+    configs[1].general.session = session;
+    for config in &mut configs {
+        config.general.job_timeout = Duration::from_secs(30);
+    }
+    let mut contexts: Vec<Context> = std::thread::scope(|scope| {
+        let starts: Vec<_> =
+            configs.into_iter().map(|c| scope.spawn(move || Context::start(c).unwrap())).collect();
+        starts.into_iter().map(|s| s.join().unwrap()).collect()
+    });
+    let leaver = contexts.pop().unwrap();
+    drop(leaver);
+    let started = Instant::now();
+    let error = loop {
+        // The switch's notice may take a moment; then every job fails with it.
+        match contexts[0].allreduce(&mut vec![1i32; 1000]) {
+            Err(error) => break error,
+            Ok(()) => panic!("a job of a session missing a rank cannot complete"),
+        }
+    };
+    assert!(matches!(&error, Error::SessionLost(m) if m.contains("rank 1 left session")), "{error:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "failed after {:?}, not at once", started.elapsed());
+}
