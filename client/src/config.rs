@@ -425,6 +425,17 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_documents_every_key_with_its_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/netagg.cfg");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(Config::from_ini(&text, &path).unwrap(), Config::default());
+        for (key, _) in Config::keys() {
+            let name = key.rsplit('.').next().unwrap();
+            assert!(text.contains(&format!("\n{name} = ")), "configs/netagg.cfg lacks {key}");
+        }
+    }
+
+    #[test]
     fn unknown_keys_name_the_file_and_the_known_keys() {
         let error = ini("[general]\nnum_wokers = 4\n").unwrap_err();
         let message = error.to_string();
