@@ -203,10 +203,14 @@ counters! {
     /// Counters of one worker thread.
     pub struct WorkerCounters {
         pub packets_sent: u64,
+        /// Bytes of the datagrams sent, headers included.
+        pub bytes_sent: u64,
         pub data_sent: u64,
         pub acks_sent: u64,
         pub retransmissions: u64,
         pub results_received: u64,
+        /// Bytes of the new results received, headers included.
+        pub bytes_received: u64,
         pub duplicates: u64,
         pub stale: u64,
         pub rejected: u64,
@@ -414,6 +418,7 @@ impl WorkerProtocol {
         while let Some((index, send)) = self.pending.pop_front() {
             if let Some(len) = self.build(index, send, buf, io) {
                 self.counters.packets_sent += 1;
+                self.counters.bytes_sent += len as u64;
                 let slot = &mut self.slots[index as usize];
                 match send {
                     Send::Data { retransmission: false } => slot.sent_once_at = Some(now),
@@ -502,7 +507,10 @@ impl WorkerProtocol {
         match self.receive(now, datagram, io) {
             Ok(delivery) => {
                 match delivery {
-                    Delivery::Accepted => self.counters.results_received += 1,
+                    Delivery::Accepted => {
+                        self.counters.results_received += 1;
+                        self.counters.bytes_received += datagram.len() as u64;
+                    }
                     Delivery::Duplicate => self.counters.duplicates += 1,
                     Delivery::Stale => self.counters.stale += 1,
                     Delivery::Rejected(_) => {}

@@ -22,10 +22,10 @@ use netagg_wire::{ControlMessage, ValueEncoding, MAX_DATAGRAM_LEN};
 use crate::backend::dummy::DummyTransport;
 use crate::backend::udp::UdpTransport;
 use crate::backend::Transport;
-use crate::config::{BackendKind, Config};
 use crate::job::{DataType, Element, Job, JobShared, TensorJob};
 use crate::stats::Stats;
 use crate::Error;
+use netagg_config::{BackendKind, Config};
 
 /// The longest a worker thread sleeps before it looks at `stop` and the session again.
 const THREAD_WAKEUP: Duration = Duration::from_millis(50);

@@ -18,16 +18,16 @@
 //! jobs within `job_timeout`, and a session the switch closes fails them at once.
 
 pub mod backend;
-pub mod config;
 mod context;
 mod job;
 mod stats;
 
 use std::time::Duration;
 
-pub use config::{BackendKind, Config, ConfigError};
 pub use context::Context;
 pub use job::{DataType, Element, Job, JobStatus, TensorJob};
+pub use netagg_config as config;
+pub use netagg_config::{BackendKind, Config, ConfigError};
 pub use netagg_wire::RejectCode;
 pub use stats::Stats;
 

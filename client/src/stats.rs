@@ -42,8 +42,18 @@ impl fmt::Display for Stats {
         for (thread, c) in self.threads.iter().enumerate() {
             writeln!(
                 f,
-                "thread {thread}: sent {} ({} data, {} acks, {} retransmitted), received {} results ({} duplicates, {} stale, {} rejected), {} timeouts",
-                c.packets_sent, c.data_sent, c.acks_sent, c.retransmissions, c.results_received, c.duplicates, c.stale, c.rejected, c.timeouts
+                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted), received {} results, {} bytes ({} duplicates, {} stale, {} rejected), {} timeouts",
+                c.packets_sent,
+                c.bytes_sent,
+                c.data_sent,
+                c.acks_sent,
+                c.retransmissions,
+                c.results_received,
+                c.bytes_received,
+                c.duplicates,
+                c.stale,
+                c.rejected,
+                c.timeouts
             )?;
         }
         Ok(())

@@ -10,6 +10,7 @@ mod control;
 mod datapath;
 
 use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,51 +23,65 @@ use crate::control::ControlPlane;
 use crate::datapath::{Command, DataPath};
 
 /// netagg's software switch: sums the packets of every worker of a session.
+///
+/// Settings come from the `[switch]` section of the config file (`--config`, else
+/// `$NETAGG_CONFIG`, else the first of ./netagg.cfg, ./netagg-<hostname>.cfg,
+/// /etc/netagg.cfg), `NETAGG_SWITCH__<KEY>` variables, and these flags, later ones winning.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// TCP address workers register at (port 0: any free port).
-    #[arg(long, default_value = "0.0.0.0:50099")]
-    control: SocketAddr,
-    /// UDP address of the data path (port 0: any free port).
-    #[arg(long, default_value = "0.0.0.0:48864")]
-    data: SocketAddr,
-    /// Sessions open at once.
-    #[arg(long, default_value_t = 64)]
-    max_sessions: u16,
-    /// Workers in one session.
-    #[arg(long, default_value_t = 1024)]
-    max_workers: u16,
-    /// Slots in one session.
-    #[arg(long, default_value_t = 8192)]
-    max_slots: u16,
-    /// Bytes of aggregation state all sessions together may hold.
-    #[arg(long, default_value_t = 1 << 30)]
-    max_memory: usize,
-    /// Seconds without packets after which a session is closed.
-    #[arg(long, default_value_t = 60.0)]
-    idle_timeout: f64,
-    /// Print counters every this many seconds (0: only on exit).
-    #[arg(long, default_value_t = 0.0)]
-    stats_interval: f64,
-    /// Log level: error, warn, info, debug or trace (RUST_LOG overrides).
-    #[arg(long, default_value = "info")]
-    log_level: String,
+    /// Config file to read the [switch] section from.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// TCP address workers register at (port 0: any free port) [default 0.0.0.0:50099].
+    #[arg(long)]
+    control: Option<SocketAddr>,
+    /// UDP address of the data path (port 0: any free port) [default 0.0.0.0:48864].
+    #[arg(long)]
+    data: Option<SocketAddr>,
+    /// Sessions open at once [default 64].
+    #[arg(long)]
+    max_sessions: Option<u16>,
+    /// Workers in one session [default 1024].
+    #[arg(long)]
+    max_workers: Option<u16>,
+    /// Slots in one session [default 8192].
+    #[arg(long)]
+    max_slots: Option<u16>,
+    /// Bytes of aggregation state all sessions together may hold [default 1 GiB].
+    #[arg(long)]
+    max_memory: Option<usize>,
+    /// Seconds without packets after which a session is closed [default 60].
+    #[arg(long)]
+    idle_timeout: Option<f64>,
+    /// Print counters every this many seconds; 0 prints them only on exit [default 0].
+    #[arg(long)]
+    stats_interval: Option<f64>,
+    /// Log level: error, warn, info, debug or trace; RUST_LOG overrides [default info].
+    #[arg(long)]
+    log_level: Option<String>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let settings = match settings(&args) {
+        Ok(settings) => settings,
+        Err(message) => {
+            eprintln!("netagg-switch: {message}");
+            return ExitCode::from(2);
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log_level));
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&settings.log_level));
     let filter = match filter {
         Ok(filter) => filter,
         Err(error) => {
-            eprintln!("netagg-switch: --log-level '{}': {error}", args.log_level);
+            eprintln!("netagg-switch: log level '{}': {error}", settings.log_level);
             return ExitCode::from(2);
         }
     };
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    match run(args) {
+    match run(settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("netagg-switch: {message}");
@@ -75,26 +90,50 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+/// The `[switch]` settings of the config file, overridden by the flags given.
+fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
+    let mut settings = netagg_config::Config::load(args.config.as_deref()).map_err(|e| e.to_string())?.switch;
     let seconds = |value: f64, flag: &str| {
         Duration::try_from_secs_f64(value)
             .map_err(|_| format!("--{flag} {value}: expected a non-negative number of seconds"))
     };
-    let idle_timeout = seconds(args.idle_timeout, "idle-timeout")?;
-    let stats_interval = seconds(args.stats_interval, "stats-interval")?;
+    if let Some(control) = args.control {
+        settings.control = control;
+    }
+    if let Some(data) = args.data {
+        settings.data = data;
+    }
+    settings.max_sessions = args.max_sessions.unwrap_or(settings.max_sessions);
+    settings.max_workers = args.max_workers.unwrap_or(settings.max_workers);
+    settings.max_slots = args.max_slots.unwrap_or(settings.max_slots);
+    settings.max_memory = args.max_memory.unwrap_or(settings.max_memory);
+    if let Some(value) = args.idle_timeout {
+        settings.idle_timeout = seconds(value, "idle-timeout")?;
+    }
+    if let Some(value) = args.stats_interval {
+        settings.stats_interval = seconds(value, "stats-interval")?;
+    }
+    if let Some(level) = &args.log_level {
+        settings.log_level = level.clone();
+    }
+    Ok(settings)
+}
+
+fn run(settings: netagg_config::Switch) -> Result<(), String> {
     let limits = EngineLimits {
-        max_sessions: args.max_sessions,
-        max_workers: args.max_workers,
-        max_slots: args.max_slots,
-        max_bytes: args.max_memory,
-        session_idle_timeout: idle_timeout,
+        max_sessions: settings.max_sessions,
+        max_workers: settings.max_workers,
+        max_slots: settings.max_slots,
+        max_bytes: settings.max_memory,
+        session_idle_timeout: settings.idle_timeout,
         ..EngineLimits::default()
     };
+    let stats_interval = settings.stats_interval;
 
-    let control =
-        TcpListener::bind(args.control).map_err(|e| format!("cannot listen on {}: {e}", args.control))?;
-    let data = netagg_udp::BatchSocket::bind(args.data, datapath::SOCKET_BUFFER)
-        .map_err(|e| format!("cannot bind UDP {}: {e}", args.data))?;
+    let control = TcpListener::bind(settings.control)
+        .map_err(|e| format!("cannot listen on {}: {e}", settings.control))?;
+    let data = netagg_udp::BatchSocket::bind(settings.data, datapath::SOCKET_BUFFER)
+        .map_err(|e| format!("cannot bind UDP {}: {e}", settings.data))?;
     let control_addr = control.local_addr().map_err(|e| e.to_string())?;
     let data_addr = data.local_addr().map_err(|e| e.to_string())?;
 

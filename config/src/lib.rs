@@ -1,4 +1,6 @@
-//! Configuration: SwitchML's file format, sections and key names, plus netagg's own keys.
+//! netagg's configuration: SwitchML's file format, sections and key names, plus netagg's
+//! own keys, read by the client library (`[general]`, `[backend.*]`) and by the switch
+//! (`[switch]`).
 //!
 //! Values come, later ones winning, from: the defaults; one config file; the launcher's
 //! rank and world size (`OMPI_COMM_WORLD_RANK`/`_SIZE`, `PMI_RANK`/`PMI_SIZE`,
@@ -10,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -70,12 +72,33 @@ pub struct Udp {
     pub socket_buffer: usize,
 }
 
+/// `[switch]`: the `netagg-switch` process; its flags override these.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Switch {
+    /// TCP address workers register at.
+    pub control: SocketAddr,
+    /// UDP address of the data path.
+    pub data: SocketAddr,
+    pub max_sessions: u16,
+    pub max_workers: u16,
+    pub max_slots: u16,
+    /// Bytes of aggregation state all sessions together may hold.
+    pub max_memory: usize,
+    /// A session that receives no packet for this long is closed.
+    pub idle_timeout: Duration,
+    /// Print counters this often; zero prints them only on exit.
+    pub stats_interval: Duration,
+    /// error, warn, info, debug or trace.
+    pub log_level: String,
+}
+
 /// A whole configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub general: General,
     pub dummy: Dummy,
     pub udp: Udp,
+    pub switch: Switch,
 }
 
 impl Default for Config {
@@ -99,6 +122,17 @@ impl Default for Config {
             },
             dummy: Dummy { bandwidth: 100_000.0, process_packets: true },
             udp: Udp { bind_ip: IpAddr::from([0, 0, 0, 0]), socket_buffer: 4 << 20 },
+            switch: Switch {
+                control: SocketAddr::from(([0, 0, 0, 0], 50099)),
+                data: SocketAddr::from(([0, 0, 0, 0], 48864)),
+                max_sessions: 64,
+                max_workers: 1024,
+                max_slots: 8192,
+                max_memory: 1 << 30,
+                idle_timeout: Duration::from_secs(60),
+                stats_interval: Duration::ZERO,
+                log_level: "info".into(),
+            },
         }
     }
 }
@@ -213,6 +247,41 @@ const KEYS: &[(&str, &str, Setter)] = &[
     }),
     ("backend.udp.socket_buffer", "bytes, an integer from 0 to 1073741824", |c, v| {
         set_int(&mut c.udp.socket_buffer, v, 0, 1 << 30)
+    }),
+    ("switch.control", "an address IP:PORT", |c, v| {
+        c.switch.control = v.parse().map_err(|_| String::new())?;
+        Ok(())
+    }),
+    ("switch.data", "an address IP:PORT", |c, v| {
+        c.switch.data = v.parse().map_err(|_| String::new())?;
+        Ok(())
+    }),
+    ("switch.max_sessions", "an integer from 1 to 65535", |c, v| {
+        set_int(&mut c.switch.max_sessions, v, 1, 65535)
+    }),
+    ("switch.max_workers", "an integer from 1 to 65535", |c, v| {
+        set_int(&mut c.switch.max_workers, v, 1, 65535)
+    }),
+    ("switch.max_slots", "an integer from 1 to 65535", |c, v| set_int(&mut c.switch.max_slots, v, 1, 65535)),
+    ("switch.max_memory", "bytes, an integer of at least 1", |c, v| {
+        set_int(&mut c.switch.max_memory, v, 1, u64::MAX)
+    }),
+    ("switch.idle_timeout", "seconds, a number above 0", |c, v| {
+        set_duration(&mut c.switch.idle_timeout, v, 1.0)
+    }),
+    ("switch.stats_interval", "seconds, a number of at least 0", |c, v| {
+        if v.trim() == "0" {
+            c.switch.stats_interval = Duration::ZERO;
+            return Ok(());
+        }
+        set_duration(&mut c.switch.stats_interval, v, 1.0)
+    }),
+    ("switch.log_level", "error, warn, info, debug or trace", |c, v| {
+        if !["error", "warn", "info", "debug", "trace"].contains(&v) {
+            return Err(String::new());
+        }
+        c.switch.log_level = v.into();
+        Ok(())
     }),
 ];
 

@@ -1,0 +1,69 @@
+//! The `netagg-switch` process: configuration, start-up line, clean shutdown.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SWITCH: &str = env!("CARGO_BIN_EXE_netagg-switch");
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("netagg-switch-test-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn config_errors_name_the_file_and_the_key() {
+    let path = temp_file("bad.cfg", "[switch]\nmax_sesions = 4\n");
+    let output = Command::new(SWITCH).arg("--config").arg(&path).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("{}: unknown key 'switch.max_sesions'; known keys:", path.display())),
+        "{stderr}"
+    );
+    let path = temp_file("value.cfg", "[switch]\ncontrol = localhost\n");
+    let output = Command::new(SWITCH).arg("--config").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("key 'switch.control' = 'localhost': expected an address IP:PORT"), "{stderr}");
+    let output = Command::new(SWITCH).args(["--idle-timeout", "-1"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn flags_override_the_file_and_sigterm_stops_cleanly_with_counters() {
+    // The file's control port is taken; the flag's free one must win.
+    let path =
+        temp_file("good.cfg", "[switch]\ncontrol = 127.0.0.1:1\ndata = 127.0.0.1:0\nstats_interval = 0.1\n");
+    let mut child = Command::new(SWITCH)
+        .arg("--config")
+        .arg(&path)
+        .args(["--control", "127.0.0.1:0", "--log-level", "warn"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(
+        first.starts_with("netagg-switch: control 127.0.0.1:") && !first.contains("127.0.0.1:1 "),
+        "{first}"
+    );
+    let mut stats = String::new();
+    stdout.read_line(&mut stats).unwrap();
+    assert!(stats.starts_with("stats: datagrams 0 malformed 0"), "periodic stats line: {stats}");
+
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the switch did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert!(rest.lines().last().is_some_and(|l| l.starts_with("stats: datagrams")), "final counters: {rest}");
+}
