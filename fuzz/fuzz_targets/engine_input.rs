@@ -10,8 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use arbitrary::{Arbitrary, Result, Unstructured};
+use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use netagg_fuzz::Raw;
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
@@ -38,19 +39,6 @@ enum Step {
     /// Closes session `index % 2` if open and opens a new one of its shape, so an input
     /// goes on after an expiry and reaches index reuse.
     Reopen(u8),
-}
-
-/// Datagram bytes behind a one-byte length, taken in place (`Vec`'s `Arbitrary` reads its
-/// length from the input's end), so a datagram is one run of input bytes.
-#[derive(Debug)]
-struct Raw(Vec<u8>);
-
-impl<'a> Arbitrary<'a> for Raw {
-    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
-        let len = u8::arbitrary(u)? as usize;
-        let len = len.min(u.len());
-        Ok(Raw(u.bytes(len)?.to_vec()))
-    }
 }
 
 #[derive(Debug, Clone, Copy, Arbitrary)]

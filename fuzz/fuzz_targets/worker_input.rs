@@ -11,8 +11,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use arbitrary::{Arbitrary, Result, Unstructured};
+use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use netagg_fuzz::Raw;
 use netagg_aggregator::{BlockIo, BlockMask, JobSpec, Layout, WorkerConfig, WorkerProtocol};
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
@@ -48,19 +49,6 @@ enum Step {
     NextTimeout,
     /// Starts another job; refused while one runs or after one failed.
     Start(Job),
-}
-
-/// Datagram bytes behind a one-byte length, taken in place (`Vec`'s `Arbitrary` reads its
-/// length from the input's end), so a datagram is one run of input bytes.
-#[derive(Debug)]
-struct Raw(Vec<u8>);
-
-impl<'a> Arbitrary<'a> for Raw {
-    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
-        let len = u8::arbitrary(u)? as usize;
-        let len = len.min(u.len());
-        Ok(Raw(u.bytes(len)?.to_vec()))
-    }
 }
 
 /// A job of up to 32 blocks, whose non-zero blocks (sparse) are the bits of `mask`.
