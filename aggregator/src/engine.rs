@@ -622,9 +622,6 @@ impl Session {
             return Err(DropReason::TooManyElements);
         }
         let sparse = repr.flags.contains(Flags::SPARSE);
-        if !sparse && repr.element_count == 0 {
-            return Err(DropReason::Mismatch("element count (a dense contribution carries elements)"));
-        }
         if sparse && repr.next_block <= repr.block {
             return Err(DropReason::Mismatch("next block (it must follow the block)"));
         }

@@ -150,6 +150,9 @@ pub enum SimError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunReport {
     pub outputs: Vec<Tensor>,
+    /// Per worker, the agreed exponent each block was loaded and stored with (block
+    /// floating point runs; `None` elsewhere).
+    pub block_exponents: Vec<Vec<Option<i8>>>,
     /// Counters of each worker, for this allreduce alone.
     pub workers: Vec<WorkerCounters>,
     /// The session's counters, for this allreduce alone.
@@ -191,16 +194,41 @@ struct TensorIo {
     input: Vec<u8>,
     output: Vec<u8>,
     block_bytes: usize,
+    /// The exponent each block was loaded with; `store` must be given the same.
+    exponents: Vec<Option<i8>>,
+}
+
+impl TensorIo {
+    fn block(&self, block: u32) -> &[u8] {
+        let start = block as usize * self.block_bytes;
+        &self.input[start..(start + self.block_bytes).min(self.input.len())]
+    }
 }
 
 impl BlockIo for TensorIo {
-    fn load(&mut self, block: u32, payload: &mut [u8]) -> i8 {
+    /// Passes elements through unchanged; exponents are only recorded and checked, so the
+    /// protocol's agreement on them is tested apart from any quantiser.
+    fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>) {
         let start = block as usize * self.block_bytes;
         payload.copy_from_slice(&self.input[start..start + payload.len()]);
-        0
+        self.exponents[block as usize] = exponent;
     }
 
-    fn store(&mut self, block: u32, payload: &[u8], _exponent: i8) {
+    /// The number of significant bits of the block's largest magnitude.
+    fn exponent(&mut self, block: u32) -> i8 {
+        let largest = self
+            .block(block)
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]).unsigned_abs())
+            .max();
+        (32 - largest.unwrap_or(0).leading_zeros()) as i8
+    }
+
+    fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>) {
+        assert_eq!(
+            exponent, self.exponents[block as usize],
+            "block {block} stored with another exponent than it was loaded with"
+        );
         let start = block as usize * self.block_bytes;
         let end = (start + self.block_bytes).min(self.output.len());
         if payload.is_empty() {
@@ -270,6 +298,15 @@ impl Cluster {
     /// Sums the workers' tensors (one per worker) and returns every worker's result.
     /// `sparse` sends only the blocks holding a non-zero element.
     pub fn allreduce(&mut self, inputs: &[Tensor], sparse: bool) -> Result<RunReport, SimError> {
+        self.run(inputs, sparse, false)
+    }
+
+    /// A dense allreduce with block-floating-point exponents agreed per block.
+    pub fn allreduce_with_exponents(&mut self, inputs: &[Tensor]) -> Result<RunReport, SimError> {
+        self.run(inputs, false, true)
+    }
+
+    fn run(&mut self, inputs: &[Tensor], sparse: bool, exponents: bool) -> Result<RunReport, SimError> {
         let first = inputs.first().ok_or(SimError::Inputs)?;
         if inputs.len() != self.workers.len()
             || inputs.iter().any(|t| t.len() != first.len() || t.element_type() != first.element_type())
@@ -284,7 +321,12 @@ impl Cluster {
             .iter()
             .map(|tensor| {
                 let input = tensor.to_le_bytes();
-                TensorIo { output: vec![0; input.len()], input, block_bytes: packet_elements * 4 }
+                TensorIo {
+                    output: vec![0; input.len()],
+                    input,
+                    block_bytes: packet_elements * 4,
+                    exponents: vec![None; blocks as usize],
+                }
             })
             .collect();
         let counters_before: Vec<WorkerCounters> = self.workers.iter().map(|w| *w.counters()).collect();
@@ -300,8 +342,13 @@ impl Cluster {
             } else {
                 Layout::Dense
             };
-            let spec =
-                JobSpec { job, element_type: first.element_type(), elements: first.len() as u64, layout };
+            let spec = JobSpec {
+                job,
+                element_type: first.element_type(),
+                elements: first.len() as u64,
+                layout,
+                exponents,
+            };
             worker
                 .start_job(self.now, spec)
                 .map_err(|e| SimError::Failed { rank: worker.config().rank, reason: e.to_string() })?;
@@ -350,6 +397,7 @@ impl Cluster {
         let switch_after = self.switch_counters();
         Ok(RunReport {
             outputs: ios.iter().map(|io| Tensor::from_le_bytes(first.element_type(), &io.output)).collect(),
+            block_exponents: ios.iter().map(|io| io.exponents.clone()).collect(),
             workers: self
                 .workers
                 .iter()

@@ -35,15 +35,24 @@ use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, WireError
 
 use crate::engine::is_after;
 
-/// Moves payloads between the caller's tensors and packets.
+/// Moves payloads between the caller's tensors and packets: the pre- and
+/// post-processing.
 pub trait BlockIo {
     /// Writes block `block` (as many elements as `payload` holds, little-endian) into
-    /// `payload` and returns its exponent (0 when no quantisation is used).
-    fn load(&mut self, block: u32, payload: &mut [u8]) -> i8;
-    /// Takes the aggregate of block `block`. An empty `payload` means the block is zero
-    /// on every worker. Blocks of a sparse job that no round visits are zero on every
-    /// worker and are never stored: the caller zeroes its output first.
-    fn store(&mut self, block: u32, payload: &[u8], exponent: i8);
+    /// `payload`. In a block-floating-point job `exponent` is the exponent every worker
+    /// agreed for this block, which the encoding must use; otherwise it is `None`.
+    fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>);
+    /// Takes the aggregate of block `block`, encoded as [`BlockIo::load`] encoded it.
+    /// An empty `payload` means the block is zero on every worker. Blocks of a sparse job
+    /// that no round visits are zero on every worker and are never stored: the caller
+    /// zeroes its output first.
+    fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>);
+    /// This worker's exponent of block `block`: what block floating point needs to
+    /// represent its largest element. Only block-floating-point jobs ask.
+    fn exponent(&mut self, block: u32) -> i8 {
+        let _ = block;
+        i8::MIN
+    }
 }
 
 /// Which blocks of a job hold a non-zero element.
@@ -120,6 +129,14 @@ pub struct JobSpec {
     /// Elements of this thread's share of the tensor.
     pub elements: u64,
     pub layout: Layout,
+    /// Block floating point: every block is encoded with an exponent all workers agreed
+    /// on beforehand (dense jobs only). A header-only *exponent round* on the thread's
+    /// first slot agrees one for the first block of every slot; after that each packet
+    /// carries its sender's exponent of the next block in its slot, and the switch's
+    /// maximum of those comes back with the result, one round ahead of its use. A job of
+    /// `L` packets thus costs `L + 1` packets (SwitchML's look-ahead batch costs
+    /// `L + min(L, window)`).
+    pub exponents: bool,
 }
 
 /// Parameters of one worker thread in one session.
@@ -154,6 +171,8 @@ pub enum JobError {
     Timeout(Duration),
     #[error("an earlier job failed, so the slots' rounds are out of step: open a new session")]
     SessionBroken,
+    #[error("block floating point needs a dense layout")]
+    SparseExponents,
 }
 
 /// Where the current job stands.
@@ -227,6 +246,10 @@ struct Contribution {
     /// The sender's next non-zero block after `block` (sparse), fixed at first sending so
     /// that retransmissions repeat it.
     next: u32,
+    /// The agreed exponent `block` is encoded with (block floating point).
+    exponent: Option<i8>,
+    /// This is the exponent round: no payload, the exponent of the first window.
+    exponent_round: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,6 +398,9 @@ impl WorkerProtocol {
             if mask.blocks() != blocks {
                 return Err(JobError::MaskSize { mask: mask.blocks(), blocks });
             }
+            if spec.exponents {
+                return Err(JobError::SparseExponents);
+            }
         }
         let active_slots = (self.config.slots as u32).min(blocks) as u16;
         let stride = self.config.slots as u64;
@@ -390,12 +416,21 @@ impl WorkerProtocol {
             slot.active = true;
             slot.have = slot.next_round.wrapping_sub(1);
             slot.ahead = 0;
-            slot.outstanding = Some(Contribution { round: slot.next_round, block, next });
             slot.my_next = next;
             slot.end_round = None;
             slot.backoff = 0;
             slot.sent_once_at = None;
-            self.pending.push_back((index as u16, Send::Data { retransmission: false }));
+            // In a block-floating-point job the first blocks wait for the exponent round.
+            slot.outstanding = (!spec.exponents || index == 0).then_some(Contribution {
+                round: slot.next_round,
+                block,
+                next,
+                exponent: None,
+                exponent_round: spec.exponents,
+            });
+            if slot.outstanding.is_some() {
+                self.pending.push_back((index as u16, Send::Data { retransmission: false }));
+            }
         }
         self.job = Some(Job { spec, blocks });
         self.status = JobStatus::Running;
@@ -464,10 +499,11 @@ impl WorkerProtocol {
             }
             Send::Data { retransmission } => {
                 let contribution = slot.outstanding?;
-                let carries_data = match &job.spec.layout {
-                    Layout::Dense => true,
-                    Layout::Sparse(mask) => mask.contains(contribution.block),
-                };
+                let carries_data = !contribution.exponent_round
+                    && match &job.spec.layout {
+                        Layout::Dense => true,
+                        Layout::Sparse(mask) => mask.contains(contribution.block),
+                    };
                 repr.message_type = MessageType::Data;
                 repr.packet_id = contribution.block;
                 repr.round = contribution.round;
@@ -484,12 +520,28 @@ impl WorkerProtocol {
                 self.counters.data_sent += 1;
             }
         }
+        let contribution = slot.outstanding.filter(|_| repr.message_type == MessageType::Data);
+        if job.spec.exponents {
+            if let Some(contribution) = contribution {
+                repr.exponent = if contribution.exponent_round {
+                    // The first window's blocks share the exponent this round agrees.
+                    let first_window = job.blocks.min(self.config.slots as u32);
+                    (0..first_window).map(|block| io.exponent(block)).max().unwrap_or(i8::MIN)
+                } else {
+                    let next = contribution.block as u64 + self.config.slots as u64;
+                    if next < job.blocks as u64 {
+                        io.exponent(next as u32)
+                    } else {
+                        i8::MIN
+                    }
+                };
+            }
+        }
         let len = repr.buffer_len();
         // `poll_transmit` checked that `buf` holds a full packet.
         let mut packet = repr.emit(buf).ok()?;
         if repr.element_count > 0 {
-            let exponent = io.load(repr.block, packet.payload_mut());
-            packet.set_exponent(exponent);
+            io.load(repr.block, packet.payload_mut(), contribution.and_then(|c| c.exponent));
         }
         self.slots[index as usize].acked = repr.ack_round;
         Some(len)
@@ -566,18 +618,22 @@ impl WorkerProtocol {
         if !sparse && slot.outstanding.is_none_or(|c| c.round != repr.round || c.block != repr.block) {
             return Err(RejectReason::WrongBlock);
         }
+        let answered = slot.outstanding.filter(|c| c.round == repr.round);
+        let exponent_round = answered.is_some_and(|c| c.exponent_round);
         if sparse && repr.block as u64 % self.config.slots as u64 != index as u64 {
             return Err(RejectReason::WrongBlock);
         }
         if repr.block >= job.blocks
             || (repr.element_count != 0
                 && repr.element_count != block_len(&job.spec, repr.block, self.config.packet_elements))
-            || (!sparse && repr.element_count == 0)
+            || (!sparse && (repr.element_count == 0) != exponent_round)
         {
             return Err(RejectReason::WrongLength);
         }
 
-        io.store(repr.block, packet.payload(), repr.exponent);
+        if !exponent_round {
+            io.store(repr.block, packet.payload(), answered.and_then(|c| c.exponent));
+        }
         if offset == 1 {
             slot.have = repr.round;
             while slot.ahead & 1 != 0 {
@@ -589,7 +645,7 @@ impl WorkerProtocol {
             slot.ahead |= 1 << (offset - 2);
         }
         let mut rtt_sample = None;
-        if slot.outstanding.is_some_and(|c| c.round == repr.round) {
+        if answered.is_some() {
             slot.outstanding = None;
             rtt_sample = slot.sent_once_at.take().map(|sent| now.saturating_duration_since(sent));
         }
@@ -597,12 +653,38 @@ impl WorkerProtocol {
         self.last_progress = now;
 
         let stride = self.config.slots as u64;
+        // The switch's maximum of the look-ahead exponents: what the next block uses.
+        let agreed = job.spec.exponents.then_some(repr.exponent);
         match &job.spec.layout {
+            Layout::Dense if exponent_round => {
+                // Every slot's first block goes out now, encoded with the agreed exponent.
+                let first_window = job.blocks.min(self.config.slots as u32) as u16;
+                for other in 0..first_window {
+                    let slot = &mut self.slots[other as usize];
+                    let round = slot.have.wrapping_add(1);
+                    let block = other as u32;
+                    slot.outstanding = Some(Contribution {
+                        round,
+                        block,
+                        next: END_OF_STREAM,
+                        exponent: agreed,
+                        exponent_round: false,
+                    });
+                    self.pending.push_back((other, Send::Data { retransmission: false }));
+                }
+            }
             Layout::Dense => {
                 let next = repr.block as u64 + stride;
                 if next < job.blocks as u64 {
                     let round = repr.round.wrapping_add(1);
-                    slot.outstanding = Some(Contribution { round, block: next as u32, next: END_OF_STREAM });
+                    let block = next as u32;
+                    slot.outstanding = Some(Contribution {
+                        round,
+                        block,
+                        next: END_OF_STREAM,
+                        exponent: agreed,
+                        exponent_round: false,
+                    });
                     self.pending.push_back((index, Send::Data { retransmission: false }));
                 } else {
                     slot.end_round = Some(repr.round);
@@ -615,13 +697,15 @@ impl WorkerProtocol {
                     let block = slot.my_next;
                     let next = mask.next_in_stream(block as u64 + stride, stride);
                     let round = repr.round.wrapping_add(1);
-                    slot.outstanding = Some(Contribution { round, block, next });
+                    slot.outstanding =
+                        Some(Contribution { round, block, next, exponent: None, exponent_round: false });
                     slot.my_next = next;
                     self.pending.push_back((index, Send::Data { retransmission: false }));
                 }
             }
         }
 
+        let slot = &mut self.slots[index as usize];
         let done = slot.end_round == Some(slot.have) && slot.outstanding.is_none();
         if let Some(sample) = rtt_sample {
             self.sample_rtt(sample);

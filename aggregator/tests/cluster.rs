@@ -145,6 +145,72 @@ fn dense_jobs_survive_loss_duplication_and_reordering() {
 }
 
 #[test]
+fn block_exponents_are_agreed_one_round_ahead_at_the_cost_of_one_packet() {
+    for (rate, seed) in [(0.0, 1), (0.05, 2)] {
+        let (workers, slots, packet) = (3u16, 4u16, 16u16);
+        let mut config = ClusterConfig::new(workers, slots, packet).with_faults(rate);
+        config.seed = seed;
+        let mut cluster = Cluster::new(config).unwrap();
+        for len in [1usize, 16 * 3, 16 * 4, 16 * 37 + 5] {
+            let inputs = int32_inputs(workers, len, len as u64 + seed);
+            let report = cluster.allreduce_with_exponents(&inputs).unwrap();
+            assert_int32_results(&report.outputs, &inputs);
+            // Every block was encoded and decoded with the largest of the workers'
+            // exponents for it, the same on every worker.
+            for (block, start) in (0..len).step_by(16).enumerate() {
+                let end = (start + 16).min(len);
+                let bits = |t: &Tensor| match t {
+                    Tensor::Int32(v) => {
+                        v[start..end].iter().map(|x| 32 - x.unsigned_abs().leading_zeros()).max().unwrap()
+                            as i8
+                    }
+                    Tensor::Float32(_) => unreachable!(),
+                };
+                let own: i8 = inputs.iter().map(bits).max().unwrap();
+                // The first window shares one exponent: the largest over its blocks.
+                let expected = if block < slots as usize {
+                    (0..slots as usize)
+                        .filter(|b| b * 16 < len)
+                        .map(|b| {
+                            let (s, e) = (b * 16, (b * 16 + 16).min(len));
+                            inputs
+                                .iter()
+                                .map(|t| match t {
+                                    Tensor::Int32(v) => v[s..e]
+                                        .iter()
+                                        .map(|x| 32 - x.unsigned_abs().leading_zeros())
+                                        .max()
+                                        .unwrap()
+                                        as i8,
+                                    Tensor::Float32(_) => unreachable!(),
+                                })
+                                .max()
+                                .unwrap()
+                        })
+                        .max()
+                        .unwrap()
+                } else {
+                    own
+                };
+                for exponents in &report.block_exponents {
+                    assert_eq!(exponents[block], Some(expected), "block {block} of {len}");
+                }
+            }
+            if rate == 0.0 {
+                let blocks = len.div_ceil(16) as u64;
+                for counters in &report.workers {
+                    assert_eq!(
+                        counters.data_sent,
+                        blocks + 1,
+                        "one exponent round, then one packet per block"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn sparse_jobs_send_only_non_zero_blocks() {
     let (workers, slots, packet) = (4u16, 8u16, 64u16);
     let blocks = 400usize;

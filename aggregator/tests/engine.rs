@@ -260,10 +260,6 @@ fn out_of_range_and_misdirected_packets_are_dropped() {
             data(session, 0, 0, 0, &[1]).with(|r| r.message_type = MessageType::Result),
             DropReason::NotForSwitch,
         ),
-        (
-            data(session, 0, 0, 0, &[]),
-            DropReason::Mismatch("element count (a dense contribution carries elements)"),
-        ),
         (data(SessionId(session.0 ^ 0x10000), 0, 0, 0, &[1]), DropReason::UnknownSession),
     ];
     for (packet, reason) in cases {
@@ -413,6 +409,16 @@ fn a_sparse_stream_expects_only_the_workers_holding_its_next_block() {
     let (_, repr, values) =
         switch.result(&data(session, 2, 0, 3, &[1]).sparse(0, END_OF_STREAM).with(|r| r.job = 2));
     assert_eq!((repr.job, values), (2, vec![3]));
+}
+
+#[test]
+fn an_empty_dense_round_agrees_an_exponent() {
+    let mut switch = Switch::new();
+    let session = switch.open(2, 1, 2);
+    switch.feed(&data(session, 0, 0, 0, &[]).with(|r| r.exponent = -7));
+    let (_, repr, values) = switch.result(&data(session, 1, 0, 0, &[]).with(|r| r.exponent = 12));
+    assert_eq!((repr.exponent, repr.element_count), (12, 0));
+    assert!(values.is_empty());
 }
 
 #[test]

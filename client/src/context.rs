@@ -22,6 +22,7 @@ use netagg_wire::{ControlMessage, ValueEncoding, MAX_DATAGRAM_LEN};
 use crate::backend::dummy::DummyTransport;
 use crate::backend::udp::UdpTransport;
 use crate::backend::Transport;
+use crate::codec::{BlockFloatingPoint, Codec, Native};
 use crate::job::{DataType, Element, Job, JobShared, TensorJob};
 use crate::stats::Stats;
 use crate::Error;
@@ -78,6 +79,7 @@ pub struct Context {
     threads: Vec<JoinHandle<()>>,
     control: Option<TcpStream>,
     session: u32,
+    codec: Arc<dyn Codec>,
     next_job: AtomicU64,
     /// Serialises submissions so every thread sees jobs in the same order.
     submit: Mutex<()>,
@@ -86,7 +88,18 @@ pub struct Context {
 impl Context {
     /// Starts a context: registers with the switch (UDP backend) and waits until every
     /// rank has, or sets up the in-process switch (dummy backend); then starts the threads.
+    /// Float32 travels as `general.prepostprocessor` says.
     pub fn start(config: Config) -> Result<Context, Error> {
+        let codec: Arc<dyn Codec> = match config.general.prepostprocessor.as_str() {
+            "cpu_exponent_quantizer" => Arc::new(BlockFloatingPoint::new(config.general.num_workers)),
+            _ => Arc::new(Native),
+        };
+        Context::start_with_codec(config, codec)
+    }
+
+    /// [`Context::start`] with one's own pre- and post-processing. Every rank must use the
+    /// same codec; the switch checks only the configured `prepostprocessor`.
+    pub fn start_with_codec(config: Config, codec: Arc<dyn Codec>) -> Result<Context, Error> {
         config.validate().map_err(Error::InvalidConfig)?;
         let general = &config.general;
         let threads = general.num_worker_threads as usize;
@@ -162,9 +175,10 @@ impl Context {
                 job_timeout: general.job_timeout,
             };
             let shared = Arc::clone(&shared);
+            let codec = Arc::clone(&codec);
             let handle = std::thread::Builder::new()
                 .name(format!("netagg-worker-{thread}"))
-                .spawn(move || worker_thread(thread, protocol_config, transport, receiver, shared))?;
+                .spawn(move || worker_thread(thread, protocol_config, transport, receiver, shared, codec))?;
             senders.push(sender);
             handles.push(handle);
         }
@@ -182,6 +196,7 @@ impl Context {
             threads: handles,
             control,
             session,
+            codec,
             next_job: AtomicU64::new(1),
             submit: Mutex::new(()),
         })
@@ -259,6 +274,11 @@ impl Context {
         }
         if numel > 0 && (input.is_null() || output.is_null()) {
             return Err(Error::NullBuffer);
+        }
+        if numel > 0 {
+            // SAFETY: the caller guarantees `numel` readable elements at `input`.
+            let elements = unsafe { std::slice::from_raw_parts(input, numel * data_type.size()) };
+            self.codec.check(data_type, elements).map_err(Error::InvalidInput)?;
         }
         let _order = self.submit.lock().unwrap_or_else(|p| p.into_inner());
         let id = self.next_job.fetch_add(1, Ordering::Relaxed);
@@ -383,7 +403,10 @@ fn register(
         packet_elements: general.packet_numel,
         slots,
         depth: general.depth,
-        encoding: ValueEncoding::Native,
+        encoding: match general.prepostprocessor.as_str() {
+            "cpu_exponent_quantizer" => ValueEncoding::BlockFloatingPoint,
+            _ => ValueEncoding::Native,
+        },
         name: general.session.clone(),
         ports,
     };
@@ -424,13 +447,14 @@ fn watch_session(mut stream: TcpStream, shared: Arc<Shared>) {
     });
 }
 
-/// Moves a slice's blocks between the caller's buffers and packets, as native
-/// little-endian int32 or float32.
+/// Moves a slice's blocks between the caller's buffers and packets through the codec.
 struct SliceIo {
     input: *const u8,
     output: *mut u8,
     bytes: usize,
     block_bytes: usize,
+    data_type: DataType,
+    codec: Arc<dyn Codec>,
 }
 
 impl SliceIo {
@@ -438,30 +462,40 @@ impl SliceIo {
         let start = block as usize * self.block_bytes;
         start..(start + len).min(self.bytes)
     }
+
+    fn input(&self, block: u32, len: usize) -> &[u8] {
+        let range = self.range(block, len);
+        // SAFETY: the protocol only asks for blocks of this slice, whose bytes lie within
+        // the job's input (the submitter's contract); `range` clamps to the slice.
+        unsafe { std::slice::from_raw_parts(self.input.add(range.start), range.len()) }
+    }
 }
 
 #[cfg(target_endian = "big")]
-compile_error!("netagg's wire format is little-endian; big-endian hosts need a byte-swapping SliceIo");
+compile_error!("netagg's wire format is little-endian; big-endian hosts need a byte-swapping codec");
 
 impl BlockIo for SliceIo {
-    fn load(&mut self, block: u32, payload: &mut [u8]) -> i8 {
-        let range = self.range(block, payload.len());
-        // SAFETY: the protocol only asks for blocks of this slice, whose bytes lie within
-        // the job's input (the submitter's contract); `range` clamps to the slice.
-        let source = unsafe { std::slice::from_raw_parts(self.input.add(range.start), range.len()) };
-        payload[..source.len()].copy_from_slice(source);
-        0
+    fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>) {
+        let elements = self.input(block, payload.len());
+        let len = elements.len();
+        self.codec.encode(self.data_type, elements, &mut payload[..len], exponent);
     }
 
-    fn store(&mut self, block: u32, payload: &[u8], _exponent: i8) {
+    fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>) {
         let range = self.range(block, if payload.is_empty() { self.block_bytes } else { payload.len() });
-        // SAFETY: as in `load`; this thread alone writes this slice's bytes.
+        // SAFETY: as in `input`; this thread alone writes this slice's bytes.
         let target = unsafe { std::slice::from_raw_parts_mut(self.output.add(range.start), range.len()) };
         if payload.is_empty() {
             target.fill(0);
         } else {
-            target.copy_from_slice(&payload[..target.len()]);
+            let len = target.len();
+            self.codec.decode(self.data_type, &payload[..len], target, exponent);
         }
+    }
+
+    fn exponent(&mut self, block: u32) -> i8 {
+        let elements = self.input(block, self.block_bytes);
+        self.codec.exponent(self.data_type, elements)
     }
 }
 
@@ -471,6 +505,7 @@ fn worker_thread(
     mut transport: Box<dyn Transport>,
     slices: Receiver<Slice>,
     shared: Arc<Shared>,
+    codec: Arc<dyn Codec>,
 ) {
     let mut protocol = WorkerProtocol::new(config.clone(), Instant::now());
     let mut buffer = vec![0u8; MAX_DATAGRAM_LEN];
@@ -491,13 +526,16 @@ fn worker_thread(
                     output: slice.job.output.add(offset),
                     bytes: slice.elements * slice.job.data_type.size(),
                     block_bytes,
+                    data_type: slice.job.data_type,
+                    codec: Arc::clone(&codec),
                 }
             };
             let spec = JobSpec {
                 job: slice.job.id as u32,
-                element_type: slice.job.data_type.element_type(),
+                element_type: codec.wire_type(slice.job.data_type),
                 elements: slice.elements as u64,
                 layout: Layout::Dense,
+                exponents: codec.uses_exponents(slice.job.data_type),
             };
             run_slice(&mut protocol, transport.as_mut(), &mut io, &mut buffer, spec, &shared)
         };

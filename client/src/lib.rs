@@ -18,12 +18,14 @@
 //! jobs within `job_timeout`, and a session the switch closes fails them at once.
 
 pub mod backend;
+pub mod codec;
 mod context;
 mod job;
 mod stats;
 
 use std::time::Duration;
 
+pub use codec::{BlockFloatingPoint, Codec, Native};
 pub use context::Context;
 pub use job::{DataType, Element, Job, JobStatus, TensorJob};
 pub use netagg_config as config;
@@ -54,6 +56,8 @@ pub enum Error {
     LengthMismatch { input: usize, output: usize },
     #[error("a buffer pointer is null")]
     NullBuffer,
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
     #[error("I/O error: {0}")]
     Io(String),
 }

@@ -135,6 +135,8 @@ fn every_thread_count_and_packet_size_sums_exactly() {
 fn float32_sums_and_ten_million_elements() {
     let switch = Switch::start(&[]);
     run_workers(&switch, 3, &[], &["--type", "float32", "--numel", "1,1000,100000", "--jobs", "3"]);
+    let quantised = [("NETAGG_GENERAL__PREPOSTPROCESSOR", "cpu_exponent_quantizer".to_string())];
+    run_workers(&switch, 3, &quantised, &["--type", "float32", "--numel", "0,1,257,100000", "--jobs", "4"]);
     let env = [("NETAGG_GENERAL__PACKET_NUMEL", "1024".to_string())];
     run_workers(&switch, 2, &env, &["--numel", "10000000", "--jobs", "1"]);
 }
@@ -213,6 +215,50 @@ fn dummy_backend_sums_as_if_every_worker_sent_the_same_data() {
     let started = Instant::now();
     context.allreduce(&mut vec![1i32; 250_000]).unwrap();
     assert!(started.elapsed() >= Duration::from_millis(8), "{:?}", started.elapsed());
+}
+
+#[test]
+fn block_floating_point_sums_floats_through_int32_and_refuses_nan() {
+    let mut config = Config::default();
+    config.general.backend = BackendKind::Dummy;
+    config.general.num_workers = 8;
+    config.general.prepostprocessor = "cpu_exponent_quantizer".into();
+    config.general.max_outstanding_packets = 8;
+    config.dummy.bandwidth = 0.0;
+    let context = Context::start(config).unwrap();
+    // Values spanning 60 binary orders of magnitude across packets.
+    let input: Vec<f32> =
+        (0..20_000).map(|i| ((i % 97) as f32 - 48.0) * 2f32.powi((i / 256) % 60 - 30)).collect();
+    let mut sums = input.clone();
+    context.allreduce(&mut sums).unwrap();
+    // 79 packets over 2 threads of 4 slots: thread 0 has blocks 0..40, thread 1 40..79.
+    // Each thread's first window of 4 blocks shares one exponent; every later block has
+    // its own.
+    let largest = |blocks: std::ops::Range<usize>| {
+        input[blocks.start * 256..(blocks.end * 256).min(input.len())]
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs()))
+    };
+    for (block, (got, x)) in sums.chunks(256).zip(input.chunks(256)).enumerate() {
+        let scale_of = match block {
+            0..4 => largest(0..4),
+            40..44 => largest(40..44),
+            _ => largest(block..block + 1),
+        };
+        for (g, v) in got.iter().zip(x) {
+            // 8 workers' quantisation steps, relative to the largest element sharing the exponent.
+            let bound = scale_of * 8.0 * 8.0 * 2.0 / i32::MAX as f32 + scale_of * 1e-6;
+            assert!((g - v * 8.0).abs() <= bound, "block {block}: {g} vs {}", v * 8.0);
+        }
+    }
+    let stats = context.stats();
+    let blocks = 20_000usize.div_ceil(256) as u64;
+    assert_eq!(stats.total().data_sent, blocks + 2, "one exponent round per thread, not one per window");
+    let error = context.allreduce(&mut [1.0f32, f32::NAN]).unwrap_err();
+    assert!(matches!(&error, Error::InvalidInput(m) if m.starts_with("element 1 is NaN")), "{error:?}");
+    let mut ints = vec![5i32; 1000];
+    context.allreduce(&mut ints).unwrap();
+    assert!(ints.iter().all(|&v| v == 40), "int32 travels as is");
 }
 
 #[test]

@@ -37,7 +37,8 @@ pub struct General {
     pub max_outstanding_packets: u16,
     pub packet_numel: u16,
     pub backend: BackendKind,
-    /// How float32 travels: `native` (summed as floats by the switch).
+    /// How float32 travels: `native` (summed as floats by the switch) or
+    /// `cpu_exponent_quantizer` (block floating point: int32 with a per-packet exponent).
     pub prepostprocessor: String,
     /// First retransmission timeout; doubles on each timeout of a slot.
     pub timeout: Duration,
@@ -191,8 +192,8 @@ const KEYS: &[(&str, &str, Setter)] = &[
         };
         Ok(())
     }),
-    ("general.prepostprocessor", "'native'", |c, v| {
-        if v != "native" {
+    ("general.prepostprocessor", "'native' or 'cpu_exponent_quantizer'", |c, v| {
+        if v != "native" && v != "cpu_exponent_quantizer" {
             return Err(String::new());
         }
         c.general.prepostprocessor = v.into();
@@ -527,7 +528,7 @@ mod tests {
             ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16366"),
             ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
             ("[general]\ntimeout = -1\n", "expected milliseconds, a number above 0"),
-            ("[general]\nprepostprocessor = bypass\n", "expected 'native'"),
+            ("[general]\nprepostprocessor = bypass\n", "expected 'native' or 'cpu_exponent_quantizer'"),
             ("[backend.dummy]\nprocess_packets = maybe\n", "expected true or false"),
             ("[backend.udp]\nbind_ip = 300.1.1.1\n", "expected an IP address"),
         ];

@@ -59,6 +59,8 @@ struct Job {
     elements: u8,
     sparse: bool,
     mask: u32,
+    /// Block floating point (dense jobs only; a sparse one must be refused).
+    exponents: bool,
 }
 
 impl Job {
@@ -74,6 +76,7 @@ impl Job {
             } else {
                 Layout::Dense
             },
+            exponents: self.exponents,
         }
     }
 }
@@ -128,7 +131,7 @@ impl Tensor {
 }
 
 impl BlockIo for Tensor {
-    fn load(&mut self, block: u32, payload: &mut [u8]) -> i8 {
+    fn load(&mut self, block: u32, payload: &mut [u8], _exponent: Option<i8>) {
         let start = block as usize * BLOCK_BYTES;
         let Some(source) = self.input.get(start..start + payload.len()) else {
             panic!(
@@ -138,10 +141,15 @@ impl BlockIo for Tensor {
             );
         };
         payload.copy_from_slice(source);
-        0
     }
 
-    fn store(&mut self, block: u32, payload: &[u8], _exponent: i8) {
+    fn exponent(&mut self, block: u32) -> i8 {
+        let start = block as usize * BLOCK_BYTES;
+        assert!(start < self.input.len(), "exponent of block {block} past the job's {} bytes", self.input.len());
+        block as i8
+    }
+
+    fn store(&mut self, block: u32, payload: &[u8], _exponent: Option<i8>) {
         let start = block as usize * BLOCK_BYTES;
         let len = self.output.len();
         assert!(start < len, "store of block {block} past the job's {len} bytes");
@@ -171,7 +179,11 @@ impl Harness {
         let mut worker = WorkerProtocol::new(CONFIG, now);
         let spec = job.spec();
         let tensor = Tensor::new(&spec);
-        worker.start_job(now, spec).expect("a fresh worker takes a job");
+        let sparse_with_exponents = spec.exponents && matches!(spec.layout, Layout::Sparse(_));
+        match worker.start_job(now, spec) {
+            Ok(()) => assert!(!sparse_with_exponents, "a sparse block-floating-point job must be refused"),
+            Err(error) => assert!(sparse_with_exponents, "a fresh worker refused a job: {error}"),
+        }
         Harness {
             worker,
             tensor,
