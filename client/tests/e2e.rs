@@ -218,6 +218,34 @@ fn dummy_backend_sums_as_if_every_worker_sent_the_same_data() {
 }
 
 #[test]
+fn several_threads_submit_to_one_context() {
+    let mut config = Config::default();
+    config.general.backend = BackendKind::Dummy;
+    config.general.num_workers = 3;
+    config.dummy.bandwidth = 0.0;
+    let context = Context::start(config).unwrap();
+    std::thread::scope(|scope| {
+        for thread in 0..4i32 {
+            let context = &context;
+            scope.spawn(move || {
+                for job in 0..20i32 {
+                    let value = thread * 100 + job;
+                    let sums = context
+                        .allreduce_async(vec![value; 500 + job as usize * 37])
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                    assert!(sums.iter().all(|&v| v == value * 3), "thread {thread} job {job}");
+                }
+            });
+        }
+    });
+    context.wait_all();
+    let stats = context.stop();
+    assert_eq!((stats.jobs_submitted, stats.jobs_finished), (80, 80));
+}
+
+#[test]
 fn block_floating_point_sums_floats_through_int32_and_refuses_nan() {
     let mut config = Config::default();
     config.general.backend = BackendKind::Dummy;

@@ -1,0 +1,51 @@
+//! `netagg-run`: a switch and N ranks, prefixed output, the first failure's exit code.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const RUN: &str = env!("CARGO_BIN_EXE_netagg-run");
+
+/// `netagg-allreduce` from the client package, built into the same target directory.
+fn allreduce() -> PathBuf {
+    let path = PathBuf::from(RUN).with_file_name("netagg-allreduce");
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace's binaries (cargo build --workspace)",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn runs_a_switch_and_every_rank_with_prefixed_output() {
+    let output = Command::new(RUN)
+        .args(["-n", "3", "--"])
+        .arg(allreduce())
+        .args(["--numel", "1000,77", "--jobs", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for rank in 0..3 {
+        for (job, numel) in [(0, 1000), (1, 77)] {
+            let line = format!("[{rank}] rank {rank}: job {job}: {numel} elements verified");
+            assert!(stdout.contains(&line), "missing '{line}' in:\n{stdout}");
+        }
+    }
+    assert!(stdout.contains("[switch] stats: datagrams"), "the switch's final counters:\n{stdout}");
+}
+
+#[test]
+fn exits_with_the_first_failure_and_stops_the_other_ranks() {
+    let started = Instant::now();
+    let status = Command::new(RUN)
+        .args(["-n", "2", "--", "sh", "-c", r#"if [ "$RANK" = 1 ]; then exit 7; fi; sleep 60"#])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(7));
+    assert!(started.elapsed() < Duration::from_secs(20), "rank 0 was not stopped: {:?}", started.elapsed());
+    let usage = Command::new(RUN).args(["-n", "0", "--", "true"]).output().unwrap();
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&usage.stderr).contains("-n takes a number of workers from 1 to 65535"));
+}
