@@ -50,7 +50,7 @@ pub struct EngineLimits {
     pub max_packet_elements: u16,
     /// Bytes of state all sessions together may hold.
     pub max_bytes: usize,
-    /// A session that receives nothing for this long is closed.
+    /// A session that receives nothing for this long is closed (`Duration::MAX`: never).
     pub session_idle_timeout: Duration,
 }
 
@@ -355,7 +355,7 @@ impl Engine {
     /// When [`Engine::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let idle = self.limits.session_idle_timeout;
-        self.sessions.iter().flatten().map(|s| s.last_activity + idle).min()
+        self.sessions.iter().flatten().filter_map(|s| s.last_activity.checked_add(idle)).min()
     }
 
     /// Closes every session idle for the configured timeout; returns their ids.

@@ -173,6 +173,8 @@ pub enum JobError {
     SessionBroken,
     #[error("block floating point needs a dense layout")]
     SparseExponents,
+    #[error("aborted: {0}")]
+    Aborted(String),
 }
 
 /// Where the current job stands.
@@ -312,7 +314,13 @@ pub struct WorkerProtocol {
 }
 
 impl WorkerProtocol {
-    pub fn new(config: WorkerConfig, now: Instant) -> WorkerProtocol {
+    /// A worker thread's protocol. Timeouts beyond a year are taken as a year, so that no
+    /// deadline can overflow the clock.
+    pub fn new(mut config: WorkerConfig, now: Instant) -> WorkerProtocol {
+        const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+        config.retransmit_timeout = config.retransmit_timeout.min(YEAR);
+        config.max_retransmit_timeout = config.max_retransmit_timeout.min(YEAR);
+        config.job_timeout = config.job_timeout.min(YEAR);
         let slots = (0..config.slots)
             .map(|_| SlotState {
                 next_round: 0,
@@ -729,6 +737,25 @@ impl WorkerProtocol {
         Ok(Delivery::Accepted)
     }
 
+    /// Fails the running job from outside, say because its transport broke. The slots'
+    /// rounds are then out of step with the other workers, so later jobs are refused.
+    pub fn abort(&mut self, reason: &str) {
+        if self.status == JobStatus::Running {
+            self.fail(JobError::Aborted(reason.to_string()));
+        }
+    }
+
+    fn fail(&mut self, error: JobError) {
+        self.status = JobStatus::Failed(error);
+        self.counters.jobs_failed += 1;
+        self.broken = true;
+        self.pending.clear();
+        self.timers.clear();
+        for slot in &mut self.slots {
+            slot.active = false;
+        }
+    }
+
     fn finish_job(&mut self) {
         self.status = JobStatus::Done;
         self.counters.jobs_done += 1;
@@ -758,14 +785,7 @@ impl WorkerProtocol {
             return;
         }
         if now.saturating_duration_since(self.last_progress) >= self.config.job_timeout {
-            self.status = JobStatus::Failed(JobError::Timeout(self.config.job_timeout));
-            self.counters.jobs_failed += 1;
-            self.broken = true;
-            self.pending.clear();
-            self.timers.clear();
-            for slot in &mut self.slots {
-                slot.active = false;
-            }
+            self.fail(JobError::Timeout(self.config.job_timeout));
             return;
         }
         while let Some(&Reverse((deadline, index, timer))) = self.timers.peek() {

@@ -169,7 +169,9 @@ impl Context {
                 packet_elements: general.packet_numel,
                 depth: general.depth,
                 retransmit_timeout: general.timeout,
-                max_retransmit_timeout: (general.timeout * 64)
+                max_retransmit_timeout: general
+                    .timeout
+                    .saturating_mul(64)
                     .min(general.job_timeout / 4)
                     .max(general.timeout),
                 job_timeout: general.job_timeout,
@@ -213,9 +215,12 @@ impl Context {
 
     /// Sums `data` over every rank, in place, and waits for the result.
     pub fn allreduce<T: Element>(&self, data: &mut [T]) -> Result<(), Error> {
+        // One pointer for both sides: a read pointer taken before `as_mut_ptr` would be
+        // invalidated by it.
+        let pointer = data.as_mut_ptr();
         // SAFETY: `data` stays borrowed until the job ends: `wait` returns only then.
         let job = unsafe {
-            self.submit_raw(data.as_ptr().cast(), data.as_mut_ptr().cast(), data.len(), T::DATA_TYPE, None)?
+            self.submit_raw(pointer.cast_const().cast(), pointer.cast(), data.len(), T::DATA_TYPE, None)?
         };
         job.wait()
     }
@@ -537,7 +542,24 @@ fn worker_thread(
                 layout: Layout::Dense,
                 exponents: codec.uses_exponents(slice.job.data_type),
             };
-            run_slice(&mut protocol, transport.as_mut(), &mut io, &mut buffer, spec, &shared)
+            // A panic (in a user's codec, say) fails the slice rather than leaving its job
+            // unfinished and its waiters blocked for ever.
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_slice(&mut protocol, transport.as_mut(), &mut io, &mut buffer, spec, &shared)
+            }));
+            let outcome = run.unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::Job(format!("worker thread {thread} panicked: {message}")))
+            });
+            if let Err(error) = &outcome {
+                // The protocol may still count the slice as running; it cannot continue.
+                protocol.abort(&error.to_string());
+            }
+            outcome
         };
         if let Err(error) = &outcome {
             tracing::debug!(thread, job = slice.job.id, %error, "slice failed");

@@ -318,6 +318,61 @@ fn mismatched_registrations_are_rejected_with_what_differs() {
 }
 
 #[test]
+fn an_old_connection_closing_leaves_a_newer_session_of_its_name_alone() {
+    let switch = Switch::start(&[]);
+    let start_pair = |name: &str| -> Vec<Context> {
+        std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..2u16)
+                .map(|rank| {
+                    let mut config = switch.config(rank, 2);
+                    config.general.session = name.to_string();
+                    scope.spawn(move || Context::start(config).unwrap())
+                })
+                .collect();
+            starts.into_iter().map(|s| s.join().unwrap()).collect()
+        })
+    };
+    let mut old = start_pair("again");
+    drop(old.pop()); // rank 1 leaves: the session closes, rank 0 is told
+    std::thread::sleep(Duration::from_millis(200));
+    // The usual recovery: a new context, started before the old one is dropped.
+    let new = start_pair("again");
+    drop(old);
+    std::thread::sleep(Duration::from_millis(200));
+    std::thread::scope(|scope| {
+        for context in &new {
+            scope.spawn(move || {
+                let mut data = vec![2i32; 5000];
+                context.allreduce(&mut data).unwrap();
+                assert!(data.iter().all(|&v| v == 4));
+            });
+        }
+    });
+}
+
+#[test]
+fn a_panicking_codec_fails_its_job_instead_of_hanging() {
+    struct Panics;
+    impl netagg::Codec for Panics {
+        fn wire_type(&self, data_type: netagg::DataType) -> netagg_wire::ElementType {
+            netagg::Native.wire_type(data_type)
+        }
+        fn encode(&self, _: netagg::DataType, _: &[u8], _: &mut [u8], _: Option<i8>) {
+            panic!("codec bug");
+        }
+        fn decode(&self, _: netagg::DataType, _: &[u8], _: &mut [u8], _: Option<i8>) {}
+    }
+    let mut config = Config::default();
+    config.general.backend = BackendKind::Dummy;
+    config.dummy.bandwidth = 0.0;
+    let context = Context::start_with_codec(config, std::sync::Arc::new(Panics)).unwrap();
+    let error = context.allreduce(&mut vec![1i32; 1000]).unwrap_err();
+    assert!(matches!(&error, Error::Job(m) if m.contains("panicked: codec bug")), "{error:?}");
+    context.wait_all();
+    assert_eq!(context.stats().jobs_failed, 1);
+}
+
+#[test]
 fn an_unreachable_switch_fails_within_the_timeout() {
     let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = unused.local_addr().unwrap().port();

@@ -85,7 +85,9 @@ pub struct Switch {
     pub max_slots: u16,
     /// Bytes of aggregation state all sessions together may hold.
     pub max_memory: usize,
-    /// A session that receives no packet for this long is closed.
+    /// A session that receives no packet for this long is closed even though its workers
+    /// are connected; zero never closes it so (a worker whose connection closes ends its
+    /// session at once either way).
     pub idle_timeout: Duration,
     /// Print counters this often; zero prints them only on exit.
     pub stats_interval: Duration,
@@ -130,7 +132,7 @@ impl Default for Config {
                 max_workers: 1024,
                 max_slots: 8192,
                 max_memory: 1 << 30,
-                idle_timeout: Duration::from_secs(60),
+                idle_timeout: Duration::ZERO,
                 stats_interval: Duration::ZERO,
                 log_level: "info".into(),
             },
@@ -199,13 +201,13 @@ const KEYS: &[(&str, &str, Setter)] = &[
         c.general.prepostprocessor = v.into();
         Ok(())
     }),
-    ("general.timeout", "milliseconds, a number above 0", |c, v| {
+    ("general.timeout", "milliseconds, above 0 and at most 30 days", |c, v| {
         set_duration(&mut c.general.timeout, v, 1e-3)
     }),
-    ("general.job_timeout", "seconds, a number above 0", |c, v| {
+    ("general.job_timeout", "seconds, above 0 and at most 30 days", |c, v| {
         set_duration(&mut c.general.job_timeout, v, 1.0)
     }),
-    ("general.connect_timeout", "seconds, a number above 0", |c, v| {
+    ("general.connect_timeout", "seconds, above 0 and at most 30 days", |c, v| {
         set_duration(&mut c.general.connect_timeout, v, 1.0)
     }),
     ("general.controller_ip", "a host name or IP address", |c, v| {
@@ -233,9 +235,9 @@ const KEYS: &[(&str, &str, Setter)] = &[
         c.general.depth = depth;
         Ok(())
     }),
-    ("backend.dummy.bandwidth", "Mbit/s, a number of at least 0", |c, v| {
+    ("backend.dummy.bandwidth", "Mbit/s: 0, or from 0.001 to 1e9", |c, v| {
         let bandwidth: f64 = v.parse().map_err(|_| String::new())?;
-        if !bandwidth.is_finite() || bandwidth < 0.0 {
+        if !(bandwidth == 0.0 || (1e-3..=1e9).contains(&bandwidth)) {
             return Err(String::new());
         }
         c.dummy.bandwidth = bandwidth;
@@ -267,10 +269,18 @@ const KEYS: &[(&str, &str, Setter)] = &[
     ("switch.max_memory", "bytes, an integer of at least 1", |c, v| {
         set_int(&mut c.switch.max_memory, v, 1, u64::MAX)
     }),
-    ("switch.idle_timeout", "seconds, a number above 0", |c, v| {
-        set_duration(&mut c.switch.idle_timeout, v, 1.0)
-    }),
-    ("switch.stats_interval", "seconds, a number of at least 0", |c, v| {
+    (
+        "switch.idle_timeout",
+        "seconds, at most 30 days; 0 never closes a session whose workers are connected",
+        |c, v| {
+            if v.trim() == "0" {
+                c.switch.idle_timeout = Duration::ZERO;
+                return Ok(());
+            }
+            set_duration(&mut c.switch.idle_timeout, v, 1.0)
+        },
+    ),
+    ("switch.stats_interval", "seconds, at most 30 days; 0 prints only on exit", |c, v| {
         if v.trim() == "0" {
             c.switch.stats_interval = Duration::ZERO;
             return Ok(());
@@ -295,9 +305,12 @@ fn set_int<T: TryFrom<u64>>(field: &mut T, value: &str, min: u64, max: u64) -> R
     Ok(())
 }
 
+/// The longest duration any key accepts: 30 days.
+const MAX_SECONDS: f64 = 30.0 * 24.0 * 3600.0;
+
 fn set_duration(field: &mut Duration, value: &str, unit_seconds: f64) -> Result<(), String> {
     let parsed: f64 = value.parse().map_err(|_| String::new())?;
-    if parsed.is_nan() || parsed <= 0.0 {
+    if parsed.is_nan() || parsed <= 0.0 || parsed * unit_seconds > MAX_SECONDS {
         return Err(String::new());
     }
     *field = Duration::try_from_secs_f64(parsed * unit_seconds).map_err(|_| String::new())?;
@@ -527,7 +540,9 @@ mod tests {
             ("[general]\nbackend = dpdk\n", "key 'general.backend' = 'dpdk': expected 'udp' or 'dummy'"),
             ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16366"),
             ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
-            ("[general]\ntimeout = -1\n", "expected milliseconds, a number above 0"),
+            ("[general]\ntimeout = -1\n", "expected milliseconds, above 0 and at most 30 days"),
+            ("[general]\njob_timeout = 1e19\n", "expected seconds, above 0 and at most 30 days"),
+            ("[backend.dummy]\nbandwidth = 1e-30\n", "expected Mbit/s: 0, or from 0.001 to 1e9"),
             ("[general]\nprepostprocessor = bypass\n", "expected 'native' or 'cpu_exponent_quantizer'"),
             ("[backend.dummy]\nprocess_packets = maybe\n", "expected true or false"),
             ("[backend.udp]\nbind_ip = 300.1.1.1\n", "expected an IP address"),

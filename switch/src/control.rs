@@ -30,6 +30,8 @@ struct Shape {
 }
 
 struct Member {
+    /// The connection this registration came on; a departure acts only on its own.
+    connection: u64,
     stream: TcpStream,
     request_id: u32,
     ip: IpAddr,
@@ -45,7 +47,8 @@ struct Pending {
 
 struct Open {
     id: SessionId,
-    members: BTreeMap<u16, TcpStream>,
+    /// Per rank: its connection's number and stream.
+    members: BTreeMap<u16, (u64, TcpStream)>,
 }
 
 #[derive(Default)]
@@ -56,15 +59,24 @@ struct Registry {
 
 pub struct ControlPlane {
     registry: Mutex<Registry>,
+    next_connection: std::sync::atomic::AtomicU64,
     commands: Sender<Command>,
     data_port: u16,
 }
 
 type Rejection = (RejectCode, String);
 
+/// How long a new connection may take to register.
+const REGISTER_WAIT: Duration = Duration::from_secs(60);
+
 impl ControlPlane {
     pub fn new(commands: Sender<Command>, data_port: u16) -> Arc<ControlPlane> {
-        Arc::new(ControlPlane { registry: Mutex::default(), commands, data_port })
+        Arc::new(ControlPlane {
+            registry: Mutex::default(),
+            next_connection: Default::default(),
+            commands,
+            data_port,
+        })
     }
 
     /// Accepts connections until the listener fails; one thread per connection.
@@ -91,7 +103,7 @@ impl ControlPlane {
             };
             if let Some(open) = registry.open.remove(&name) {
                 let message = format!("session '{name}' expired: no packets for the idle timeout");
-                for mut stream in open.members.into_values() {
+                for (_, mut stream) in open.members.into_values() {
                     let _ = send(
                         &mut stream,
                         0,
@@ -115,6 +127,15 @@ impl ControlPlane {
             Ok(peer) => peer,
             Err(_) => return,
         };
+        let connection = self.next_connection.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A host that crashes sends no FIN: keepalive probes find out within a minute.
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(20))
+            .with_interval(Duration::from_secs(10))
+            .with_retries(3);
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        // A connection that never registers must not hold its thread forever.
+        let _ = stream.set_read_timeout(Some(REGISTER_WAIT));
         let mut membership: Option<(String, u16)> = None;
         loop {
             let (request_id, message) = match ControlMessage::read_from(&mut stream) {
@@ -150,11 +171,15 @@ impl ControlPlane {
                     let shape =
                         Shape { world_size, packet_elements, slots, depth, encoding, threads: ports.len() };
                     let member = match stream.try_clone() {
-                        Ok(clone) => Member { stream: clone, request_id, ip: peer.ip(), ports },
+                        Ok(clone) => Member { connection, stream: clone, request_id, ip: peer.ip(), ports },
                         Err(_) => break,
                     };
                     match self.register(&name, rank, shape, member) {
-                        Ok(()) => membership = Some((name, rank)),
+                        Ok(()) => {
+                            // Registered: the connection now lives as long as the session.
+                            let _ = stream.set_read_timeout(None);
+                            membership = Some((name, rank));
+                        }
                         Err((code, message)) => {
                             tracing::info!(%peer, %name, rank, %message, "registration rejected");
                             let _ = send(&mut stream, request_id, &ControlMessage::Reject { code, message });
@@ -174,7 +199,7 @@ impl ControlPlane {
             }
         }
         if let Some((name, rank)) = membership {
-            self.depart(&name, rank);
+            self.depart(&name, rank, connection);
         }
     }
 
@@ -266,7 +291,7 @@ impl ControlPlane {
                 Err((code, message)) => ControlMessage::Reject { code: *code, message: message.clone() },
             };
             let _ = send(&mut member.stream, member.request_id, &message);
-            streams.insert(rank, member.stream);
+            streams.insert(rank, (member.connection, member.stream));
         }
         match outcome {
             Ok(id) => {
@@ -278,14 +303,24 @@ impl ControlPlane {
     }
 
     /// A rank left or its connection closed: a pending registration is withdrawn; an
-    /// open session closes and its other ranks are told why.
-    fn depart(&self, name: &str, rank: u16) {
+    /// open session closes and its other ranks are told why. Only the session that
+    /// `connection` registered in is touched: a later one of the same name is not its.
+    fn depart(&self, name: &str, rank: u16, connection: u64) {
         let mut registry = self.lock();
         if let Some(pending) = registry.pending.get_mut(name) {
-            pending.members.remove(&rank);
-            if pending.members.is_empty() {
-                registry.pending.remove(name);
+            if pending.members.get(&rank).is_some_and(|m| m.connection == connection) {
+                pending.members.remove(&rank);
+                if pending.members.is_empty() {
+                    registry.pending.remove(name);
+                }
             }
+            return;
+        }
+        let ours = registry
+            .open
+            .get(name)
+            .is_some_and(|o| o.members.get(&rank).is_some_and(|(c, _)| *c == connection));
+        if !ours {
             return;
         }
         let Some(open) = registry.open.remove(name) else { return };
@@ -298,7 +333,7 @@ impl ControlPlane {
             .flatten();
         tracing::info!(%name, rank, ?counters, "session closed: a rank left");
         let message = format!("rank {rank} left session '{name}'; the session is closed");
-        for (other, mut stream) in open.members {
+        for (other, (_, mut stream)) in open.members {
             if other != rank {
                 let _ = send(
                     &mut stream,

@@ -105,7 +105,7 @@ impl DataPath {
             self.flush_all();
             if now >= next_timer_check {
                 for id in self.engine.handle_timeout(now) {
-                    self.peers.remove(&id);
+                    self.forget(id);
                     tracing::info!(session = format_args!("{:#010x}", id.0), "session expired: idle");
                     let _ = self.events.send(Event::Expired(id));
                 }
@@ -139,6 +139,16 @@ impl DataPath {
             }
             let max_segments = self.max_segments;
             self.outgoing.entry(destination).or_insert_with(|| SegmentBatch::new(max_segments)).push(result);
+        }
+    }
+
+    /// Drops a closed session's addresses and their send batches.
+    fn forget(&mut self, id: SessionId) {
+        let Some(peers) = self.peers.remove(&id) else { return };
+        for (ip, ports) in peers.workers {
+            for port in ports {
+                self.outgoing.remove(&SocketAddr::new(ip, port));
+            }
         }
     }
 
@@ -182,7 +192,7 @@ impl DataPath {
                     let _ = reply.send(result);
                 }
                 Command::Close { id, reply } => {
-                    self.peers.remove(&id);
+                    self.forget(id);
                     let _ = reply.send(self.engine.close_session(id).ok());
                 }
                 Command::Counters { reply } => {

@@ -51,7 +51,8 @@ struct Args {
     /// Bytes of aggregation state all sessions together may hold [default 1 GiB].
     #[arg(long)]
     max_memory: Option<usize>,
-    /// Seconds without packets after which a session is closed [default 60].
+    /// Seconds without packets after which a session is closed although its workers are
+    /// connected; 0 never does [default 0].
     #[arg(long)]
     idle_timeout: Option<f64>,
     /// Print counters every this many seconds; 0 prints them only on exit [default 0].
@@ -109,6 +110,9 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
     settings.max_memory = args.max_memory.unwrap_or(settings.max_memory);
     if let Some(value) = args.idle_timeout {
         settings.idle_timeout = seconds(value, "idle-timeout")?;
+    }
+    if settings.idle_timeout.is_zero() {
+        settings.idle_timeout = Duration::MAX;
     }
     if let Some(value) = args.stats_interval {
         settings.stats_interval = seconds(value, "stats-interval")?;

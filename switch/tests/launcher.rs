@@ -49,3 +49,18 @@ fn exits_with_the_first_failure_and_stops_the_other_ranks() {
     assert_eq!(usage.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&usage.stderr).contains("-n takes a number of workers from 1 to 65535"));
 }
+
+/// 4 KiB packets over a link whose MTU is 1500: the datagrams must be fragmented, not
+/// refused. Runs in a network namespace of its own (root, as on CI).
+#[test]
+fn packets_larger_than_the_mtu_are_fragmented() {
+    let script = format!(
+        "ip link set lo up && ip link set lo mtu 1500 && NETAGG_GENERAL__PACKET_NUMEL=1024 {} -n 2 -- {} --numel 100000 --jobs 2",
+        RUN,
+        allreduce().display()
+    );
+    let output = Command::new("unshare").args(["--net", "sh", "-c", &script]).output().expect("unshare runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout.matches("elements verified").count(), 4, "{stdout}");
+}

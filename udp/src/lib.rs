@@ -11,6 +11,7 @@ pub mod batch;
 use std::io::{self, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use netagg_wire::MAX_DATAGRAM_LEN;
@@ -20,12 +21,41 @@ pub use batch::SegmentBatch;
 
 /// Receive buffers per call; each holds one datagram or a GRO batch of up to 64 KiB.
 const RECV_BUFFERS: usize = 16;
+/// Tries of a send that finds the socket's buffer full, 10 ms apart.
+const SEND_ATTEMPTS: usize = 10;
+
+/// Lets the kernel fragment datagrams larger than the path MTU. quinn-udp forbids it for
+/// QUIC's path-MTU probing; netagg's packets may be up to 64 KiB on any link.
+fn allow_fragmentation(socket: &UdpSocket, address: SocketAddr) -> io::Result<()> {
+    let (level, option, value) = match address {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DONT),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DONT),
+    };
+    // SAFETY: a valid descriptor, and a c_int option value whose size is passed with it.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            option,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
 
 /// A bound, non-blocking UDP socket with batched receive and send.
 pub struct BatchSocket {
     socket: UdpSocket,
     state: UdpSocketState,
     buffers: Vec<Vec<u8>>,
+    /// Cleared when the kernel refuses a GSO batch: segmentation never fragments, so
+    /// segments larger than the path MTU must go one by one.
+    coalesce: AtomicBool,
 }
 
 impl BatchSocket {
@@ -35,12 +65,18 @@ impl BatchSocket {
         let socket = UdpSocket::bind(address)?;
         socket.set_nonblocking(true)?;
         let state = UdpSocketState::new((&socket).into())?;
+        allow_fragmentation(&socket, address)?;
         if buffer_bytes > 0 {
             // Best effort: a smaller buffer only means more loss under bursts.
             let _ = state.set_recv_buffer_size((&socket).into(), buffer_bytes);
             let _ = state.set_send_buffer_size((&socket).into(), buffer_bytes);
         }
-        Ok(BatchSocket { socket, state, buffers: vec![vec![0u8; MAX_DATAGRAM_LEN]; RECV_BUFFERS] })
+        Ok(BatchSocket {
+            socket,
+            state,
+            buffers: vec![vec![0u8; MAX_DATAGRAM_LEN]; RECV_BUFFERS],
+            coalesce: AtomicBool::new(true),
+        })
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -54,7 +90,11 @@ impl BatchSocket {
 
     /// Most datagrams one [`SegmentBatch`] may hold on this socket (1 without GSO).
     pub fn max_segments(&self) -> usize {
-        self.state.max_gso_segments().clamp(1, 64)
+        if self.coalesce.load(Ordering::Relaxed) {
+            self.state.max_gso_segments().clamp(1, 64)
+        } else {
+            1
+        }
     }
 
     /// Waits up to `timeout` for datagrams and hands each, with its source, to `sink`;
@@ -91,22 +131,42 @@ impl BatchSocket {
         Ok(datagrams)
     }
 
-    /// Sends a batch to `destination` in one system call.
+    /// Sends a batch to `destination`, in one system call where the kernel can.
     pub fn send(&self, destination: SocketAddr, batch: &SegmentBatch) -> io::Result<()> {
         if batch.is_empty() {
             return Ok(());
         }
-        let transmit = Transmit {
-            destination,
-            ecn: None,
-            contents: batch.contents(),
-            segment_size: batch.segment_size(),
-            src_ip: None,
+        let Some(segment) = batch.segment_size().filter(|_| self.coalesce.load(Ordering::Relaxed)) else {
+            let segment = batch.segment_size().unwrap_or(batch.contents().len());
+            return batch
+                .contents()
+                .chunks(segment)
+                .try_for_each(|datagram| self.send_one(destination, datagram, None));
         };
-        loop {
+        match self.send_one(destination, batch.contents(), Some(segment)) {
+            Err(error) if error.raw_os_error() == Some(libc::EMSGSIZE) => {
+                self.coalesce.store(false, Ordering::Relaxed);
+                batch
+                    .contents()
+                    .chunks(segment)
+                    .try_for_each(|datagram| self.send_one(destination, datagram, None))
+            }
+            other => other,
+        }
+    }
+
+    fn send_one(
+        &self,
+        destination: SocketAddr,
+        contents: &[u8],
+        segment_size: Option<usize>,
+    ) -> io::Result<()> {
+        let transmit = Transmit { destination, ecn: None, contents, segment_size, src_ip: None };
+        // A full send buffer: wait a little for room rather than drop what the window
+        // already allows in flight, but never long: past that the batch counts as lost,
+        // which retransmission repairs, so that no caller blocks on a stuck peer.
+        for _ in 0..SEND_ATTEMPTS {
             match self.state.try_send((&self.socket).into(), &transmit) {
-                // A full send buffer: wait for room rather than drop what the window
-                // already allows in flight.
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     wait_writable(&self.socket, Duration::from_millis(10))?
                 }
@@ -114,6 +174,7 @@ impl BatchSocket {
                 other => return other,
             }
         }
+        Ok(())
     }
 }
 

@@ -113,6 +113,16 @@ fn run(options: Options) -> Result<u8, String> {
             control
         }
     };
+    // The switch is stopped on every path, errors included: it must not outlive us.
+    let result = run_workers(&options, &control);
+    if let Some(switch) = switch {
+        stop_switch(switch);
+    }
+    result
+}
+
+/// Starts the ranks and waits for them; the first failure stops the others.
+fn run_workers(options: &Options, control: &str) -> Result<u8, String> {
     let (host, port) =
         control.rsplit_once(':').ok_or(format!("switch address '{control}' is not HOST:PORT"))?;
     let session = format!("netagg-run-{}", std::process::id());
@@ -175,15 +185,16 @@ fn run(options: Options) -> Result<u8, String> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if let Some(mut switch) = switch {
-        // SIGTERM lets the switch print its final counters.
-        let _ = Command::new("kill").args(["-TERM", &switch.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while switch.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = switch.kill();
-        let _ = switch.wait();
-    }
     Ok(code)
+}
+
+fn stop_switch(mut switch: Child) {
+    // SIGTERM lets the switch print its final counters.
+    let _ = Command::new("kill").args(["-TERM", &switch.id().to_string()]).status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while switch.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = switch.kill();
+    let _ = switch.wait();
 }
