@@ -117,6 +117,43 @@ fn two_three_and_eight_workers_sum_int32_exactly() {
 }
 
 #[test]
+fn concurrent_sessions_share_a_switch() {
+    let switch = Switch::start(&[]);
+    std::thread::scope(|scope| {
+        scope.spawn(|| run_workers(&switch, 3, &[], &["--numel", "300000", "--jobs", "2"]));
+        scope.spawn(|| {
+            run_workers(&switch, 2, &[], &["--type", "float32", "--numel", "200000", "--jobs", "2"])
+        });
+    });
+}
+
+#[test]
+fn a_session_over_the_switch_limits_is_refused_to_every_rank() {
+    let switch = Switch::start(&["--max-workers", "2"]);
+    let session = unique_session();
+    let outcomes: Vec<Result<(), Error>> = std::thread::scope(|scope| {
+        let starts: Vec<_> = (0..3u16)
+            .map(|rank| {
+                let mut config = switch.config(rank, 3);
+                config.general.session = session.clone();
+                scope.spawn(move || Context::start(config).map(|_| ()))
+            })
+            .collect();
+        starts.into_iter().map(|s| s.join().unwrap()).collect()
+    });
+    for outcome in outcomes {
+        let error = outcome.unwrap_err();
+        assert_eq!(
+            error,
+            Error::Rejected {
+                code: RejectCode::Limit,
+                message: "3 workers requested, a session holds 1 to 2".into()
+            }
+        );
+    }
+}
+
+#[test]
 fn every_thread_count_and_packet_size_sums_exactly() {
     let switch = Switch::start(&[]);
     for threads in [1u16, 2, 4] {

@@ -1,6 +1,6 @@
 //! The `netagg-switch` process: configuration, start-up line, clean shutdown.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -66,4 +66,30 @@ fn flags_override_the_file_and_sigterm_stops_cleanly_with_counters() {
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).unwrap();
     assert!(rest.lines().last().is_some_and(|l| l.starts_with("stats: datagrams")), "final counters: {rest}");
+}
+
+#[test]
+fn a_registration_in_another_protocol_version_is_refused_with_a_reason() {
+    let mut child = Command::new(SWITCH)
+        .args(["--control", "127.0.0.1:0", "--data", "127.0.0.1:0", "--log-level", "error"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let control = first.split_whitespace().nth(2).unwrap().to_string();
+    let mut stream = std::net::TcpStream::connect(&control).unwrap();
+    // A control header of version 9, with an empty body.
+    stream.write_all(&[9, 1, 0, 0, 5, 0, 0, 0]).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (_, reply) = netagg_wire::ControlMessage::read_from(&mut stream).unwrap();
+    assert_eq!(
+        reply,
+        netagg_wire::ControlMessage::Reject {
+            code: netagg_wire::RejectCode::Version,
+            message: "protocol version 9 is not supported (this side speaks 1)".into()
+        }
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }
