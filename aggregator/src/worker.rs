@@ -254,6 +254,13 @@ struct Contribution {
     exponent_round: bool,
 }
 
+impl Contribution {
+    /// A contribution of a block's data.
+    fn data(round: u32, block: u32, next: u32, exponent: Option<i8>) -> Contribution {
+        Contribution { round, block, next, exponent, exponent_round: false }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Send {
     Data { retransmission: bool },
@@ -671,13 +678,7 @@ impl WorkerProtocol {
                     let slot = &mut self.slots[other as usize];
                     let round = slot.have.wrapping_add(1);
                     let block = other as u32;
-                    slot.outstanding = Some(Contribution {
-                        round,
-                        block,
-                        next: END_OF_STREAM,
-                        exponent: agreed,
-                        exponent_round: false,
-                    });
+                    slot.outstanding = Some(Contribution::data(round, block, END_OF_STREAM, agreed));
                     self.pending.push_back((other, Send::Data { retransmission: false }));
                 }
             }
@@ -686,13 +687,7 @@ impl WorkerProtocol {
                 if next < job.blocks as u64 {
                     let round = repr.round.wrapping_add(1);
                     let block = next as u32;
-                    slot.outstanding = Some(Contribution {
-                        round,
-                        block,
-                        next: END_OF_STREAM,
-                        exponent: agreed,
-                        exponent_round: false,
-                    });
+                    slot.outstanding = Some(Contribution::data(round, block, END_OF_STREAM, agreed));
                     self.pending.push_back((index, Send::Data { retransmission: false }));
                 } else {
                     slot.end_round = Some(repr.round);
@@ -705,8 +700,7 @@ impl WorkerProtocol {
                     let block = slot.my_next;
                     let next = mask.next_in_stream(block as u64 + stride, stride);
                     let round = repr.round.wrapping_add(1);
-                    slot.outstanding =
-                        Some(Contribution { round, block, next, exponent: None, exponent_round: false });
+                    slot.outstanding = Some(Contribution::data(round, block, next, None));
                     slot.my_next = next;
                     self.pending.push_back((index, Send::Data { retransmission: false }));
                 }
