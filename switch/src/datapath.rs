@@ -56,14 +56,21 @@ pub enum Event {
 
 pub struct DataPath {
     socket: BatchSocket,
-    engine: Engine,
-    peers: HashMap<SessionId, Peers>,
+    board: Switchboard,
     commands: Receiver<Command>,
     events: Sender<Event>,
-    /// Results of the current receive batch, by destination, sent together after it.
+}
+
+/// Everything but the socket, so that datagrams are handled while the socket still
+/// holds them.
+struct Switchboard {
+    engine: Engine,
+    peers: HashMap<SessionId, Peers>,
+    /// Results of the current receive call, by destination, sent together after it.
     outgoing: HashMap<SocketAddr, SegmentBatch>,
+    /// Batches that filled up during the current receive call, sent first after it.
+    full: Vec<(SocketAddr, SegmentBatch)>,
     max_segments: usize,
-    send_errors: u64,
 }
 
 impl DataPath {
@@ -73,39 +80,31 @@ impl DataPath {
         commands: Receiver<Command>,
         events: Sender<Event>,
     ) -> DataPath {
-        let max_segments = socket.max_segments();
-        DataPath {
-            socket,
+        let board = Switchboard {
             engine: Engine::new(limits),
             peers: HashMap::new(),
-            commands,
-            events,
             outgoing: HashMap::new(),
-            max_segments,
-            send_errors: 0,
-        }
+            full: Vec::new(),
+            max_segments: socket.max_segments(),
+        };
+        DataPath { socket, board, commands, events }
     }
 
     /// Runs until a [`Command::Shutdown`] arrives or the command channel closes.
     pub fn run(mut self) -> io::Result<()> {
         let mut out = vec![0u8; MAX_DATAGRAM_LEN];
-        let mut datagrams = Vec::new();
         let mut next_timer_check = Instant::now();
         loop {
             if !self.drain_commands() {
                 return Ok(());
             }
-            // Copied out of the socket's buffers so the engine and the socket are not
-            // borrowed at once; a memcpy per datagram is cheap beside its system call.
-            self.socket.recv(IDLE_WAKEUP, |_, datagram| datagrams.push(datagram.to_vec()))?;
+            let board = &mut self.board;
+            self.socket.recv(IDLE_WAKEUP, |_, datagram| board.handle(Instant::now(), datagram, &mut out))?;
+            self.flush();
             let now = Instant::now();
-            for datagram in datagrams.drain(..) {
-                self.handle(now, &datagram, &mut out);
-            }
-            self.flush_all();
             if now >= next_timer_check {
-                for id in self.engine.handle_timeout(now) {
-                    self.forget(id);
+                for id in self.board.engine.handle_timeout(now) {
+                    self.board.forget(id);
                     tracing::info!(session = format_args!("{:#010x}", id.0), "session expired: idle");
                     let _ = self.events.send(Event::Expired(id));
                 }
@@ -114,65 +113,15 @@ impl DataPath {
         }
     }
 
-    fn handle(&mut self, now: Instant, datagram: &[u8], out: &mut [u8]) {
-        let transmit = match self.engine.handle_datagram(now, datagram, out) {
-            Verdict::Send(transmit) => transmit,
-            Verdict::Consumed => return,
-            Verdict::Dropped(reason) => {
-                tracing::trace!(%reason, "datagram dropped");
-                return;
-            }
-        };
-        let Some(peers) = self.peers.get(&transmit.session) else { return };
-        let slot = netagg_wire::Packet::new_unchecked(&out[..transmit.len]).slot();
-        let result = &out[..transmit.len];
-        let destinations: Vec<SocketAddr> = match transmit.recipient {
-            Recipient::All => {
-                (0..peers.workers.len() as u16).filter_map(|rank| peers.address(rank, slot)).collect()
-            }
-            Recipient::Worker(rank) => peers.address(rank, slot).into_iter().collect(),
-        };
-        for destination in destinations {
-            let accepts = self.outgoing.get(&destination).is_none_or(|batch| batch.accepts(result.len()));
-            if !accepts {
-                self.flush(destination);
-            }
-            let max_segments = self.max_segments;
-            self.outgoing.entry(destination).or_insert_with(|| SegmentBatch::new(max_segments)).push(result);
+    /// Sends every result of the last receive call, one GSO batch per destination.
+    fn flush(&mut self) {
+        for (destination, batch) in self.board.full.drain(..) {
+            send(&self.socket, destination, &batch);
         }
-    }
-
-    /// Drops a closed session's addresses and their send batches.
-    fn forget(&mut self, id: SessionId) {
-        let Some(peers) = self.peers.remove(&id) else { return };
-        for (ip, ports) in peers.workers {
-            for port in ports {
-                self.outgoing.remove(&SocketAddr::new(ip, port));
-            }
+        for (destination, batch) in self.board.outgoing.iter_mut().filter(|(_, batch)| !batch.is_empty()) {
+            send(&self.socket, *destination, batch);
+            batch.clear();
         }
-    }
-
-    fn flush_all(&mut self) {
-        let destinations: Vec<SocketAddr> = self
-            .outgoing
-            .iter()
-            .filter(|(_, batch)| !batch.is_empty())
-            .map(|(address, _)| *address)
-            .collect();
-        for destination in destinations {
-            self.flush(destination);
-        }
-    }
-
-    fn flush(&mut self, destination: SocketAddr) {
-        let Some(batch) = self.outgoing.get_mut(&destination) else { return };
-        if let Err(error) = self.socket.send(destination, batch) {
-            // Results that cannot leave are lost like on a congested link; the workers'
-            // retransmissions recover them.
-            self.send_errors += 1;
-            tracing::debug!(%error, %destination, "send failed");
-        }
-        batch.clear();
     }
 
     /// Applies pending commands; false when the data path must stop.
@@ -185,25 +134,72 @@ impl DataPath {
             };
             match command {
                 Command::Open { spec, peers, reply } => {
-                    let result = self.engine.open_session(Instant::now(), spec);
+                    let result = self.board.engine.open_session(Instant::now(), spec);
                     if let Ok(id) = result {
-                        self.peers.insert(id, peers);
+                        self.board.peers.insert(id, peers);
                     }
                     let _ = reply.send(result);
                 }
                 Command::Close { id, reply } => {
-                    self.forget(id);
-                    let _ = reply.send(self.engine.close_session(id).ok());
+                    self.board.forget(id);
+                    let _ = reply.send(self.board.engine.close_session(id).ok());
                 }
                 Command::Counters { reply } => {
                     let sessions = self
+                        .board
                         .engine
                         .sessions()
-                        .filter_map(|id| Some((id, self.engine.session(id)?.1)))
+                        .filter_map(|id| Some((id, self.board.engine.session(id)?.1)))
                         .collect();
-                    let _ = reply.send((*self.engine.counters(), sessions));
+                    let _ = reply.send((*self.board.engine.counters(), sessions));
                 }
                 Command::Shutdown => return false,
+            }
+        }
+    }
+}
+
+fn send(socket: &BatchSocket, destination: SocketAddr, batch: &SegmentBatch) {
+    if let Err(error) = socket.send(destination, batch) {
+        // Results that cannot leave are lost like on a congested link; the workers'
+        // retransmissions recover them.
+        tracing::debug!(%error, %destination, "send failed");
+    }
+}
+
+impl Switchboard {
+    fn handle(&mut self, now: Instant, datagram: &[u8], out: &mut [u8]) {
+        let transmit = match self.engine.handle_datagram(now, datagram, out) {
+            Verdict::Send(transmit) => transmit,
+            Verdict::Consumed => return,
+            Verdict::Dropped(reason) => {
+                tracing::trace!(%reason, "datagram dropped");
+                return;
+            }
+        };
+        let Some(peers) = self.peers.get(&transmit.session) else { return };
+        let result = &out[..transmit.len];
+        let slot = netagg_wire::Packet::new_unchecked(result).slot();
+        let ranks = match transmit.recipient {
+            Recipient::All => 0..peers.workers.len() as u16,
+            Recipient::Worker(rank) => rank..rank + 1,
+        };
+        let max_segments = self.max_segments;
+        for destination in ranks.filter_map(|rank| peers.address(rank, slot)) {
+            let batch = self.outgoing.entry(destination).or_insert_with(|| SegmentBatch::new(max_segments));
+            if !batch.accepts(result.len()) {
+                self.full.push((destination, std::mem::replace(batch, SegmentBatch::new(max_segments))));
+            }
+            batch.push(result);
+        }
+    }
+
+    /// Drops a closed session's addresses and their send batches.
+    fn forget(&mut self, id: SessionId) {
+        let Some(peers) = self.peers.remove(&id) else { return };
+        for (ip, ports) in peers.workers {
+            for port in ports {
+                self.outgoing.remove(&SocketAddr::new(ip, port));
             }
         }
     }
