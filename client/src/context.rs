@@ -75,14 +75,14 @@ impl Shared {
 pub struct Context {
     config: Config,
     shared: Arc<Shared>,
-    slices: Vec<Sender<Slice>>,
-    threads: Vec<JoinHandle<()>>,
-    control: Option<TcpStream>,
+    /// One queue per worker thread; emptied on stop. The lock serialises submissions so
+    /// every thread sees jobs in the same order.
+    slices: Mutex<Vec<Sender<Slice>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    control: Mutex<Option<TcpStream>>,
     session: u32,
     codec: Arc<dyn Codec>,
     next_job: AtomicU64,
-    /// Serialises submissions so every thread sees jobs in the same order.
-    submit: Mutex<()>,
 }
 
 impl Context {
@@ -194,13 +194,12 @@ impl Context {
         Ok(Context {
             config,
             shared,
-            slices: senders,
-            threads: handles,
-            control,
+            slices: Mutex::new(senders),
+            threads: Mutex::new(handles),
+            control: Mutex::new(control),
             session,
             codec,
             next_job: AtomicU64::new(1),
-            submit: Mutex::new(()),
         })
     }
 
@@ -285,11 +284,14 @@ impl Context {
             let elements = unsafe { std::slice::from_raw_parts(input, numel * data_type.size()) };
             self.codec.check(data_type, elements).map_err(Error::InvalidInput)?;
         }
-        let _order = self.submit.lock().unwrap_or_else(|p| p.into_inner());
+        let queues = self.slices.lock().unwrap_or_else(|p| p.into_inner());
+        if queues.is_empty() {
+            return Err(Error::Stopped);
+        }
         let id = self.next_job.fetch_add(1, Ordering::Relaxed);
         let packet = self.config.general.packet_numel as usize;
         let blocks = numel.div_ceil(packet);
-        let threads = self.slices.len();
+        let threads = queues.len();
         let (share, extra) = (blocks / threads, blocks % threads);
         let mut slices = Vec::new();
         let mut first_block = 0;
@@ -315,7 +317,7 @@ impl Context {
         }
         for (thread, first_block, elements) in slices {
             let slice = Slice { job: Arc::clone(&job), first_block, elements };
-            if let Err(crossbeam_channel::SendError(slice)) = self.slices[thread].send(slice) {
+            if let Err(crossbeam_channel::SendError(slice)) = queues[thread].send(slice) {
                 // The thread is gone (stopped): the slice fails rather than hangs.
                 if slice.job.finish_slice(Err(Error::Stopped)) {
                     self.shared.job_ended(true);
@@ -344,19 +346,27 @@ impl Context {
         *stats = Stats::new(stats.threads.len());
     }
 
-    /// Stops the threads (queued jobs fail) and leaves the session. Also done on drop.
-    pub fn stop(mut self) -> Stats {
+    /// Stops the threads (running and queued jobs fail with [`Error::Stopped`]) and leaves
+    /// the session; later submissions fail the same way. Any thread may call it, also while
+    /// others wait for jobs; stopping twice is harmless. Also done on drop.
+    pub fn stop(&self) -> Stats {
         self.shutdown();
         self.stats()
     }
 
-    fn shutdown(&mut self) {
+    /// Whether [`Context::stop`] was called.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.stopping.load(Ordering::Acquire)
+    }
+
+    fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::Release);
-        self.slices.clear();
-        for handle in self.threads.drain(..) {
+        self.slices.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for handle in threads {
             let _ = handle.join();
         }
-        if let Some(mut stream) = self.control.take() {
+        if let Some(mut stream) = self.control.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let leave = ControlMessage::Leave { session: self.session, rank: self.config.general.rank };
             let _ = leave.write_to(0, &mut stream);
             let _ = stream.shutdown(std::net::Shutdown::Both);

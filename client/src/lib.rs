@@ -20,6 +20,7 @@
 pub mod backend;
 pub mod codec;
 mod context;
+pub mod ffi;
 mod job;
 mod stats;
 

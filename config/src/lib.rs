@@ -27,6 +27,15 @@ pub enum BackendKind {
     Udp,
 }
 
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Dummy => "dummy",
+            BackendKind::Udp => "udp",
+        })
+    }
+}
+
 /// `[general]`: what every backend shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct General {
@@ -145,6 +154,8 @@ impl Default for Config {
 pub enum Origin {
     File(PathBuf),
     Environment(String),
+    /// [`Config::set`], called by a program (or the C API's `netagg_config_set`).
+    Program,
 }
 
 impl fmt::Display for Origin {
@@ -152,6 +163,7 @@ impl fmt::Display for Origin {
         match self {
             Origin::File(path) => write!(f, "{}", path.display()),
             Origin::Environment(variable) => write!(f, "environment variable {variable}"),
+            Origin::Program => write!(f, "configuration"),
         }
     }
 }
@@ -317,6 +329,11 @@ fn set_duration(field: &mut Duration, value: &str, unit_seconds: f64) -> Result<
     Ok(())
 }
 
+/// A duration in `unit_seconds`, as the matching setter reads it back.
+fn format_duration(duration: Duration, unit_seconds: f64) -> String {
+    (duration.as_nanos() as f64 / (unit_seconds * 1e9)).to_string()
+}
+
 fn set_bool(field: &mut bool, value: &str) -> Result<(), String> {
     *field = match value.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => true,
@@ -359,8 +376,12 @@ impl Config {
         }
         for (rank_variable, size_variable) in LAUNCHER_VARIABLES {
             if let (Some(rank), Some(size)) = (lookup(rank_variable), lookup(size_variable)) {
-                config.set(&Origin::Environment(rank_variable.to_string()), "general.rank", &rank)?;
-                config.set(&Origin::Environment(size_variable.to_string()), "general.num_workers", &size)?;
+                config.set_from(&Origin::Environment(rank_variable.to_string()), "general.rank", &rank)?;
+                config.set_from(
+                    &Origin::Environment(size_variable.to_string()),
+                    "general.num_workers",
+                    &size,
+                )?;
                 break;
             }
         }
@@ -379,7 +400,7 @@ impl Config {
             };
             let key =
                 format!("{}.{}", section.to_ascii_lowercase().replace('_', "."), key.to_ascii_lowercase());
-            config.set(&Origin::Environment(name.clone()), &key, value)?;
+            config.set_from(&Origin::Environment(name.clone()), &key, value)?;
         }
         let origin = file.map(|f| f.display().to_string()).unwrap_or_else(|| "configuration".into());
         config.validate().map_err(|message| ConfigError::Combination { origin, message })?;
@@ -413,12 +434,54 @@ impl Config {
         flatten("", parsed, &mut values);
         let origin = Origin::File(path.to_path_buf());
         for (key, value) in values {
-            self.set(&origin, &key, &value)?;
+            self.set_from(&origin, &key, &value)?;
         }
         Ok(())
     }
 
-    fn set(&mut self, origin: &Origin, key: &str, value: &str) -> Result<(), ConfigError> {
+    /// Sets one key (`general.num_workers`, `backend.dummy.bandwidth`) from its text, as a
+    /// config file would; the error names the key and what it accepts. Combinations are
+    /// checked by [`Config::validate`].
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        self.set_from(&Origin::Program, key, value)
+    }
+
+    /// One key's value as text that [`Config::set`] accepts back; None for unknown keys.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let c = self;
+        Some(match key {
+            "general.rank" => c.general.rank.to_string(),
+            "general.num_workers" => c.general.num_workers.to_string(),
+            "general.num_worker_threads" => c.general.num_worker_threads.to_string(),
+            "general.max_outstanding_packets" => c.general.max_outstanding_packets.to_string(),
+            "general.packet_numel" => c.general.packet_numel.to_string(),
+            "general.backend" => c.general.backend.to_string(),
+            "general.prepostprocessor" => c.general.prepostprocessor.clone(),
+            "general.timeout" => format_duration(c.general.timeout, 1e-3),
+            "general.job_timeout" => format_duration(c.general.job_timeout, 1.0),
+            "general.connect_timeout" => format_duration(c.general.connect_timeout, 1.0),
+            "general.controller_ip" => c.general.controller_ip.clone(),
+            "general.controller_port" => c.general.controller_port.to_string(),
+            "general.session" => c.general.session.clone(),
+            "general.depth" => c.general.depth.to_string(),
+            "backend.dummy.bandwidth" => c.dummy.bandwidth.to_string(),
+            "backend.dummy.process_packets" => c.dummy.process_packets.to_string(),
+            "backend.udp.bind_ip" => c.udp.bind_ip.to_string(),
+            "backend.udp.socket_buffer" => c.udp.socket_buffer.to_string(),
+            "switch.control" => c.switch.control.to_string(),
+            "switch.data" => c.switch.data.to_string(),
+            "switch.max_sessions" => c.switch.max_sessions.to_string(),
+            "switch.max_workers" => c.switch.max_workers.to_string(),
+            "switch.max_slots" => c.switch.max_slots.to_string(),
+            "switch.max_memory" => c.switch.max_memory.to_string(),
+            "switch.idle_timeout" => format_duration(c.switch.idle_timeout, 1.0),
+            "switch.stats_interval" => format_duration(c.switch.stats_interval, 1.0),
+            "switch.log_level" => c.switch.log_level.clone(),
+            _ => return None,
+        })
+    }
+
+    fn set_from(&mut self, origin: &Origin, key: &str, value: &str) -> Result<(), ConfigError> {
         let Some((_, expected, setter)) = KEYS.iter().find(|(name, _, _)| *name == key) else {
             return Err(ConfigError::UnknownKey {
                 origin: origin.clone(),
@@ -516,6 +579,28 @@ mod tests {
             let name = key.rsplit('.').next().unwrap();
             assert!(text.contains(&format!("\n{name} = ")), "configs/netagg.cfg lacks {key}");
         }
+    }
+
+    #[test]
+    fn every_key_reads_back_what_set_accepts() {
+        let mut config = ini(
+            "[general]\nnum_workers = 3\ntimeout = 2.5\njob_timeout = 0.25\n[switch]\nidle_timeout = 90\n",
+        )
+        .unwrap();
+        config.set("backend.dummy.bandwidth", "1234.5").unwrap();
+        for (key, _) in Config::keys() {
+            let value = config.get(key).unwrap_or_else(|| panic!("no getter for {key}"));
+            let mut copy = config.clone();
+            copy.set(key, &value).unwrap_or_else(|e| panic!("{key} = {value}: {e}"));
+            assert_eq!(copy, config, "{key} = {value}");
+        }
+        assert_eq!(config.get("general.timeout").as_deref(), Some("2.5"));
+        assert_eq!(config.get("general.nothing"), None);
+        let error = config.set("general.num_workers", "many").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "configuration: key 'general.num_workers' = 'many': expected an integer from 1 to 65535"
+        );
     }
 
     #[test]

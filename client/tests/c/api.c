@@ -1,0 +1,302 @@
+/* Every error path of the C API, and a real run on the dummy backend. Built with
+ * -Wall -Werror -pedantic -fsanitize=address,undefined and run by tests/c_api.rs, which
+ * passes the path of a config file with an unknown key and a closed TCP port. */
+
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "netagg.h"
+
+static int failures = 0;
+
+static const char *last_error(void) {
+  static char message[4096];
+  size_t length = 0;
+  if (netagg_last_error_message(message, sizeof message, &length) != NETAGG_OK) {
+    return "(no message)";
+  }
+  return message;
+}
+
+#define EXPECT(call, expected)                                                        \
+  do {                                                                                \
+    netagg_result got_ = (call);                                                      \
+    if (got_ != (expected)) {                                                         \
+      fprintf(stderr, "%s:%d: %s gave %u, expected %u (%s)\n", __FILE__, __LINE__,    \
+              #call, (unsigned)got_, (unsigned)(expected), last_error());            \
+      failures++;                                                                     \
+    }                                                                                 \
+  } while (0)
+
+#define EXPECT_TRUE(condition)                                                        \
+  do {                                                                                \
+    if (!(condition)) {                                                               \
+      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition);        \
+      failures++;                                                                     \
+    }                                                                                 \
+  } while (0)
+
+static void expect_last_error_contains(const char *needle, int line) {
+  const char *message = last_error();
+  if (strstr(message, needle) == NULL) {
+    fprintf(stderr, "line %d: last error '%s' lacks '%s'\n", line, message, needle);
+    failures++;
+  }
+}
+#define EXPECT_MESSAGE(needle) expect_last_error_contains(needle, __LINE__)
+
+static double seconds_since(const struct timespec *start) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) / 1e9;
+}
+
+static void messages_and_version(void) {
+  char buffer[128];
+  size_t length = 0;
+  EXPECT_TRUE(strlen(netagg_version()) > 0);
+  EXPECT(netagg_result_message(NETAGG_STOPPED, buffer, sizeof buffer, &length), NETAGG_OK);
+  EXPECT_TRUE(strcmp(buffer, "the context is stopped") == 0 && length == strlen(buffer));
+  EXPECT(netagg_result_message(12345, buffer, sizeof buffer, &length), NETAGG_INVALID_ARGUMENT);
+  EXPECT_MESSAGE("12345 is not a netagg_result");
+  /* Asking the size with no buffer, then a buffer one byte short. */
+  EXPECT(netagg_result_message(NETAGG_OK, NULL, 0, &length), NETAGG_BUFFER_TOO_SMALL);
+  EXPECT_TRUE(length == strlen("success"));
+  memset(buffer, 'x', sizeof buffer);
+  EXPECT(netagg_result_message(NETAGG_OK, buffer, length, &length), NETAGG_BUFFER_TOO_SMALL);
+  EXPECT_TRUE(buffer[0] == 'x');
+  EXPECT(netagg_result_message(NETAGG_OK, buffer, sizeof buffer, NULL), NETAGG_NULL_ARGUMENT);
+}
+
+static void null_arguments(void) {
+  netagg_config *config = NULL;
+  netagg_context *context = NULL;
+  netagg_job job = 0;
+  netagg_job_state status;
+  netagg_stats stats;
+  int32_t data[4] = {0};
+
+  EXPECT(netagg_config_new(NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT_MESSAGE("netagg_config_new: argument 'config' is NULL");
+  EXPECT(netagg_config_load(NULL, NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_config_set(NULL, "general.rank", "0"), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_config_new(&config), NETAGG_OK);
+  EXPECT(netagg_config_set(config, NULL, "0"), NETAGG_NULL_ARGUMENT);
+  EXPECT_MESSAGE("argument 'key' is NULL");
+  EXPECT(netagg_config_set(config, "general.rank", NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_config_get(NULL, "general.rank", NULL, 0, NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_new(NULL, &context), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_new(config, NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_start(NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_stop(NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_get_state(NULL, NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_config(NULL, &config), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_allreduce(NULL, data, data, 4, NETAGG_INT32), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_allreduce_async(NULL, data, data, 4, NETAGG_INT32, &job), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_wait_all(NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_stats(NULL, &stats), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_stats_text(NULL, NULL, 0, NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_reset_stats(NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_job_status(1, NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_job_id(1, NULL), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_job_wait(0), NETAGG_INVALID_JOB);
+  EXPECT(netagg_job_status(987654321, &status), NETAGG_INVALID_JOB);
+  EXPECT_MESSAGE("job handle 987654321 was freed or never issued");
+  EXPECT(netagg_job_free(0), NETAGG_OK);
+  netagg_config_free(NULL);
+  netagg_context_free(NULL);
+  netagg_config_free(config);
+}
+
+static void bad_configs(const char *unknown_key_file) {
+  netagg_config *config = NULL;
+  netagg_context *context = NULL;
+  char value[64];
+  size_t length = 0;
+
+  EXPECT(netagg_config_load("/nonexistent/netagg.cfg", &config), NETAGG_CONFIG_FILE);
+  EXPECT_MESSAGE("cannot read config file /nonexistent/netagg.cfg");
+  EXPECT_TRUE(config == NULL);
+  EXPECT(netagg_config_load(unknown_key_file, &config), NETAGG_CONFIG_UNKNOWN_KEY);
+  EXPECT_MESSAGE("unknown key 'general.num_wokers'; known keys: general.rank");
+
+  EXPECT(netagg_config_new(&config), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.nope", "1"), NETAGG_CONFIG_UNKNOWN_KEY);
+  EXPECT_MESSAGE("unknown key 'general.nope'");
+  EXPECT(netagg_config_set(config, "general.num_workers", "0"), NETAGG_CONFIG_VALUE);
+  EXPECT_MESSAGE("key 'general.num_workers' = '0': expected an integer from 1 to 65535");
+  EXPECT(netagg_config_set(config, "general.backend", "dpdk"), NETAGG_CONFIG_VALUE);
+  EXPECT(netagg_config_get(config, "general.nope", value, sizeof value, &length), NETAGG_CONFIG_UNKNOWN_KEY);
+  EXPECT(netagg_config_set(config, "general.num_workers", "4"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.rank", "4"), NETAGG_OK);
+  EXPECT(netagg_context_new(config, &context), NETAGG_CONFIG_INVALID);
+  EXPECT_MESSAGE("general.rank 4 must be below general.num_workers 4");
+  EXPECT_TRUE(context == NULL);
+  EXPECT(netagg_config_get(config, "general.num_workers", value, sizeof value, &length), NETAGG_OK);
+  EXPECT_TRUE(strcmp(value, "4") == 0 && length == 1);
+  netagg_config_free(config);
+}
+
+static netagg_context *dummy_context(const char *prepostprocessor) {
+  netagg_config *config = NULL;
+  netagg_context *context = NULL;
+  EXPECT(netagg_config_new(&config), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.backend", "dummy"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.num_workers", "3"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.packet_numel", "64"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.prepostprocessor", prepostprocessor), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "backend.dummy.bandwidth", "0"), NETAGG_OK);
+  EXPECT(netagg_context_new(config, &context), NETAGG_OK);
+  netagg_config_free(config); /* the context keeps its own copy */
+  return context;
+}
+
+static void lifecycle_and_jobs(void) {
+  enum { NUMEL = 10000 };
+  static int32_t input[NUMEL], output[NUMEL];
+  static float floats[NUMEL];
+  netagg_context *context = dummy_context("native");
+  netagg_context_state state;
+  netagg_job job = 0, second = 0;
+  netagg_job_state status;
+  netagg_stats stats;
+  netagg_config *copy = NULL;
+  uint64_t id = 0;
+  char value[64], text[4096];
+  size_t length = 0;
+  int i, exact = 1;
+
+  for (i = 0; i < NUMEL; i++) {
+    input[i] = i - 5000;
+    floats[i] = (float)i * 0.25f;
+  }
+  /* Misuse before start. */
+  EXPECT(netagg_context_get_state(context, &state), NETAGG_OK);
+  EXPECT_TRUE(state == NETAGG_CONTEXT_CREATED);
+  EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_NOT_STARTED);
+  EXPECT_MESSAGE("netagg_allreduce: call netagg_context_start first");
+  EXPECT(netagg_wait_all(context), NETAGG_NOT_STARTED);
+  EXPECT(netagg_context_stop(context), NETAGG_NOT_STARTED);
+  EXPECT(netagg_context_stats(context, &stats), NETAGG_NOT_STARTED);
+
+  EXPECT(netagg_context_start(context), NETAGG_OK);
+  EXPECT(netagg_context_start(context), NETAGG_ALREADY_STARTED);
+  EXPECT(netagg_context_get_state(context, &state), NETAGG_OK);
+  EXPECT_TRUE(state == NETAGG_CONTEXT_RUNNING);
+  EXPECT(netagg_context_config(context, &copy), NETAGG_OK);
+  EXPECT(netagg_config_get(copy, "general.num_workers", value, sizeof value, &length), NETAGG_OK);
+  EXPECT_TRUE(strcmp(value, "3") == 0);
+  netagg_config_free(copy);
+
+  /* Synchronous, out of place: the dummy switch sums three equal contributions. */
+  EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_OK);
+  for (i = 0; i < NUMEL; i++) {
+    exact &= output[i] == 3 * input[i] && input[i] == i - 5000;
+  }
+  EXPECT_TRUE(exact);
+
+  /* Asynchronous, in place, float32. */
+  EXPECT(netagg_allreduce_async(context, floats, floats, NUMEL, NETAGG_FLOAT32, &job), NETAGG_OK);
+  EXPECT(netagg_allreduce_async(context, input, output, 0, NETAGG_INT32, &second), NETAGG_OK);
+  EXPECT(netagg_job_wait(job), NETAGG_OK);
+  EXPECT(netagg_job_wait_timeout(second, 1000), NETAGG_OK);
+  EXPECT(netagg_job_status(job, &status), NETAGG_OK);
+  EXPECT_TRUE(status == NETAGG_JOB_STATE_FINISHED);
+  EXPECT(netagg_job_id(job, &id), NETAGG_OK);
+  EXPECT_TRUE(id == 2);
+  for (i = 0, exact = 1; i < NUMEL; i++) {
+    exact &= floats[i] == 3.0f * (float)i * 0.25f;
+  }
+  EXPECT_TRUE(exact);
+  EXPECT(netagg_wait_all(context), NETAGG_OK);
+
+  /* A freed handle is reported, not read. */
+  EXPECT(netagg_job_free(job), NETAGG_OK);
+  EXPECT(netagg_job_wait(job), NETAGG_INVALID_JOB);
+  EXPECT(netagg_job_free(job), NETAGG_INVALID_JOB);
+  EXPECT_MESSAGE("was freed already or never issued");
+  EXPECT(netagg_job_free(second), NETAGG_OK);
+
+  /* Bad arguments. */
+  EXPECT(netagg_allreduce(context, input, output, NUMEL, 7), NETAGG_INVALID_ARGUMENT);
+  EXPECT_MESSAGE("data type 7 is neither NETAGG_FLOAT32 (0) nor NETAGG_INT32 (1)");
+  EXPECT(netagg_allreduce(context, NULL, output, NUMEL, NETAGG_INT32), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_allreduce(context, input, input + 1, NUMEL - 1, NETAGG_INT32), NETAGG_INVALID_ARGUMENT);
+  EXPECT_MESSAGE("overlap");
+  EXPECT(netagg_allreduce(context, input, output, UINT64_MAX / 2, NETAGG_INT32), NETAGG_INVALID_ARGUMENT);
+  EXPECT(netagg_allreduce_async(context, input, output, NUMEL, NETAGG_INT32, NULL), NETAGG_NULL_ARGUMENT);
+
+  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT_TRUE(stats.jobs_submitted == 3 && stats.jobs_finished == 3 && stats.jobs_failed == 0);
+  EXPECT_TRUE(stats.elements_submitted == 2 * NUMEL && stats.worker_threads == 2);
+  EXPECT_TRUE(stats.packets_sent >= 2 * ((NUMEL + 63) / 64));
+  EXPECT(netagg_context_stats_text(context, text, sizeof text, &length), NETAGG_OK);
+  EXPECT_TRUE(strstr(text, "jobs: 3 submitted, 3 finished, 0 failed") != NULL);
+  EXPECT(netagg_context_reset_stats(context), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT_TRUE(stats.jobs_submitted == 0 && stats.packets_sent == 0);
+
+  EXPECT(netagg_context_stop(context), NETAGG_OK);
+  EXPECT(netagg_context_stop(context), NETAGG_STOPPED);
+  EXPECT_MESSAGE("already stopped");
+  EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_STOPPED);
+  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  /* A stopped context starts again, in a new session. */
+  EXPECT(netagg_context_start(context), NETAGG_OK);
+  EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_OK);
+  EXPECT_TRUE(output[NUMEL - 1] == 3 * input[NUMEL - 1]);
+  netagg_context_free(context);
+}
+
+static void refused_input(void) {
+  float values[128] = {0};
+  netagg_context *context = dummy_context("cpu_exponent_quantizer");
+  EXPECT(netagg_context_start(context), NETAGG_OK);
+  values[100] = NAN;
+  EXPECT(netagg_allreduce(context, values, values, 128, NETAGG_FLOAT32), NETAGG_INVALID_INPUT);
+  EXPECT_MESSAGE("NaN");
+  netagg_context_free(context);
+}
+
+static void unreachable_switch(const char *closed_port) {
+  netagg_config *config = NULL;
+  netagg_context *context = NULL;
+  struct timespec start;
+  double waited;
+  EXPECT(netagg_config_new(&config), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.controller_port", closed_port), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.connect_timeout", "1"), NETAGG_OK);
+  EXPECT(netagg_context_new(config, &context), NETAGG_OK);
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  EXPECT(netagg_context_start(context), NETAGG_CONNECT);
+  waited = seconds_since(&start);
+  EXPECT_MESSAGE("cannot reach the switch at 127.0.0.1:");
+  EXPECT_TRUE(waited >= 0.8 && waited < 5.0);
+  /* A failed start leaves the context startable and not running. */
+  EXPECT(netagg_allreduce(context, NULL, NULL, 0, NETAGG_INT32), NETAGG_NOT_STARTED);
+  netagg_context_free(context);
+  netagg_config_free(config);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s UNKNOWN_KEY_CONFIG CLOSED_PORT\n", argv[0]);
+    return 2;
+  }
+  messages_and_version();
+  null_arguments();
+  bad_configs(argv[1]);
+  lifecycle_and_jobs();
+  refused_input();
+  unreachable_switch(argv[2]);
+  if (failures > 0) {
+    fprintf(stderr, "%d checks failed\n", failures);
+    return 1;
+  }
+  printf("all C API checks passed\n");
+  return 0;
+}

@@ -1,0 +1,28 @@
+//! C programs against the built libnetagg: compiled with the strictest warnings and the
+//! address and undefined-behaviour sanitizers, then run.
+
+mod common;
+
+use std::process::Command;
+
+#[test]
+fn every_c_api_error_path_and_a_dummy_run() {
+    let work = common::scratch_dir("c-api");
+    let program = common::compile_c(&work, "api", &["tests/c/api.c"]);
+    let config = work.join("unknown-key.cfg");
+    std::fs::write(&config, "[general]\nnum_wokers = 2\n").unwrap();
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let output = Command::new(&program)
+        .arg(&config)
+        .arg(closed_port.to_string())
+        .env_remove("NETAGG_CONFIG")
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{}\nstdout:\n{stdout}\nstderr:\n{stderr}", output.status);
+    assert!(stdout.contains("all C API checks passed"), "{stdout}");
+}
