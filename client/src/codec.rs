@@ -21,6 +21,14 @@ pub trait Codec: Send + Sync + 'static {
         false
     }
 
+    /// Whether a block whose elements are all zero bytes encodes to a zero payload, and a
+    /// zero sum decodes to zero bytes: then such blocks may stay off the wire (sparse
+    /// jobs, `general.sparse`). Own codecs are assumed not to, unless they say so.
+    fn keeps_zero_blocks_zero(&self, data_type: DataType) -> bool {
+        let _ = data_type;
+        false
+    }
+
     /// Checks a tensor before it is submitted; an error refuses the job.
     fn check(&self, data_type: DataType, elements: &[u8]) -> Result<(), String> {
         let _ = (data_type, elements);
@@ -47,6 +55,10 @@ pub struct Native;
 impl Codec for Native {
     fn wire_type(&self, data_type: DataType) -> ElementType {
         data_type.element_type()
+    }
+
+    fn keeps_zero_blocks_zero(&self, _: DataType) -> bool {
+        true
     }
 
     fn encode(&self, _: DataType, elements: &[u8], payload: &mut [u8], _: Option<i8>) {
@@ -99,6 +111,12 @@ impl Codec for BlockFloatingPoint {
 
     fn uses_exponents(&self, data_type: DataType) -> bool {
         data_type == DataType::Float32
+    }
+
+    /// Only int32, which travels as is: float32 blocks need an agreed exponent each, so
+    /// their jobs stay dense.
+    fn keeps_zero_blocks_zero(&self, data_type: DataType) -> bool {
+        data_type == DataType::Int32
     }
 
     fn check(&self, data_type: DataType, elements: &[u8]) -> Result<(), String> {

@@ -27,6 +27,17 @@ pub enum BackendKind {
     Udp,
 }
 
+/// Whether a job's blocks that are zero may stay off the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SparseMode {
+    /// A job whose slice has zero blocks sends only its non-zero ones (OmniReduce's
+    /// sparse streams), where the codec keeps zeros zero; a slice without zero blocks
+    /// travels dense.
+    Auto,
+    /// Every block is sent.
+    Off,
+}
+
 /// `[general]`: what every backend shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct General {
@@ -53,6 +64,8 @@ pub struct General {
     pub session: String,
     /// Rounds each slot retains at the switch (2: SwitchML's shadow copy).
     pub depth: u8,
+    /// Whether zero blocks stay off the wire.
+    pub sparse: SparseMode,
 }
 
 /// `[backend.dummy]`.
@@ -122,6 +135,7 @@ impl Default for Config {
                 controller_port: 50099,
                 session: "default".into(),
                 depth: 8,
+                sparse: SparseMode::Auto,
             },
             dummy: Dummy { bandwidth: 100_000.0, process_packets: true },
             udp: Udp { bind_ip: IpAddr::from([0, 0, 0, 0]), socket_buffer: 4 << 20 },
@@ -233,6 +247,14 @@ const KEYS: &[(&str, &str, Setter)] = &[
             return Err(String::new());
         }
         c.general.depth = depth;
+        Ok(())
+    }),
+    ("general.sparse", "'auto' or 'off'", |c, v| {
+        c.general.sparse = match v {
+            "auto" => SparseMode::Auto,
+            "off" => SparseMode::Off,
+            _ => return Err(String::new()),
+        };
         Ok(())
     }),
     ("backend.dummy.bandwidth", "Mbit/s: 0, or from 0.001 to 1e9", |c, v| {
@@ -494,7 +516,7 @@ mod tests {
     fn switchml_sections_and_keys_are_read() {
         let config = ini(
             "[general]\nrank = 1\nnum_workers = 4\nnum_worker_threads = 4\nmax_outstanding_packets = 128\n\
-             packet_numel = 64\nbackend = dummy\ntimeout = 2.5\n[backend.dummy]\nbandwidth = 1000\nprocess_packets = false\n",
+             packet_numel = 64\nbackend = dummy\ntimeout = 2.5\nsparse = off\n[backend.dummy]\nbandwidth = 1000\nprocess_packets = false\n",
         )
         .unwrap();
         assert_eq!(
@@ -503,6 +525,7 @@ mod tests {
         );
         assert_eq!((config.general.packet_numel, config.slots_per_thread()), (64, 32));
         assert_eq!(config.general.backend, BackendKind::Dummy);
+        assert_eq!(config.general.sparse, SparseMode::Off);
         assert_eq!(config.general.timeout, Duration::from_micros(2500));
         assert_eq!((config.dummy.bandwidth, config.dummy.process_packets), (1000.0, false));
     }
@@ -538,6 +561,7 @@ mod tests {
                 "key 'general.num_workers' = '0': expected an integer from 1 to 65535",
             ),
             ("[general]\nbackend = dpdk\n", "key 'general.backend' = 'dpdk': expected 'udp' or 'dummy'"),
+            ("[general]\nsparse = yes\n", "key 'general.sparse' = 'yes': expected 'auto' or 'off'"),
             ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16366"),
             ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
             ("[general]\ntimeout = -1\n", "expected milliseconds, above 0 and at most 30 days"),
