@@ -3,7 +3,7 @@
 //! OmniReduce's insight is that gradients are often sparse at the granularity of blocks,
 //! so a worker sends only its non-zero blocks and a block zero on every worker never
 //! travels. The worker protocol already streams sparse jobs ([`Layout::Sparse`]); this
-//! decides, per slice, whether a job is one, by looking at the bytes.
+//! builds a slice's mask of non-zero blocks by looking at the bytes.
 
 use netagg_aggregator::{BlockMask, Layout};
 use netagg_config::SparseMode;
@@ -12,9 +12,13 @@ use crate::codec::Codec;
 use crate::DataType;
 
 /// The layout of a slice of `input` bytes cut into blocks of `block_bytes`: sparse when
-/// `mode` allows it, the codec keeps zeros zero and at least one block is all zero
-/// bytes; dense otherwise, so that dense tensors pay only for finding one non-zero byte
-/// per block.
+/// `mode` allows it and the codec keeps zeros zero, with the blocks that hold a non-zero
+/// byte in its mask; dense otherwise.
+///
+/// Every rank must choose the same layout for a job, since the switch aggregates a slot
+/// either densely or as a sparse stream, so the choice depends only on what all ranks
+/// share (the configuration, the codec and the job's type), never on this rank's data:
+/// a rank whose slice happens to have no zero block still streams it sparse.
 ///
 /// A sparse job stores only the blocks some round visits: the others are zero on every
 /// worker, and the caller's output must already hold zeros there. In place that is so
@@ -41,9 +45,6 @@ pub fn layout(
         let bytes = &input[start..(start + block_bytes).min(input.len())];
         bytes.iter().any(|&b| b != 0)
     });
-    if mask.count() == count as usize {
-        return Layout::Dense;
-    }
     for block in (0..count).filter(|&b| !mask.contains(b)) {
         let start = block as usize * block_bytes;
         zero_output(start..(start + block_bytes).min(input.len()));
@@ -83,9 +84,12 @@ mod tests {
     }
 
     #[test]
-    fn dense_tensors_off_and_float_block_floating_point_stay_dense() {
+    fn off_and_float_block_floating_point_stay_dense_and_dense_data_streams_sparse() {
+        // Another rank may have zero blocks where this one has none: the layout must not
+        // depend on this rank's data.
         let dense = int_bytes(&[1, 0, 0, 2, 3, 3]);
-        assert_eq!(cleared(SparseMode::Auto, &Native, DataType::Int32, &dense), (Layout::Dense, vec![]));
+        let (layout, cleared_at) = cleared(SparseMode::Auto, &Native, DataType::Int32, &dense);
+        assert_eq!((layout, cleared_at), (Layout::Sparse(BlockMask::from_fn(3, |_| true)), vec![]));
         let sparse = int_bytes(&[0, 0, 1, 1]);
         assert_eq!(cleared(SparseMode::Off, &Native, DataType::Float32, &sparse), (Layout::Dense, vec![]));
         let bfp = BlockFloatingPoint::new(2);

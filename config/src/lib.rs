@@ -30,9 +30,8 @@ pub enum BackendKind {
 /// Whether a job's blocks that are zero may stay off the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SparseMode {
-    /// A job whose slice has zero blocks sends only its non-zero ones (OmniReduce's
-    /// sparse streams), where the codec keeps zeros zero; a slice without zero blocks
-    /// travels dense.
+    /// Jobs travel as sparse block streams (OmniReduce's) wherever the codec keeps zeros
+    /// zero: each worker sends only its non-zero blocks. Every rank must agree.
     Auto,
     /// Every block is sent.
     Off,
