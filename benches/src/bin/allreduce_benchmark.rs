@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget};
-use netagg::{Config, Context, DataType, Element, Job};
+use netagg::{Config, Context, DataType, Element, Job, SparseMode};
 use netagg_benches::data::Contents;
 use netagg_benches::parse_count;
 use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
@@ -66,7 +66,8 @@ struct Options {
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     dump_stats: bool,
     /// Fraction of blocks (packet_numel elements) that hold data, from 0 to 1; the others
-    /// are zero on this rank, and with `sparse = auto` stay off the wire.
+    /// are zero on this rank. Below 1 it sets `general.sparse = auto`, so zero blocks stay
+    /// off the wire.
     #[arg(long, default_value_t = 1.0, value_parser = parse_density)]
     density: f64,
     /// A netagg config file (otherwise the usual search: $NETAGG_CONFIG, ./netagg.cfg, ...).
@@ -108,6 +109,7 @@ struct Report {
     packet_numel: u16,
     backend: String,
     prepostprocessor: String,
+    sparse: bool,
     tensor_numel: usize,
     tensor_type: &'static str,
     inplace: bool,
@@ -152,7 +154,11 @@ fn run(options: &Options) -> Result<bool, String> {
     });
     println!("Signal handler thread started. Waiting for any signals.");
 
-    let config = Config::load(options.config.as_deref()).map_err(|e| e.to_string())?;
+    let mut config = Config::load(options.config.as_deref()).map_err(|e| e.to_string())?;
+    if options.density < 1.0 {
+        // Every rank runs with the same options, so all agree on the layout.
+        config.general.sparse = SparseMode::Auto;
+    }
     let context = Context::start(config).map_err(|e| e.to_string())?;
     let seed = agree_on_seed(&context, options.seed)?;
     let outcome = match options.tensor_type {
@@ -365,6 +371,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         packet_numel: general.packet_numel,
         backend: format!("{:?}", general.backend).to_lowercase(),
         prepostprocessor: general.prepostprocessor.clone(),
+        sparse: general.sparse == SparseMode::Auto,
         tensor_numel: numel,
         tensor_type: T::NAME,
         inplace: options.inplace,
