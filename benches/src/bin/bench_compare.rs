@@ -89,7 +89,7 @@ fn run(options: &Options) -> Result<(), String> {
         },
     ];
     let numel = options.tensor_numel;
-    let mib = numel * 4 >> 20;
+    let mib = (numel * 4) >> 20;
     for workers in [2, 4] {
         rows.push(Row {
             name: format!("{workers}-worker allreduce, {mib} MiB int32, via netagg-switch / UDP echo relay"),
