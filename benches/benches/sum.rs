@@ -1,9 +1,11 @@
-//! The engine's sum kernels against a plain element-wise add over typed slices.
+//! The engine's sum kernels against a plain element-wise add over typed slices, and
+//! against memcpy.
 //!
 //! The kernels read little-endian bytes straight from packet payloads; the plain add is
 //! what the same sum costs when the data is already `[i32]` or `[f32]`, so the ratio of
-//! the two shows what working on bytes costs. Each size is a group (`sum_i32/1024`, ...)
-//! holding the pair `engine` and `plain_add`.
+//! the two shows what working on bytes costs, and memcpy of the same bytes is the memory
+//! system's bound. Each size is a group (`sum_i32/1024`, ...) holding `engine`,
+//! `plain_add` and `memcpy`.
 
 use std::hint::black_box;
 
@@ -54,6 +56,8 @@ fn compare<T: Copy>(
             b.iter(|| engine(black_box(&mut acc_bytes), black_box(&src_bytes)))
         });
         group.bench_function("plain_add", |b| b.iter(|| plain(black_box(&mut acc), black_box(&src))));
+        let mut copy = src_bytes.clone();
+        group.bench_function("memcpy", |b| b.iter(|| copy.copy_from_slice(black_box(&src_bytes))));
         group.finish();
     }
 }

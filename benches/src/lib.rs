@@ -1,4 +1,42 @@
 //! netagg's benchmarks, kept in a crate of their own so that the library crates need no
-//! benchmarking dependency: `benches/sum.rs` compares the engine's sum kernels with plain
-//! slice additions, and `benches/engine.rs` measures how many packets per second the
-//! engine aggregates in memory. Run them with `cargo bench -p netagg-benches`.
+//! benchmarking dependency.
+//!
+//! - `allreduce_benchmark` (binary): SwitchML's benchmark of the same name, option for
+//!   option and line for line, plus sparse tensors, JSON and bytes on the wire;
+//! - `udp_echo_relay` (binary): the baseline for allreduce through the switch, a relay
+//!   that echoes every datagram, at the same datagram size and window;
+//! - criterion benches (`cargo bench -p netagg-benches --bench NAME`): `sum` (kernels
+//!   against a plain add and memcpy), `codec` (quantisation against memcpy), `wire`
+//!   (packet parse and build), `engine` (packets/s in memory), `client_dummy` (the whole
+//!   client path with no network against a 2-thread memcpy).
+//!
+//! The library holds what the binaries share and what is worth unit-testing: tensor
+//! contents every rank can recompute, verification, summaries and sizes.
+
+pub mod data;
+pub mod relay;
+pub mod summary;
+pub mod verify;
+
+/// Parses an element count with an optional decimal or binary suffix: `1000`, `1M`
+/// (10^6), `64Mi` (64 · 2^20), `2.5Ki`.
+pub fn parse_count(text: &str) -> Result<usize, String> {
+    let count = parse_size::parse_size(text)
+        .map_err(|e| format!("'{text}': {e}; expected a count such as 1000, 1M or 64Mi"))?;
+    usize::try_from(count).map_err(|_| format!("'{text}' is too large for this machine"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_take_decimal_and_binary_suffixes() {
+        assert_eq!(parse_count("1000"), Ok(1000));
+        assert_eq!(parse_count("1M"), Ok(1_000_000));
+        assert_eq!(parse_count("64Mi"), Ok(64 << 20));
+        assert_eq!(parse_count("4ki"), Ok(4096));
+        assert!(parse_count("lots").unwrap_err().contains("expected a count"));
+        assert!(parse_count("-5").is_err());
+    }
+}

@@ -26,7 +26,7 @@ use crate::codec::{BlockFloatingPoint, Codec, Native};
 use crate::job::{DataType, Element, Job, JobShared, TensorJob};
 use crate::stats::Stats;
 use crate::Error;
-use netagg_config::{BackendKind, Config};
+use netagg_config::{BackendKind, Config, SparseMode};
 
 /// The longest a worker thread sleeps before it looks at `stop` and the session again.
 const THREAD_WAKEUP: Duration = Duration::from_millis(50);
@@ -47,6 +47,8 @@ struct Shared {
     /// Jobs submitted and not yet ended, for [`Context::wait_all`].
     outstanding: Mutex<usize>,
     all_done: Condvar,
+    /// Whether zero blocks stay off the wire (`general.sparse`).
+    sparse: SparseMode,
 }
 
 impl Shared {
@@ -153,6 +155,7 @@ impl Context {
             stats: Mutex::new(Stats::new(threads)),
             outstanding: Mutex::new(0),
             all_done: Condvar::new(),
+            sparse: general.sparse,
         });
         if let Some(stream) = &control {
             watch_session(stream.try_clone()?, Arc::clone(&shared));
@@ -514,6 +517,22 @@ impl BlockIo for SliceIo {
     }
 }
 
+impl SliceIo {
+    /// How the slice travels ([`crate::sparse::layout`]); out of place, clears the
+    /// outputs of the blocks it leaves off the wire, which no result will overwrite.
+    fn layout(&self, mode: SparseMode) -> Layout {
+        let (output, in_place) = (self.output, std::ptr::eq(self.input, self.output));
+        let input = self.input(0, self.bytes);
+        crate::sparse::layout(mode, self.codec.as_ref(), self.data_type, input, self.block_bytes, |range| {
+            if !in_place {
+                // SAFETY: `range` lies within the slice (it indexes `input`, of the same
+                // length), which this thread alone writes.
+                unsafe { std::ptr::write_bytes(output.add(range.start), 0, range.len()) }
+            }
+        })
+    }
+}
+
 fn worker_thread(
     thread: usize,
     config: WorkerConfig,
@@ -549,7 +568,7 @@ fn worker_thread(
                 job: slice.job.id as u32,
                 element_type: codec.wire_type(slice.job.data_type),
                 elements: slice.elements as u64,
-                layout: Layout::Dense,
+                layout: io.layout(shared.sparse),
                 exponents: codec.uses_exponents(slice.job.data_type),
             };
             // A panic (in a user's codec, say) fails the slice rather than leaving its job

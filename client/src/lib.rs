@@ -22,6 +22,7 @@ pub mod codec;
 mod context;
 pub mod ffi;
 mod job;
+mod sparse;
 mod stats;
 
 use std::time::Duration;
@@ -30,7 +31,7 @@ pub use codec::{BlockFloatingPoint, Codec, Native};
 pub use context::Context;
 pub use job::{DataType, Element, Job, JobStatus, TensorJob};
 pub use netagg_config as config;
-pub use netagg_config::{BackendKind, Config, ConfigError};
+pub use netagg_config::{BackendKind, Config, ConfigError, SparseMode};
 pub use netagg_wire::RejectCode;
 pub use stats::Stats;
 

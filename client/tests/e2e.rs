@@ -445,3 +445,71 @@ fn a_rank_that_leaves_fails_the_others_jobs_at_once() {
     assert!(matches!(&error, Error::SessionLost(m) if m.contains("rank 1 left session")), "{error:?}");
     assert!(started.elapsed() < Duration::from_secs(5), "failed after {:?}, not at once", started.elapsed());
 }
+
+/// Each rank's tensor: rank `r` fills block `b` only where `(b + r) % 4 == 0`, so each
+/// block holds data from at most one of 2 ranks, and blocks 2, 6, 10, ... from neither.
+fn sparse_tensor(rank: usize, blocks: usize, packet: usize) -> Vec<i32> {
+    (0..blocks * packet - 5)
+        .map(|i| if (i / packet + rank) % 4 == 0 { (i as i32 % 1000) - 500 + rank as i32 } else { 0 })
+        .collect()
+}
+
+#[test]
+fn sparse_tensors_sum_exactly_and_zero_blocks_stay_off_the_wire() {
+    const PACKET: usize = 64;
+    const BLOCKS: usize = 400;
+    let switch = Switch::start(&[]);
+    let session = unique_session();
+    let mut results = Vec::new();
+    for sparse in [netagg::SparseMode::Auto, netagg::SparseMode::Off] {
+        let outcomes: Vec<(Vec<i32>, Vec<i32>, u64)> = std::thread::scope(|scope| {
+            let ranks: Vec<_> = (0..2u16)
+                .map(|rank| {
+                    let mut config = switch.config(rank, 2);
+                    config.general.session = format!("{session}-{sparse:?}");
+                    config.general.packet_numel = PACKET as u16;
+                    config.general.sparse = sparse;
+                    // Few slots, so that the opening packets of each slot's stream do
+                    // not hide how few blocks travel.
+                    config.general.max_outstanding_packets = 16;
+                    scope.spawn(move || {
+                        let context = Context::start(config).unwrap();
+                        let input = sparse_tensor(rank as usize, BLOCKS, PACKET);
+                        let mut in_place = input.clone();
+                        context.allreduce(&mut in_place).unwrap();
+                        // Out of place into a buffer of garbage: blocks no one sends must
+                        // still come out zero.
+                        let mut out_of_place = vec![-7i32; input.len()];
+                        context.allreduce_into(&input, &mut out_of_place).unwrap();
+                        let data_sent = context.stop().total().data_sent;
+                        (in_place, out_of_place, data_sent)
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let expected: Vec<i32> = sparse_tensor(0, BLOCKS, PACKET)
+            .iter()
+            .zip(sparse_tensor(1, BLOCKS, PACKET))
+            .map(|(a, b)| a + b)
+            .collect();
+        for (rank, (in_place, out_of_place, _)) in outcomes.iter().enumerate() {
+            assert!(in_place == &expected, "rank {rank}, {sparse:?}: in-place sums differ");
+            assert!(out_of_place == &expected, "rank {rank}, {sparse:?}: out-of-place sums differ");
+        }
+        results.push(outcomes.iter().map(|o| o.2).collect::<Vec<_>>());
+    }
+    // Dense: every rank sends every block of both jobs. Sparse: its quarter of the blocks,
+    // plus at most one empty opening packet per slot and job.
+    let (sparse, dense) = (&results[0], &results[1]);
+    let slots = 16;
+    for rank in 0..2 {
+        assert!(dense[rank] >= 2 * BLOCKS as u64, "rank {rank}: dense sent {}", dense[rank]);
+        assert!(
+            sparse[rank] <= 2 * (BLOCKS as u64 / 4 + slots),
+            "rank {rank}: sparse sent {} data packets, dense {}",
+            sparse[rank],
+            dense[rank]
+        );
+    }
+}

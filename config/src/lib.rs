@@ -36,6 +36,17 @@ impl fmt::Display for BackendKind {
     }
 }
 
+/// Whether a job's blocks that are zero may stay off the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SparseMode {
+    /// Jobs travel as sparse block streams (OmniReduce's) wherever the codec keeps zeros
+    /// zero: each worker sends only its non-zero blocks. Every rank must agree.
+    Auto,
+    /// Every block is sent, in SwitchML's dense rounds: the default, since streaming a
+    /// tensor without zero blocks costs more as sparse streams than as dense rounds.
+    Off,
+}
+
 /// `[general]`: what every backend shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct General {
@@ -62,6 +73,8 @@ pub struct General {
     pub session: String,
     /// Rounds each slot retains at the switch (2: SwitchML's shadow copy).
     pub depth: u8,
+    /// Whether zero blocks stay off the wire.
+    pub sparse: SparseMode,
 }
 
 /// `[backend.dummy]`.
@@ -131,6 +144,7 @@ impl Default for Config {
                 controller_port: 50099,
                 session: "default".into(),
                 depth: 8,
+                sparse: SparseMode::Off,
             },
             dummy: Dummy { bandwidth: 100_000.0, process_packets: true },
             udp: Udp { bind_ip: IpAddr::from([0, 0, 0, 0]), socket_buffer: 4 << 20 },
@@ -245,6 +259,14 @@ const KEYS: &[(&str, &str, Setter)] = &[
             return Err(String::new());
         }
         c.general.depth = depth;
+        Ok(())
+    }),
+    ("general.sparse", "'auto' or 'off'", |c, v| {
+        c.general.sparse = match v {
+            "auto" => SparseMode::Auto,
+            "off" => SparseMode::Off,
+            _ => return Err(String::new()),
+        };
         Ok(())
     }),
     ("backend.dummy.bandwidth", "Mbit/s: 0, or from 0.001 to 1e9", |c, v| {
@@ -464,6 +486,10 @@ impl Config {
             "general.controller_port" => c.general.controller_port.to_string(),
             "general.session" => c.general.session.clone(),
             "general.depth" => c.general.depth.to_string(),
+            "general.sparse" => match c.general.sparse {
+                SparseMode::Auto => "auto".into(),
+                SparseMode::Off => "off".into(),
+            },
             "backend.dummy.bandwidth" => c.dummy.bandwidth.to_string(),
             "backend.dummy.process_packets" => c.dummy.process_packets.to_string(),
             "backend.udp.bind_ip" => c.udp.bind_ip.to_string(),
@@ -557,7 +583,7 @@ mod tests {
     fn switchml_sections_and_keys_are_read() {
         let config = ini(
             "[general]\nrank = 1\nnum_workers = 4\nnum_worker_threads = 4\nmax_outstanding_packets = 128\n\
-             packet_numel = 64\nbackend = dummy\ntimeout = 2.5\n[backend.dummy]\nbandwidth = 1000\nprocess_packets = false\n",
+             packet_numel = 64\nbackend = dummy\ntimeout = 2.5\nsparse = auto\n[backend.dummy]\nbandwidth = 1000\nprocess_packets = false\n",
         )
         .unwrap();
         assert_eq!(
@@ -566,6 +592,7 @@ mod tests {
         );
         assert_eq!((config.general.packet_numel, config.slots_per_thread()), (64, 32));
         assert_eq!(config.general.backend, BackendKind::Dummy);
+        assert_eq!(config.general.sparse, SparseMode::Auto);
         assert_eq!(config.general.timeout, Duration::from_micros(2500));
         assert_eq!((config.dummy.bandwidth, config.dummy.process_packets), (1000.0, false));
     }
@@ -623,6 +650,7 @@ mod tests {
                 "key 'general.num_workers' = '0': expected an integer from 1 to 65535",
             ),
             ("[general]\nbackend = dpdk\n", "key 'general.backend' = 'dpdk': expected 'udp' or 'dummy'"),
+            ("[general]\nsparse = yes\n", "key 'general.sparse' = 'yes': expected 'auto' or 'off'"),
             ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16366"),
             ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
             ("[general]\ntimeout = -1\n", "expected milliseconds, above 0 and at most 30 days"),

@@ -1,0 +1,446 @@
+//! `allreduce_benchmark`: SwitchML's benchmark of the same name, run on netagg.
+//!
+//! Same options, same defaults and the same output lines (SwitchML's
+//! `dev_root/benchmarks/allreduce_benchmark`), so numbers compare directly; its defects
+//! fixed (`--sync-every 0` waits only at the end instead of dividing by zero, and
+//! verification catches NaN and errors of either sign); and netagg's additions: sparse
+//! tensors (`--density`), a config file (`--config`), a JSON summary (`--json`),
+//! aggregated tensor elements per second and bytes on the wire.
+//!
+//! Configured like any netagg program, so it runs under `netagg-run -n N --` and under
+//! `mpirun` (with `NETAGG_GENERAL__CONTROLLER_IP` pointing at a running switch).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressDrawTarget};
+use netagg::{Config, Context, DataType, Element, Job, SparseMode};
+use netagg_benches::data::Contents;
+use netagg_benches::parse_count;
+use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
+use netagg_benches::verify::Verification;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+/// An allreduce benchmark in the format of SwitchML's, on netagg.
+#[derive(Debug, Parser)]
+#[command(name = "allreduce_benchmark", version)]
+struct Options {
+    /// Elements per allreduce: 1000, 1M (10^6), 64Mi (64 · 2^20).
+    #[arg(long, default_value = "268435456", value_parser = parse_count)]
+    tensor_numel: usize,
+    /// Element type: float (float32) or int32.
+    #[arg(long, default_value = "int32", value_parser = parse_type)]
+    tensor_type: DataType,
+    /// Timed jobs.
+    #[arg(long, default_value_t = 10)]
+    num_jobs: usize,
+    /// Untimed jobs before the timed ones.
+    #[arg(long, default_value_t = 5)]
+    num_warmup_jobs: usize,
+    /// Reduce the input buffer in place (true) or into a second buffer (false).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    inplace: bool,
+    /// Check every element of the final result.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    verify: bool,
+    /// Wait for the jobs every this many jobs, and time each such group; 0 waits only at
+    /// the end.
+    #[arg(long, default_value_t = 1)]
+    sync_every: usize,
+    /// Error allowed in float results, in percent of the expected value (int32 sums must
+    /// be exact).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_percent)]
+    err: f64,
+    /// Random tensors (each rank its own); otherwise x[i] = i · (-1)^i on every rank.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    random: bool,
+    /// Seed of the random tensors and of which blocks are zero; 0 takes one from the clock
+    /// (rank 0's, which every rank then uses).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print the context's counters and reset them at every sync.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    dump_stats: bool,
+    /// Fraction of blocks (packet_numel elements) that hold data, from 0 to 1; the others
+    /// are zero on this rank. Below 1 it sets `general.sparse = auto`, so zero blocks stay
+    /// off the wire.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_density)]
+    density: f64,
+    /// A netagg config file (otherwise the usual search: $NETAGG_CONFIG, ./netagg.cfg, ...).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Also print the results as one line of JSON, last.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_type(text: &str) -> Result<DataType, String> {
+    match text {
+        "float" | "float32" => Ok(DataType::Float32),
+        "int32" => Ok(DataType::Int32),
+        other => Err(format!("'{other}': expected float or int32")),
+    }
+}
+
+fn parse_percent(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|p| p.is_finite() && *p >= 0.0)
+        .ok_or(format!("'{text}': expected a percentage of at least 0"))
+}
+
+fn parse_density(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|d| (0.0..=1.0).contains(d))
+        .ok_or(format!("'{text}': expected a fraction from 0 to 1"))
+}
+
+/// What the JSON line holds.
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    rank: u16,
+    workers: u16,
+    worker_threads: u16,
+    packet_numel: u16,
+    backend: String,
+    prepostprocessor: String,
+    sparse: bool,
+    tensor_numel: usize,
+    tensor_type: &'static str,
+    inplace: bool,
+    density: f64,
+    num_jobs: usize,
+    sync_every: usize,
+    seed: u64,
+    /// Each sync group: elements reduced and nanoseconds.
+    groups: Vec<(u64, u64)>,
+    summary: Option<Summary>,
+    median_ate_per_second: Option<f64>,
+    /// This worker's datagrams, headers included, per timed job.
+    wire_bytes_sent_per_job: f64,
+    wire_bytes_received_per_job: f64,
+    verified: Option<bool>,
+}
+
+fn main() -> ExitCode {
+    let options = Options::parse();
+    match run(&options) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(message) => {
+            eprintln!("allreduce_benchmark: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the benchmark; `Ok(false)` when verification failed.
+fn run(options: &Options) -> Result<bool, String> {
+    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("signal handler: {e}"))?;
+    let signal_handle = signals.handle();
+    let signal_thread = std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            // The switch sees this rank's control connection close and ends the session
+            // for the others, as it would for any rank that dies.
+            eprintln!("Signal {signal} received: exiting.");
+            std::process::exit(128 + signal);
+        }
+        println!("Signal handler thread is exiting");
+    });
+    println!("Signal handler thread started. Waiting for any signals.");
+
+    let mut config = Config::load(options.config.as_deref()).map_err(|e| e.to_string())?;
+    if options.density < 1.0 {
+        // Every rank runs with the same options, so all agree on the layout.
+        config.general.sparse = SparseMode::Auto;
+    }
+    let context = Context::start(config).map_err(|e| e.to_string())?;
+    let seed = agree_on_seed(&context, options.seed)?;
+    let outcome = match options.tensor_type {
+        DataType::Int32 => benchmark::<i32>(&context, options, seed),
+        DataType::Float32 => benchmark::<f32>(&context, options, seed),
+    };
+    println!("Cleaning up.");
+    context.stop();
+    signal_handle.close();
+    let _ = signal_thread.join();
+    let report = outcome?;
+    if options.json {
+        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    }
+    Ok(report.verified != Some(false))
+}
+
+/// The seed every rank uses: `seed`, or when 0 rank 0's clock, shared by an allreduce
+/// to which only rank 0 contributes.
+fn agree_on_seed(context: &Context, seed: u64) -> Result<u64, String> {
+    if seed != 0 {
+        return Ok(seed);
+    }
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        .max(1);
+    let mine = if context.config().general.rank == 0 { clock } else { 0 };
+    let mut halves = [mine as u32 as i32, (mine >> 32) as u32 as i32];
+    context.allreduce(&mut halves).map_err(|e| format!("agreeing on a seed: {e}"))?;
+    Ok(halves[0] as u32 as u64 | ((halves[1] as u32 as u64) << 32))
+}
+
+/// An element type the benchmark fills, sums and checks.
+trait Value: Element + Default {
+    const NAME: &'static str;
+    /// Sums are exact (int32) rather than within `--err`.
+    const EXACT: bool;
+    /// What an output buffer holds before the first result (SwitchML's 123456789).
+    const UNWRITTEN: Self;
+    fn generate(contents: &Contents, rank: u16, index: usize) -> Self;
+    /// The sum over `workers` ranks of element `index`, reduced `reductions` times (in
+    /// place, each job sums the previous job's sums).
+    fn expected(contents: &Contents, workers: u16, index: usize, reductions: u32) -> f64;
+    fn to_f64(self) -> f64;
+}
+
+impl Value for i32 {
+    const NAME: &'static str = "int32";
+    const EXACT: bool = true;
+    const UNWRITTEN: i32 = 123_456_789;
+    fn generate(contents: &Contents, rank: u16, index: usize) -> i32 {
+        contents.int32(rank, index)
+    }
+    fn expected(contents: &Contents, workers: u16, index: usize, reductions: u32) -> f64 {
+        let sum = (0..workers).fold(0i32, |sum, rank| sum.wrapping_add(contents.int32(rank, index)));
+        // The switch's int32 sums wrap, and so do these.
+        sum.wrapping_mul((workers as i32).wrapping_pow(reductions.saturating_sub(1))) as f64
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Value for f32 {
+    const NAME: &'static str = "float32";
+    const EXACT: bool = false;
+    const UNWRITTEN: f32 = 123_456_789.0;
+    fn generate(contents: &Contents, rank: u16, index: usize) -> f32 {
+        contents.float32(rank, index)
+    }
+    fn expected(contents: &Contents, workers: u16, index: usize, reductions: u32) -> f64 {
+        let sum: f64 = (0..workers).map(|rank| contents.float32(rank, index) as f64).sum();
+        sum * (workers as f64).powi(reductions.saturating_sub(1) as i32)
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+/// A progress bar on a terminal; none when the output goes to a pipe or a file.
+fn progress_bar(jobs: usize) -> ProgressBar {
+    let target = if std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    ProgressBar::with_draw_target(Some(jobs as u64), target)
+}
+
+fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Result<Report, String> {
+    let general = &context.config().general;
+    let (rank, workers, numel) = (general.rank, general.num_workers, options.tensor_numel);
+    let contents = Contents {
+        seed,
+        random: options.random,
+        density: options.density,
+        block_numel: general.packet_numel as usize,
+    };
+    let mut input: Vec<T> = (0..numel).map(|i| T::generate(&contents, rank, i)).collect();
+    let mut output: Vec<T> = if options.inplace { Vec::new() } else { vec![T::UNWRITTEN; numel] };
+    let input_pointer = input.as_mut_ptr();
+    let output_pointer = if options.inplace { input_pointer } else { output.as_mut_ptr() };
+    let submit = || -> Result<Job, String> {
+        // SAFETY: both buffers outlive every job: each group of jobs is waited for before
+        // the next is submitted, and the last before this function returns. Jobs of one
+        // group share the buffers, as SwitchML's do: every job of the same size is cut
+        // into the same slices for the same worker threads, and each thread runs its
+        // slices in submission order, so no two jobs touch an element at once.
+        unsafe {
+            context.submit_raw(
+                input_pointer.cast_const().cast(),
+                output_pointer.cast(),
+                numel,
+                T::DATA_TYPE,
+                None,
+            )
+        }
+        .map_err(|e| e.to_string())
+    };
+    let wait = |jobs: &mut Vec<Job>| -> Result<(), String> {
+        jobs.drain(..).try_for_each(|job| job.wait().map_err(|e| format!("job {} failed: {e}", job.id())))
+    };
+
+    println!("Submitting {} warmup jobs.", options.num_warmup_jobs);
+    let mut jobs = (0..options.num_warmup_jobs).map(|_| submit()).collect::<Result<Vec<_>, _>>()?;
+    wait(&mut jobs)?;
+    println!("Warmup finished.");
+
+    let before = context.stats().total();
+    let mut wire = None;
+    let group_size = if options.sync_every == 0 { options.num_jobs.max(1) } else { options.sync_every };
+    let bar = progress_bar(options.num_jobs);
+    let mut groups: Vec<(u64, Duration)> = Vec::new();
+    println!("Submitting {} jobs.", options.num_jobs);
+    let (mut first, mut started) = (0, Instant::now());
+    for job in 0..options.num_jobs {
+        jobs.push(submit()?);
+        let last = job + 1 == options.num_jobs;
+        if (job + 1) % group_size != 0 && !last {
+            continue;
+        }
+        wait(&mut jobs)?;
+        let duration = started.elapsed();
+        let elements = ((job + 1 - first) * numel) as u64;
+        let range = if job == first { format!("{job}") } else { format!("{first}-{job}") };
+        bar.suspend(|| {
+            println!(
+                "Job(s) #{range}# finished. Duration: #{}# ns Goodput: #{}# Gbps.",
+                duration.as_nanos(),
+                cpp_double(goodput_gbps(elements, duration))
+            )
+        });
+        bar.inc((job + 1 - first) as u64);
+        if last {
+            wire = Some(context.stats().total().since(&before));
+        }
+        if options.dump_stats {
+            bar.suspend(|| print!("{}", context.stats()));
+            context.reset_stats();
+        }
+        groups.push((elements, duration));
+        first = job + 1;
+        started = Instant::now();
+    }
+    bar.finish_and_clear();
+    println!("All jobs finished.");
+
+    let verified = options.verify.then(|| {
+        let reductions =
+            if options.inplace { (options.num_warmup_jobs + options.num_jobs) as u32 } else { 1 };
+        let results = if options.inplace { &input } else { &output };
+        verify::<T>(
+            &contents,
+            workers,
+            rank,
+            results,
+            (!options.inplace).then_some(&input[..]),
+            reductions,
+            options.err,
+        )
+    });
+
+    let summary = Summary::of(&groups);
+    println!("\n");
+    if let Some(summary) = &summary {
+        for line in summary.lines() {
+            println!("{line}");
+        }
+    }
+    let wire = wire.unwrap_or_default();
+    let jobs_timed = options.num_jobs.max(1) as f64;
+    let (sent, received) = (wire.bytes_sent as f64 / jobs_timed, wire.bytes_received as f64 / jobs_timed);
+    if let Some(summary) = &summary {
+        println!("Median ATE/s {}", cpp_double(summary.median_ate_per_second()));
+    }
+    let tensor_bytes = (numel * 4) as f64;
+    println!(
+        "Wire bytes per job (this worker): {} sent, {} received ({} and {} times the tensor's {} bytes)",
+        cpp_double(sent),
+        cpp_double(received),
+        cpp_double(sent / tensor_bytes.max(1.0)),
+        cpp_double(received / tensor_bytes.max(1.0)),
+        numel * 4
+    );
+    Ok(Report {
+        rank,
+        workers,
+        worker_threads: general.num_worker_threads,
+        packet_numel: general.packet_numel,
+        backend: format!("{:?}", general.backend).to_lowercase(),
+        prepostprocessor: general.prepostprocessor.clone(),
+        sparse: general.sparse == SparseMode::Auto,
+        tensor_numel: numel,
+        tensor_type: T::NAME,
+        inplace: options.inplace,
+        density: options.density,
+        num_jobs: options.num_jobs,
+        sync_every: options.sync_every,
+        seed,
+        groups: groups.iter().map(|(e, d)| (*e, d.as_nanos() as u64)).collect(),
+        median_ate_per_second: summary.as_ref().map(Summary::median_ate_per_second),
+        summary,
+        wire_bytes_sent_per_job: sent,
+        wire_bytes_received_per_job: received,
+        verified,
+    })
+}
+
+/// Checks the results (and, out of place, that the input is unchanged) and prints
+/// SwitchML's verification lines; returns whether everything is right.
+fn verify<T: Value>(
+    contents: &Contents,
+    workers: u16,
+    rank: u16,
+    results: &[T],
+    input: Option<&[T]>,
+    reductions: u32,
+    err: f64,
+) -> bool {
+    println!("Verifying final results");
+    let sums = Verification::check(
+        results.len(),
+        T::EXACT,
+        err,
+        |i| T::expected(contents, workers, i, reductions),
+        |i| results[i].to_f64(),
+    );
+    let unchanged = input.map(|input| {
+        Verification::check(
+            input.len(),
+            true,
+            0.0,
+            |i| T::generate(contents, rank, i).to_f64(),
+            |i| input[i].to_f64(),
+        )
+    });
+    for mismatch in &sums.first {
+        println!(
+            "Verification error at output buffer index [{}]. Expected {} but found {} ({}% error).",
+            mismatch.index,
+            cpp_double(mismatch.expected),
+            cpp_double(mismatch.found),
+            cpp_double(mismatch.error_percent)
+        );
+    }
+    if let Some(unchanged) = unchanged.as_ref().filter(|u| !u.passed()) {
+        let first = &unchanged.first[0];
+        println!(
+            "The input buffer changed: {} elements, first at index [{}] ({} instead of {}).",
+            unchanged.wrong,
+            first.index,
+            cpp_double(first.found),
+            cpp_double(first.expected)
+        );
+    }
+    let passed = sums.passed() && unchanged.as_ref().is_none_or(Verification::passed);
+    if passed {
+        println!("Data verified successfully.");
+    } else {
+        println!("Verification failed. There could be more errors but we do not print more than 10.");
+        println!("{} of {} elements are wrong.", sums.wrong, results.len());
+    }
+    passed
+}
