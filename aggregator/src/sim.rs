@@ -246,6 +246,8 @@ impl Cluster {
             session_idle_timeout: Duration::from_secs(3600),
             ..EngineLimits::default()
         });
+        // Any value: the simulated links carry no forger.
+        let token = config.seed.rotate_left(17) ^ 0x6e65_7461_6767;
         let session = engine.open_session(
             now,
             SessionSpec {
@@ -254,12 +256,14 @@ impl Cluster {
                 packet_elements: config.packet_elements,
                 depth: config.depth,
             },
+            token,
         )?;
         let workers = (0..config.workers)
             .map(|rank| {
                 WorkerProtocol::new(
                     WorkerConfig {
                         session: session.0,
+                        token,
                         rank,
                         slot_base: 0,
                         slots: config.slots,

@@ -106,46 +106,54 @@ impl Context {
         let slots_per_thread = config.slots_per_thread();
         let total_slots = slots_per_thread * general.num_worker_threads;
 
-        let (transports, session, control): (Vec<Box<dyn Transport>>, u32, Option<TcpStream>) = match general
-            .backend
-        {
-            BackendKind::Dummy => {
-                let spec = SessionSpec {
-                    workers: general.num_workers,
-                    slots: total_slots,
-                    packet_elements: general.packet_numel,
-                    depth: general.depth,
-                };
-                let mut transports: Vec<Box<dyn Transport>> = Vec::new();
-                let mut session = 0;
-                for _ in 0..threads {
-                    let (transport, id) =
-                        DummyTransport::new(spec, config.dummy.bandwidth, config.dummy.process_packets)
-                            .map_err(Error::InvalidConfig)?;
-                    session = id.0;
-                    transports.push(Box::new(transport));
+        let (transports, session, token, control): (Vec<Box<dyn Transport>>, u32, u64, Option<TcpStream>) =
+            match general.backend {
+                BackendKind::Dummy => {
+                    let spec = SessionSpec {
+                        workers: general.num_workers,
+                        slots: total_slots,
+                        packet_elements: general.packet_numel,
+                        depth: general.depth,
+                    };
+                    let mut transports: Vec<Box<dyn Transport>> = Vec::new();
+                    let mut session = 0;
+                    let token = DummyTransport::new_token();
+                    for _ in 0..threads {
+                        let (transport, id) = DummyTransport::new(
+                            spec,
+                            token,
+                            config.dummy.bandwidth,
+                            config.dummy.process_packets,
+                        )
+                        .map_err(Error::InvalidConfig)?;
+                        session = id.0;
+                        transports.push(Box::new(transport));
+                    }
+                    (transports, session, token, None)
                 }
-                (transports, session, None)
-            }
-            BackendKind::Udp => {
-                let mut sockets = (0..threads)
-                    .map(|_| {
-                        UdpTransport::bind(SocketAddr::new(config.udp.bind_ip, 0), config.udp.socket_buffer)
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| Error::Io(format!("binding the worker threads' UDP sockets: {e}")))?;
-                let ports = sockets
-                    .iter()
-                    .map(|s| s.local_addr().map(|a| a.port()))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let (stream, switch_ip, session, data_port) = register(&config, total_slots, ports)?;
-                for socket in &mut sockets {
-                    socket.connect(SocketAddr::new(switch_ip, data_port))?;
+                BackendKind::Udp => {
+                    let mut sockets = (0..threads)
+                        .map(|_| {
+                            UdpTransport::bind(
+                                SocketAddr::new(config.udp.bind_ip, 0),
+                                config.udp.socket_buffer,
+                            )
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| Error::Io(format!("binding the worker threads' UDP sockets: {e}")))?;
+                    let ports = sockets
+                        .iter()
+                        .map(|s| s.local_addr().map(|a| a.port()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let (stream, switch_ip, session, token, data_port) =
+                        register(&config, total_slots, ports)?;
+                    for socket in &mut sockets {
+                        socket.connect(SocketAddr::new(switch_ip, data_port))?;
+                    }
+                    let transports = sockets.into_iter().map(|s| Box::new(s) as Box<dyn Transport>).collect();
+                    (transports, session, token, Some(stream))
                 }
-                let transports = sockets.into_iter().map(|s| Box::new(s) as Box<dyn Transport>).collect();
-                (transports, session, Some(stream))
-            }
-        };
+            };
 
         let shared = Arc::new(Shared {
             stopping: AtomicBool::new(false),
@@ -163,6 +171,7 @@ impl Context {
             let (sender, receiver) = crossbeam_channel::unbounded();
             let protocol_config = WorkerConfig {
                 session,
+                token,
                 rank: general.rank,
                 slot_base: thread as u16 * slots_per_thread,
                 slots: slots_per_thread,
@@ -371,12 +380,12 @@ impl Drop for Context {
 }
 
 /// Registers with the switch and waits for every rank; returns the control connection,
-/// the switch's address, the session id and the data port.
+/// the switch's address, the session id and token, and the data port.
 fn register(
     config: &Config,
     slots: u16,
     ports: Vec<u16>,
-) -> Result<(TcpStream, std::net::IpAddr, u32, u16), Error> {
+) -> Result<(TcpStream, std::net::IpAddr, u32, u64, u16), Error> {
     let general = &config.general;
     let target = format!("{}:{}", general.controller_ip, general.controller_port);
     let deadline = Instant::now() + general.connect_timeout;
@@ -428,9 +437,9 @@ fn register(
     })?;
     stream.set_read_timeout(None)?;
     match reply {
-        (_, ControlMessage::Accept { session, data_port, .. }) => {
+        (_, ControlMessage::Accept { session, data_port, token, .. }) => {
             let switch_ip = stream.peer_addr()?.ip();
-            Ok((stream, switch_ip, session, data_port))
+            Ok((stream, switch_ip, session, token, data_port))
         }
         (_, ControlMessage::Reject { code, message }) => Err(Error::Rejected { code, message }),
         (_, other) => Err(Error::Io(format!("registration with {target}: unexpected reply {other:?}"))),

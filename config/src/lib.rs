@@ -85,6 +85,8 @@ pub struct Switch {
     pub max_slots: u16,
     /// Bytes of aggregation state all sessions together may hold.
     pub max_memory: usize,
+    /// Bytes of aggregation state one session may hold.
+    pub max_session_memory: usize,
     /// A session that receives no packet for this long is closed even though its workers
     /// are connected; zero never closes it so (a worker whose connection closes ends its
     /// session at once either way).
@@ -132,6 +134,7 @@ impl Default for Config {
                 max_workers: 1024,
                 max_slots: 8192,
                 max_memory: 1 << 30,
+                max_session_memory: 256 << 20,
                 idle_timeout: Duration::ZERO,
                 stats_interval: Duration::ZERO,
                 log_level: "info".into(),
@@ -183,7 +186,7 @@ const KEYS: &[(&str, &str, Setter)] = &[
     ("general.max_outstanding_packets", "an integer from 1 to 65535", |c, v| {
         set_int(&mut c.general.max_outstanding_packets, v, 1, 65535)
     }),
-    ("general.packet_numel", "an integer from 1 to 16366", |c, v| {
+    ("general.packet_numel", "an integer from 1 to 16364", |c, v| {
         set_int(&mut c.general.packet_numel, v, 1, MAX_ELEMENTS as u64)
     }),
     ("general.backend", "'udp' or 'dummy'", |c, v| {
@@ -268,6 +271,9 @@ const KEYS: &[(&str, &str, Setter)] = &[
     ("switch.max_slots", "an integer from 1 to 65535", |c, v| set_int(&mut c.switch.max_slots, v, 1, 65535)),
     ("switch.max_memory", "bytes, an integer of at least 1", |c, v| {
         set_int(&mut c.switch.max_memory, v, 1, u64::MAX)
+    }),
+    ("switch.max_session_memory", "bytes, an integer of at least 1", |c, v| {
+        set_int(&mut c.switch.max_session_memory, v, 1, u64::MAX)
     }),
     (
         "switch.idle_timeout",
@@ -538,7 +544,7 @@ mod tests {
                 "key 'general.num_workers' = '0': expected an integer from 1 to 65535",
             ),
             ("[general]\nbackend = dpdk\n", "key 'general.backend' = 'dpdk': expected 'udp' or 'dummy'"),
-            ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16366"),
+            ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16364"),
             ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
             ("[general]\ntimeout = -1\n", "expected milliseconds, above 0 and at most 30 days"),
             ("[general]\njob_timeout = 1e19\n", "expected seconds, above 0 and at most 30 days"),

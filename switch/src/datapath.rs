@@ -41,7 +41,7 @@ impl Peers {
 
 /// Requests from the control plane.
 pub enum Command {
-    Open { spec: SessionSpec, peers: Peers, reply: Sender<Result<SessionId, SessionError>> },
+    Open { spec: SessionSpec, token: u64, peers: Peers, reply: Sender<Result<SessionId, SessionError>> },
     Close { id: SessionId, reply: Sender<Option<SessionCounters>> },
     Counters { reply: Sender<(EngineCounters, Vec<(SessionId, SessionCounters)>)> },
     Shutdown,
@@ -99,7 +99,9 @@ impl DataPath {
                 return Ok(());
             }
             let board = &mut self.board;
-            self.socket.recv(IDLE_WAKEUP, |_, datagram| board.handle(Instant::now(), datagram, &mut out))?;
+            self.socket.recv(IDLE_WAKEUP, |source, datagram| {
+                board.handle(Instant::now(), source, datagram, &mut out)
+            })?;
             self.flush();
             let now = Instant::now();
             if now >= next_timer_check {
@@ -133,8 +135,8 @@ impl DataPath {
                 Err(crossbeam_channel::TryRecvError::Disconnected) => return false,
             };
             match command {
-                Command::Open { spec, peers, reply } => {
-                    let result = self.board.engine.open_session(Instant::now(), spec);
+                Command::Open { spec, token, peers, reply } => {
+                    let result = self.board.engine.open_session(Instant::now(), spec, token);
                     if let Ok(id) = result {
                         self.board.peers.insert(id, peers);
                     }
@@ -168,8 +170,14 @@ fn send(socket: &BatchSocket, destination: SocketAddr, batch: &SegmentBatch) {
 }
 
 impl Switchboard {
-    fn handle(&mut self, now: Instant, datagram: &[u8], out: &mut [u8]) {
-        let transmit = match self.engine.handle_datagram(now, datagram, out) {
+    fn handle(&mut self, now: Instant, source: SocketAddr, datagram: &[u8], out: &mut [u8]) {
+        let peers = &self.peers;
+        // A rank's packets for a slot come from the socket of its thread owning the slot:
+        // anything else is forged or misdirected, whatever it says.
+        let from_its_rank = |session, rank, slot| {
+            peers.get(&session).and_then(|p: &Peers| p.address(rank, slot)) == Some(source)
+        };
+        let transmit = match self.engine.handle_datagram_from(now, datagram, out, from_its_rank) {
             Verdict::Send(transmit) => transmit,
             Verdict::Consumed => return,
             Verdict::Dropped(reason) => {

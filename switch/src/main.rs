@@ -51,6 +51,9 @@ struct Args {
     /// Bytes of aggregation state all sessions together may hold [default 1 GiB].
     #[arg(long)]
     max_memory: Option<usize>,
+    /// Bytes of aggregation state one session may hold [default 256 MiB].
+    #[arg(long)]
+    max_session_memory: Option<usize>,
     /// Seconds without packets after which a session is closed although its workers are
     /// connected; 0 never does [default 0].
     #[arg(long)]
@@ -108,6 +111,7 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
     settings.max_workers = args.max_workers.unwrap_or(settings.max_workers);
     settings.max_slots = args.max_slots.unwrap_or(settings.max_slots);
     settings.max_memory = args.max_memory.unwrap_or(settings.max_memory);
+    settings.max_session_memory = args.max_session_memory.unwrap_or(settings.max_session_memory);
     if let Some(value) = args.idle_timeout {
         settings.idle_timeout = seconds(value, "idle-timeout")?;
     }
@@ -129,6 +133,7 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
         max_workers: settings.max_workers,
         max_slots: settings.max_slots,
         max_bytes: settings.max_memory,
+        max_session_bytes: settings.max_session_memory,
         session_idle_timeout: settings.idle_timeout,
         ..EngineLimits::default()
     };
@@ -202,8 +207,8 @@ fn print_counters(commands: &crossbeam_channel::Sender<Command>) {
     );
     for (id, c) in sessions {
         println!(
-            "stats: session {:#010x} packets {} contributions {} results {} resent {} duplicates {} stale {} stalled {} rejected {}",
-            id.0, c.packets_in, c.contributions, c.results_broadcast, c.results_resent, c.duplicates, c.stale, c.stalled, c.rejected
+            "stats: session {:#010x} packets {} contributions {} results {} resent {} duplicates {} stale {} stalled {} rejected {} forged {}",
+            id.0, c.packets_in, c.contributions, c.results_broadcast, c.results_resent, c.duplicates, c.stale, c.stalled, c.rejected, c.forged
         );
     }
 }
