@@ -20,6 +20,7 @@ use netagg_aggregator::{
 use netagg_wire::{ControlMessage, ValueEncoding, MAX_DATAGRAM_LEN};
 
 use crate::backend::dummy::DummyTransport;
+use crate::backend::faults::FaultyTransport;
 use crate::backend::udp::UdpTransport;
 use crate::backend::Transport;
 use crate::codec::{BlockFloatingPoint, Codec, Native};
@@ -155,6 +156,7 @@ impl Context {
                 }
             };
 
+        let transports = with_faults(transports, &config);
         let shared = Arc::new(Shared {
             stopping: AtomicBool::new(false),
             session_lost: Mutex::new(None),
@@ -377,6 +379,22 @@ impl Drop for Context {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Wraps every transport in the fault injector of `[faults]`, if any fault is set.
+fn with_faults(transports: Vec<Box<dyn Transport>>, config: &Config) -> Vec<Box<dyn Transport>> {
+    if !config.faults.is_active() {
+        return transports;
+    }
+    tracing::warn!(faults = ?config.faults, "injecting faults into this worker's packets");
+    let rank = config.general.rank as u64;
+    (0..)
+        .zip(transports)
+        .map(|(thread, transport)| {
+            let stream = rank << 16 | thread;
+            Box::new(FaultyTransport::new(transport, &config.faults, stream)) as Box<dyn Transport>
+        })
+        .collect()
 }
 
 /// Registers with the switch and waits for every rank; returns the control connection,
