@@ -18,13 +18,13 @@ const DEPTH: u8 = 2;
 /// and the acknowledgements that free it are on the timed path too.
 const ROUNDS: u32 = 8;
 
+/// The benched session's token.
+const TOKEN: u64 = 0xB0B0_CAFE_D00D_F00D;
+
 /// A fresh engine holding one open session of `workers`.
 ///
 /// A fresh engine gives its first session the same id every time, so packets built for
 /// one such session are valid for all of them.
-/// The benched session's token.
-const TOKEN: u64 = 0xB0B0_CAFE_D00D_F00D;
-
 fn open_session(workers: u16, now: Instant) -> (Engine, SessionId) {
     let mut engine = Engine::new(EngineLimits::default());
     let spec = SessionSpec { workers, slots: SLOTS, packet_elements: PACKET_ELEMENTS, depth: DEPTH };
