@@ -95,19 +95,29 @@ fn a_worker_killed_mid_job_fails_the_others_at_once_and_a_new_session_starts_rig
     run_verified(&switch, 4, 2, &[], &["--numel", "100000", "--jobs", "2"], Duration::from_secs(60));
 }
 
-/// Starts `workers` contexts of one session at `switch` (each waits for all).
-fn contexts(switch: &Switch, workers: u16, change: impl Fn(&mut Config)) -> Vec<Context> {
+/// Starts `workers` contexts of a new session at `switch` (each waits for all); returns
+/// each rank's outcome.
+fn start_contexts(
+    switch: &Switch,
+    workers: u16,
+    change: impl Fn(&mut Config),
+) -> Vec<Result<Context, Error>> {
     let session = unique_session("lib");
     std::thread::scope(|scope| {
         let starts: Vec<_> = (0..workers)
             .map(|rank| {
                 let mut config = switch.config(rank, workers, &session);
                 change(&mut config);
-                scope.spawn(move || Context::start(config).unwrap())
+                scope.spawn(move || Context::start(config))
             })
             .collect();
         starts.into_iter().map(|s| s.join().unwrap()).collect()
     })
+}
+
+/// [`start_contexts`], every one of which must start.
+fn contexts(switch: &Switch, workers: u16, change: impl Fn(&mut Config)) -> Vec<Context> {
+    start_contexts(switch, workers, change).into_iter().map(Result::unwrap).collect()
 }
 
 /// Runs one allreduce on every context at once; returns each rank's outcome, and checks
@@ -271,4 +281,31 @@ fn hostile_packets_blasted_during_a_real_allreduce_change_no_sum_and_are_counted
     assert!(counter(engine, "unknown-session") > sent / 100, "{engine}");
     assert!(counter(ours, "forged") > sent / 10, "{ours}");
     println!("{sent} hostile datagrams sent\n{stats}");
+}
+
+#[test]
+fn sessions_over_the_memory_limits_are_refused_with_the_bytes_they_need() {
+    let switch = Switch::start(&["--max-session-memory", "100000", "--max-sessions", "1"]);
+    let window = |slots: u16| move |config: &mut Config| config.general.max_outstanding_packets = slots;
+    for outcome in start_contexts(&switch, 2, window(256)) {
+        let error = outcome.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&error, Error::Rejected { code: netagg::RejectCode::Limit, message }
+                if message.starts_with("the session needs ") && message.ends_with(" bytes, one session may hold at most 100000")),
+            "{error:?}"
+        );
+    }
+    // A smaller window fits; a second session at once does not.
+    let first = contexts(&switch, 2, window(4));
+    assert!(allreduce_all(&first, 1000).iter().all(Result::is_ok));
+    for outcome in start_contexts(&switch, 2, window(4)) {
+        let error = outcome.map(|_| ()).unwrap_err();
+        assert_eq!(
+            error,
+            Error::Rejected {
+                code: netagg::RejectCode::Limit,
+                message: "1 sessions are open, the limit is 1".into()
+            }
+        );
+    }
 }
