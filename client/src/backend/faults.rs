@@ -124,7 +124,7 @@ mod tests {
         let echo = Echo { queue: VecDeque::new(), sent: Arc::clone(&sent) };
         let faults = Faults {
             send: FaultRates::dropping(0.5),
-            receive: FaultRates { delay: Duration::from_millis(3), ..FaultRates::NONE },
+            receive: FaultRates { delay: Duration::from_millis(200), ..FaultRates::NONE },
             seed: 5,
         };
         let mut transport = FaultyTransport::new(Box::new(echo), &faults, 0);
@@ -138,7 +138,9 @@ mod tests {
 
         let mut received = Vec::new();
         let started = Instant::now();
-        assert_eq!(transport.recv(Duration::ZERO, &mut |d| received.push(d.to_vec())).unwrap(), 0);
+        // Each is held for up to 200 ms: few can be due at once.
+        let at_once = transport.recv(Duration::ZERO, &mut |d| received.push(d.to_vec())).unwrap();
+        assert!(at_once < sent.lock().unwrap().len() / 2, "{at_once} arrived at once");
         while received.len() < sent.lock().unwrap().len() {
             assert!(started.elapsed() < Duration::from_secs(5), "held datagrams never arrived");
             transport.recv(Duration::from_millis(10), &mut |d| received.push(d.to_vec())).unwrap();
