@@ -1,7 +1,8 @@
 //! Goodput under loss against lossless: allreduces of 1M int32 through the client
 //! library's whole worker path (context, worker threads, protocol, codec), over the dummy
-//! backend's emulated 10 Gbit/s link, wrapped in the fault injector that drops the given
-//! share of packets in each direction.
+//! backend (an in-process switch, as if 4 workers sent the same tensor), each of the two
+//! worker threads on its own emulated 10 Gbit/s link, wrapped in the fault injector that
+//! drops the given share of packets in each direction.
 //!
 //! Criterion reports each loss rate's time and throughput in elements per second, and
 //! writes the median to `target/criterion/allreduce_1M_int32_under_loss/loss/<rate>/new/
