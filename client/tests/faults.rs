@@ -309,3 +309,73 @@ fn sessions_over_the_memory_limits_are_refused_with_the_bytes_they_need() {
         );
     }
 }
+
+#[test]
+fn a_rank_s_packets_count_only_from_its_registered_address_and_with_its_token() {
+    use netagg_wire::{ControlMessage, Packet, ValueEncoding};
+    let switch = Switch::start(&[]);
+    // Register a one-worker session by hand, to hold its token as a worker does.
+    let registered = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let elsewhere = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut control = std::net::TcpStream::connect(switch.control).unwrap();
+    let register = ControlMessage::Register {
+        rank: 0,
+        world_size: 1,
+        packet_elements: 4,
+        slots: 1,
+        depth: 2,
+        encoding: ValueEncoding::Native,
+        name: unique_session("by-hand"),
+        ports: vec![registered.local_addr().unwrap().port()],
+    };
+    register.write_to(1, &mut control).unwrap();
+    control.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (session, token) = match ControlMessage::read_from(&mut control).unwrap() {
+        (1, ControlMessage::Accept { session, token, .. }) => (session, token),
+        other => panic!("{other:?}"),
+    };
+    let data = |values: [i32; 4], token: u64| {
+        let repr = PacketRepr {
+            message_type: MessageType::Data,
+            element_type: ElementType::Int32,
+            flags: Flags::NONE,
+            session,
+            job: 1,
+            packet_id: 0,
+            rank: 0,
+            element_count: 4,
+            slot: 0,
+            exponent: 0,
+            round: 0,
+            block: 0,
+            next_block: 0,
+            ack_round: u32::MAX,
+            token,
+        };
+        let mut bytes = vec![0u8; repr.buffer_len()];
+        let mut packet = repr.emit(&mut bytes).unwrap();
+        for (element, value) in packet.payload_mut().chunks_exact_mut(4).zip(values) {
+            element.copy_from_slice(&value.to_le_bytes());
+        }
+        bytes
+    };
+    // The right token from another port, and a wrong token from the right one.
+    for _ in 0..10 {
+        elsewhere.send_to(&data([666; 4], token), switch.data).unwrap();
+        registered.send_to(&data([777; 4], token ^ 1), switch.data).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    registered.send_to(&data([1, 2, 3, 4], token), switch.data).unwrap();
+    registered.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buffer = [0u8; 256];
+    let (len, from) = registered.recv_from(&mut buffer).unwrap();
+    assert_eq!(from, switch.data);
+    let result = Packet::new_checked(&buffer[..len]).unwrap();
+    assert_eq!((result.message_type(), result.token()), (MessageType::Result, token));
+    let sums: Vec<i32> =
+        result.payload().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+    assert_eq!(sums, [1, 2, 3, 4], "no forged packet was summed");
+    let stats = switch.stop();
+    let line = stats.lines().find(|l| l.starts_with(&format!("stats: session {session:#010x}"))).unwrap();
+    assert_eq!((counter(line, "contributions"), counter(line, "forged")), (1, 20), "{line}");
+}
