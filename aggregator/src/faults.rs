@@ -19,12 +19,13 @@ use rand_chacha::ChaCha8Rng;
 /// The longest delay a direction may add; a longer one only makes jobs time out.
 pub const MAX_FAULT_DELAY: Duration = Duration::from_secs(10);
 
-/// How long a reordered datagram is held back when the direction adds no delay: long
-/// enough for a window of later datagrams to overtake it, short against any timeout.
+/// How long a reordered datagram is held back by default when the direction adds no
+/// longer delay: long enough for a window of later datagrams to overtake it on a real
+/// link, short against any timeout.
 pub const REORDER_HOLD: Duration = Duration::from_millis(1);
 
 /// Fault probabilities and delay of one direction.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FaultRates {
     /// Probability that a datagram is lost.
     pub drop: f64,
@@ -37,12 +38,26 @@ pub struct FaultRates {
     /// Every datagram is delayed by a uniform random time up to this much (which also
     /// reorders datagrams closer together than the delay's spread).
     pub delay: Duration,
+    /// How long a reordered datagram is held back, at least (`delay` if longer).
+    pub reorder_hold: Duration,
+}
+
+impl Default for FaultRates {
+    fn default() -> Self {
+        FaultRates::NONE
+    }
 }
 
 impl FaultRates {
     /// A direction that does nothing to its datagrams.
-    pub const NONE: FaultRates =
-        FaultRates { drop: 0.0, duplicate: 0.0, reorder: 0.0, corrupt: 0.0, delay: Duration::ZERO };
+    pub const NONE: FaultRates = FaultRates {
+        drop: 0.0,
+        duplicate: 0.0,
+        reorder: 0.0,
+        corrupt: 0.0,
+        delay: Duration::ZERO,
+        reorder_hold: REORDER_HOLD,
+    };
 
     /// Drops `rate` of the datagrams and nothing else.
     pub fn dropping(rate: f64) -> FaultRates {
@@ -51,7 +66,11 @@ impl FaultRates {
 
     /// Whether any fault is configured.
     pub fn is_active(&self) -> bool {
-        *self != FaultRates::NONE
+        self.drop > 0.0
+            || self.duplicate > 0.0
+            || self.reorder > 0.0
+            || self.corrupt > 0.0
+            || !self.delay.is_zero()
     }
 }
 
@@ -154,7 +173,7 @@ impl<A: Copy> FaultInjector<A> {
             }
             if self.chance(self.rates.reorder) {
                 self.counters.reordered += 1;
-                hold += self.rates.delay.max(REORDER_HOLD);
+                hold += self.rates.delay.max(self.rates.reorder_hold);
             }
             let bytes = if corrupt {
                 self.counters.corrupted += 1;
