@@ -6,7 +6,7 @@
 //!   next-block bookkeeping.
 //! - [`faults`]: one direction of a faulty link (drop, duplicate, reorder, delay,
 //!   corrupt, from a seeded RNG), which the client and switch shells wrap their
-//!   transports with.
+//!   transports with, and the links of [`sim`] are made of.
 //! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock.
 //! - [`sum`]: the element-wise sums.
 //!

@@ -336,3 +336,21 @@ fn a_dead_switch_fails_the_job_within_the_timeout() {
     let error = cluster.allreduce(&int32_inputs(2, 1000, 1), false).unwrap_err();
     assert!(matches!(error, SimError::Failed { reason, .. } if reason.contains("open a new session")));
 }
+
+#[test]
+fn sparse_allreduces_of_1m_int32_across_4_workers_stay_exact_with_1_and_5_percent_loss() {
+    // The process-level loss test (client/tests/faults.rs) is dense: the library sends
+    // dense jobs. Sparse streams meet the same loss here, on the same fault injector.
+    for (rate, seed) in [(0.01, 21), (0.05, 22)] {
+        let mut config = ClusterConfig::new(4, 64, 256).with_faults(rate);
+        config.seed = seed;
+        let mut cluster = Cluster::new(config).unwrap();
+        for job in 0..3 {
+            let inputs = sparse_inputs(4, 1 << 20, 256, 0.05, seed * 10 + job);
+            let report = cluster.allreduce(&inputs, true).unwrap();
+            assert_int32_results(&report.outputs, &inputs);
+            let resent: u64 = report.workers.iter().map(|w| w.retransmissions).sum();
+            assert!(resent > 0, "loss {rate}: nothing was lost");
+        }
+    }
+}
