@@ -73,7 +73,7 @@ fn a_worker_killed_mid_job_fails_the_others_at_once_and_a_new_session_starts_rig
     let args = ["--numel", "4000000", "--jobs", "3"];
     let mut workers: Vec<Worker> =
         (0..4).map(|rank| Worker::start(&switch, rank, 4, &session, &env, &args)).collect();
-    // Mid-job: the session has summed some rounds, and no rank has finished its first job.
+    // Mid-job: the session has summed some rounds, and no rank is done.
     switch.wait_for_line(Duration::from_secs(60), |line| {
         line.starts_with("stats: session") && counter(line, "results") > 100
     });
