@@ -29,6 +29,10 @@ use crate::stats::Stats;
 use crate::Error;
 use netagg_config::{BackendKind, Config};
 
+/// What starting a backend gives: a transport per worker thread, the session id and
+/// token, and the control connection (none for the dummy backend).
+type Started = (Vec<Box<dyn Transport>>, u32, u64, Option<TcpStream>);
+
 /// The longest a worker thread sleeps before it looks at `stop` and the session again.
 const THREAD_WAKEUP: Duration = Duration::from_millis(50);
 
@@ -107,54 +111,49 @@ impl Context {
         let slots_per_thread = config.slots_per_thread();
         let total_slots = slots_per_thread * general.num_worker_threads;
 
-        let (transports, session, token, control): (Vec<Box<dyn Transport>>, u32, u64, Option<TcpStream>) =
-            match general.backend {
-                BackendKind::Dummy => {
-                    let spec = SessionSpec {
-                        workers: general.num_workers,
-                        slots: total_slots,
-                        packet_elements: general.packet_numel,
-                        depth: general.depth,
-                    };
-                    let mut transports: Vec<Box<dyn Transport>> = Vec::new();
-                    let mut session = 0;
-                    let token = DummyTransport::new_token();
-                    for _ in 0..threads {
-                        let (transport, id) = DummyTransport::new(
-                            spec,
-                            token,
-                            config.dummy.bandwidth,
-                            config.dummy.process_packets,
-                        )
-                        .map_err(Error::InvalidConfig)?;
-                        session = id.0;
-                        transports.push(Box::new(transport));
-                    }
-                    (transports, session, token, None)
+        let (transports, session, token, control): Started = match general.backend {
+            BackendKind::Dummy => {
+                let spec = SessionSpec {
+                    workers: general.num_workers,
+                    slots: total_slots,
+                    packet_elements: general.packet_numel,
+                    depth: general.depth,
+                };
+                let mut transports: Vec<Box<dyn Transport>> = Vec::new();
+                let mut session = 0;
+                let token = DummyTransport::new_token();
+                for _ in 0..threads {
+                    let (transport, id) = DummyTransport::new(
+                        spec,
+                        token,
+                        config.dummy.bandwidth,
+                        config.dummy.process_packets,
+                    )
+                    .map_err(Error::InvalidConfig)?;
+                    session = id.0;
+                    transports.push(Box::new(transport));
                 }
-                BackendKind::Udp => {
-                    let mut sockets = (0..threads)
-                        .map(|_| {
-                            UdpTransport::bind(
-                                SocketAddr::new(config.udp.bind_ip, 0),
-                                config.udp.socket_buffer,
-                            )
-                        })
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| Error::Io(format!("binding the worker threads' UDP sockets: {e}")))?;
-                    let ports = sockets
-                        .iter()
-                        .map(|s| s.local_addr().map(|a| a.port()))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let (stream, switch_ip, session, token, data_port) =
-                        register(&config, total_slots, ports)?;
-                    for socket in &mut sockets {
-                        socket.connect(SocketAddr::new(switch_ip, data_port))?;
-                    }
-                    let transports = sockets.into_iter().map(|s| Box::new(s) as Box<dyn Transport>).collect();
-                    (transports, session, token, Some(stream))
+                (transports, session, token, None)
+            }
+            BackendKind::Udp => {
+                let mut sockets = (0..threads)
+                    .map(|_| {
+                        UdpTransport::bind(SocketAddr::new(config.udp.bind_ip, 0), config.udp.socket_buffer)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| Error::Io(format!("binding the worker threads' UDP sockets: {e}")))?;
+                let ports = sockets
+                    .iter()
+                    .map(|s| s.local_addr().map(|a| a.port()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let (stream, switch_ip, session, token, data_port) = register(&config, total_slots, ports)?;
+                for socket in &mut sockets {
+                    socket.connect(SocketAddr::new(switch_ip, data_port))?;
                 }
-            };
+                let transports = sockets.into_iter().map(|s| Box::new(s) as Box<dyn Transport>).collect();
+                (transports, session, token, Some(stream))
+            }
+        };
 
         let transports = with_faults(transports, &config);
         let shared = Arc::new(Shared {
