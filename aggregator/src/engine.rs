@@ -50,6 +50,8 @@ pub struct EngineLimits {
     pub max_packet_elements: u16,
     /// Bytes of state all sessions together may hold.
     pub max_bytes: usize,
+    /// Bytes of state one session may hold, so that one tenant cannot take the budget.
+    pub max_session_bytes: usize,
     /// A session that receives nothing for this long is closed (`Duration::MAX`: never).
     pub session_idle_timeout: Duration,
 }
@@ -63,6 +65,7 @@ impl Default for EngineLimits {
             max_depth: MAX_DEPTH,
             max_packet_elements: MAX_ELEMENTS as u16,
             max_bytes: 1 << 30,
+            max_session_bytes: 1 << 30,
             session_idle_timeout: Duration::from_secs(60),
         }
     }
@@ -108,6 +111,8 @@ pub enum SessionError {
     PacketElements { requested: u16, max: u16 },
     #[error("the session needs {needed} bytes, {available} of the engine's budget are free")]
     Memory { needed: usize, available: usize },
+    #[error("the session needs {needed} bytes, one session may hold at most {max}")]
+    SessionMemory { needed: usize, max: usize },
     #[error("no open session has id {0:#010x}")]
     Unknown(u32),
 }
@@ -157,6 +162,10 @@ pub enum DropReason {
     Malformed(#[from] WireError),
     #[error("no open session has this id")]
     UnknownSession,
+    #[error("the token is not the session's")]
+    WrongToken,
+    #[error("the packet did not come from the address its rank registered")]
+    WrongSource,
     #[error("a result packet is for workers, not for the switch")]
     NotForSwitch,
     #[error("rank is not below the session's worker count")]
@@ -204,6 +213,9 @@ counters! {
         pub not_ready: u64,
         /// Packets that break the protocol (wrong rank, slot, round, size or fields).
         pub rejected: u64,
+        /// Packets naming the session without its token, or from an address other than
+        /// their rank's: forged or misdirected, and never let near the sums.
+        pub forged: u64,
     }
 }
 
@@ -250,7 +262,14 @@ impl Engine {
     }
 
     /// Opens a session, checking it against every limit before allocating anything.
-    pub fn open_session(&mut self, now: Instant, spec: SessionSpec) -> Result<SessionId, SessionError> {
+    /// `token` is the secret its packets must carry; the caller draws it from a CSPRNG
+    /// (the engine reads no randomness of its own) and hands it to the workers.
+    pub fn open_session(
+        &mut self,
+        now: Instant,
+        spec: SessionSpec,
+        token: u64,
+    ) -> Result<SessionId, SessionError> {
         let limits = &self.limits;
         if spec.workers == 0 || spec.workers > limits.max_workers {
             return Err(SessionError::Workers { requested: spec.workers, max: limits.max_workers });
@@ -271,6 +290,9 @@ impl Engine {
             return Err(SessionError::TooManySessions { open, max: limits.max_sessions });
         }
         let needed = spec.state_bytes();
+        if needed > limits.max_session_bytes {
+            return Err(SessionError::SessionMemory { needed, max: limits.max_session_bytes });
+        }
         let available = limits.max_bytes.saturating_sub(self.bytes_in_use);
         if needed > available {
             return Err(SessionError::Memory { needed, available });
@@ -287,7 +309,7 @@ impl Engine {
         let generation = self.generations[index].wrapping_add(1).max(1);
         self.generations[index] = generation;
         let id = SessionId((generation as u32) << 16 | index as u32);
-        self.sessions[index] = Some(Session::new(id, spec, now));
+        self.sessions[index] = Some(Session::new(id, spec, token, now));
         self.bytes_in_use += needed;
         self.counters.sessions_opened += 1;
         Ok(id)
@@ -336,6 +358,20 @@ impl Engine {
     ///
     /// [`MAX_DATAGRAM_LEN`]: netagg_wire::MAX_DATAGRAM_LEN
     pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8], out: &mut [u8]) -> Verdict {
+        self.handle_datagram_from(now, datagram, out, |_, _, _| true)
+    }
+
+    /// [`Engine::handle_datagram`] for a shell that knows where datagrams come from:
+    /// `from_its_rank(session, rank, slot)` says whether the datagram came from the
+    /// address that rank's thread for that slot registered. It is asked only once the
+    /// packet is well formed and carries its session's token.
+    pub fn handle_datagram_from(
+        &mut self,
+        now: Instant,
+        datagram: &[u8],
+        out: &mut [u8],
+        from_its_rank: impl FnOnce(SessionId, u16, u16) -> bool,
+    ) -> Verdict {
         self.counters.datagrams += 1;
         let packet = match Packet::new_checked(datagram) {
             Ok(packet) => packet,
@@ -349,7 +385,7 @@ impl Engine {
             self.counters.unknown_session += 1;
             return Verdict::Dropped(DropReason::UnknownSession);
         };
-        session.handle(now, &repr, packet.payload(), out)
+        session.handle(now, &repr, packet.payload(), out, from_its_rank)
     }
 
     /// When [`Engine::handle_timeout`] next has something to do.
@@ -380,6 +416,7 @@ impl Engine {
 struct Session {
     id: SessionId,
     spec: SessionSpec,
+    token: u64,
     last_activity: Instant,
     counters: SessionCounters,
     slots: Vec<Slot>,
@@ -429,7 +466,7 @@ struct Set {
 }
 
 impl Session {
-    fn new(id: SessionId, spec: SessionSpec, now: Instant) -> Session {
+    fn new(id: SessionId, spec: SessionSpec, token: u64, now: Instant) -> Session {
         let slots = (0..spec.slots)
             .map(|_| Slot {
                 open_round: 0,
@@ -457,7 +494,7 @@ impl Session {
                 payload: vec![0; payload_len].into_boxed_slice(),
             })
             .collect();
-        Session { id, spec, last_activity: now, counters: SessionCounters::default(), slots, sets }
+        Session { id, spec, token, last_activity: now, counters: SessionCounters::default(), slots, sets }
     }
 
     fn set_index(&self, slot: u16, round: u32) -> usize {
@@ -469,9 +506,20 @@ impl Session {
         Verdict::Dropped(reason)
     }
 
-    fn handle(&mut self, now: Instant, repr: &PacketRepr, payload: &[u8], out: &mut [u8]) -> Verdict {
-        self.last_activity = now;
+    fn handle(
+        &mut self,
+        now: Instant,
+        repr: &PacketRepr,
+        payload: &[u8],
+        out: &mut [u8],
+        from_its_rank: impl FnOnce(SessionId, u16, u16) -> bool,
+    ) -> Verdict {
         self.counters.packets_in += 1;
+        // Before anything else: a forged packet must not even keep the session alive.
+        if repr.token != self.token {
+            self.counters.forged += 1;
+            return Verdict::Dropped(DropReason::WrongToken);
+        }
         if out.len() < HEADER_LEN + self.spec.packet_elements as usize * ELEMENT_LEN {
             return Verdict::Dropped(DropReason::OutputTooSmall);
         }
@@ -481,6 +529,11 @@ impl Session {
         if repr.slot >= self.spec.slots {
             return self.reject(DropReason::SlotOutOfRange);
         }
+        if !from_its_rank(self.id, repr.rank, repr.slot) {
+            self.counters.forged += 1;
+            return Verdict::Dropped(DropReason::WrongSource);
+        }
+        self.last_activity = now;
         match repr.message_type {
             MessageType::Result => self.reject(DropReason::NotForSwitch),
             MessageType::Ack => {
@@ -660,6 +713,7 @@ impl Session {
             block: set.block,
             next_block: set.next_block,
             ack_round: 0,
+            token: self.token,
         };
         let len = repr.buffer_len();
         // `handle` checked that `out` holds a full packet of the session.

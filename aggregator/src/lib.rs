@@ -4,6 +4,9 @@
 //!   dense (SwitchML's semantics) and sparse (OmniReduce's block streams), loss-tolerant.
 //! - [`worker`]: the worker thread's core: window, rounds, retransmission timers and sparse
 //!   next-block bookkeeping.
+//! - [`faults`]: one direction of a faulty link (drop, duplicate, reorder, delay,
+//!   corrupt, from a seeded RNG), which the client and switch shells wrap their
+//!   transports with, and the links of [`sim`] are made of.
 //! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock.
 //! - [`sum`]: the element-wise sums.
 //!
@@ -36,6 +39,7 @@ macro_rules! counters {
 }
 
 pub mod engine;
+pub mod faults;
 pub mod sim;
 pub mod sum;
 pub mod worker;
@@ -44,4 +48,5 @@ pub mod workers;
 pub use engine::{
     DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit, Verdict,
 };
+pub use faults::{FaultCounters, FaultInjector, FaultRates};
 pub use worker::{BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerProtocol};

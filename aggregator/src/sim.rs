@@ -1,5 +1,7 @@
 //! An in-memory cluster: N workers running [`WorkerProtocol`], one [`Engine`], and links
 //! that drop, duplicate, reorder and delay packets from a seeded RNG, on a virtual clock.
+//! The faults are those of [`FaultInjector`], the one the client and switch shells use;
+//! the links add their latency to it.
 //!
 //! Runs are deterministic for a seed and bounded in steps, so a livelock fails instead of
 //! hanging. The tests, property tests and benches drive the protocol through it.
@@ -9,12 +11,11 @@ use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use netagg_wire::{ElementType, MAX_DATAGRAM_LEN};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{
     Engine, EngineLimits, Recipient, SessionCounters, SessionError, SessionId, SessionSpec, Verdict,
 };
+use crate::faults::{FaultInjector, FaultRates};
 use crate::worker::{
     BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol,
 };
@@ -34,6 +35,19 @@ pub struct LinkFaults {
 }
 
 impl LinkFaults {
+    /// The faults of the link, for the injector; a reordered packet is held back by up
+    /// to four latencies.
+    fn rates(&self) -> FaultRates {
+        FaultRates {
+            drop: self.drop,
+            duplicate: self.duplicate,
+            reorder: self.reorder,
+            corrupt: 0.0,
+            delay: self.jitter,
+            reorder_hold: self.latency * 4,
+        }
+    }
+
     /// A link that delivers everything, in order, after `latency`.
     pub const fn perfect(latency: Duration) -> LinkFaults {
         LinkFaults { drop: 0.0, duplicate: 0.0, reorder: 0.0, latency, jitter: Duration::ZERO }
@@ -183,7 +197,8 @@ pub struct Cluster {
     engine: Engine,
     session: SessionId,
     workers: Vec<WorkerProtocol>,
-    rng: ChaCha8Rng,
+    uplink: FaultInjector<Endpoint>,
+    downlink: FaultInjector<Endpoint>,
     now: Instant,
     in_flight: BinaryHeap<Reverse<InFlight>>,
     sequence: u64,
@@ -246,6 +261,8 @@ impl Cluster {
             session_idle_timeout: Duration::from_secs(3600),
             ..EngineLimits::default()
         });
+        // Any value: the simulated links carry no forger.
+        let token = config.seed.rotate_left(17) ^ 0x6e65_7461_6767;
         let session = engine.open_session(
             now,
             SessionSpec {
@@ -254,12 +271,14 @@ impl Cluster {
                 packet_elements: config.packet_elements,
                 depth: config.depth,
             },
+            token,
         )?;
         let workers = (0..config.workers)
             .map(|rank| {
                 WorkerProtocol::new(
                     WorkerConfig {
                         session: session.0,
+                        token,
                         rank,
                         slot_base: 0,
                         slots: config.slots,
@@ -273,13 +292,13 @@ impl Cluster {
                 )
             })
             .collect();
-        let rng = ChaCha8Rng::seed_from_u64(config.seed);
         Ok(Cluster {
+            uplink: FaultInjector::new(config.uplink.rates(), config.seed),
+            downlink: FaultInjector::new(config.downlink.rates(), !config.seed),
             config,
             engine,
             session,
             workers,
-            rng,
             now,
             in_flight: BinaryHeap::new(),
             sequence: 0,
@@ -359,15 +378,11 @@ impl Cluster {
         loop {
             for (worker, io) in self.workers.iter_mut().zip(&mut ios) {
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
-                    Self::send(
-                        &mut self.rng,
-                        &mut self.in_flight,
-                        &mut self.sequence,
-                        self.now,
-                        self.config.uplink,
-                        Endpoint::Switch,
-                        &buf[..len],
-                    );
+                    let latency = self.config.uplink.latency;
+                    let (in_flight, sequence, now) = (&mut self.in_flight, &mut self.sequence, self.now);
+                    self.uplink.push(self.now, Endpoint::Switch, &buf[..len], |to, bytes| {
+                        Self::transit(in_flight, sequence, now + latency, to, bytes)
+                    });
                 }
             }
             if let Some(failed) = self.workers.iter().find(|w| matches!(w.status(), JobStatus::Failed(_))) {
@@ -383,7 +398,9 @@ impl Cluster {
             }
             let next_delivery = self.in_flight.peek().map(|Reverse(p)| p.at);
             let next_timer = self.workers.iter_mut().filter_map(|w| w.poll_timeout()).min();
-            let Some(next) = [next_delivery, next_timer].into_iter().flatten().min() else {
+            let next_release = [self.uplink.next_release(), self.downlink.next_release()];
+            let events = [next_delivery, next_timer].into_iter().chain(next_release);
+            let Some(next) = events.flatten().min() else {
                 let rank = self.workers.iter().position(|w| *w.status() != JobStatus::Done).unwrap_or(0);
                 return Err(SimError::Stuck { rank: rank as u16 });
             };
@@ -415,6 +432,14 @@ impl Cluster {
     }
 
     fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8]) {
+        // Packets the links held back go on their way now, after the link's latency.
+        for (link, latency) in [
+            (&mut self.uplink, self.config.uplink.latency),
+            (&mut self.downlink, self.config.downlink.latency),
+        ] {
+            let (in_flight, sequence, at) = (&mut self.in_flight, &mut self.sequence, self.now + latency);
+            link.release(self.now, |to, bytes| Self::transit(in_flight, sequence, at, to, bytes));
+        }
         while self.in_flight.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
             let Some(Reverse(packet)) = self.in_flight.pop() else {
                 break;
@@ -436,15 +461,14 @@ impl Cluster {
                         Recipient::All => (0..self.config.workers).collect(),
                         Recipient::Worker(rank) => vec![rank],
                     };
+                    let at = self.now + self.config.downlink.latency;
+                    let (in_flight, sequence) = (&mut self.in_flight, &mut self.sequence);
                     for rank in recipients {
-                        Self::send(
-                            &mut self.rng,
-                            &mut self.in_flight,
-                            &mut self.sequence,
+                        self.downlink.push(
                             self.now,
-                            self.config.downlink,
                             Endpoint::Worker(rank),
                             &buf[..transmit.len],
+                            |to, bytes| Self::transit(in_flight, sequence, at, to, bytes),
                         );
                     }
                 }
@@ -452,31 +476,15 @@ impl Cluster {
         }
     }
 
-    fn send(
-        rng: &mut ChaCha8Rng,
+    /// Puts a packet on the wire, to arrive at `at`.
+    fn transit(
         in_flight: &mut BinaryHeap<Reverse<InFlight>>,
         sequence: &mut u64,
-        now: Instant,
-        faults: LinkFaults,
+        at: Instant,
         to: Endpoint,
         bytes: &[u8],
     ) {
-        if rng.gen_bool(faults.drop) {
-            return;
-        }
-        let copies = if rng.gen_bool(faults.duplicate) { 2 } else { 1 };
-        for _ in 0..copies {
-            let mut delay = faults.latency + faults.jitter.mul_f64(rng.gen::<f64>());
-            if rng.gen_bool(faults.reorder) {
-                delay += faults.latency.mul_f64(4.0 * rng.gen::<f64>());
-            }
-            *sequence += 1;
-            in_flight.push(Reverse(InFlight {
-                at: now + delay,
-                sequence: *sequence,
-                to,
-                bytes: bytes.to_vec(),
-            }));
-        }
+        *sequence += 1;
+        in_flight.push(Reverse(InFlight { at, sequence: *sequence, to, bytes: bytes.to_vec() }));
     }
 }

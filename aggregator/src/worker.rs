@@ -143,6 +143,9 @@ pub struct JobSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerConfig {
     pub session: u32,
+    /// The session's secret from the switch's accept; sent in every packet, and a result
+    /// without it is not from the session's switch.
+    pub token: u64,
     pub rank: u16,
     /// This thread's slots are `slot_base..slot_base + slots`.
     pub slot_base: u16,
@@ -208,6 +211,8 @@ pub enum RejectReason {
     NotAResult,
     #[error("result of another session")]
     WrongSession,
+    #[error("result without the session's token")]
+    WrongToken,
     #[error("result for another rank")]
     WrongRank,
     #[error("slot outside this thread's range")]
@@ -504,6 +509,7 @@ impl WorkerProtocol {
             block: 0,
             next_block: 0,
             ack_round: slot.have,
+            token: self.config.token,
         };
         match send {
             Send::Ack { want } => {
@@ -604,6 +610,9 @@ impl WorkerProtocol {
         }
         if repr.session != self.config.session {
             return Err(RejectReason::WrongSession);
+        }
+        if repr.token != self.config.token {
+            return Err(RejectReason::WrongToken);
         }
         if repr.rank != BROADCAST_RANK && repr.rank != self.config.rank {
             return Err(RejectReason::WrongRank);

@@ -9,6 +9,9 @@ use netagg_aggregator::engine::{
 use netagg_wire::packet::{BROADCAST_RANK, END_OF_STREAM};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
 
+/// The token of the sessions `Switch::open` opens.
+const TOKEN: u64 = 0x7E57_0000_C0DE_0001;
+
 /// A worker → switch packet under construction.
 #[derive(Clone)]
 struct Contribution {
@@ -33,6 +36,7 @@ fn data(session: SessionId, rank: u16, slot: u16, round: u32, values: &[i32]) ->
             block: slot as u32,
             next_block: 0,
             ack_round: round.wrapping_sub(1),
+            token: TOKEN,
         },
         payload: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
     }
@@ -81,7 +85,7 @@ impl Switch {
     }
     fn open(&mut self, workers: u16, slots: u16, depth: u8) -> SessionId {
         let spec = SessionSpec { workers, slots, packet_elements: 64, depth };
-        self.engine.open_session(self.now, spec).unwrap()
+        self.engine.open_session(self.now, spec, TOKEN).unwrap()
     }
     fn feed(&mut self, packet: &Contribution) -> Verdict {
         self.engine.handle_datagram(self.now, &packet.bytes(), &mut self.out)
@@ -314,12 +318,13 @@ fn limits_reject_sessions_before_allocating() {
         max_depth: 8,
         max_packet_elements: 256,
         max_bytes: 100_000,
+        max_session_bytes: 60_000,
         session_idle_timeout: Duration::from_secs(1),
     };
     let mut switch = Switch::with_limits(limits);
     let now = switch.now;
     let spec = SessionSpec { workers: 4, slots: 8, packet_elements: 64, depth: 2 };
-    let open = |engine: &mut Engine, spec| engine.open_session(now, spec);
+    let open = |engine: &mut Engine, spec| engine.open_session(now, spec, TOKEN);
     assert_eq!(
         open(&mut switch.engine, SessionSpec { workers: 9, ..spec }),
         Err(SessionError::Workers { requested: 9, max: 8 })
@@ -345,7 +350,19 @@ fn limits_reject_sessions_before_allocating() {
         Err(SessionError::PacketElements { requested: 257, max: 256 })
     );
     let big = SessionSpec { workers: 8, slots: 16, packet_elements: 256, depth: 8 };
-    assert!(matches!(open(&mut switch.engine, big), Err(SessionError::Memory { .. })));
+    assert_eq!(
+        open(&mut switch.engine, big),
+        Err(SessionError::SessionMemory { needed: big.state_bytes(), max: 60_000 })
+    );
+    // Each fits one session's share, but two overrun the engine's budget.
+    let medium = SessionSpec { workers: 8, slots: 16, packet_elements: 192, depth: 4 };
+    assert!((50_001..=60_000).contains(&medium.state_bytes()), "{}", medium.state_bytes());
+    let first = open(&mut switch.engine, medium).unwrap();
+    assert_eq!(
+        open(&mut switch.engine, medium),
+        Err(SessionError::Memory { needed: medium.state_bytes(), available: 100_000 - medium.state_bytes() })
+    );
+    switch.engine.close_session(first).unwrap();
     assert_eq!(switch.engine.bytes_in_use(), 0);
     let first = open(&mut switch.engine, spec).unwrap();
     open(&mut switch.engine, spec).unwrap();
@@ -451,4 +468,36 @@ fn workers_that_did_not_contribute_can_ask_for_a_result() {
     let claim = data(session, 1, 0, 1, &[9]).sparse(4, END_OF_STREAM);
     assert_eq!(switch.feed(&claim), Verdict::Dropped(DropReason::NotExpected));
     assert_eq!(switch.feed(&want(7)), Verdict::Dropped(DropReason::TooEarly));
+}
+
+#[test]
+fn packets_without_the_token_or_from_another_rank_s_address_change_nothing() {
+    let mut switch = Switch::new();
+    let session = switch.open(2, 1, 2);
+    let other = switch
+        .engine
+        .open_session(switch.now, SessionSpec { workers: 2, slots: 1, packet_elements: 64, depth: 2 }, !TOKEN)
+        .unwrap();
+    assert_eq!(switch.feed(&data(session, 0, 0, 0, &[1, 2])), Verdict::Consumed);
+    // Another session's token, a guessed one, and the right one from the wrong address.
+    let forged = data(session, 1, 0, 0, &[1000, 1000]);
+    let wrong_token = forged.clone().with(|r| r.token = !TOKEN);
+    assert_eq!(switch.feed(&wrong_token), Verdict::Dropped(DropReason::WrongToken));
+    assert_eq!(switch.feed(&forged.clone().with(|r| r.token = 1)), Verdict::Dropped(DropReason::WrongToken));
+    assert_eq!(switch.feed(&data(other, 1, 0, 0, &[5, 5])), Verdict::Dropped(DropReason::WrongToken));
+    let (now, mut out) = (switch.now, vec![0; MAX_DATAGRAM_LEN]);
+    let mut asked = Vec::new();
+    let verdict = switch.engine.handle_datagram_from(now, &forged.bytes(), &mut out, |id, rank, slot| {
+        asked.push((id, rank, slot));
+        false
+    });
+    assert_eq!(verdict, Verdict::Dropped(DropReason::WrongSource));
+    assert_eq!(asked, [(session, 1, 0)]);
+    assert_eq!(switch.engine.session(session).unwrap().1.forged, 3);
+    assert_eq!(switch.engine.session(session).unwrap().1.contributions, 1);
+    // The genuine packet still completes the round with the genuine sums.
+    let (_, repr, values) = switch.result(&data(session, 1, 0, 0, &[10, 20]));
+    assert_eq!(values, [11, 22]);
+    assert_eq!(repr.token, TOKEN, "results carry the token back");
+    assert_eq!(switch.engine.session(other).unwrap().1.contributions, 0);
 }

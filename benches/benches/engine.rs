@@ -18,6 +18,9 @@ const DEPTH: u8 = 2;
 /// and the acknowledgements that free it are on the timed path too.
 const ROUNDS: u32 = 8;
 
+/// The benched session's token.
+const TOKEN: u64 = 0xB0B0_CAFE_D00D_F00D;
+
 /// A fresh engine holding one open session of `workers`.
 ///
 /// A fresh engine gives its first session the same id every time, so packets built for
@@ -25,7 +28,7 @@ const ROUNDS: u32 = 8;
 fn open_session(workers: u16, now: Instant) -> (Engine, SessionId) {
     let mut engine = Engine::new(EngineLimits::default());
     let spec = SessionSpec { workers, slots: SLOTS, packet_elements: PACKET_ELEMENTS, depth: DEPTH };
-    let session = engine.open_session(now, spec).expect("the session fits the limits");
+    let session = engine.open_session(now, spec, TOKEN).expect("the session fits the limits");
     (engine, session)
 }
 
@@ -53,6 +56,7 @@ fn data_packets(session: SessionId, workers: u16) -> Vec<Vec<u8>> {
                     // A worker's contribution acknowledges the slot's previous result,
                     // which lets the engine reuse that result's set two rounds later.
                     ack_round: round.wrapping_sub(1),
+                    token: TOKEN,
                 };
                 let mut bytes = vec![0; repr.buffer_len()];
                 let mut packet = repr.emit(&mut bytes).expect("buffer_len fits the packet");

@@ -25,6 +25,7 @@ fn repr(element_count: u16) -> PacketRepr {
         block: 1234,
         next_block: 1235,
         ack_round: 98,
+        token: 0x5eed_cafe_f00d_beef,
     }
 }
 

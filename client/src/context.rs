@@ -20,6 +20,7 @@ use netagg_aggregator::{
 use netagg_wire::{ControlMessage, ValueEncoding, MAX_DATAGRAM_LEN};
 
 use crate::backend::dummy::DummyTransport;
+use crate::backend::faults::FaultyTransport;
 use crate::backend::udp::UdpTransport;
 use crate::backend::Transport;
 use crate::codec::{BlockFloatingPoint, Codec, Native};
@@ -27,6 +28,10 @@ use crate::job::{DataType, Element, Job, JobShared, TensorJob};
 use crate::stats::Stats;
 use crate::Error;
 use netagg_config::{BackendKind, Config, SparseMode};
+
+/// What starting a backend gives: a transport per worker thread, the session id and
+/// token, and the control connection (none for the dummy backend).
+type Started = (Vec<Box<dyn Transport>>, u32, u64, Option<TcpStream>);
 
 /// The longest a worker thread sleeps before it looks at `stop` and the session again.
 const THREAD_WAKEUP: Duration = Duration::from_millis(50);
@@ -108,9 +113,7 @@ impl Context {
         let slots_per_thread = config.slots_per_thread();
         let total_slots = slots_per_thread * general.num_worker_threads;
 
-        let (transports, session, control): (Vec<Box<dyn Transport>>, u32, Option<TcpStream>) = match general
-            .backend
-        {
+        let (transports, session, token, control): Started = match general.backend {
             BackendKind::Dummy => {
                 let spec = SessionSpec {
                     workers: general.num_workers,
@@ -120,14 +123,19 @@ impl Context {
                 };
                 let mut transports: Vec<Box<dyn Transport>> = Vec::new();
                 let mut session = 0;
+                let token = DummyTransport::new_token();
                 for _ in 0..threads {
-                    let (transport, id) =
-                        DummyTransport::new(spec, config.dummy.bandwidth, config.dummy.process_packets)
-                            .map_err(Error::InvalidConfig)?;
+                    let (transport, id) = DummyTransport::new(
+                        spec,
+                        token,
+                        config.dummy.bandwidth,
+                        config.dummy.process_packets,
+                    )
+                    .map_err(Error::InvalidConfig)?;
                     session = id.0;
                     transports.push(Box::new(transport));
                 }
-                (transports, session, None)
+                (transports, session, token, None)
             }
             BackendKind::Udp => {
                 let mut sockets = (0..threads)
@@ -140,15 +148,16 @@ impl Context {
                     .iter()
                     .map(|s| s.local_addr().map(|a| a.port()))
                     .collect::<Result<Vec<_>, _>>()?;
-                let (stream, switch_ip, session, data_port) = register(&config, total_slots, ports)?;
+                let (stream, switch_ip, session, token, data_port) = register(&config, total_slots, ports)?;
                 for socket in &mut sockets {
                     socket.connect(SocketAddr::new(switch_ip, data_port))?;
                 }
                 let transports = sockets.into_iter().map(|s| Box::new(s) as Box<dyn Transport>).collect();
-                (transports, session, Some(stream))
+                (transports, session, token, Some(stream))
             }
         };
 
+        let transports = with_faults(transports, &config);
         let shared = Arc::new(Shared {
             stopping: AtomicBool::new(false),
             session_lost: Mutex::new(None),
@@ -166,6 +175,7 @@ impl Context {
             let (sender, receiver) = crossbeam_channel::unbounded();
             let protocol_config = WorkerConfig {
                 session,
+                token,
                 rank: general.rank,
                 slot_base: thread as u16 * slots_per_thread,
                 slots: slots_per_thread,
@@ -383,13 +393,29 @@ impl Drop for Context {
     }
 }
 
+/// Wraps every transport in the fault injector of `[faults]`, if any fault is set.
+fn with_faults(transports: Vec<Box<dyn Transport>>, config: &Config) -> Vec<Box<dyn Transport>> {
+    if !config.faults.is_active() {
+        return transports;
+    }
+    tracing::warn!(faults = ?config.faults, "injecting faults into this worker's packets");
+    let rank = config.general.rank as u64;
+    (0..)
+        .zip(transports)
+        .map(|(thread, transport)| {
+            let stream = rank << 16 | thread;
+            Box::new(FaultyTransport::new(transport, &config.faults, stream)) as Box<dyn Transport>
+        })
+        .collect()
+}
+
 /// Registers with the switch and waits for every rank; returns the control connection,
-/// the switch's address, the session id and the data port.
+/// the switch's address, the session id and token, and the data port.
 fn register(
     config: &Config,
     slots: u16,
     ports: Vec<u16>,
-) -> Result<(TcpStream, std::net::IpAddr, u32, u16), Error> {
+) -> Result<(TcpStream, std::net::IpAddr, u32, u64, u16), Error> {
     let general = &config.general;
     let target = format!("{}:{}", general.controller_ip, general.controller_port);
     let deadline = Instant::now() + general.connect_timeout;
@@ -441,9 +467,9 @@ fn register(
     })?;
     stream.set_read_timeout(None)?;
     match reply {
-        (_, ControlMessage::Accept { session, data_port, .. }) => {
+        (_, ControlMessage::Accept { session, data_port, token, .. }) => {
             let switch_ip = stream.peer_addr()?.ip();
-            Ok((stream, switch_ip, session, data_port))
+            Ok((stream, switch_ip, session, token, data_port))
         }
         (_, ControlMessage::Reject { code, message }) => Err(Error::Rejected { code, message }),
         (_, other) => Err(Error::Io(format!("registration with {target}: unexpected reply {other:?}"))),

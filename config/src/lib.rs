@@ -9,6 +9,10 @@
 //! the one named explicitly, else `$NETAGG_CONFIG`, else the first of `./netagg.cfg`,
 //! `./netagg-<hostname>.cfg`, `/etc/netagg.cfg` that exists; none at all is fine.
 //! `configs/netagg.cfg` documents every key.
+//!
+//! Fault injection has the same keys in two sections: `[faults]` for a worker's
+//! transport and `[switch.faults]` for the switch's data path (also `netagg-switch
+//! --faults KEY=VALUE,...`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,6 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use netagg_aggregator::faults::{FaultRates, MAX_FAULT_DELAY};
 use netagg_wire::packet::MAX_ELEMENTS;
 
 /// Which transport carries the packets.
@@ -95,6 +100,44 @@ pub struct Udp {
     pub socket_buffer: usize,
 }
 
+/// `[faults]` and `[switch.faults]`: faults injected into one process's datagrams, for
+/// testing recovery; all zero (the default) injects nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Faults {
+    /// What happens to the datagrams this process sends (a worker's to the switch, the
+    /// switch's results to the workers).
+    pub send: FaultRates,
+    /// What happens to the datagrams it receives, before it reads them.
+    pub receive: FaultRates,
+    /// Seed of the random choices; a worker thread or direction mixes in its own index.
+    pub seed: u64,
+}
+
+impl Faults {
+    /// Whether any fault is configured in either direction.
+    pub fn is_active(&self) -> bool {
+        self.send.is_active() || self.receive.is_active()
+    }
+
+    /// Applies `KEY=VALUE,KEY=VALUE` (the keys of a `[faults]` section), as given to the
+    /// flag `flag`; errors name the flag, the key and what is allowed.
+    pub fn apply_assignments(&mut self, flag: &str, text: &str) -> Result<(), ConfigError> {
+        let origin = Origin::Flag(flag.to_string());
+        for assignment in text.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            let Some((key, value)) = assignment.split_once('=') else {
+                return Err(ConfigError::Value {
+                    origin,
+                    key: assignment.to_string(),
+                    value: String::new(),
+                    expected: "KEY=VALUE".into(),
+                });
+            };
+            set_fault_key(self, &origin, key.trim(), key.trim(), value)?;
+        }
+        Ok(())
+    }
+}
+
 /// `[switch]`: the `netagg-switch` process; its flags override these.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Switch {
@@ -107,6 +150,8 @@ pub struct Switch {
     pub max_slots: u16,
     /// Bytes of aggregation state all sessions together may hold.
     pub max_memory: usize,
+    /// Bytes of aggregation state one session may hold.
+    pub max_session_memory: usize,
     /// A session that receives no packet for this long is closed even though its workers
     /// are connected; zero never closes it so (a worker whose connection closes ends its
     /// session at once either way).
@@ -115,6 +160,8 @@ pub struct Switch {
     pub stats_interval: Duration,
     /// error, warn, info, debug or trace.
     pub log_level: String,
+    /// Faults injected into the data path (`[switch.faults]`).
+    pub faults: Faults,
 }
 
 /// A whole configuration.
@@ -123,6 +170,8 @@ pub struct Config {
     pub general: General,
     pub dummy: Dummy,
     pub udp: Udp,
+    /// Faults injected into this worker's transport (`[faults]`).
+    pub faults: Faults,
     pub switch: Switch,
 }
 
@@ -148,6 +197,7 @@ impl Default for Config {
             },
             dummy: Dummy { bandwidth: 100_000.0, process_packets: true },
             udp: Udp { bind_ip: IpAddr::from([0, 0, 0, 0]), socket_buffer: 4 << 20 },
+            faults: Faults::default(),
             switch: Switch {
                 control: SocketAddr::from(([0, 0, 0, 0], 50099)),
                 data: SocketAddr::from(([0, 0, 0, 0], 48864)),
@@ -155,9 +205,11 @@ impl Default for Config {
                 max_workers: 1024,
                 max_slots: 8192,
                 max_memory: 1 << 30,
+                max_session_memory: 256 << 20,
                 idle_timeout: Duration::ZERO,
                 stats_interval: Duration::ZERO,
                 log_level: "info".into(),
+                faults: Faults::default(),
             },
         }
     }
@@ -170,6 +222,8 @@ pub enum Origin {
     Environment(String),
     /// [`Config::set`], called by a program (or the C API's `netagg_config_set`).
     Program,
+    /// A command-line flag.
+    Flag(String),
 }
 
 impl fmt::Display for Origin {
@@ -178,6 +232,7 @@ impl fmt::Display for Origin {
             Origin::File(path) => write!(f, "{}", path.display()),
             Origin::Environment(variable) => write!(f, "environment variable {variable}"),
             Origin::Program => write!(f, "configuration"),
+            Origin::Flag(flag) => write!(f, "flag {flag}"),
         }
     }
 }
@@ -209,7 +264,7 @@ const KEYS: &[(&str, &str, Setter)] = &[
     ("general.max_outstanding_packets", "an integer from 1 to 65535", |c, v| {
         set_int(&mut c.general.max_outstanding_packets, v, 1, 65535)
     }),
-    ("general.packet_numel", "an integer from 1 to 16366", |c, v| {
+    ("general.packet_numel", "an integer from 1 to 16364", |c, v| {
         set_int(&mut c.general.packet_numel, v, 1, MAX_ELEMENTS as u64)
     }),
     ("general.backend", "'udp' or 'dummy'", |c, v| {
@@ -303,6 +358,9 @@ const KEYS: &[(&str, &str, Setter)] = &[
     ("switch.max_memory", "bytes, an integer of at least 1", |c, v| {
         set_int(&mut c.switch.max_memory, v, 1, u64::MAX)
     }),
+    ("switch.max_session_memory", "bytes, an integer of at least 1", |c, v| {
+        set_int(&mut c.switch.max_session_memory, v, 1, u64::MAX)
+    }),
     (
         "switch.idle_timeout",
         "seconds, at most 30 days; 0 never closes a session whose workers are connected",
@@ -329,6 +387,91 @@ const KEYS: &[(&str, &str, Setter)] = &[
         Ok(())
     }),
 ];
+
+type FaultSetter = fn(&mut Faults, &str) -> Result<(), String>;
+
+const PROBABILITY: &str = "a probability from 0 to 1";
+const DELAY: &str = "milliseconds, from 0 to 10000";
+
+/// The keys of a faults section (`[faults]`, `[switch.faults]`).
+const FAULT_KEYS: &[(&str, &str, FaultSetter)] = &[
+    ("send_drop", PROBABILITY, |f, v| set_probability(&mut f.send.drop, v)),
+    ("send_duplicate", PROBABILITY, |f, v| set_probability(&mut f.send.duplicate, v)),
+    ("send_reorder", PROBABILITY, |f, v| set_probability(&mut f.send.reorder, v)),
+    ("send_corrupt", PROBABILITY, |f, v| set_probability(&mut f.send.corrupt, v)),
+    ("send_delay", DELAY, |f, v| set_delay(&mut f.send.delay, v)),
+    ("receive_drop", PROBABILITY, |f, v| set_probability(&mut f.receive.drop, v)),
+    ("receive_duplicate", PROBABILITY, |f, v| set_probability(&mut f.receive.duplicate, v)),
+    ("receive_reorder", PROBABILITY, |f, v| set_probability(&mut f.receive.reorder, v)),
+    ("receive_corrupt", PROBABILITY, |f, v| set_probability(&mut f.receive.corrupt, v)),
+    ("receive_delay", DELAY, |f, v| set_delay(&mut f.receive.delay, v)),
+    ("seed", "an integer from 0 to 18446744073709551615", |f, v| set_int(&mut f.seed, v, 0, u64::MAX)),
+];
+
+/// The sections that hold fault keys, and which faults each sets.
+type FaultSection = fn(&mut Config) -> &mut Faults;
+
+const FAULT_SECTIONS: &[(&str, FaultSection)] =
+    &[("faults", |c| &mut c.faults), ("switch.faults", |c| &mut c.switch.faults)];
+
+/// A fault key's value (`name` without its section) as its setter reads it back.
+fn fault_value(faults: &Faults, name: &str) -> Option<String> {
+    Some(match name {
+        "send_drop" => faults.send.drop.to_string(),
+        "send_duplicate" => faults.send.duplicate.to_string(),
+        "send_reorder" => faults.send.reorder.to_string(),
+        "send_corrupt" => faults.send.corrupt.to_string(),
+        "send_delay" => format_duration(faults.send.delay, 1e-3),
+        "receive_drop" => faults.receive.drop.to_string(),
+        "receive_duplicate" => faults.receive.duplicate.to_string(),
+        "receive_reorder" => faults.receive.reorder.to_string(),
+        "receive_corrupt" => faults.receive.corrupt.to_string(),
+        "receive_delay" => format_duration(faults.receive.delay, 1e-3),
+        "seed" => faults.seed.to_string(),
+        _ => return None,
+    })
+}
+
+/// Sets `key` (without its section) of a faults section; `name` is the key as written.
+fn set_fault_key(
+    faults: &mut Faults,
+    origin: &Origin,
+    name: &str,
+    key: &str,
+    value: &str,
+) -> Result<(), ConfigError> {
+    let Some((_, expected, setter)) = FAULT_KEYS.iter().find(|(k, _, _)| *k == key) else {
+        return Err(ConfigError::UnknownKey {
+            origin: origin.clone(),
+            key: name.to_string(),
+            known: FAULT_KEYS.iter().map(|(k, _, _)| *k).collect::<Vec<_>>().join(", "),
+        });
+    };
+    setter(faults, value.trim()).map_err(|_| ConfigError::Value {
+        origin: origin.clone(),
+        key: name.to_string(),
+        value: value.to_string(),
+        expected: expected.to_string(),
+    })
+}
+
+fn set_probability(field: &mut f64, value: &str) -> Result<(), String> {
+    let parsed: f64 = value.parse().map_err(|_| String::new())?;
+    if !(0.0..=1.0).contains(&parsed) {
+        return Err(String::new());
+    }
+    *field = parsed;
+    Ok(())
+}
+
+fn set_delay(field: &mut Duration, value: &str) -> Result<(), String> {
+    let millis: f64 = value.parse().map_err(|_| String::new())?;
+    if !(0.0..=MAX_FAULT_DELAY.as_secs_f64() * 1e3).contains(&millis) {
+        return Err(String::new());
+    }
+    *field = Duration::from_secs_f64(millis / 1e3);
+    Ok(())
+}
 
 fn set_int<T: TryFrom<u64>>(field: &mut T, value: &str, min: u64, max: u64) -> Result<(), String> {
     let parsed: u64 = value.parse().map_err(|_| String::new())?;
@@ -470,6 +613,12 @@ impl Config {
 
     /// One key's value as text that [`Config::set`] accepts back; None for unknown keys.
     pub fn get(&self, key: &str) -> Option<String> {
+        if let Some(name) = key.strip_prefix("faults.") {
+            return fault_value(&self.faults, name);
+        }
+        if let Some(name) = key.strip_prefix("switch.faults.") {
+            return fault_value(&self.switch.faults, name);
+        }
         let c = self;
         Some(match key {
             "general.rank" => c.general.rank.to_string(),
@@ -500,6 +649,7 @@ impl Config {
             "switch.max_workers" => c.switch.max_workers.to_string(),
             "switch.max_slots" => c.switch.max_slots.to_string(),
             "switch.max_memory" => c.switch.max_memory.to_string(),
+            "switch.max_session_memory" => c.switch.max_session_memory.to_string(),
             "switch.idle_timeout" => format_duration(c.switch.idle_timeout, 1.0),
             "switch.stats_interval" => format_duration(c.switch.stats_interval, 1.0),
             "switch.log_level" => c.switch.log_level.clone(),
@@ -508,11 +658,16 @@ impl Config {
     }
 
     fn set_from(&mut self, origin: &Origin, key: &str, value: &str) -> Result<(), ConfigError> {
+        for (section, faults) in FAULT_SECTIONS {
+            if let Some(name) = key.strip_prefix(section).and_then(|rest| rest.strip_prefix('.')) {
+                return set_fault_key(faults(self), origin, key, name, value);
+            }
+        }
         let Some((_, expected, setter)) = KEYS.iter().find(|(name, _, _)| *name == key) else {
             return Err(ConfigError::UnknownKey {
                 origin: origin.clone(),
                 key: key.to_string(),
-                known: KEYS.iter().map(|(name, _, _)| *name).collect::<Vec<_>>().join(", "),
+                known: Config::keys().map(|(name, _)| name).collect::<Vec<_>>().join(", "),
             });
         };
         setter(self, value.trim()).map_err(|_| ConfigError::Value {
@@ -547,8 +702,12 @@ impl Config {
     }
 
     /// Every key with its accepted values, as documented in `configs/netagg.cfg`.
-    pub fn keys() -> impl Iterator<Item = (&'static str, &'static str)> {
-        KEYS.iter().map(|(name, expected, _)| (*name, *expected))
+    pub fn keys() -> impl Iterator<Item = (String, &'static str)> {
+        let plain = KEYS.iter().map(|(name, expected, _)| (name.to_string(), *expected));
+        let faults = FAULT_SECTIONS.iter().flat_map(|(section, _)| {
+            FAULT_KEYS.iter().map(move |(name, expected, _)| (format!("{section}.{name}"), *expected))
+        });
+        plain.chain(faults)
     }
 }
 
@@ -615,7 +774,10 @@ mod tests {
         )
         .unwrap();
         config.set("backend.dummy.bandwidth", "1234.5").unwrap();
+        config.set("faults.send_delay", "1.5").unwrap();
+        config.set("switch.faults.receive_drop", "0.01").unwrap();
         for (key, _) in Config::keys() {
+            let key = key.as_str();
             let value = config.get(key).unwrap_or_else(|| panic!("no getter for {key}"));
             let mut copy = config.clone();
             copy.set(key, &value).unwrap_or_else(|e| panic!("{key} = {value}: {e}"));
@@ -651,7 +813,7 @@ mod tests {
             ),
             ("[general]\nbackend = dpdk\n", "key 'general.backend' = 'dpdk': expected 'udp' or 'dummy'"),
             ("[general]\nsparse = yes\n", "key 'general.sparse' = 'yes': expected 'auto' or 'off'"),
-            ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16366"),
+            ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16364"),
             ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
             ("[general]\ntimeout = -1\n", "expected milliseconds, above 0 and at most 30 days"),
             ("[general]\njob_timeout = 1e19\n", "expected seconds, above 0 and at most 30 days"),
@@ -659,11 +821,134 @@ mod tests {
             ("[general]\nprepostprocessor = bypass\n", "expected 'native' or 'cpu_exponent_quantizer'"),
             ("[backend.dummy]\nprocess_packets = maybe\n", "expected true or false"),
             ("[backend.udp]\nbind_ip = 300.1.1.1\n", "expected an IP address"),
+            ("[switch]\nmax_session_memory = 0\n", "key 'switch.max_session_memory' = '0': expected bytes, an integer of at least 1"),
+            ("[switch]\nmax_memory = lots\n", "key 'switch.max_memory' = 'lots': expected bytes"),
+            ("[switch]\nmax_sessions = 0\n", "key 'switch.max_sessions' = '0': expected an integer from 1 to 65535"),
+            ("[switch]\nmax_workers = 70000\n", "key 'switch.max_workers' = '70000': expected an integer from 1 to 65535"),
+            ("[switch]\nmax_slots = -1\n", "key 'switch.max_slots' = '-1': expected an integer from 1 to 65535"),
+            ("[switch]\ndata = 1.2.3.4\n", "key 'switch.data' = '1.2.3.4': expected an address IP:PORT"),
+            ("[switch]\nidle_timeout = -5\n", "key 'switch.idle_timeout' = '-5': expected seconds, at most 30 days"),
+            ("[switch]\nstats_interval = soon\n", "key 'switch.stats_interval' = 'soon': expected seconds"),
+            ("[switch]\nlog_level = loud\n", "key 'switch.log_level' = 'loud': expected error, warn, info, debug or trace"),
+            ("[general]\nrank = 65535\n", "key 'general.rank' = '65535': expected an integer from 0 to 65534"),
+            ("[general]\nnum_worker_threads = 0\n", "key 'general.num_worker_threads' = '0': expected an integer from 1 to 1024"),
+            ("[general]\nmax_outstanding_packets = 0\n", "key 'general.max_outstanding_packets' = '0': expected an integer"),
+            ("[general]\nconnect_timeout = 0\n", "key 'general.connect_timeout' = '0': expected seconds, above 0"),
+            ("[general]\ncontroller_port = 0\n", "key 'general.controller_port' = '0': expected a port from 1 to 65535"),
+            ("[general]\ncontroller_ip = \"\"\n", "key 'general.controller_ip' = '': expected a host name or IP address"),
+            ("[general]\nsession = \"\"\n", "key 'general.session' = '': expected a name of 1 to 64 bytes"),
+            ("[backend.udp]\nsocket_buffer = 2000000000\n", "key 'backend.udp.socket_buffer' = '2000000000': expected bytes, an integer from 0 to 1073741824"),
         ];
         for (text, expected) in cases {
             let message = ini(text).unwrap_err().to_string();
             assert!(message.starts_with("test.cfg: key"), "{message}");
             assert!(message.contains(expected), "{message} lacks {expected}");
+        }
+    }
+
+    #[test]
+    fn fault_sections_set_each_direction_and_reject_what_is_not_allowed() {
+        let config = ini("[faults]\nsend_drop = 0.01\nreceive_duplicate = 0.5\nsend_delay = 2.5\nseed = 9\n\
+             [switch.faults]\nreceive_drop = 0.05\nsend_reorder = 1\nsend_corrupt = 0.001\n")
+        .unwrap();
+        assert_eq!(config.faults.send.drop, 0.01);
+        assert_eq!(config.faults.receive.duplicate, 0.5);
+        assert_eq!(config.faults.send.delay, Duration::from_micros(2500));
+        assert_eq!(config.faults.seed, 9);
+        assert_eq!(config.switch.faults.receive.drop, 0.05);
+        assert_eq!(config.switch.faults.send.reorder, 1.0);
+        assert_eq!(config.switch.faults.send.corrupt, 0.001);
+        assert!(!config.switch.faults.receive.is_active() || config.switch.faults.receive.drop > 0.0);
+        assert!(!Config::default().faults.is_active());
+
+        let bad = [
+            (
+                "[faults]\nsend_drop = 1.5\n",
+                "key 'faults.send_drop' = '1.5': expected a probability from 0 to 1",
+            ),
+            (
+                "[faults]\nreceive_reorder = -0.1\n",
+                "key 'faults.receive_reorder' = '-0.1': expected a probability",
+            ),
+            (
+                "[faults]\nsend_duplicate = often\n",
+                "key 'faults.send_duplicate' = 'often': expected a probability",
+            ),
+            (
+                "[faults]\nreceive_corrupt = NaN\n",
+                "key 'faults.receive_corrupt' = 'NaN': expected a probability",
+            ),
+            (
+                "[faults]\nsend_delay = 10001\n",
+                "key 'faults.send_delay' = '10001': expected milliseconds, from 0 to 10000",
+            ),
+            ("[faults]\nreceive_delay = -1\n", "key 'faults.receive_delay' = '-1': expected milliseconds"),
+            (
+                "[faults]\nseed = -3\n",
+                "key 'faults.seed' = '-3': expected an integer from 0 to 18446744073709551615",
+            ),
+            (
+                "[switch.faults]\nsend_drop = 2\n",
+                "key 'switch.faults.send_drop' = '2': expected a probability",
+            ),
+            (
+                "[switch.faults]\nreceive_delay = x\n",
+                "key 'switch.faults.receive_delay' = 'x': expected milliseconds",
+            ),
+        ];
+        for (text, expected) in bad {
+            let message = ini(text).unwrap_err().to_string();
+            assert!(message.starts_with("test.cfg: "), "{message}");
+            assert!(message.contains(expected), "{message} lacks {expected}");
+        }
+        let message = ini("[faults]\ndrop = 0.1\n").unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "test.cfg: unknown key 'faults.drop'; known keys: send_drop, send_duplicate, send_reorder, \
+             send_corrupt, send_delay, receive_drop, receive_duplicate, receive_reorder, receive_corrupt, \
+             receive_delay, seed"
+        );
+        let error = Config::load_with_environment(
+            None,
+            &[("NETAGG_SWITCH_FAULTS__RECEIVE_DROP".to_string(), "5%".to_string())],
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "environment variable NETAGG_SWITCH_FAULTS__RECEIVE_DROP: key 'switch.faults.receive_drop' = '5%': expected a probability from 0 to 1"
+        );
+
+        let mut faults = Faults::default();
+        faults.apply_assignments("--faults", "receive_drop=0.01, send_drop=0.02,seed=4").unwrap();
+        assert_eq!((faults.receive.drop, faults.send.drop, faults.seed), (0.01, 0.02, 4));
+        assert_eq!(
+            faults.apply_assignments("--faults", "send_drop=3").unwrap_err().to_string(),
+            "flag --faults: key 'send_drop' = '3': expected a probability from 0 to 1"
+        );
+        assert_eq!(
+            faults.apply_assignments("--faults", "drop").unwrap_err().to_string(),
+            "flag --faults: key 'drop' = '': expected KEY=VALUE"
+        );
+        assert!(faults
+            .apply_assignments("--faults", "jitter=1")
+            .unwrap_err()
+            .to_string()
+            .starts_with("flag --faults: unknown key 'jitter'; known keys: send_drop,"));
+    }
+
+    #[test]
+    fn every_key_refuses_a_bad_value_naming_the_file_the_key_and_what_is_allowed() {
+        for (key, expected) in Config::keys() {
+            let (section, name) = key.rsplit_once('.').unwrap();
+            // Names and host names take any text but an empty or over-long one.
+            let bad = match expected {
+                "a name of 1 to 64 bytes" => "n".repeat(65),
+                "a host name or IP address" => "\"\"".to_string(),
+                _ => "x?".to_string(),
+            };
+            let message = ini(&format!("[{section}]\n{name} = {bad}\n")).unwrap_err().to_string();
+            let shown = bad.trim_matches('"');
+            assert_eq!(message, format!("test.cfg: key '{key}' = '{shown}': expected {expected}"));
         }
     }
 

@@ -19,6 +19,9 @@ use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAG
 
 /// The two sessions every input starts with: different shapes, so that rank, slot and
 /// size checks differ between them.
+/// Each session's token; a header may carry the wrong one.
+const TOKENS: [u64; 2] = [0x1111_2222_3333_4444, 0x5555_6666_7777_8888];
+
 const SPECS: [SessionSpec; 2] = [
     SessionSpec { workers: 3, slots: 4, packet_elements: 16, depth: 4 },
     SessionSpec { workers: 2, slots: 2, packet_elements: 8, depth: 2 },
@@ -53,6 +56,10 @@ enum Kind {
 struct Header {
     kind: Kind,
     session: u8,
+    /// Carries the other session's token (forged or misdirected).
+    wrong_token: bool,
+    /// Arrives from an address other than its rank's.
+    wrong_source: bool,
     rank: u8,
     slot: u8,
     /// Sign-extended, so rounds just below zero (wrapped) are reachable too.
@@ -105,15 +112,16 @@ impl Harness {
             max_depth: 4,
             max_packet_elements: 16,
             max_bytes: 1 << 20,
+            max_session_bytes: 1 << 19,
             session_idle_timeout: IDLE_TIMEOUT,
         });
-        let sessions = SPECS.map(|spec| engine.open_session(now, spec).expect("spec fits"));
+        let sessions = [0, 1].map(|i| engine.open_session(now, SPECS[i], TOKENS[i]).expect("spec fits"));
         Harness { engine, now, sessions, last: None, out: vec![0; MAX_DATAGRAM_LEN] }
     }
 
     fn step(&mut self, step: Step) {
         match step {
-            Step::Raw(Raw(bytes)) => self.feed(&bytes),
+            Step::Raw(Raw(bytes)) => self.feed(&bytes, false),
             Step::Packet(header) => self.send(header),
             Step::Again(again) => {
                 let Some(mut header) = self.last else {
@@ -145,7 +153,7 @@ impl Harness {
                 let _ = self.engine.close_session(self.sessions[index]);
                 self.sessions[index] = self
                     .engine
-                    .open_session(self.now, SPECS[index])
+                    .open_session(self.now, SPECS[index], TOKENS[index])
                     .expect("a closed session's room is free again");
             }
         }
@@ -153,7 +161,7 @@ impl Harness {
 
     fn send(&mut self, header: Header) {
         let bytes = self.build(&header);
-        self.feed(&bytes);
+        self.feed(&bytes, header.wrong_source);
         self.last = Some(header);
     }
 
@@ -180,6 +188,7 @@ impl Harness {
             block,
             next_block: h.next_block.map_or(END_OF_STREAM, |b| b as u32 % BLOCKS),
             ack_round: round.wrapping_sub(h.ack_lag as u32),
+            token: TOKENS[(h.session as usize + h.wrong_token as usize) % SPECS.len()],
         };
         let mut bytes = vec![0; repr.buffer_len()];
         let mut packet = repr.emit(&mut bytes).expect("fields are in range");
@@ -190,8 +199,10 @@ impl Harness {
         bytes
     }
 
-    fn feed(&mut self, datagram: &[u8]) {
-        let Verdict::Send(transmit) = self.engine.handle_datagram(self.now, datagram, &mut self.out) else {
+    fn feed(&mut self, datagram: &[u8], wrong_source: bool) {
+        let verdict =
+            self.engine.handle_datagram_from(self.now, datagram, &mut self.out, |_, _, _| !wrong_source);
+        let Verdict::Send(transmit) = verdict else {
             return;
         };
         let bytes = &self.out[..transmit.len];

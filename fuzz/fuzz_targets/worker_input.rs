@@ -20,6 +20,7 @@ use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
 const CONFIG: WorkerConfig = WorkerConfig {
     session: 0x0001_0001,
+    token: 0x0123_4567_89AB_CDEF,
     rank: 1,
     // Not 0, so slot numbers below the thread's range are reachable.
     slot_base: 2,
@@ -85,6 +86,7 @@ impl Job {
 #[derive(Debug, Arbitrary)]
 struct Header {
     other_session: bool,
+    other_token: bool,
     /// `None` is a broadcast.
     rank: Option<u8>,
     slot: u8,
@@ -270,6 +272,7 @@ fn free_form(h: &Header) -> PacketRepr {
         element_type: if h.float { ElementType::Float32 } else { ElementType::Int32 },
         flags: Flags::from_bits(h.flags & 0b111).expect("masked to the known bits"),
         session: if h.other_session { !CONFIG.session } else { CONFIG.session },
+        token: if h.other_token { !CONFIG.token } else { CONFIG.token },
         job: h.job as u32 % 3,
         packet_id: h.block as u32,
         rank: h.rank.map_or(BROADCAST_RANK, |r| r as u16 % 3),

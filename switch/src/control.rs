@@ -15,6 +15,7 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 use netagg_aggregator::{SessionId, SessionSpec};
 use netagg_wire::{ControlMessage, RejectCode, ValueEncoding, WireError};
+use rand::RngCore;
 
 use crate::datapath::{Command, Event, Peers};
 
@@ -265,10 +266,12 @@ impl ControlPlane {
             workers: pending.members.values().map(|m| (m.ip, m.ports.clone())).collect(),
             slots_per_thread: shape.slots / shape.threads as u16,
         };
+        // The token is the session's credential: unguessable, so only a CSPRNG will do.
+        let token = rand::rngs::OsRng.next_u64();
         let (reply, result) = crossbeam_channel::bounded(1);
         let opened = self
             .commands
-            .send(Command::Open { spec, peers, reply })
+            .send(Command::Open { spec, token, peers, reply })
             .ok()
             .and_then(|()| result.recv_timeout(Duration::from_secs(5)).ok());
         let outcome = match opened {
@@ -287,6 +290,7 @@ impl ControlPlane {
                     slots: shape.slots,
                     depth: shape.depth,
                     data_port: self.data_port,
+                    token,
                 },
                 Err((code, message)) => ControlMessage::Reject { code: *code, message: message.clone() },
             };

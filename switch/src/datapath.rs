@@ -5,6 +5,11 @@
 //! socket as one GSO send. The control plane talks to it through a channel of
 //! [`Command`]s, which it drains between batches; the receive timeout bounds how long
 //! that can wait, and keeps an idle switch asleep instead of spinning.
+//!
+//! With `[switch.faults]` (or `--faults`) set, datagrams pass through a
+//! [`FaultInjector`] on the way in and another on the way out: the switch then drops,
+//! duplicates, reorders, delays or corrupts on purpose, like SwitchML's
+//! `set_drop_probabilities(ingress, egress)`.
 
 use std::collections::HashMap;
 use std::io;
@@ -13,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
+use netagg_aggregator::faults::{FaultCounters, FaultInjector};
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Verdict};
 use netagg_udp::{BatchSocket, SegmentBatch};
 use netagg_wire::MAX_DATAGRAM_LEN;
@@ -41,10 +47,18 @@ impl Peers {
 
 /// Requests from the control plane.
 pub enum Command {
-    Open { spec: SessionSpec, peers: Peers, reply: Sender<Result<SessionId, SessionError>> },
+    Open { spec: SessionSpec, token: u64, peers: Peers, reply: Sender<Result<SessionId, SessionError>> },
     Close { id: SessionId, reply: Sender<Option<SessionCounters>> },
-    Counters { reply: Sender<(EngineCounters, Vec<(SessionId, SessionCounters)>)> },
+    Counters { reply: Sender<Counters> },
     Shutdown,
+}
+
+/// A snapshot of the data path's counters.
+pub struct Counters {
+    pub engine: EngineCounters,
+    pub sessions: Vec<(SessionId, SessionCounters)>,
+    /// What fault injection did to datagrams received and sent, if it is on.
+    pub faults: Option<(FaultCounters, FaultCounters)>,
 }
 
 /// What the data path tells the control plane on its own.
@@ -56,6 +70,8 @@ pub enum Event {
 
 pub struct DataPath {
     socket: BatchSocket,
+    /// Faults injected into datagrams received, by source.
+    ingress: FaultInjector<SocketAddr>,
     board: Switchboard,
     commands: Receiver<Command>,
     events: Sender<Event>,
@@ -66,6 +82,13 @@ pub struct DataPath {
 struct Switchboard {
     engine: Engine,
     peers: HashMap<SessionId, Peers>,
+    /// Faults injected into results sent, by destination.
+    egress: FaultInjector<SocketAddr>,
+    outbox: Outbox,
+}
+
+/// Results waiting to be sent, batched by destination.
+struct Outbox {
     /// Results of the current receive call, by destination, sent together after it.
     outgoing: HashMap<SocketAddr, SegmentBatch>,
     /// Batches that filled up during the current receive call, sent first after it.
@@ -73,21 +96,37 @@ struct Switchboard {
     max_segments: usize,
 }
 
+impl Outbox {
+    fn push(&mut self, destination: SocketAddr, datagram: &[u8]) {
+        let max_segments = self.max_segments;
+        let batch = self.outgoing.entry(destination).or_insert_with(|| SegmentBatch::new(max_segments));
+        if !batch.accepts(datagram.len()) {
+            self.full.push((destination, std::mem::replace(batch, SegmentBatch::new(max_segments))));
+        }
+        batch.push(datagram);
+    }
+}
+
 impl DataPath {
     pub fn new(
         socket: BatchSocket,
         limits: EngineLimits,
+        faults: &netagg_config::Faults,
         commands: Receiver<Command>,
         events: Sender<Event>,
     ) -> DataPath {
         let board = Switchboard {
             engine: Engine::new(limits),
             peers: HashMap::new(),
-            outgoing: HashMap::new(),
-            full: Vec::new(),
-            max_segments: socket.max_segments(),
+            egress: FaultInjector::new(faults.send, !faults.seed),
+            outbox: Outbox {
+                outgoing: HashMap::new(),
+                full: Vec::new(),
+                max_segments: socket.max_segments(),
+            },
         };
-        DataPath { socket, board, commands, events }
+        let ingress = FaultInjector::new(faults.receive, faults.seed);
+        DataPath { socket, ingress, board, commands, events }
     }
 
     /// Runs until a [`Command::Shutdown`] arrives or the command channel closes.
@@ -99,7 +138,21 @@ impl DataPath {
                 return Ok(());
             }
             let board = &mut self.board;
-            self.socket.recv(IDLE_WAKEUP, |_, datagram| board.handle(Instant::now(), datagram, &mut out))?;
+            let ingress = &mut self.ingress;
+            // Wake up for held datagrams too (only fault injection holds any).
+            let due = [ingress.next_release(), board.egress.next_release()].into_iter().flatten().min();
+            let wait =
+                due.map_or(IDLE_WAKEUP, |due| due.saturating_duration_since(Instant::now()).min(IDLE_WAKEUP));
+            self.socket.recv(wait, |source, datagram| {
+                let now = Instant::now();
+                ingress.push(now, source, datagram, |source, datagram| {
+                    board.handle(now, source, datagram, &mut out)
+                });
+            })?;
+            let now = Instant::now();
+            ingress.release(now, |source, datagram| board.handle(now, source, datagram, &mut out));
+            let outbox = &mut board.outbox;
+            board.egress.release(now, |destination, datagram| outbox.push(destination, datagram));
             self.flush();
             let now = Instant::now();
             if now >= next_timer_check {
@@ -115,10 +168,12 @@ impl DataPath {
 
     /// Sends every result of the last receive call, one GSO batch per destination.
     fn flush(&mut self) {
-        for (destination, batch) in self.board.full.drain(..) {
+        for (destination, batch) in self.board.outbox.full.drain(..) {
             send(&self.socket, destination, &batch);
         }
-        for (destination, batch) in self.board.outgoing.iter_mut().filter(|(_, batch)| !batch.is_empty()) {
+        for (destination, batch) in
+            self.board.outbox.outgoing.iter_mut().filter(|(_, batch)| !batch.is_empty())
+        {
             send(&self.socket, *destination, batch);
             batch.clear();
         }
@@ -133,8 +188,8 @@ impl DataPath {
                 Err(crossbeam_channel::TryRecvError::Disconnected) => return false,
             };
             match command {
-                Command::Open { spec, peers, reply } => {
-                    let result = self.board.engine.open_session(Instant::now(), spec);
+                Command::Open { spec, token, peers, reply } => {
+                    let result = self.board.engine.open_session(Instant::now(), spec, token);
                     if let Ok(id) = result {
                         self.board.peers.insert(id, peers);
                     }
@@ -151,7 +206,9 @@ impl DataPath {
                         .sessions()
                         .filter_map(|id| Some((id, self.board.engine.session(id)?.1)))
                         .collect();
-                    let _ = reply.send((*self.board.engine.counters(), sessions));
+                    let faults = (self.ingress.rates().is_active() || self.board.egress.rates().is_active())
+                        .then(|| (*self.ingress.counters(), *self.board.egress.counters()));
+                    let _ = reply.send(Counters { engine: *self.board.engine.counters(), sessions, faults });
                 }
                 Command::Shutdown => return false,
             }
@@ -168,8 +225,14 @@ fn send(socket: &BatchSocket, destination: SocketAddr, batch: &SegmentBatch) {
 }
 
 impl Switchboard {
-    fn handle(&mut self, now: Instant, datagram: &[u8], out: &mut [u8]) {
-        let transmit = match self.engine.handle_datagram(now, datagram, out) {
+    fn handle(&mut self, now: Instant, source: SocketAddr, datagram: &[u8], out: &mut [u8]) {
+        let peers = &self.peers;
+        // A rank's packets for a slot come from the socket of its thread owning the slot:
+        // anything else is forged or misdirected, whatever it says.
+        let from_its_rank = |session, rank, slot| {
+            peers.get(&session).and_then(|p: &Peers| p.address(rank, slot)) == Some(source)
+        };
+        let transmit = match self.engine.handle_datagram_from(now, datagram, out, from_its_rank) {
             Verdict::Send(transmit) => transmit,
             Verdict::Consumed => return,
             Verdict::Dropped(reason) => {
@@ -184,13 +247,10 @@ impl Switchboard {
             Recipient::All => 0..peers.workers.len() as u16,
             Recipient::Worker(rank) => rank..rank + 1,
         };
-        let max_segments = self.max_segments;
+        let outbox = &mut self.outbox;
         for destination in ranks.filter_map(|rank| peers.address(rank, slot)) {
-            let batch = self.outgoing.entry(destination).or_insert_with(|| SegmentBatch::new(max_segments));
-            if !batch.accepts(result.len()) {
-                self.full.push((destination, std::mem::replace(batch, SegmentBatch::new(max_segments))));
-            }
-            batch.push(result);
+            self.egress
+                .push(now, destination, result, |destination, datagram| outbox.push(destination, datagram));
         }
     }
 
@@ -199,7 +259,7 @@ impl Switchboard {
         let Some(peers) = self.peers.remove(&id) else { return };
         for (ip, ports) in peers.workers {
             for port in ports {
-                self.outgoing.remove(&SocketAddr::new(ip, port));
+                self.outbox.outgoing.remove(&SocketAddr::new(ip, port));
             }
         }
     }

@@ -51,6 +51,9 @@ struct Args {
     /// Bytes of aggregation state all sessions together may hold [default 1 GiB].
     #[arg(long)]
     max_memory: Option<usize>,
+    /// Bytes of aggregation state one session may hold [default 256 MiB].
+    #[arg(long)]
+    max_session_memory: Option<usize>,
     /// Seconds without packets after which a session is closed although its workers are
     /// connected; 0 never does [default 0].
     #[arg(long)]
@@ -61,6 +64,12 @@ struct Args {
     /// Log level: error, warn, info, debug or trace; RUST_LOG overrides [default info].
     #[arg(long)]
     log_level: Option<String>,
+    /// Faults to inject into the data path, for testing: KEY=VALUE,... with the keys of
+    /// [switch.faults] (receive_drop, send_drop, ..._duplicate, ..._reorder,
+    /// ..._corrupt, ..._delay in ms, seed); e.g. receive_drop=0.01,send_drop=0.01
+    /// is SwitchML's set_drop_probabilities(0.01, 0.01) [default none].
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    faults: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -108,6 +117,7 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
     settings.max_workers = args.max_workers.unwrap_or(settings.max_workers);
     settings.max_slots = args.max_slots.unwrap_or(settings.max_slots);
     settings.max_memory = args.max_memory.unwrap_or(settings.max_memory);
+    settings.max_session_memory = args.max_session_memory.unwrap_or(settings.max_session_memory);
     if let Some(value) = args.idle_timeout {
         settings.idle_timeout = seconds(value, "idle-timeout")?;
     }
@@ -120,6 +130,9 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
     if let Some(level) = &args.log_level {
         settings.log_level = level.clone();
     }
+    if let Some(faults) = &args.faults {
+        settings.faults.apply_assignments("--faults", faults).map_err(|e| e.to_string())?;
+    }
     Ok(settings)
 }
 
@@ -129,6 +142,7 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
         max_workers: settings.max_workers,
         max_slots: settings.max_slots,
         max_bytes: settings.max_memory,
+        max_session_bytes: settings.max_session_memory,
         session_idle_timeout: settings.idle_timeout,
         ..EngineLimits::default()
     };
@@ -143,7 +157,10 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
 
     let (commands, command_receiver) = crossbeam_channel::unbounded();
     let (events, event_receiver) = crossbeam_channel::unbounded();
-    let datapath = DataPath::new(data, limits, command_receiver, events);
+    if settings.faults.is_active() {
+        tracing::warn!(faults = ?settings.faults, "injecting faults into the data path");
+    }
+    let datapath = DataPath::new(data, limits, &settings.faults, command_receiver, events);
     let datapath = std::thread::Builder::new()
         .name("datapath".into())
         .spawn(move || datapath.run())
@@ -190,7 +207,10 @@ fn print_counters(commands: &crossbeam_channel::Sender<Command>) {
     if commands.send(Command::Counters { reply }).is_err() {
         return;
     }
-    let Ok((engine, sessions)) = result.recv_timeout(Duration::from_secs(2)) else { return };
+    let Ok(datapath::Counters { engine, sessions, faults }) = result.recv_timeout(Duration::from_secs(2))
+    else {
+        return;
+    };
     println!(
         "stats: datagrams {} malformed {} unknown-session {} sessions opened {} closed {} expired {}",
         engine.datagrams,
@@ -200,10 +220,17 @@ fn print_counters(commands: &crossbeam_channel::Sender<Command>) {
         engine.sessions_closed,
         engine.sessions_expired
     );
+    if let Some((receive, send)) = faults {
+        println!(
+            "stats: faults injected: receive dropped {} duplicated {} reordered {} corrupted {} delayed {}; send dropped {} duplicated {} reordered {} corrupted {} delayed {}",
+            receive.dropped, receive.duplicated, receive.reordered, receive.corrupted, receive.delayed,
+            send.dropped, send.duplicated, send.reordered, send.corrupted, send.delayed
+        );
+    }
     for (id, c) in sessions {
         println!(
-            "stats: session {:#010x} packets {} contributions {} results {} resent {} duplicates {} stale {} stalled {} rejected {}",
-            id.0, c.packets_in, c.contributions, c.results_broadcast, c.results_resent, c.duplicates, c.stale, c.stalled, c.rejected
+            "stats: session {:#010x} packets {} contributions {} results {} resent {} duplicates {} stale {} stalled {} rejected {} forged {}",
+            id.0, c.packets_in, c.contributions, c.results_broadcast, c.results_resent, c.duplicates, c.stale, c.stalled, c.rejected, c.forged
         );
     }
 }

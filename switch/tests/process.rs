@@ -93,3 +93,35 @@ fn a_registration_in_another_protocol_version_is_refused_with_a_reason() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn bad_fault_flags_and_memory_limits_name_the_flag_the_key_and_what_is_allowed() {
+    let run = |args: &[&str]| {
+        let output = Command::new(SWITCH).args(args).output().unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    assert_eq!(
+        run(&["--faults", "receive_drop=0.5,send_drop=1.5"]),
+        (
+            Some(2),
+            "netagg-switch: flag --faults: key 'send_drop' = '1.5': expected a probability from 0 to 1\n"
+                .into()
+        )
+    );
+    let (code, stderr) = run(&["--faults", "loss=0.1"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.starts_with("netagg-switch: flag --faults: unknown key 'loss'; known keys: send_drop, "),
+        "{stderr}"
+    );
+    let path = temp_file("faults.cfg", "[switch.faults]\nreceive_delay = 20000\n");
+    let (code, stderr) = run(&["--config", path.to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr
+            .contains("key 'switch.faults.receive_delay' = '20000': expected milliseconds, from 0 to 10000"),
+        "{stderr}"
+    );
+    let (code, stderr) = run(&["--max-session-memory", "-1"]);
+    assert_eq!(code, Some(2), "{stderr}");
+}

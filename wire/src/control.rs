@@ -110,7 +110,7 @@ pub enum ControlMessage {
     /// Switch → worker, once every rank has registered: the session is open.
     ///
     /// Body: session u32, rank u16, world size u16, packet elements u16, slots u16,
-    /// depth u8, reserved u8, data port u16.
+    /// depth u8, reserved u8, data port u16, token u64.
     Accept {
         session: u32,
         rank: u16,
@@ -120,6 +120,9 @@ pub enum ControlMessage {
         depth: u8,
         /// The switch's UDP port for aggregation packets.
         data_port: u16,
+        /// The session's secret, drawn from the switch's CSPRNG: every aggregation
+        /// packet of the session carries it, and the switch drops those that do not.
+        token: u64,
     },
     /// Switch → worker: the request is refused.
     ///
@@ -139,7 +142,7 @@ impl ControlMessage {
     fn body_len(&self) -> usize {
         match self {
             Self::Register { name, ports, .. } => 13 + name.len() + 2 * ports.len(),
-            Self::Accept { .. } => 16,
+            Self::Accept { .. } => 24,
             Self::Reject { message, .. } => 4 + message.len(),
             Self::Leave { .. } => 6,
         }
@@ -197,6 +200,7 @@ impl ControlMessage {
                     }
                     body.u16()?
                 },
+                token: body.u64()?,
             },
             REJECT => Self::Reject {
                 code: RejectCode::try_from(body.u16()?)?,
@@ -272,7 +276,7 @@ impl ControlMessage {
                 out.u16(ports.len() as u16);
                 ports.iter().for_each(|&port| out.u16(port));
             }
-            Self::Accept { session, rank, world_size, packet_elements, slots, depth, data_port } => {
+            Self::Accept { session, rank, world_size, packet_elements, slots, depth, data_port, token } => {
                 out.header(ACCEPT, self.body_len(), request_id);
                 out.u32(*session);
                 out.u16(*rank);
@@ -282,6 +286,7 @@ impl ControlMessage {
                 out.u8(*depth);
                 out.u8(0);
                 out.u16(*data_port);
+                out.u64(*token);
             }
             Self::Reject { code, message } => {
                 out.header(REJECT, self.body_len(), request_id);
@@ -324,6 +329,10 @@ impl<'a> Reader<'a> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
+    fn u64(&mut self) -> Result<u64> {
+        let b = self.take(8)?;
+        Ok(u64::from_le_bytes(b.try_into().expect("take returned 8 bytes")))
+    }
     fn text(&mut self, len: usize, max: usize, field: &'static str) -> Result<String> {
         if len > max {
             return Err(WireError::InvalidField { field, reason: "too long" });
@@ -350,6 +359,9 @@ impl Writer<'_> {
         self.slice(&v.to_le_bytes());
     }
     fn u32(&mut self, v: u32) {
+        self.slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
         self.slice(&v.to_le_bytes());
     }
     fn header(&mut self, message_type: u8, body_len: usize, request_id: u32) {
@@ -393,6 +405,32 @@ mod tests {
     }
 
     #[test]
+    fn accept_carries_the_token_after_the_data_port() {
+        let accept = ControlMessage::Accept {
+            session: 0x0001_0002,
+            rank: 1,
+            world_size: 4,
+            packet_elements: 256,
+            slots: 128,
+            depth: 2,
+            data_port: 48864,
+            token: 0x1122_3344_5566_7788,
+        };
+        #[rustfmt::skip]
+        let expected: [u8; 32] = [
+            0x01, 0x02, 0x18, 0x00, 0x07, 0x00, 0x00, 0x00, // version, accept, body 24, request 7
+            0x02, 0x00, 0x01, 0x00,                         // session
+            0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
+            0x02, 0x00, 0xE0, 0xBE,                         // depth 2, reserved, data port 48864
+            0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // token
+        ];
+        let mut buffer = [0u8; 32];
+        assert_eq!(accept.emit(7, &mut buffer).unwrap(), 32);
+        assert_eq!(buffer, expected);
+        assert_eq!(ControlMessage::parse(&expected).unwrap(), (7, accept));
+    }
+
+    #[test]
     fn every_message_round_trips() {
         let messages = [
             register(),
@@ -404,6 +442,7 @@ mod tests {
                 slots: 256,
                 depth: 8,
                 data_port: 48864,
+                token: 0x0123_4567_89AB_CDEF,
             },
             ControlMessage::Reject {
                 code: RejectCode::Mismatch,
@@ -490,6 +529,7 @@ mod tests {
             slots: 8,
             depth: 2,
             data_port: 9,
+            token: 0,
         };
         let mut bytes = vec![0u8; accept.buffer_len()];
         accept.emit(0, &mut bytes).unwrap();

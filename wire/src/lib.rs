@@ -2,7 +2,7 @@
 //!
 //! Two families of messages exist:
 //! - [`packet`]: the aggregation packets of the data path (worker → switch *data* and *ack*,
-//!   switch → worker *result*), one fixed 40-byte header followed by the payload;
+//!   switch → worker *result*), one fixed 48-byte header followed by the payload;
 //! - [`control`]: registration and session set-up, exchanged once per session.
 //!
 //! Each format comes as a view over a byte buffer (`Packet<T: AsRef<[u8]>>`), with getters,

@@ -1,6 +1,6 @@
 //! Aggregation packets: worker → switch *data* and *ack*, switch → worker *result*.
 //!
-//! All three share one 40-byte header (little-endian), followed by `element_count`
+//! All three share one 48-byte header (little-endian), followed by `element_count`
 //! 4-byte elements:
 //!
 //! | offset | size | field          | meaning |
@@ -21,7 +21,8 @@
 //! | 28     | 4    | block          | block index carried (sparse) or packet index (dense) |
 //! | 32     | 4    | next block     | sparse: sender's next non-zero block; result: everyone's next |
 //! | 36     | 4    | ack round      | data/ack: every result of this slot up to this round is held |
-//! | 40     | 4·n  | payload        | elements, little-endian |
+//! | 40     | 8    | token          | the session's secret from the control plane's accept; echoed in results |
+//! | 48     | 4·n  | payload        | elements, little-endian |
 
 use crate::{Result, WireError, MAX_DATAGRAM_LEN, PROTOCOL_VERSION};
 
@@ -54,7 +55,8 @@ mod field {
     pub const BLOCK: Range<usize> = 28..32;
     pub const NEXT_BLOCK: Range<usize> = 32..36;
     pub const ACK_ROUND: Range<usize> = 36..40;
-    pub const PAYLOAD: usize = 40;
+    pub const TOKEN: Range<usize> = 40..48;
+    pub const PAYLOAD: usize = 48;
 }
 
 /// What an aggregation packet is.
@@ -262,6 +264,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn ack_round(&self) -> u32 {
         self.u32_at(field::ACK_ROUND)
     }
+    pub fn token(&self) -> u64 {
+        let bytes = &self.buffer.as_ref()[field::TOKEN];
+        u64::from_le_bytes(bytes.try_into().expect("the token field is 8 bytes"))
+    }
     /// The payload: `element_count` little-endian elements.
     pub fn payload(&self) -> &[u8] {
         let end = HEADER_LEN + self.element_count() as usize * ELEMENT_LEN;
@@ -321,6 +327,9 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_ack_round(&mut self, value: u32) {
         self.set_u32_at(field::ACK_ROUND, value);
     }
+    pub fn set_token(&mut self, value: u64) {
+        self.buffer.as_mut()[field::TOKEN].copy_from_slice(&value.to_le_bytes());
+    }
     /// The payload, sized by the element count already written.
     pub fn payload_mut(&mut self) -> &mut [u8] {
         let end = HEADER_LEN + self.element_count() as usize * ELEMENT_LEN;
@@ -345,6 +354,8 @@ pub struct PacketRepr {
     pub block: u32,
     pub next_block: u32,
     pub ack_round: u32,
+    /// The session's secret: a packet without it is not the session's.
+    pub token: u64,
 }
 
 impl PacketRepr {
@@ -365,6 +376,7 @@ impl PacketRepr {
             block: packet.block(),
             next_block: packet.next_block(),
             ack_round: packet.ack_round(),
+            token: packet.token(),
         }
     }
 
@@ -407,6 +419,7 @@ impl PacketRepr {
         packet.set_block(self.block);
         packet.set_next_block(self.next_block);
         packet.set_ack_round(self.ack_round);
+        packet.set_token(self.token);
         Ok(packet)
     }
 }
@@ -431,11 +444,12 @@ mod tests {
             block: 42,
             next_block: END_OF_STREAM,
             ack_round: 0x0506_0707,
+            token: 0x1122_3344_5566_7788,
         }
     }
 
     #[rustfmt::skip]
-    const SAMPLE_BYTES: [u8; 48] = [
+    const SAMPLE_BYTES: [u8; 56] = [
         0x01, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
         0x04, 0x03, 0x02, 0x01,             // session
         0x07, 0x00, 0x00, 0x00,             // job
@@ -446,6 +460,8 @@ mod tests {
         0x2A, 0x00, 0x00, 0x00,             // block
         0xFF, 0xFF, 0xFF, 0xFF,             // next block: end of stream
         0x07, 0x07, 0x06, 0x05,             // ack round
+        0x88, 0x77, 0x66, 0x55,             // token, low half
+        0x44, 0x33, 0x22, 0x11,             // token, high half
         0x01, 0x00, 0x00, 0x00,             // element 0: 1
         0xFF, 0xFF, 0xFF, 0xFF,             // element 1: -1
     ];
@@ -456,25 +472,27 @@ mod tests {
         let mut packet = sample().emit(&mut buffer).unwrap();
         packet.payload_mut()[..4].copy_from_slice(&1i32.to_le_bytes());
         packet.payload_mut()[4..].copy_from_slice(&(-1i32).to_le_bytes());
-        assert_eq!(&buffer[..48], &SAMPLE_BYTES[..]);
+        assert_eq!(&buffer[..56], &SAMPLE_BYTES[..]);
+        assert_eq!(buffer[56], 0xEE, "nothing is written past the packet");
     }
 
     #[test]
     fn parse_reads_the_documented_bytes() {
         let packet = Packet::new_checked(&SAMPLE_BYTES[..]).unwrap();
         assert_eq!(PacketRepr::parse(&packet), sample());
-        assert_eq!(packet.payload(), &SAMPLE_BYTES[40..]);
+        assert_eq!(packet.payload(), &SAMPLE_BYTES[48..]);
+        assert_eq!(HEADER_LEN % 8, 0, "the header keeps payloads 8-byte aligned");
     }
 
     #[test]
     fn truncated_header_and_payload_are_rejected() {
         assert_eq!(
-            Packet::new_checked(&SAMPLE_BYTES[..39]).unwrap_err(),
-            WireError::Truncated { len: 39, needed: 40 }
-        );
-        assert_eq!(
             Packet::new_checked(&SAMPLE_BYTES[..47]).unwrap_err(),
             WireError::Truncated { len: 47, needed: 48 }
+        );
+        assert_eq!(
+            Packet::new_checked(&SAMPLE_BYTES[..55]).unwrap_err(),
+            WireError::Truncated { len: 55, needed: 56 }
         );
     }
 
@@ -484,7 +502,7 @@ mod tests {
         bytes.push(0);
         assert_eq!(
             Packet::new_checked(&bytes[..]).unwrap_err(),
-            WireError::LengthMismatch { len: 49, expected: 48 }
+            WireError::LengthMismatch { len: 57, expected: 56 }
         );
     }
 
@@ -541,10 +559,10 @@ mod tests {
 
     #[test]
     fn emit_into_a_short_buffer_fails() {
-        let mut buffer = [0u8; 47];
+        let mut buffer = [0u8; 55];
         assert_eq!(
             sample().emit(&mut buffer).unwrap_err(),
-            WireError::BufferTooSmall { len: 47, needed: 48 }
+            WireError::BufferTooSmall { len: 55, needed: 56 }
         );
     }
 }

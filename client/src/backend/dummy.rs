@@ -29,15 +29,22 @@ pub struct DummyTransport {
 }
 
 impl DummyTransport {
-    /// A transport for one worker thread; `spec` is the session every thread shares.
+    /// A session token for [`DummyTransport::new`], drawn as the switch draws one.
+    pub fn new_token() -> u64 {
+        rand::RngCore::next_u64(&mut rand::rngs::OsRng)
+    }
+
+    /// A transport for one worker thread; `spec` and `token` are the session every
+    /// thread shares.
     pub fn new(
         spec: SessionSpec,
+        token: u64,
         bandwidth_mbps: f64,
         process_packets: bool,
     ) -> Result<(DummyTransport, SessionId), String> {
         let mut engine =
             Engine::new(EngineLimits { session_idle_timeout: Duration::MAX, ..EngineLimits::default() });
-        let session = engine.open_session(Instant::now(), spec).map_err(|e| e.to_string())?;
+        let session = engine.open_session(Instant::now(), spec, token).map_err(|e| e.to_string())?;
         let transport = DummyTransport {
             engine,
             workers: spec.workers,

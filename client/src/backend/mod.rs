@@ -4,9 +4,10 @@
 //! packet-level backend (UDP, DPDK) sends each as one datagram and busy-polls or sleeps
 //! on its ring or socket; a message-level backend (RDMA) carries each as one message
 //! written with immediate data into registered memory. Nothing above this trait changes
-//! with the backend.
+//! with the backend. [`faults::FaultyTransport`] wraps any of them to inject faults.
 
 pub mod dummy;
+pub mod faults;
 pub mod udp;
 
 use std::io;
