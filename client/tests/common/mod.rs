@@ -11,6 +11,11 @@ pub fn target_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
+/// Whether these tests were built with `--release`.
+pub fn is_release() -> bool {
+    target_dir().file_name().is_some_and(|profile| profile == "release")
+}
+
 /// Builds libnetagg.so and .a as they are now: `cargo test` builds only the rlib its tests
 /// link, so without this a C program would link a stale library.
 pub fn build_c_library() {
@@ -19,7 +24,7 @@ pub fn build_c_library() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut command = Command::new(cargo);
         command.args(["build", "--quiet", "-p", "netagg", "--lib"]);
-        if target_dir().file_name().is_some_and(|profile| profile == "release") {
+        if is_release() {
             command.arg("--release");
         }
         let status = command.current_dir(crate_dir()).status().unwrap();

@@ -1,0 +1,87 @@
+//! The examples, built the way users build them: netagg installed by `scripts/install`,
+//! then the C and C++ examples with make (pkg-config) and with CMake (find_package), and
+//! every example run under `netagg-run` with 2 workers and a real switch, checking its
+//! sums.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn run(command: &mut Command) -> String {
+    let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{command:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", output.status);
+    format!("{stdout}{stderr}")
+}
+
+/// Runs `program` as 2 ranks under the installed launcher; returns their output.
+fn run_two_ranks(launcher: &Path, program: &Path) -> String {
+    run(Command::new(launcher)
+        .args(["-n", "2", "--"])
+        .arg(program)
+        .env_remove("NETAGG_CONFIG")
+        .current_dir(program.parent().unwrap()))
+}
+
+fn assert_both_ranks_say(output: &str, line: &str) {
+    let count = output.lines().filter(|l| l.contains(line)).count();
+    assert_eq!(count, 2, "expected '{line}' from both ranks in:\n{output}");
+}
+
+#[test]
+fn c_and_cpp_examples_build_against_the_installed_package_and_sum_across_two_workers() {
+    let work = common::scratch_dir("examples");
+    let prefix = work.join("prefix");
+    let repository = common::crate_dir().parent().unwrap();
+    let mut install = Command::new(repository.join("scripts/install"));
+    install.arg("--prefix").arg(&prefix);
+    if !common::is_release() {
+        install.arg("--debug");
+    }
+    run(&mut install);
+    for file in ["lib/libnetagg.so", "lib/libnetagg.a", "include/switchml/context.h", "bin/netagg-switch"] {
+        assert!(prefix.join(file).is_file(), "{file} was not installed");
+    }
+
+    let make_build = work.join("make");
+    run(Command::new("make")
+        .arg("-C")
+        .arg(repository.join("examples"))
+        .arg(format!("BUILD={}", make_build.display()))
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
+    let cmake_build = work.join("cmake");
+    run(Command::new("cmake")
+        .arg("-S")
+        .arg(repository.join("examples"))
+        .arg("-B")
+        .arg(&cmake_build)
+        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display())));
+    run(Command::new("cmake").arg("--build").arg(&cmake_build));
+
+    let launcher = prefix.join("bin/netagg-run");
+    for build in [&make_build, &cmake_build] {
+        let output = run_two_ranks(&launcher, &build.join("hello_world_c"));
+        assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
+        let output = run_two_ranks(&launcher, &build.join("hello_world_cpp"));
+        assert_both_ranks_say(&output, "Data verified: 8 tensors of 32768 floats summed over 2 workers");
+        assert_both_ranks_say(&output, "Submitted jobs: #8#");
+        let output = run_two_ranks(&launcher, &build.join("tutorial"));
+        assert_both_ranks_say(&output, "Asynchronous allreduce waiting for the job took");
+        assert_both_ranks_say(&output, "Verified 16777216 sums.");
+    }
+}
+
+#[test]
+fn the_rust_example_sums_across_two_workers() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.args(["build", "--quiet", "-p", "netagg", "--example", "hello_world"]);
+    if common::is_release() {
+        build.arg("--release");
+    }
+    run(build.current_dir(common::crate_dir()));
+    let target = common::target_dir();
+    let output = run_two_ranks(&target.join("netagg-run"), &target.join("examples/hello_world"));
+    assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
+}
