@@ -568,6 +568,9 @@ fn worker_thread(
     codec: Arc<dyn Codec>,
 ) {
     let mut protocol = WorkerProtocol::new(config.clone(), Instant::now());
+    // The protocol's counters when they were last added to the shared stats, which
+    // reset_stats may have zeroed since.
+    let mut reported = *protocol.counters();
     let mut buffer = vec![0u8; MAX_DATAGRAM_LEN];
     let block_bytes = config.packet_elements as usize * 4;
     // Ends when the context drops the sending side.
@@ -619,7 +622,12 @@ fn worker_thread(
         if let Err(error) = &outcome {
             tracing::debug!(thread, job = slice.job.id, %error, "slice failed");
         }
-        shared.stats.lock().unwrap_or_else(|p| p.into_inner()).threads[thread] = *protocol.counters();
+        {
+            let now = *protocol.counters();
+            let mut stats = shared.stats.lock().unwrap_or_else(|p| p.into_inner());
+            stats.threads[thread] = stats.threads[thread] + now.since(&reported);
+            reported = now;
+        }
         if slice.job.finish_slice(outcome) {
             shared.job_ended(slice.job.status() == crate::JobStatus::Failed);
         }

@@ -239,6 +239,10 @@ static void lifecycle_and_jobs(void) {
   EXPECT(netagg_context_reset_stats(context), NETAGG_OK);
   EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
   EXPECT_TRUE(stats.jobs_submitted == 0 && stats.packets_sent == 0);
+  /* After a reset, a job counts only its own packets: 157 of 64 elements. */
+  EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT_TRUE(stats.jobs_submitted == 1 && stats.packets_sent >= 157 && stats.packets_sent < 2 * 157);
 
   EXPECT(netagg_context_stop(context), NETAGG_OK);
   EXPECT(netagg_context_stop(context), NETAGG_STOPPED);
