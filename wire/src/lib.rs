@@ -28,8 +28,9 @@ pub mod packet;
 pub use control::{ControlMessage, RejectCode, ValueEncoding};
 pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
-/// Version of the aggregation-packet format and of the control protocol.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Version of the aggregation-packet format and of the control protocol (2: the 48-byte
+/// header with the session token).
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// The largest UDP payload over IPv4: the bound on any netagg datagram.
 pub const MAX_DATAGRAM_LEN: usize = 65_507;

@@ -450,7 +450,7 @@ mod tests {
 
     #[rustfmt::skip]
     const SAMPLE_BYTES: [u8; 56] = [
-        0x01, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
+        0x02, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
         0x04, 0x03, 0x02, 0x01,             // session
         0x07, 0x00, 0x00, 0x00,             // job
         0xDD, 0xCC, 0xBB, 0xAA,             // packet id
@@ -534,7 +534,8 @@ mod tests {
             bytes[offset] = value;
             Packet::new_checked(bytes).unwrap_err()
         };
-        assert_eq!(with(0, 2), WireError::Version { found: 2 });
+        // Version 1, the 40-byte header without the token, is refused rather than misread.
+        assert_eq!(with(0, 1), WireError::Version { found: 1 });
         assert_eq!(with(1, 0), WireError::UnknownMessageType(0));
         assert_eq!(with(1, 9), WireError::UnknownMessageType(9));
         assert_eq!(with(2, 3), WireError::UnknownElementType(3));
