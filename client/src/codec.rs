@@ -108,6 +108,25 @@ fn floats(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// Lanes of the scans below: independent accumulators, so that the compiler vectorises
+/// them (a single running maximum, or an early exit, keeps a loop scalar).
+const LANES: usize = 8;
+
+/// The largest `|x|` of float32 `bytes` as its bit pattern without the sign: magnitudes
+/// of floats order as those bits, infinities and NaN above every finite value.
+fn largest_magnitude_bits(bytes: &[u8]) -> u32 {
+    let magnitude = |b: &[u8]| (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7FFF_FFFF) as i32;
+    let mut lanes = [0i32; LANES];
+    let mut chunks = bytes.chunks_exact(4 * LANES);
+    for chunk in &mut chunks {
+        for (lane, element) in lanes.iter_mut().zip(chunk.chunks_exact(4)) {
+            *lane = (*lane).max(magnitude(element));
+        }
+    }
+    let rest = chunks.remainder().chunks_exact(4).map(magnitude);
+    lanes.into_iter().chain(rest).max().unwrap_or(0) as u32
+}
+
 impl Codec for BlockFloatingPoint {
     fn wire_type(&self, _: DataType) -> ElementType {
         ElementType::Int32
@@ -127,6 +146,10 @@ impl Codec for BlockFloatingPoint {
         if data_type != DataType::Float32 {
             return Ok(());
         }
+        // One vectorised pass in the common case; the element is looked for only if any.
+        if largest_magnitude_bits(elements) < f32::INFINITY.to_bits() {
+            return Ok(());
+        }
         match floats(elements).position(|x| !x.is_finite()) {
             None => Ok(()),
             Some(index) => Err(format!(
@@ -137,8 +160,7 @@ impl Codec for BlockFloatingPoint {
     }
 
     fn exponent(&self, _: DataType, elements: &[u8]) -> i8 {
-        // Magnitudes of finite floats order as their bit patterns without the sign.
-        let largest = floats(elements).map(|x| x.to_bits() & 0x7FFF_FFFF).max().unwrap_or(0);
+        let largest = largest_magnitude_bits(elements);
         if largest == 0 {
             return i8::MIN;
         }
