@@ -1,8 +1,8 @@
 // netagg's C++ API: RAII classes over the C API of netagg.h, reporting failures as
 // netagg::Error exceptions that carry the netagg_result and its detailed message.
 //
-// Header-only; link with `pkg-config --libs netagg`. The SwitchML-compatible API
-// (<switchml/context.h>) is built on these classes.
+// Header-only, C++11 or later; link with `pkg-config --libs netagg`. The
+// SwitchML-compatible API (<switchml/context.h>) is built on these classes.
 //
 //   netagg::Context context(netagg::Config::load());
 //   context.start();
@@ -42,17 +42,25 @@ namespace detail {
 
 /// Reads text the C API writes into a caller's buffer (`write` is such a call, given
 /// buffer, capacity and length): asks the length, then the text. Returns the call's result.
+/// The text may grow between the calls (statistics while jobs run): asks again then.
 template <typename Write>
 inline netagg_result read_text(Write write, std::string& text) {
   std::size_t length = 0;
   netagg_result result = write(nullptr, 0, &length);
-  if (result != NETAGG_BUFFER_TOO_SMALL) {
-    return result;
+  while (result == NETAGG_BUFFER_TOO_SMALL) {
+    text.assign(length + 1, '\0');
+    result = write(&text[0], text.size(), &length);
   }
-  text.assign(length + 1, '\0');
-  result = write(&text[0], text.size(), &length);
   text.resize(result == NETAGG_OK ? length : 0);
   return result;
+}
+
+/// std::exchange, which is C++14: these headers need only C++11, as SwitchML's API.
+template <typename T>
+inline T exchange(T& object, T value) {
+  T old = object;
+  object = value;
+  return old;
 }
 
 inline std::string last_error_message() {
@@ -98,7 +106,7 @@ class Config {
     return Config(config);
   }
 
-  Config(Config&& other) noexcept : config_(std::exchange(other.config_, nullptr)) {}
+  Config(Config&& other) noexcept : config_(detail::exchange<netagg_config*>(other.config_, nullptr)) {}
   Config& operator=(Config&& other) noexcept {
     std::swap(config_, other.config_);
     return *this;
@@ -136,7 +144,7 @@ class Config {
 class Job {
  public:
   Job() = default;
-  Job(Job&& other) noexcept : handle_(std::exchange(other.handle_, 0)) {}
+  Job(Job&& other) noexcept : handle_(detail::exchange<netagg_job>(other.handle_, 0)) {}
   Job& operator=(Job&& other) noexcept {
     std::swap(handle_, other.handle_);
     return *this;
@@ -185,7 +193,7 @@ class Context {
  public:
   /// A context for `config` (copied), not started yet.
   explicit Context(const Config& config) { detail::check(netagg_context_new(config.raw(), &context_)); }
-  Context(Context&& other) noexcept : context_(std::exchange(other.context_, nullptr)) {}
+  Context(Context&& other) noexcept : context_(detail::exchange<netagg_context*>(other.context_, nullptr)) {}
   Context& operator=(Context&& other) noexcept {
     std::swap(context_, other.context_);
     return *this;

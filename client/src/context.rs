@@ -375,10 +375,12 @@ impl Context {
     fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::Release);
         self.slices.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
-        for handle in threads {
+        // Joined with the lock held: a second stop returns only when the first is done.
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        for handle in threads.drain(..) {
             let _ = handle.join();
         }
+        drop(threads);
         if let Some(mut stream) = self.control.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let leave = ControlMessage::Leave { session: self.session, rank: self.config.general.rank };
             let _ = leave.write_to(0, &mut stream);
@@ -593,25 +595,20 @@ fn worker_thread(
                     codec: Arc::clone(&codec),
                 }
             };
-            let spec = JobSpec {
-                job: slice.job.id as u32,
-                element_type: codec.wire_type(slice.job.data_type),
-                elements: slice.elements as u64,
-                layout: io.layout(shared.sparse),
-                exponents: codec.uses_exponents(slice.job.data_type),
-            };
             // A panic (in a user's codec, say) fails the slice rather than leaving its job
             // unfinished and its waiters blocked for ever.
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let spec = JobSpec {
+                    job: slice.job.id as u32,
+                    element_type: codec.wire_type(slice.job.data_type),
+                    elements: slice.elements as u64,
+                    layout: io.layout(shared.sparse),
+                    exponents: codec.uses_exponents(slice.job.data_type),
+                };
                 run_slice(&mut protocol, transport.as_mut(), &mut io, &mut buffer, spec, &shared)
             }));
             let outcome = run.unwrap_or_else(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::Job(format!("worker thread {thread} panicked: {message}")))
+                Err(Error::Job(format!("worker thread {thread} panicked: {}", crate::panic_message(&*panic))))
             });
             if let Err(error) = &outcome {
                 // The protocol may still count the slice as running; it cannot continue.

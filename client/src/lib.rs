@@ -64,6 +64,15 @@ pub enum Error {
     Io(String),
 }
 
+/// What a caught panic said, for the error that reports it.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 impl From<std::io::Error> for Error {
     fn from(error: std::io::Error) -> Error {
         Error::Io(error.to_string())

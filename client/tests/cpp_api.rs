@@ -24,3 +24,17 @@ fn the_switchml_and_cpp_apis_work_and_report_misuse() {
     assert!(stderr.contains("netagg: Stop: the context is not running"), "{stderr}");
     assert!(stderr.contains("key 'general.backend' = 'dpdk': expected 'udp' or 'dummy'"), "{stderr}");
 }
+
+#[test]
+fn the_cpp_headers_compile_cleanly_from_cpp11_to_cpp20() {
+    for standard in ["c++11", "c++14", "c++20"] {
+        let output = Command::new("c++")
+            .arg(format!("-std={standard}"))
+            .args(["-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"])
+            .arg(common::crate_dir().join("include"))
+            .arg(common::crate_dir().join("tests/cpp/switchml_api.cc"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "-std={standard}:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+}

@@ -142,15 +142,17 @@ class Context {
   }
 
   /// Waits until every submitted job has finished or failed.
+  /// Also while another thread stops the context: returns once the stop has ended every
+  /// job, so that the buffers may be freed.
   void WaitForAllJobs() {
-    std::shared_ptr<netagg::Context> context = Running();
+    std::shared_ptr<netagg::Context> context = Current();
     if (context == nullptr) {
       return;
     }
     try {
       context->wait_all();
-    } catch (const netagg::Error&) {
-      // Stopped meanwhile: every job has ended.
+    } catch (const netagg::Error& error) {
+      std::fprintf(stderr, "netagg: WaitForAllJobs: %s\n", error.what());
     }
   }
 

@@ -42,8 +42,12 @@ thread_local! {
 }
 
 /// The calling thread's last failure, if any.
+///
+/// `try_with`, here and in [`guard`]: at process exit, atexit handlers and C++ static
+/// destructors run after this thread's thread-locals are gone, and `with` would panic
+/// where nothing can catch it.
 pub(crate) fn last_error() -> Option<(netagg_result, String)> {
-    LAST_ERROR.with(|last| last.borrow().clone())
+    LAST_ERROR.try_with(|last| last.borrow().clone()).ok().flatten()
 }
 
 /// Runs an exported function's body: a panic becomes `NETAGG_PANIC` instead of unwinding
@@ -54,16 +58,12 @@ pub(crate) fn guard(function: &str, body: impl FnOnce() -> Result<(), Failure>) 
         Ok(Ok(())) => return netagg_result::NETAGG_OK,
         Ok(Err(failure)) => failure,
         Err(panic) => {
-            let reason = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Failure::new(netagg_result::NETAGG_PANIC, format!("panic: {reason}"))
+            Failure::new(netagg_result::NETAGG_PANIC, format!("panic: {}", crate::panic_message(&*panic)))
         }
     };
     let code = failure.code;
-    LAST_ERROR.with(|last| *last.borrow_mut() = Some((code, format!("{function}: {}", failure.message))));
+    let message = format!("{function}: {}", failure.message);
+    let _ = LAST_ERROR.try_with(|last| *last.borrow_mut() = Some((code, message)));
     code
 }
 

@@ -43,6 +43,10 @@ pub struct netagg_config {
 pub struct netagg_context {
     config: Config,
     state: Mutex<State>,
+    /// Held through a whole start or stop, so that they happen one at a time (a stop
+    /// during a start waits for it), while `state` is locked only briefly and submissions,
+    /// waits and statistics never wait for a registration.
+    lifecycle: Mutex<()>,
 }
 
 enum State {
@@ -50,8 +54,8 @@ enum State {
     /// `netagg_context_start` is registering with the switch.
     Starting,
     Running(Arc<Context>),
-    /// Kept for its statistics.
-    Stopped(Option<Arc<Context>>),
+    /// Kept for its statistics and for waits on the jobs it had.
+    Stopped(Arc<Context>),
 }
 
 /// A submitted job. Zero is never a valid handle.
@@ -129,20 +133,25 @@ impl netagg_context {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The running context, for submissions and waits.
+    fn lifecycle(&self) -> MutexGuard<'_, ()> {
+        self.lifecycle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The running context, for submissions.
     fn running(&self) -> Result<Arc<Context>, Failure> {
         self.context(false)
     }
 
-    /// The context whose counters to read: running or stopped.
-    fn counted(&self) -> Result<Arc<Context>, Failure> {
+    /// The context running or stopped: for statistics, and for waits, which must last
+    /// until a stop has ended every job (the caller may free the buffers then).
+    fn started(&self) -> Result<Arc<Context>, Failure> {
         self.context(true)
     }
 
     fn context(&self, stopped_too: bool) -> Result<Arc<Context>, Failure> {
         match &*self.state() {
             State::Running(context) => Ok(Arc::clone(context)),
-            State::Stopped(Some(context)) if stopped_too => Ok(Arc::clone(context)),
+            State::Stopped(context) if stopped_too => Ok(Arc::clone(context)),
             State::Created => Err(Failure::new(NETAGG_NOT_STARTED, "call netagg_context_start first")),
             State::Starting => Err(Failure::new(NETAGG_NOT_STARTED, "the context is still starting")),
             State::Stopped(_) => Err(Failure::new(NETAGG_STOPPED, "the context was stopped")),
@@ -206,7 +215,7 @@ unsafe fn submit(
     Ok(job)
 }
 
-/// The library's version, e.g. "0.1.0": a static NUL-terminated string.
+/// The library's version, e.g. "0.1.0": a static NUL-terminated string. Thread-safe.
 #[no_mangle]
 pub extern "C" fn netagg_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
@@ -264,7 +273,8 @@ const ALL_RESULTS: [netagg_result; 21] = [
 /// `buffer` of `capacity` bytes, and its length without the NUL into `*length`. If no
 /// call failed yet the text is empty. If it does not fit, nothing is copied, `*length`
 /// is the length needed and the result is `NETAGG_BUFFER_TOO_SMALL`; pass NULL and 0 to
-/// ask the length. This call does not change the last error.
+/// ask the length. This call does not change the last error. Thread-safe: every thread
+/// has its own last error.
 ///
 /// # Safety
 /// `buffer` is NULL or writable for `capacity` bytes; `length` is NULL or writable.
@@ -285,7 +295,7 @@ pub unsafe extern "C" fn netagg_last_error_message(
 }
 
 /// Makes a configuration with every key at its default, reading no file and no
-/// environment, into `*config`; free it with `netagg_config_free`.
+/// environment, into `*config`; free it with `netagg_config_free`. Thread-safe.
 ///
 /// # Safety
 /// `config` is NULL or writable.
@@ -303,7 +313,7 @@ pub unsafe extern "C" fn netagg_config_new(config: *mut *mut netagg_config) -> n
 /// is NULL the first of `$NETAGG_CONFIG`, `./netagg.cfg`, `./netagg-<hostname>.cfg`,
 /// `/etc/netagg.cfg` (none is fine), then the launcher's rank and size variables and
 /// `NETAGG_<SECTION>__<KEY>` variables. Errors name the file or variable, the key and
-/// the values allowed. Free the result with `netagg_config_free`.
+/// the values allowed. Free the result with `netagg_config_free`. Thread-safe.
 ///
 /// # Safety
 /// `path` is NULL or a NUL-terminated string; `config` is NULL or writable.
@@ -329,7 +339,8 @@ pub unsafe extern "C" fn netagg_config_load(
 
 /// Sets one key, named `section.key` as in the file (`general.num_workers`,
 /// `backend.dummy.bandwidth`), from its text. Combinations are checked when a context is
-/// made from the configuration.
+/// made from the configuration. Not thread-safe for one configuration: no other thread
+/// may use it meanwhile.
 ///
 /// # Safety
 /// `config` is NULL or a live configuration no other thread uses; `key` and `value` are
@@ -350,7 +361,8 @@ pub unsafe extern "C" fn netagg_config_set(
 }
 
 /// Writes one key's value as text (as `netagg_config_set` accepts it) into `buffer`, with
-/// the conventions of `netagg_last_error_message`.
+/// the conventions of `netagg_last_error_message`. Thread-safe while no thread sets a key
+/// of the same configuration.
 ///
 /// # Safety
 /// `config` is NULL or live; `key` is NULL or NUL-terminated; `buffer` is NULL or
@@ -375,19 +387,24 @@ pub unsafe extern "C" fn netagg_config_get(
     })
 }
 
-/// Frees a configuration; NULL is fine. Contexts made from it keep their own copy.
+/// Frees a configuration; NULL is fine. Contexts made from it keep their own copy. No
+/// other thread may use the configuration any more.
 ///
 /// # Safety
 /// `config` is NULL or came from `netagg_config_new`/`_load`/`netagg_context_config` and
 /// was not freed.
 #[no_mangle]
 pub unsafe extern "C" fn netagg_config_free(config: *mut netagg_config) {
-    // SAFETY: the caller's contract. Dropping a Config cannot panic.
-    unsafe { free_boxed(config) }
+    let _ = guard("netagg_config_free", || {
+        // SAFETY: the caller's contract.
+        unsafe { free_boxed(config) };
+        Ok(())
+    });
 }
 
 /// Makes a context from a copy of `config` (checked: invalid combinations fail here with
 /// `NETAGG_CONFIG_INVALID`), not yet started. Free it with `netagg_context_free`.
+/// Thread-safe while no thread sets a key of `config`.
 ///
 /// # Safety
 /// `config` is NULL or live; `context` is NULL or writable.
@@ -403,6 +420,7 @@ pub unsafe extern "C" fn netagg_context_new(
         out.write(into_raw(netagg_context {
             config: config.config.clone(),
             state: Mutex::new(State::Created),
+            lifecycle: Mutex::new(()),
         }));
         Ok(())
     })
@@ -429,7 +447,9 @@ pub unsafe extern "C" fn netagg_context_config(
 /// Starts the context: registers with the switch and waits until every rank has (at most
 /// `general.connect_timeout`), or sets up the in-process switch of the dummy backend.
 /// A context that was stopped may be started again: it joins a new session.
-/// `NETAGG_ALREADY_STARTED` if it is starting or running. Thread-safe.
+/// `NETAGG_ALREADY_STARTED` if it is starting or running. Thread-safe: starts and stops
+/// happen one at a time (a stop called during a start waits for it), while other calls
+/// see the context as starting.
 ///
 /// # Safety
 /// `context` is NULL or live.
@@ -438,33 +458,25 @@ pub unsafe extern "C" fn netagg_context_start(context: *const netagg_context) ->
     guard("netagg_context_start", || {
         // SAFETY: the caller's contract.
         let context = unsafe { borrow(context, "context")? };
+        let _lifecycle = context.lifecycle();
         {
             let mut state = context.state();
-            match &*state {
-                State::Created | State::Stopped(_) => *state = State::Starting,
-                State::Starting | State::Running(_) => {
-                    return Err(Failure::new(NETAGG_ALREADY_STARTED, "the context is already started"))
-                }
+            if let State::Starting | State::Running(_) = &*state {
+                return Err(Failure::new(NETAGG_ALREADY_STARTED, "the context is already started"));
             }
+            *state = State::Starting;
         }
         // Registration may take up to connect_timeout: the state lock is not held, so
         // other threads see "starting" rather than block.
         let started = Context::start(context.config.clone());
         let mut state = context.state();
-        match (started, &*state) {
-            (Ok(started), State::Starting) => {
+        match started {
+            Ok(started) => {
                 *state = State::Running(Arc::new(started));
                 Ok(())
             }
-            (Ok(started), _) => {
-                // Stopped by another thread while it started.
-                started.stop();
-                Err(Failure::new(NETAGG_STOPPED, "the context was stopped while it started"))
-            }
-            (Err(error), _) => {
-                if matches!(*state, State::Starting) {
-                    *state = State::Created;
-                }
+            Err(error) => {
+                *state = State::Created;
                 Err(error.into())
             }
         }
@@ -495,9 +507,9 @@ pub unsafe extern "C" fn netagg_context_get_state(
 }
 
 /// Stops the context: jobs still running or queued fail with `NETAGG_STOPPED`, the worker
-/// threads end and the context leaves its session. `NETAGG_NOT_STARTED` if it never
-/// started, `NETAGG_STOPPED` if it was stopped already. Thread-safe, also while other
-/// threads wait for jobs.
+/// threads end and the context leaves its session; returns when no job touches its
+/// buffers any more. `NETAGG_NOT_STARTED` if it never started, `NETAGG_STOPPED` if it was
+/// stopped already. Thread-safe, also while other threads wait for jobs.
 ///
 /// # Safety
 /// `context` is NULL or live.
@@ -506,23 +518,20 @@ pub unsafe extern "C" fn netagg_context_stop(context: *const netagg_context) -> 
     guard("netagg_context_stop", || {
         // SAFETY: the caller's contract.
         let context = unsafe { borrow(context, "context")? };
+        let _lifecycle = context.lifecycle();
         let running = {
             let mut state = context.state();
-            match std::mem::replace(&mut *state, State::Stopped(None)) {
-                State::Running(running) => {
-                    *state = State::Stopped(Some(Arc::clone(&running)));
-                    running
+            let running = match &*state {
+                State::Running(running) => Arc::clone(running),
+                State::Created | State::Starting => {
+                    return Err(Failure::new(NETAGG_NOT_STARTED, "the context was never started"))
                 }
-                State::Starting => return Ok(()),
-                State::Created => {
-                    *state = State::Created;
-                    return Err(Failure::new(NETAGG_NOT_STARTED, "the context was never started"));
+                State::Stopped(_) => {
+                    return Err(Failure::new(NETAGG_STOPPED, "the context is already stopped"))
                 }
-                stopped @ State::Stopped(_) => {
-                    *state = stopped;
-                    return Err(Failure::new(NETAGG_STOPPED, "the context is already stopped"));
-                }
-            }
+            };
+            *state = State::Stopped(Arc::clone(&running));
+            running
         };
         running.stop();
         Ok(())
@@ -677,7 +686,9 @@ pub extern "C" fn netagg_job_free(job: netagg_job) -> netagg_result {
 }
 
 /// Waits until every job submitted to the context has finished or failed (a failed job
-/// counts as ended: check each job's status). Thread-safe.
+/// counts as ended: check each job's status). On a context being stopped, it waits until
+/// the stop has ended every job, so that the buffers may be freed when it returns.
+/// Thread-safe.
 ///
 /// # Safety
 /// `context` is NULL or live.
@@ -686,7 +697,7 @@ pub unsafe extern "C" fn netagg_wait_all(context: *const netagg_context) -> neta
     guard("netagg_wait_all", || {
         // SAFETY: the caller's contract.
         let context = unsafe { borrow(context, "context")? };
-        context.running()?.wait_all();
+        context.started()?.wait_all();
         Ok(())
     })
 }
@@ -703,7 +714,7 @@ pub unsafe extern "C" fn netagg_context_stats(
     guard("netagg_context_stats", || {
         // SAFETY: the caller's contract.
         let (context, out) = unsafe { (borrow(context, "context")?, Output::new(stats, "stats")?) };
-        let stats = context.counted()?.stats();
+        let stats = context.started()?.stats();
         let total = stats.total();
         out.write(netagg_stats {
             jobs_submitted: stats.jobs_submitted,
@@ -741,7 +752,7 @@ pub unsafe extern "C" fn netagg_context_stats_text(
     guard("netagg_context_stats_text", || {
         // SAFETY: the caller's contract.
         let context = unsafe { borrow(context, "context")? };
-        let text = context.counted()?.stats().to_string();
+        let text = context.started()?.stats().to_string();
         // SAFETY: the caller's contract.
         unsafe { write_text(&text, buffer, capacity, length) }
     })
@@ -756,7 +767,7 @@ pub unsafe extern "C" fn netagg_context_reset_stats(context: *const netagg_conte
     guard("netagg_context_reset_stats", || {
         // SAFETY: the caller's contract.
         let context = unsafe { borrow(context, "context")? };
-        context.counted()?.reset_stats();
+        context.started()?.reset_stats();
         Ok(())
     })
 }

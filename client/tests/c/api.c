@@ -5,7 +5,9 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -141,7 +143,7 @@ static void bad_configs(const char *unknown_key_file) {
   netagg_config_free(config);
 }
 
-static netagg_context *dummy_context(const char *prepostprocessor) {
+static netagg_context *dummy_context_at(const char *prepostprocessor, const char *bandwidth) {
   netagg_config *config = NULL;
   netagg_context *context = NULL;
   EXPECT(netagg_config_new(&config), NETAGG_OK);
@@ -149,10 +151,14 @@ static netagg_context *dummy_context(const char *prepostprocessor) {
   EXPECT(netagg_config_set(config, "general.num_workers", "3"), NETAGG_OK);
   EXPECT(netagg_config_set(config, "general.packet_numel", "64"), NETAGG_OK);
   EXPECT(netagg_config_set(config, "general.prepostprocessor", prepostprocessor), NETAGG_OK);
-  EXPECT(netagg_config_set(config, "backend.dummy.bandwidth", "0"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "backend.dummy.bandwidth", bandwidth), NETAGG_OK);
   EXPECT(netagg_context_new(config, &context), NETAGG_OK);
   netagg_config_free(config); /* the context keeps its own copy */
   return context;
+}
+
+static netagg_context *dummy_context(const char *prepostprocessor) {
+  return dummy_context_at(prepostprocessor, "0");
 }
 
 static void lifecycle_and_jobs(void) {
@@ -266,6 +272,56 @@ static void refused_input(void) {
   netagg_context_free(context);
 }
 
+static void *stop_soon(void *context) {
+  struct timespec pause = {0, 50 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  EXPECT(netagg_context_stop(context), NETAGG_OK);
+  return NULL;
+}
+
+/* A thread stops the context while this one waits for its jobs (SwitchML's benchmarks
+ * stop from a signal-handling thread): the wait returns only when no job touches its
+ * buffer any more, so the buffers may be freed then. */
+static void stop_while_waiting(void) {
+  enum { JOBS = 8, NUMEL = 1 << 20 };
+  /* 1 Gbit/s: the 32 MiB of jobs take about a quarter of a second. */
+  netagg_context *context = dummy_context_at("native", "1000");
+  netagg_job jobs[JOBS];
+  float *buffers[JOBS];
+  pthread_t stopper;
+  netagg_job_state state;
+  int i, ended = 0;
+  EXPECT(netagg_context_start(context), NETAGG_OK);
+  for (i = 0; i < JOBS; i++) {
+    buffers[i] = calloc(NUMEL, sizeof(float));
+    EXPECT(netagg_allreduce_async(context, buffers[i], buffers[i], NUMEL, NETAGG_FLOAT32, &jobs[i]), NETAGG_OK);
+  }
+  EXPECT_TRUE(pthread_create(&stopper, NULL, stop_soon, context) == 0);
+  EXPECT(netagg_wait_all(context), NETAGG_OK);
+  for (i = 0; i < JOBS; i++) {
+    EXPECT(netagg_job_status(jobs[i], &state), NETAGG_OK);
+    ended += state == NETAGG_JOB_STATE_FINISHED || state == NETAGG_JOB_STATE_FAILED;
+    free(buffers[i]); /* nothing writes here any more */
+  }
+  EXPECT_TRUE(ended == JOBS);
+  pthread_join(stopper, NULL);
+  EXPECT(netagg_job_wait(jobs[JOBS - 1]), NETAGG_STOPPED);
+  EXPECT(netagg_context_stop(context), NETAGG_STOPPED);
+  for (i = 0; i < JOBS; i++) {
+    EXPECT(netagg_job_free(jobs[i]), NETAGG_OK);
+  }
+  netagg_context_free(context);
+}
+
+/* Runs after main returns, when the thread's locals are gone: a failing call still
+ * returns its code rather than aborting the process. */
+static void at_exit(void) {
+  if (netagg_job_free(424242) != NETAGG_INVALID_JOB) {
+    fprintf(stderr, "netagg_job_free at exit did not report the unknown handle\n");
+    _Exit(3);
+  }
+}
+
 static void unreachable_switch(const char *closed_port) {
   netagg_config *config = NULL;
   netagg_context *context = NULL;
@@ -296,7 +352,9 @@ int main(int argc, char **argv) {
   bad_configs(argv[1]);
   lifecycle_and_jobs();
   refused_input();
+  stop_while_waiting();
   unreachable_switch(argv[2]);
+  atexit(at_exit);
   if (failures > 0) {
     fprintf(stderr, "%d checks failed\n", failures);
     return 1;

@@ -29,7 +29,23 @@ pub fn build_c_library() {
         }
         let status = command.current_dir(crate_dir()).status().unwrap();
         assert!(status.success(), "building libnetagg failed: {status}");
+        // Programs linked against libnetagg.so load it by its soname, as from an
+        // installed tree: the link lets them run from the target directory.
+        let library = target_dir().join("libnetagg.so");
+        let soname = soname(&library);
+        let link = target_dir().join(&soname);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("libnetagg.so", &link).unwrap();
     });
+}
+
+/// The soname a shared library was linked with (`objdump -p`, as scripts/install reads it).
+pub fn soname(library: &Path) -> String {
+    let output = Command::new("objdump").arg("-p").arg(library).output().expect("objdump runs");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("SONAME").map(|name| name.trim().to_string()))
+        .unwrap_or_else(|| panic!("{} has no soname", library.display()))
 }
 
 pub fn crate_dir() -> &'static Path {
@@ -61,7 +77,7 @@ fn compile(compiler: &str, standard: &[&str], work: &Path, name: &str, sources: 
     let lib = target_dir();
     let output = Command::new(compiler)
         .args(standard)
-        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g"])
+        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-g", "-pthread"])
         .args(["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"])
         .arg("-I")
         .arg(crate_dir().join("include"))
