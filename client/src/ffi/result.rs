@@ -59,6 +59,36 @@ pub enum netagg_result {
 use netagg_result::*;
 
 impl netagg_result {
+    /// Every code, for looking one up by its number; a test checks none is missing.
+    const ALL: [netagg_result; 21] = [
+        NETAGG_OK,
+        NETAGG_NULL_ARGUMENT,
+        NETAGG_INVALID_ARGUMENT,
+        NETAGG_INVALID_JOB,
+        NETAGG_BUFFER_TOO_SMALL,
+        NETAGG_PANIC,
+        NETAGG_CONFIG_FILE,
+        NETAGG_CONFIG_UNKNOWN_KEY,
+        NETAGG_CONFIG_VALUE,
+        NETAGG_CONFIG_INVALID,
+        NETAGG_NOT_STARTED,
+        NETAGG_ALREADY_STARTED,
+        NETAGG_STOPPED,
+        NETAGG_CONNECT,
+        NETAGG_REJECTED,
+        NETAGG_REGISTER_TIMEOUT,
+        NETAGG_SESSION_LOST,
+        NETAGG_JOB_FAILED,
+        NETAGG_WAIT_TIMEOUT,
+        NETAGG_INVALID_INPUT,
+        NETAGG_IO,
+    ];
+
+    /// The result with this number, if there is one (C callers may pass any).
+    pub fn from_code(code: u32) -> Option<netagg_result> {
+        netagg_result::ALL.into_iter().find(|result| *result as u32 == code)
+    }
+
     /// A fixed description of the code.
     pub fn description(self) -> &'static str {
         match self {
@@ -105,5 +135,20 @@ impl From<&Error> for netagg_result {
             Error::InvalidInput(_) => NETAGG_INVALID_INPUT,
             Error::Io(_) => NETAGG_IO,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_result_has_a_description_and_is_listed_once() {
+        let listed: std::collections::HashSet<u32> = netagg_result::ALL.iter().map(|r| *r as u32).collect();
+        let errors = (NETAGG_NULL_ARGUMENT as u32..=NETAGG_IO as u32).chain([NETAGG_OK as u32]);
+        assert_eq!(listed, errors.collect());
+        assert!(netagg_result::ALL.iter().all(|r| !r.description().is_empty()));
+        assert_eq!(netagg_result::from_code(7011), Some(NETAGG_STOPPED));
+        assert_eq!(netagg_result::from_code(6999), None);
     }
 }
