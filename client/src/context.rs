@@ -453,6 +453,7 @@ fn register(
             "cpu_exponent_quantizer" => ValueEncoding::BlockFloatingPoint,
             _ => ValueEncoding::Native,
         },
+        sparse_blocks: general.sparse == SparseMode::Auto,
         name: general.session.clone(),
         ports,
     };

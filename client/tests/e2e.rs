@@ -334,12 +334,16 @@ fn mismatched_registrations_are_rejected_with_what_differs() {
     let mut second = switch.config(1, 2);
     second.general.session = first.general.session.clone();
     second.general.packet_numel = 64;
+    second.general.sparse = netagg::config::SparseMode::Auto;
     let waiting = std::thread::spawn(move || Context::start(first).map(|_| ()));
     std::thread::sleep(Duration::from_millis(300));
     let error = Context::start(second).map(|_| ()).unwrap_err();
     let Error::Rejected { code, message } = &error else { panic!("expected a rejection, got {error:?}") };
     assert_eq!(*code, RejectCode::Mismatch);
-    assert_eq!(message, "rank 1 differs from rank 0: packet elements 64 instead of 256");
+    assert_eq!(
+        message,
+        "rank 1 differs from rank 0: packet elements 64 instead of 256, blocks sparse = auto instead of sparse = off"
+    );
     // Rank 0 never sees its session complete.
     assert!(matches!(waiting.join().unwrap(), Err(Error::RegisterTimeout { workers: 2, .. })));
 

@@ -325,6 +325,7 @@ fn a_rank_s_packets_count_only_from_its_registered_address_and_with_its_token() 
         slots: 1,
         depth: 2,
         encoding: ValueEncoding::Native,
+        sparse_blocks: false,
         name: unique_session("by-hand"),
         ports: vec![registered.local_addr().unwrap().port()],
     };

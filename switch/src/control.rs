@@ -27,6 +27,7 @@ struct Shape {
     slots: u16,
     depth: u8,
     encoding: ValueEncoding,
+    sparse_blocks: bool,
     threads: usize,
 }
 
@@ -166,11 +167,19 @@ impl ControlPlane {
                     slots,
                     depth,
                     encoding,
+                    sparse_blocks,
                     name,
                     ports,
                 } if membership.is_none() => {
-                    let shape =
-                        Shape { world_size, packet_elements, slots, depth, encoding, threads: ports.len() };
+                    let shape = Shape {
+                        world_size,
+                        packet_elements,
+                        slots,
+                        depth,
+                        encoding,
+                        sparse_blocks,
+                        threads: ports.len(),
+                    };
                     let member = match stream.try_clone() {
                         Ok(clone) => Member { connection, stream: clone, request_id, ip: peer.ip(), ports },
                         Err(_) => break,
@@ -361,6 +370,9 @@ fn describe_differences(expected: &Shape, got: &Shape) -> String {
     compare("slots", expected.slots.to_string(), got.slots.to_string());
     compare("depth", expected.depth.to_string(), got.depth.to_string());
     compare("encoding", format!("{:?}", expected.encoding), format!("{:?}", got.encoding));
+    let sparse =
+        |shape: &Shape| if shape.sparse_blocks { "sparse = auto" } else { "sparse = off" }.to_string();
+    compare("blocks", sparse(expected), sparse(got));
     compare("worker threads", expected.threads.to_string(), got.threads.to_string());
     differences.join(", ")
 }

@@ -90,7 +90,8 @@ pub enum ControlMessage {
     /// Worker → switch: join session `name` as `rank` of `world_size`.
     ///
     /// Body: rank u16, world size u16, packet elements u16, slots u16, depth u8,
-    /// encoding u8, name length u8, name, thread count u16, one UDP port u16 per thread.
+    /// encoding u8, sparse blocks u8 (0 or 1), name length u8, name, thread count u16,
+    /// one UDP port u16 per thread.
     Register {
         rank: u16,
         world_size: u16,
@@ -101,6 +102,9 @@ pub enum ControlMessage {
         /// Rounds a slot retains for loss recovery (2 is SwitchML's shadow copy).
         depth: u8,
         encoding: ValueEncoding,
+        /// Whether blocks zero on this worker stay off the wire (`general.sparse`): a
+        /// slot's packets must all be dense or all sparse, so every rank must agree.
+        sparse_blocks: bool,
         /// Groups the registrations of one job; distinct names are distinct sessions.
         name: String,
         /// The UDP port of each worker thread, at the address the registration came
@@ -141,7 +145,7 @@ impl ControlMessage {
 
     fn body_len(&self) -> usize {
         match self {
-            Self::Register { name, ports, .. } => 13 + name.len() + 2 * ports.len(),
+            Self::Register { name, ports, .. } => 14 + name.len() + 2 * ports.len(),
             Self::Accept { .. } => 24,
             Self::Reject { message, .. } => 4 + message.len(),
             Self::Leave { .. } => 6,
@@ -175,6 +179,13 @@ impl ControlMessage {
                 slots: body.u16()?,
                 depth: body.u8()?,
                 encoding: ValueEncoding::try_from(body.u8()?)?,
+                sparse_blocks: match body.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => {
+                        return Err(WireError::InvalidField { field: "sparse blocks", reason: "not 0 or 1" })
+                    }
+                },
                 name: {
                     let len = body.u8()? as usize;
                     body.text(len, MAX_SESSION_NAME_LEN, "name")?
@@ -263,7 +274,17 @@ impl ControlMessage {
         let mut out = Writer { bytes: &mut buffer[..len], at: 0 };
         out.u8(PROTOCOL_VERSION);
         match self {
-            Self::Register { rank, world_size, packet_elements, slots, depth, encoding, name, ports } => {
+            Self::Register {
+                rank,
+                world_size,
+                packet_elements,
+                slots,
+                depth,
+                encoding,
+                sparse_blocks,
+                name,
+                ports,
+            } => {
                 out.header(REGISTER, self.body_len(), request_id);
                 out.u16(*rank);
                 out.u16(*world_size);
@@ -271,6 +292,7 @@ impl ControlMessage {
                 out.u16(*slots);
                 out.u8(*depth);
                 out.u8(*encoding as u8);
+                out.u8(u8::from(*sparse_blocks));
                 out.u8(name.len() as u8);
                 out.slice(name.as_bytes());
                 out.u16(ports.len() as u16);
@@ -383,16 +405,17 @@ mod tests {
             slots: 128,
             depth: 2,
             encoding: ValueEncoding::BlockFloatingPoint,
+            sparse_blocks: false,
             name: "job".into(),
             ports: vec![4000, 4001],
         }
     }
 
     #[rustfmt::skip]
-    const REGISTER_BYTES: [u8; 28] = [
-        0x02, 0x01, 0x14, 0x00, 0x2A, 0x00, 0x00, 0x00, // version, register, body 20, request 42
+    const REGISTER_BYTES: [u8; 29] = [
+        0x02, 0x01, 0x15, 0x00, 0x2A, 0x00, 0x00, 0x00, // version, register, body 21, request 42
         0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
-        0x02, 0x01, 0x03, b'j', b'o', b'b',             // depth 2, block fp, name "job"
+        0x02, 0x01, 0x00, 0x03, b'j', b'o', b'b',       // depth 2, block fp, dense, name "job"
         0x02, 0x00, 0xA0, 0x0F, 0xA1, 0x0F,             // 2 threads: ports 4000, 4001
     ];
 
@@ -487,14 +510,14 @@ mod tests {
             WireError::Truncated { len: 5, needed: 8 }
         );
         assert_eq!(
-            ControlMessage::parse(&REGISTER_BYTES[..27]).unwrap_err(),
-            WireError::Truncated { len: 27, needed: 28 }
+            ControlMessage::parse(&REGISTER_BYTES[..28]).unwrap_err(),
+            WireError::Truncated { len: 28, needed: 29 }
         );
         let mut longer = REGISTER_BYTES.to_vec();
         longer.push(0);
         assert_eq!(
             ControlMessage::parse(&longer).unwrap_err(),
-            WireError::LengthMismatch { len: 29, expected: 28 }
+            WireError::LengthMismatch { len: 30, expected: 29 }
         );
     }
 
@@ -502,7 +525,7 @@ mod tests {
     fn body_length_that_lies_is_rejected() {
         // A body length covering the bytes but a name length pointing past them.
         let mut bytes = REGISTER_BYTES;
-        bytes[18] = 30;
+        bytes[19] = 30;
         assert!(matches!(
             ControlMessage::parse(&bytes).unwrap_err(),
             WireError::InvalidField { field: "body", .. }
@@ -549,7 +572,13 @@ mod tests {
             WireError::InvalidField { field: "encoding", .. }
         ));
         let mut bytes = REGISTER_BYTES;
-        bytes[19] = 0xFF; // name not UTF-8
+        bytes[18] = 2; // sparse blocks
+        assert!(matches!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::InvalidField { field: "sparse blocks", .. }
+        ));
+        let mut bytes = REGISTER_BYTES;
+        bytes[20] = 0xFF; // name not UTF-8
         assert!(matches!(
             ControlMessage::parse(&bytes).unwrap_err(),
             WireError::InvalidField { field: "name", reason: "not UTF-8" }
@@ -561,15 +590,16 @@ mod tests {
             slots: 1,
             depth: 2,
             encoding: ValueEncoding::Native,
+            sparse_blocks: false,
             name: "x".repeat(65),
             ports: vec![1],
         };
         assert!(long.emit(0, &mut [0u8; 128]).is_err());
         let mut bytes = REGISTER_BYTES;
-        bytes[22] = 0; // no threads
-        bytes[23] = 0;
+        bytes[23] = 0; // no threads
+        bytes[24] = 0;
         assert!(matches!(
-            ControlMessage::parse(&bytes[..24]).unwrap_err(),
+            ControlMessage::parse(&bytes[..25]).unwrap_err(),
             WireError::Truncated { .. } | WireError::InvalidField { field: "threads", .. }
         ));
     }
