@@ -87,7 +87,10 @@ fn a_registration_in_another_protocol_version_is_refused_with_a_reason() {
         reply,
         netagg_wire::ControlMessage::Reject {
             code: netagg_wire::RejectCode::Version,
-            message: "protocol version 9 is not supported (this side speaks 1)".into()
+            message: format!(
+                "protocol version 9 is not supported (this side speaks {})",
+                netagg_wire::PROTOCOL_VERSION
+            )
         }
     );
     let _ = child.kill();
