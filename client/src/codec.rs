@@ -112,19 +112,41 @@ fn floats(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
 /// them (a single running maximum, or an early exit, keeps a loop scalar).
 const LANES: usize = 8;
 
-/// The largest `|x|` of float32 `bytes` as its bit pattern without the sign: magnitudes
-/// of floats order as those bits, infinities and NaN above every finite value.
-fn largest_magnitude_bits(bytes: &[u8]) -> u32 {
-    let magnitude = |b: &[u8]| (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7FFF_FFFF) as i32;
-    let mut lanes = [0i32; LANES];
+fn bits(element: &[u8]) -> u32 {
+    u32::from_le_bytes([element[0], element[1], element[2], element[3]])
+}
+
+/// Whether float32 `bytes` hold an infinity or a NaN: an exponent field of all ones.
+/// Adding 1 to that field carries into the sign bit only then, so one `or` over every
+/// element tells (integer adds and ors vectorise on every x86-64).
+fn any_non_finite(bytes: &[u8]) -> bool {
+    let carry = |b: &[u8]| (bits(b) & 0x7F80_0000).wrapping_add(0x0080_0000);
+    let mut lanes = [0u32; LANES];
     let mut chunks = bytes.chunks_exact(4 * LANES);
     for chunk in &mut chunks {
         for (lane, element) in lanes.iter_mut().zip(chunk.chunks_exact(4)) {
-            *lane = (*lane).max(magnitude(element));
+            *lane |= carry(element);
         }
     }
-    let rest = chunks.remainder().chunks_exact(4).map(magnitude);
-    lanes.into_iter().chain(rest).max().unwrap_or(0) as u32
+    let all = chunks.remainder().chunks_exact(4).map(carry).fold(0, |all, c| all | c);
+    lanes.into_iter().fold(all, |all, lane| all | lane) & 0x8000_0000 != 0
+}
+
+/// The largest `|x|` of finite float32 `bytes`, as its bit pattern without the sign.
+/// Compared as floats: `a > m ? a : m` is exactly x86's `maxps`, which integer maxima
+/// lack before SSE4.1.
+fn largest_magnitude_bits(bytes: &[u8]) -> u32 {
+    let magnitude = |b: &[u8]| f32::from_bits(bits(b) & 0x7FFF_FFFF);
+    let larger = |m: f32, a: f32| if a > m { a } else { m };
+    let mut lanes = [0f32; LANES];
+    let mut chunks = bytes.chunks_exact(4 * LANES);
+    for chunk in &mut chunks {
+        for (lane, element) in lanes.iter_mut().zip(chunk.chunks_exact(4)) {
+            *lane = larger(*lane, magnitude(element));
+        }
+    }
+    let rest = chunks.remainder().chunks_exact(4).map(magnitude).fold(0.0, larger);
+    lanes.into_iter().fold(rest, larger).to_bits()
 }
 
 impl Codec for BlockFloatingPoint {
@@ -147,7 +169,7 @@ impl Codec for BlockFloatingPoint {
             return Ok(());
         }
         // One vectorised pass in the common case; the element is looked for only if any.
-        if largest_magnitude_bits(elements) < f32::INFINITY.to_bits() {
+        if !any_non_finite(elements) {
             return Ok(());
         }
         match floats(elements).position(|x| !x.is_finite()) {
@@ -271,6 +293,27 @@ mod tests {
         assert_eq!(codec.exponent(DataType::Float32, &bytes(&[f32::MAX])), 127);
         let got = round_trip(&codec, &[vec![f32::MAX / 8.0, 1.0], vec![f32::MAX / 8.0, 0.0]]);
         assert!((got[0] / (f32::MAX / 4.0) - 1.0).abs() < 1e-6, "{}", got[0]);
+    }
+
+    #[test]
+    fn the_scans_see_every_element_in_the_lanes_and_the_rest() {
+        // 8 lanes of 8 elements, then 3 more: the value sought at every position.
+        for position in 0..67 {
+            let mut values = vec![0.5f32; 67];
+            values[position] = -3.0;
+            assert_eq!(largest_magnitude_bits(&bytes(&values)), 3.0f32.to_bits(), "at {position}");
+            values[position] = f32::NEG_INFINITY;
+            assert!(any_non_finite(&bytes(&values)), "at {position}");
+            values[position] = f32::NAN;
+            assert!(any_non_finite(&bytes(&values)), "at {position}");
+            values[position] = f32::MAX;
+            assert!(!any_non_finite(&bytes(&values)), "at {position}");
+        }
+        assert_eq!(
+            largest_magnitude_bits(&bytes(&[-0.0, f32::MIN_POSITIVE / 4.0])),
+            (f32::MIN_POSITIVE / 4.0).to_bits()
+        );
+        assert_eq!(largest_magnitude_bits(&[]), 0);
     }
 
     #[test]
