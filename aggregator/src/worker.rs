@@ -293,7 +293,12 @@ struct SlotState {
     /// When the outstanding contribution was first sent, unless it was sent again since
     /// (then its round trip says nothing: Karn's rule).
     sent_once_at: Option<Instant>,
-    timer: u32,
+    /// When this slot's retransmission timer fires; re-armed at every send.
+    deadline: Option<Instant>,
+    /// The deadline of this slot's live entry in `timers`. Re-arming to a later deadline
+    /// leaves that entry alone (it moves when it reaches the top), so that a send costs
+    /// no heap operation: a timer is re-armed at every send but fires once per timeout.
+    queued: Option<Instant>,
 }
 
 /// Smoothed round-trip time and its deviation (RFC 6298).
@@ -318,8 +323,8 @@ pub struct WorkerProtocol {
     status: JobStatus,
     broken: bool,
     pending: VecDeque<(u16, Send)>,
-    /// Slot deadlines; an entry whose timer number is no longer the slot's is stale.
-    timers: BinaryHeap<Reverse<(Instant, u16, u32)>>,
+    /// Slots by their timers' deadlines, at most one live entry per slot (`queued`).
+    timers: BinaryHeap<Reverse<(Instant, u16)>>,
     last_progress: Instant,
     rtt: Option<RttEstimate>,
     counters: WorkerCounters,
@@ -345,7 +350,8 @@ impl WorkerProtocol {
                 acked: u32::MAX,
                 backoff: 0,
                 sent_once_at: None,
-                timer: 0,
+                deadline: None,
+                queued: None,
             })
             .collect();
         WorkerProtocol {
@@ -425,7 +431,7 @@ impl WorkerProtocol {
         let active_slots = (self.config.slots as u32).min(blocks) as u16;
         let stride = self.config.slots as u64;
         self.pending.clear();
-        self.timers.clear();
+        self.clear_timers();
         self.last_progress = now;
         for (index, slot) in self.slots.iter_mut().enumerate().take(active_slots as usize) {
             let block = index as u32;
@@ -569,10 +575,47 @@ impl WorkerProtocol {
     }
 
     fn arm_timer(&mut self, index: u16, now: Instant) {
-        let timeout = self.retransmit_timeout(&self.slots[index as usize]);
+        let deadline = now + self.retransmit_timeout(&self.slots[index as usize]);
         let slot = &mut self.slots[index as usize];
-        slot.timer = slot.timer.wrapping_add(1);
-        self.timers.push(Reverse((now + timeout, index, slot.timer)));
+        slot.deadline = Some(deadline);
+        if slot.queued.is_none_or(|queued| deadline < queued) {
+            slot.queued = Some(deadline);
+            self.timers.push(Reverse((deadline, index)));
+        }
+    }
+
+    fn clear_timers(&mut self) {
+        self.timers.clear();
+        for slot in &mut self.slots {
+            slot.deadline = None;
+            slot.queued = None;
+        }
+    }
+
+    /// The earliest timer of an active slot, its entry on top of `timers`: entries that
+    /// an earlier one superseded are dropped on the way, and those of slots re-armed
+    /// since move to their slot's deadline.
+    fn next_timer(&mut self) -> Option<(Instant, u16)> {
+        while let Some(&Reverse((at, index))) = self.timers.peek() {
+            let slot = &mut self.slots[index as usize];
+            if slot.queued != Some(at) {
+                self.timers.pop();
+                continue;
+            }
+            match slot.deadline {
+                Some(deadline) if slot.active && deadline == at => return Some((at, index)),
+                Some(deadline) if slot.active => {
+                    self.timers.pop();
+                    slot.queued = Some(deadline);
+                    self.timers.push(Reverse((deadline, index)));
+                }
+                _ => {
+                    self.timers.pop();
+                    slot.queued = None;
+                }
+            }
+        }
+        None
     }
 
     /// Takes one datagram from the switch.
@@ -753,7 +796,7 @@ impl WorkerProtocol {
         self.counters.jobs_failed += 1;
         self.broken = true;
         self.pending.clear();
-        self.timers.clear();
+        self.clear_timers();
         for slot in &mut self.slots {
             slot.active = false;
         }
@@ -763,7 +806,7 @@ impl WorkerProtocol {
         self.status = JobStatus::Done;
         self.counters.jobs_done += 1;
         self.pending.clear();
-        self.timers.clear();
+        self.clear_timers();
     }
 
     /// When [`WorkerProtocol::handle_timeout`] next has something to do.
@@ -771,15 +814,8 @@ impl WorkerProtocol {
         if self.status != JobStatus::Running {
             return None;
         }
-        while let Some(&Reverse((deadline, index, timer))) = self.timers.peek() {
-            let slot = &self.slots[index as usize];
-            if slot.active && slot.timer == timer {
-                let job_deadline = self.last_progress + self.config.job_timeout;
-                return Some(deadline.min(job_deadline));
-            }
-            self.timers.pop();
-        }
-        Some(self.last_progress + self.config.job_timeout)
+        let job_deadline = self.last_progress + self.config.job_timeout;
+        Some(self.next_timer().map_or(job_deadline, |(at, _)| at.min(job_deadline)))
     }
 
     /// Fires every timer due at `now`: retransmissions, requests, and the job timeout.
@@ -791,15 +827,14 @@ impl WorkerProtocol {
             self.fail(JobError::Timeout(self.config.job_timeout));
             return;
         }
-        while let Some(&Reverse((deadline, index, timer))) = self.timers.peek() {
-            if deadline > now {
+        while let Some((at, index)) = self.next_timer() {
+            if at > now {
                 break;
             }
             self.timers.pop();
             let slot = &mut self.slots[index as usize];
-            if !slot.active || slot.timer != timer {
-                continue;
-            }
+            slot.deadline = None;
+            slot.queued = None;
             self.counters.timeouts += 1;
             slot.backoff += 1;
             if slot.outstanding.is_some() {

@@ -6,7 +6,6 @@
 //! worker's tensor: dense and sparse jobs and the whole worker-side protocol run as they
 //! would over a network.
 
-use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -23,7 +22,10 @@ pub struct DummyTransport {
     bits_per_second: f64,
     /// When the emulated link has delivered everything sent so far.
     link_free_at: Instant,
-    results: VecDeque<Vec<u8>>,
+    /// Results not yet received, back to back, and where each ends: one buffer reused
+    /// for every packet rather than an allocation per result.
+    results: Vec<u8>,
+    result_ends: Vec<usize>,
     scratch: Vec<u8>,
     out: Vec<u8>,
 }
@@ -51,7 +53,8 @@ impl DummyTransport {
             process_packets,
             bits_per_second: bandwidth_mbps * 1e6,
             link_free_at: Instant::now(),
-            results: VecDeque::new(),
+            results: Vec::new(),
+            result_ends: Vec::new(),
             scratch: vec![0; MAX_DATAGRAM_LEN],
             out: vec![0; MAX_DATAGRAM_LEN],
         };
@@ -61,9 +64,10 @@ impl DummyTransport {
 
 impl Transport for DummyTransport {
     fn send(&mut self, datagram: &[u8]) -> io::Result<()> {
+        let now = Instant::now();
         if self.bits_per_second > 0.0 {
             let wire_time = Duration::from_secs_f64(datagram.len() as f64 * 8.0 / self.bits_per_second);
-            self.link_free_at = self.link_free_at.max(Instant::now()) + wire_time;
+            self.link_free_at = self.link_free_at.max(now) + wire_time;
         }
         let Ok(packet) = Packet::new_checked(datagram) else {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "dummy backend: malformed packet"));
@@ -71,11 +75,12 @@ impl Transport for DummyTransport {
         if !self.process_packets {
             // Returned unchanged but for its type: the payload is this worker's alone.
             if packet.message_type() == netagg_wire::MessageType::Data {
-                let mut result = datagram.to_vec();
-                let mut view = Packet::new_unchecked(&mut result[..]);
+                let start = self.results.len();
+                self.results.extend_from_slice(datagram);
+                let mut view = Packet::new_unchecked(&mut self.results[start..]);
                 view.set_message_type(netagg_wire::MessageType::Result);
                 view.set_rank(netagg_wire::packet::BROADCAST_RANK);
-                self.results.push_back(result);
+                self.result_ends.push(self.results.len());
             }
             return Ok(());
         }
@@ -85,13 +90,14 @@ impl Transport for DummyTransport {
         for rank in 0..self.workers {
             Packet::new_unchecked(&mut self.scratch[..len]).set_rank(rank);
             if let Verdict::Send(transmit) =
-                self.engine.handle_datagram(Instant::now(), &self.scratch[..len], &mut self.out)
+                self.engine.handle_datagram(now, &self.scratch[..len], &mut self.out)
             {
                 // Broadcasts reach this worker; of the unicasts (one per emulated rank)
                 // only its own is meant for it.
                 let recipient = Packet::new_unchecked(&self.out[..transmit.len]).rank();
                 if recipient == netagg_wire::packet::BROADCAST_RANK || recipient == own_rank {
-                    self.results.push_back(self.out[..transmit.len].to_vec());
+                    self.results.extend_from_slice(&self.out[..transmit.len]);
+                    self.result_ends.push(self.results.len());
                 }
             }
         }
@@ -103,22 +109,27 @@ impl Transport for DummyTransport {
     }
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        if self.results.is_empty() {
+        if self.result_ends.is_empty() {
             std::thread::sleep(timeout.min(Duration::from_millis(1)));
             return Ok(0);
         }
-        let wait = self.link_free_at.saturating_duration_since(Instant::now());
-        if !wait.is_zero() {
-            std::thread::sleep(wait.min(timeout));
-            if Instant::now() < self.link_free_at {
-                return Ok(0);
+        if self.bits_per_second > 0.0 {
+            let wait = self.link_free_at.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                std::thread::sleep(wait.min(timeout));
+                if Instant::now() < self.link_free_at {
+                    return Ok(0);
+                }
             }
         }
-        let mut delivered = 0;
-        while let Some(result) = self.results.pop_front() {
-            sink(&result);
-            delivered += 1;
+        let mut start = 0;
+        for &end in &self.result_ends {
+            sink(&self.results[start..end]);
+            start = end;
         }
+        let delivered = self.result_ends.len();
+        self.results.clear();
+        self.result_ends.clear();
         Ok(delivered)
     }
 }
