@@ -15,14 +15,12 @@ fn every_c_api_error_path_and_a_dummy_run() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let output = Command::new(&program)
-        .arg(&config)
-        .arg(closed_port.to_string())
-        .env_remove("NETAGG_CONFIG")
-        .current_dir(&work)
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "{}\nstdout:\n{stdout}\nstderr:\n{stderr}", output.status);
+    let (stdout, _) = common::run(
+        Command::new(&program)
+            .arg(&config)
+            .arg(closed_port.to_string())
+            .env_remove("NETAGG_CONFIG")
+            .current_dir(&work),
+    );
     assert!(stdout.contains("all C API checks passed"), "{stdout}");
 }

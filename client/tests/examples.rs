@@ -8,10 +8,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+/// Runs `command`, which must succeed; returns all it printed.
 fn run(command: &mut Command) -> String {
-    let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "{command:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", output.status);
+    let (stdout, stderr) = common::run(command);
     format!("{stdout}{stderr}")
 }
 
@@ -74,13 +73,7 @@ fn c_and_cpp_examples_build_against_the_installed_package_and_sum_across_two_wor
 
 #[test]
 fn the_rust_example_sums_across_two_workers() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.args(["build", "--quiet", "-p", "netagg", "--example", "hello_world"]);
-    if common::is_release() {
-        build.arg("--release");
-    }
-    run(build.current_dir(common::crate_dir()));
+    common::cargo_build(&["--example", "hello_world"]);
     let target = common::target_dir();
     let output = run_two_ranks(&target.join("netagg-run"), &target.join("examples/hello_world"));
     assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");

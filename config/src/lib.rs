@@ -250,120 +250,226 @@ pub enum ConfigError {
     Combination { origin: String, message: String },
 }
 
+type Getter = fn(&Config) -> String;
 type Setter = fn(&mut Config, &str) -> Result<(), String>;
 
-/// Every key: its name, what it accepts, and how it is set.
-const KEYS: &[(&str, &str, Setter)] = &[
-    ("general.rank", "an integer from 0 to 65534", |c, v| set_int(&mut c.general.rank, v, 0, 65534)),
-    ("general.num_workers", "an integer from 1 to 65535", |c, v| {
-        set_int(&mut c.general.num_workers, v, 1, 65535)
-    }),
-    ("general.num_worker_threads", "an integer from 1 to 1024", |c, v| {
-        set_int(&mut c.general.num_worker_threads, v, 1, 1024)
-    }),
-    ("general.max_outstanding_packets", "an integer from 1 to 65535", |c, v| {
-        set_int(&mut c.general.max_outstanding_packets, v, 1, 65535)
-    }),
-    ("general.packet_numel", "an integer from 1 to 16364", |c, v| {
-        set_int(&mut c.general.packet_numel, v, 1, MAX_ELEMENTS as u64)
-    }),
-    ("general.backend", "'udp' or 'dummy'", |c, v| {
-        c.general.backend = match v {
-            "udp" => BackendKind::Udp,
-            "dummy" => BackendKind::Dummy,
-            _ => return Err(String::new()),
-        };
-        Ok(())
-    }),
-    ("general.prepostprocessor", "'native' or 'cpu_exponent_quantizer'", |c, v| {
-        if v != "native" && v != "cpu_exponent_quantizer" {
-            return Err(String::new());
-        }
-        c.general.prepostprocessor = v.into();
-        Ok(())
-    }),
-    ("general.timeout", "milliseconds, above 0 and at most 30 days", |c, v| {
-        set_duration(&mut c.general.timeout, v, 1e-3)
-    }),
-    ("general.job_timeout", "seconds, above 0 and at most 30 days", |c, v| {
-        set_duration(&mut c.general.job_timeout, v, 1.0)
-    }),
-    ("general.connect_timeout", "seconds, above 0 and at most 30 days", |c, v| {
-        set_duration(&mut c.general.connect_timeout, v, 1.0)
-    }),
-    ("general.controller_ip", "a host name or IP address", |c, v| {
-        if v.is_empty() {
-            return Err(String::new());
-        }
-        c.general.controller_ip = v.into();
-        Ok(())
-    }),
-    ("general.controller_port", "a port from 1 to 65535", |c, v| {
-        set_int(&mut c.general.controller_port, v, 1, 65535)
-    }),
-    ("general.session", "a name of 1 to 64 bytes", |c, v| {
-        if v.is_empty() || v.len() > netagg_wire::control::MAX_SESSION_NAME_LEN {
-            return Err(String::new());
-        }
-        c.general.session = v.into();
-        Ok(())
-    }),
-    ("general.depth", "a power of two from 2 to 64", |c, v| {
-        let depth: u8 = v.parse().map_err(|_| String::new())?;
-        if !(2..=64).contains(&depth) || !depth.is_power_of_two() {
-            return Err(String::new());
-        }
-        c.general.depth = depth;
-        Ok(())
-    }),
-    ("general.sparse", "'auto' or 'off'", |c, v| {
-        c.general.sparse = match v {
-            "auto" => SparseMode::Auto,
-            "off" => SparseMode::Off,
-            _ => return Err(String::new()),
-        };
-        Ok(())
-    }),
-    ("backend.dummy.bandwidth", "Mbit/s: 0, or from 0.001 to 1e9", |c, v| {
-        let bandwidth: f64 = v.parse().map_err(|_| String::new())?;
-        if !(bandwidth == 0.0 || (1e-3..=1e9).contains(&bandwidth)) {
-            return Err(String::new());
-        }
-        c.dummy.bandwidth = bandwidth;
-        Ok(())
-    }),
-    ("backend.dummy.process_packets", "true or false", |c, v| set_bool(&mut c.dummy.process_packets, v)),
-    ("backend.udp.bind_ip", "an IP address", |c, v| {
-        c.udp.bind_ip = v.parse().map_err(|_| String::new())?;
-        Ok(())
-    }),
-    ("backend.udp.socket_buffer", "bytes, an integer from 0 to 1073741824", |c, v| {
-        set_int(&mut c.udp.socket_buffer, v, 0, 1 << 30)
-    }),
-    ("switch.control", "an address IP:PORT", |c, v| {
-        c.switch.control = v.parse().map_err(|_| String::new())?;
-        Ok(())
-    }),
-    ("switch.data", "an address IP:PORT", |c, v| {
-        c.switch.data = v.parse().map_err(|_| String::new())?;
-        Ok(())
-    }),
-    ("switch.max_sessions", "an integer from 1 to 65535", |c, v| {
-        set_int(&mut c.switch.max_sessions, v, 1, 65535)
-    }),
-    ("switch.max_workers", "an integer from 1 to 65535", |c, v| {
-        set_int(&mut c.switch.max_workers, v, 1, 65535)
-    }),
-    ("switch.max_slots", "an integer from 1 to 65535", |c, v| set_int(&mut c.switch.max_slots, v, 1, 65535)),
-    ("switch.max_memory", "bytes, an integer of at least 1", |c, v| {
-        set_int(&mut c.switch.max_memory, v, 1, u64::MAX)
-    }),
-    ("switch.max_session_memory", "bytes, an integer of at least 1", |c, v| {
-        set_int(&mut c.switch.max_session_memory, v, 1, u64::MAX)
-    }),
+/// Every key: its name, what it accepts, how it is read and how it is set.
+const KEYS: &[(&str, &str, Getter, Setter)] = &[
+    (
+        "general.rank",
+        "an integer from 0 to 65534",
+        |c| c.general.rank.to_string(),
+        |c, v| set_int(&mut c.general.rank, v, 0, 65534),
+    ),
+    (
+        "general.num_workers",
+        "an integer from 1 to 65535",
+        |c| c.general.num_workers.to_string(),
+        |c, v| set_int(&mut c.general.num_workers, v, 1, 65535),
+    ),
+    (
+        "general.num_worker_threads",
+        "an integer from 1 to 1024",
+        |c| c.general.num_worker_threads.to_string(),
+        |c, v| set_int(&mut c.general.num_worker_threads, v, 1, 1024),
+    ),
+    (
+        "general.max_outstanding_packets",
+        "an integer from 1 to 65535",
+        |c| c.general.max_outstanding_packets.to_string(),
+        |c, v| set_int(&mut c.general.max_outstanding_packets, v, 1, 65535),
+    ),
+    (
+        "general.packet_numel",
+        "an integer from 1 to 16364",
+        |c| c.general.packet_numel.to_string(),
+        |c, v| set_int(&mut c.general.packet_numel, v, 1, MAX_ELEMENTS as u64),
+    ),
+    (
+        "general.backend",
+        "'udp' or 'dummy'",
+        |c| c.general.backend.to_string(),
+        |c, v| {
+            c.general.backend = match v {
+                "udp" => BackendKind::Udp,
+                "dummy" => BackendKind::Dummy,
+                _ => return Err(String::new()),
+            };
+            Ok(())
+        },
+    ),
+    (
+        "general.prepostprocessor",
+        "'native' or 'cpu_exponent_quantizer'",
+        |c| c.general.prepostprocessor.clone(),
+        |c, v| {
+            if v != "native" && v != "cpu_exponent_quantizer" {
+                return Err(String::new());
+            }
+            c.general.prepostprocessor = v.into();
+            Ok(())
+        },
+    ),
+    (
+        "general.timeout",
+        "milliseconds, above 0 and at most 30 days",
+        |c| format_duration(c.general.timeout, 1e-3),
+        |c, v| set_duration(&mut c.general.timeout, v, 1e-3),
+    ),
+    (
+        "general.job_timeout",
+        "seconds, above 0 and at most 30 days",
+        |c| format_duration(c.general.job_timeout, 1.0),
+        |c, v| set_duration(&mut c.general.job_timeout, v, 1.0),
+    ),
+    (
+        "general.connect_timeout",
+        "seconds, above 0 and at most 30 days",
+        |c| format_duration(c.general.connect_timeout, 1.0),
+        |c, v| set_duration(&mut c.general.connect_timeout, v, 1.0),
+    ),
+    (
+        "general.controller_ip",
+        "a host name or IP address",
+        |c| c.general.controller_ip.clone(),
+        |c, v| {
+            if v.is_empty() {
+                return Err(String::new());
+            }
+            c.general.controller_ip = v.into();
+            Ok(())
+        },
+    ),
+    (
+        "general.controller_port",
+        "a port from 1 to 65535",
+        |c| c.general.controller_port.to_string(),
+        |c, v| set_int(&mut c.general.controller_port, v, 1, 65535),
+    ),
+    (
+        "general.session",
+        "a name of 1 to 64 bytes",
+        |c| c.general.session.clone(),
+        |c, v| {
+            if v.is_empty() || v.len() > netagg_wire::control::MAX_SESSION_NAME_LEN {
+                return Err(String::new());
+            }
+            c.general.session = v.into();
+            Ok(())
+        },
+    ),
+    (
+        "general.depth",
+        "a power of two from 2 to 64",
+        |c| c.general.depth.to_string(),
+        |c, v| {
+            let depth: u8 = v.parse().map_err(|_| String::new())?;
+            if !(2..=64).contains(&depth) || !depth.is_power_of_two() {
+                return Err(String::new());
+            }
+            c.general.depth = depth;
+            Ok(())
+        },
+    ),
+    (
+        "general.sparse",
+        "'auto' or 'off'",
+        |c| if c.general.sparse == SparseMode::Auto { "auto" } else { "off" }.into(),
+        |c, v| {
+            c.general.sparse = match v {
+                "auto" => SparseMode::Auto,
+                "off" => SparseMode::Off,
+                _ => return Err(String::new()),
+            };
+            Ok(())
+        },
+    ),
+    (
+        "backend.dummy.bandwidth",
+        "Mbit/s: 0, or from 0.001 to 1e9",
+        |c| c.dummy.bandwidth.to_string(),
+        |c, v| {
+            let bandwidth: f64 = v.parse().map_err(|_| String::new())?;
+            if !(bandwidth == 0.0 || (1e-3..=1e9).contains(&bandwidth)) {
+                return Err(String::new());
+            }
+            c.dummy.bandwidth = bandwidth;
+            Ok(())
+        },
+    ),
+    (
+        "backend.dummy.process_packets",
+        "true or false",
+        |c| c.dummy.process_packets.to_string(),
+        |c, v| set_bool(&mut c.dummy.process_packets, v),
+    ),
+    (
+        "backend.udp.bind_ip",
+        "an IP address",
+        |c| c.udp.bind_ip.to_string(),
+        |c, v| {
+            c.udp.bind_ip = v.parse().map_err(|_| String::new())?;
+            Ok(())
+        },
+    ),
+    (
+        "backend.udp.socket_buffer",
+        "bytes, an integer from 0 to 1073741824",
+        |c| c.udp.socket_buffer.to_string(),
+        |c, v| set_int(&mut c.udp.socket_buffer, v, 0, 1 << 30),
+    ),
+    (
+        "switch.control",
+        "an address IP:PORT",
+        |c| c.switch.control.to_string(),
+        |c, v| {
+            c.switch.control = v.parse().map_err(|_| String::new())?;
+            Ok(())
+        },
+    ),
+    (
+        "switch.data",
+        "an address IP:PORT",
+        |c| c.switch.data.to_string(),
+        |c, v| {
+            c.switch.data = v.parse().map_err(|_| String::new())?;
+            Ok(())
+        },
+    ),
+    (
+        "switch.max_sessions",
+        "an integer from 1 to 65535",
+        |c| c.switch.max_sessions.to_string(),
+        |c, v| set_int(&mut c.switch.max_sessions, v, 1, 65535),
+    ),
+    (
+        "switch.max_workers",
+        "an integer from 1 to 65535",
+        |c| c.switch.max_workers.to_string(),
+        |c, v| set_int(&mut c.switch.max_workers, v, 1, 65535),
+    ),
+    (
+        "switch.max_slots",
+        "an integer from 1 to 65535",
+        |c| c.switch.max_slots.to_string(),
+        |c, v| set_int(&mut c.switch.max_slots, v, 1, 65535),
+    ),
+    (
+        "switch.max_memory",
+        "bytes, an integer of at least 1",
+        |c| c.switch.max_memory.to_string(),
+        |c, v| set_int(&mut c.switch.max_memory, v, 1, u64::MAX),
+    ),
+    (
+        "switch.max_session_memory",
+        "bytes, an integer of at least 1",
+        |c| c.switch.max_session_memory.to_string(),
+        |c, v| set_int(&mut c.switch.max_session_memory, v, 1, u64::MAX),
+    ),
     (
         "switch.idle_timeout",
         "seconds, at most 30 days; 0 never closes a session whose workers are connected",
+        |c| format_duration(c.switch.idle_timeout, 1.0),
         |c, v| {
             if v.trim() == "0" {
                 c.switch.idle_timeout = Duration::ZERO;
@@ -372,64 +478,109 @@ const KEYS: &[(&str, &str, Setter)] = &[
             set_duration(&mut c.switch.idle_timeout, v, 1.0)
         },
     ),
-    ("switch.stats_interval", "seconds, at most 30 days; 0 prints only on exit", |c, v| {
-        if v.trim() == "0" {
-            c.switch.stats_interval = Duration::ZERO;
-            return Ok(());
-        }
-        set_duration(&mut c.switch.stats_interval, v, 1.0)
-    }),
-    ("switch.log_level", "error, warn, info, debug or trace", |c, v| {
-        if !["error", "warn", "info", "debug", "trace"].contains(&v) {
-            return Err(String::new());
-        }
-        c.switch.log_level = v.into();
-        Ok(())
-    }),
+    (
+        "switch.stats_interval",
+        "seconds, at most 30 days; 0 prints only on exit",
+        |c| format_duration(c.switch.stats_interval, 1.0),
+        |c, v| {
+            if v.trim() == "0" {
+                c.switch.stats_interval = Duration::ZERO;
+                return Ok(());
+            }
+            set_duration(&mut c.switch.stats_interval, v, 1.0)
+        },
+    ),
+    (
+        "switch.log_level",
+        "error, warn, info, debug or trace",
+        |c| c.switch.log_level.clone(),
+        |c, v| {
+            if !["error", "warn", "info", "debug", "trace"].contains(&v) {
+                return Err(String::new());
+            }
+            c.switch.log_level = v.into();
+            Ok(())
+        },
+    ),
 ];
 
+type FaultGetter = fn(&Faults) -> String;
 type FaultSetter = fn(&mut Faults, &str) -> Result<(), String>;
 
 const PROBABILITY: &str = "a probability from 0 to 1";
 const DELAY: &str = "milliseconds, from 0 to 10000";
 
 /// The keys of a faults section (`[faults]`, `[switch.faults]`).
-const FAULT_KEYS: &[(&str, &str, FaultSetter)] = &[
-    ("send_drop", PROBABILITY, |f, v| set_probability(&mut f.send.drop, v)),
-    ("send_duplicate", PROBABILITY, |f, v| set_probability(&mut f.send.duplicate, v)),
-    ("send_reorder", PROBABILITY, |f, v| set_probability(&mut f.send.reorder, v)),
-    ("send_corrupt", PROBABILITY, |f, v| set_probability(&mut f.send.corrupt, v)),
-    ("send_delay", DELAY, |f, v| set_delay(&mut f.send.delay, v)),
-    ("receive_drop", PROBABILITY, |f, v| set_probability(&mut f.receive.drop, v)),
-    ("receive_duplicate", PROBABILITY, |f, v| set_probability(&mut f.receive.duplicate, v)),
-    ("receive_reorder", PROBABILITY, |f, v| set_probability(&mut f.receive.reorder, v)),
-    ("receive_corrupt", PROBABILITY, |f, v| set_probability(&mut f.receive.corrupt, v)),
-    ("receive_delay", DELAY, |f, v| set_delay(&mut f.receive.delay, v)),
-    ("seed", "an integer from 0 to 18446744073709551615", |f, v| set_int(&mut f.seed, v, 0, u64::MAX)),
+const FAULT_KEYS: &[(&str, &str, FaultGetter, FaultSetter)] = &[
+    ("send_drop", PROBABILITY, |f| f.send.drop.to_string(), |f, v| set_probability(&mut f.send.drop, v)),
+    (
+        "send_duplicate",
+        PROBABILITY,
+        |f| f.send.duplicate.to_string(),
+        |f, v| set_probability(&mut f.send.duplicate, v),
+    ),
+    (
+        "send_reorder",
+        PROBABILITY,
+        |f| f.send.reorder.to_string(),
+        |f, v| set_probability(&mut f.send.reorder, v),
+    ),
+    (
+        "send_corrupt",
+        PROBABILITY,
+        |f| f.send.corrupt.to_string(),
+        |f, v| set_probability(&mut f.send.corrupt, v),
+    ),
+    ("send_delay", DELAY, |f| format_duration(f.send.delay, 1e-3), |f, v| set_delay(&mut f.send.delay, v)),
+    (
+        "receive_drop",
+        PROBABILITY,
+        |f| f.receive.drop.to_string(),
+        |f, v| set_probability(&mut f.receive.drop, v),
+    ),
+    (
+        "receive_duplicate",
+        PROBABILITY,
+        |f| f.receive.duplicate.to_string(),
+        |f, v| set_probability(&mut f.receive.duplicate, v),
+    ),
+    (
+        "receive_reorder",
+        PROBABILITY,
+        |f| f.receive.reorder.to_string(),
+        |f, v| set_probability(&mut f.receive.reorder, v),
+    ),
+    (
+        "receive_corrupt",
+        PROBABILITY,
+        |f| f.receive.corrupt.to_string(),
+        |f, v| set_probability(&mut f.receive.corrupt, v),
+    ),
+    (
+        "receive_delay",
+        DELAY,
+        |f| format_duration(f.receive.delay, 1e-3),
+        |f, v| set_delay(&mut f.receive.delay, v),
+    ),
+    (
+        "seed",
+        "an integer from 0 to 18446744073709551615",
+        |f| f.seed.to_string(),
+        |f, v| set_int(&mut f.seed, v, 0, u64::MAX),
+    ),
 ];
 
-/// The sections that hold fault keys, and which faults each sets.
-type FaultSection = fn(&mut Config) -> &mut Faults;
+/// The sections that hold fault keys, and the faults each reads and sets.
+type FaultSection = (&'static str, fn(&Config) -> &Faults, fn(&mut Config) -> &mut Faults);
 
-const FAULT_SECTIONS: &[(&str, FaultSection)] =
-    &[("faults", |c| &mut c.faults), ("switch.faults", |c| &mut c.switch.faults)];
+const FAULT_SECTIONS: &[FaultSection] = &[
+    ("faults", |c| &c.faults, |c| &mut c.faults),
+    ("switch.faults", |c| &c.switch.faults, |c| &mut c.switch.faults),
+];
 
-/// A fault key's value (`name` without its section) as its setter reads it back.
-fn fault_value(faults: &Faults, name: &str) -> Option<String> {
-    Some(match name {
-        "send_drop" => faults.send.drop.to_string(),
-        "send_duplicate" => faults.send.duplicate.to_string(),
-        "send_reorder" => faults.send.reorder.to_string(),
-        "send_corrupt" => faults.send.corrupt.to_string(),
-        "send_delay" => format_duration(faults.send.delay, 1e-3),
-        "receive_drop" => faults.receive.drop.to_string(),
-        "receive_duplicate" => faults.receive.duplicate.to_string(),
-        "receive_reorder" => faults.receive.reorder.to_string(),
-        "receive_corrupt" => faults.receive.corrupt.to_string(),
-        "receive_delay" => format_duration(faults.receive.delay, 1e-3),
-        "seed" => faults.seed.to_string(),
-        _ => return None,
-    })
+/// The faults section `key` belongs to, and the key within it.
+fn fault_section(key: &str) -> Option<(&'static FaultSection, &str)> {
+    FAULT_SECTIONS.iter().find_map(|section| Some((section, key.strip_prefix(section.0)?.strip_prefix('.')?)))
 }
 
 /// Sets `key` (without its section) of a faults section; `name` is the key as written.
@@ -440,11 +591,11 @@ fn set_fault_key(
     key: &str,
     value: &str,
 ) -> Result<(), ConfigError> {
-    let Some((_, expected, setter)) = FAULT_KEYS.iter().find(|(k, _, _)| *k == key) else {
+    let Some((_, expected, _, setter)) = FAULT_KEYS.iter().find(|(k, ..)| *k == key) else {
         return Err(ConfigError::UnknownKey {
             origin: origin.clone(),
             key: name.to_string(),
-            known: FAULT_KEYS.iter().map(|(k, _, _)| *k).collect::<Vec<_>>().join(", "),
+            known: FAULT_KEYS.iter().map(|(k, ..)| *k).collect::<Vec<_>>().join(", "),
         });
     };
     setter(faults, value.trim()).map_err(|_| ConfigError::Value {
@@ -613,57 +764,19 @@ impl Config {
 
     /// One key's value as text that [`Config::set`] accepts back; None for unknown keys.
     pub fn get(&self, key: &str) -> Option<String> {
-        if let Some(name) = key.strip_prefix("faults.") {
-            return fault_value(&self.faults, name);
+        if let Some(((_, faults, _), name)) = fault_section(key) {
+            let (_, _, get, _) = FAULT_KEYS.iter().find(|(k, ..)| *k == name)?;
+            return Some(get(faults(self)));
         }
-        if let Some(name) = key.strip_prefix("switch.faults.") {
-            return fault_value(&self.switch.faults, name);
-        }
-        let c = self;
-        Some(match key {
-            "general.rank" => c.general.rank.to_string(),
-            "general.num_workers" => c.general.num_workers.to_string(),
-            "general.num_worker_threads" => c.general.num_worker_threads.to_string(),
-            "general.max_outstanding_packets" => c.general.max_outstanding_packets.to_string(),
-            "general.packet_numel" => c.general.packet_numel.to_string(),
-            "general.backend" => c.general.backend.to_string(),
-            "general.prepostprocessor" => c.general.prepostprocessor.clone(),
-            "general.timeout" => format_duration(c.general.timeout, 1e-3),
-            "general.job_timeout" => format_duration(c.general.job_timeout, 1.0),
-            "general.connect_timeout" => format_duration(c.general.connect_timeout, 1.0),
-            "general.controller_ip" => c.general.controller_ip.clone(),
-            "general.controller_port" => c.general.controller_port.to_string(),
-            "general.session" => c.general.session.clone(),
-            "general.depth" => c.general.depth.to_string(),
-            "general.sparse" => match c.general.sparse {
-                SparseMode::Auto => "auto".into(),
-                SparseMode::Off => "off".into(),
-            },
-            "backend.dummy.bandwidth" => c.dummy.bandwidth.to_string(),
-            "backend.dummy.process_packets" => c.dummy.process_packets.to_string(),
-            "backend.udp.bind_ip" => c.udp.bind_ip.to_string(),
-            "backend.udp.socket_buffer" => c.udp.socket_buffer.to_string(),
-            "switch.control" => c.switch.control.to_string(),
-            "switch.data" => c.switch.data.to_string(),
-            "switch.max_sessions" => c.switch.max_sessions.to_string(),
-            "switch.max_workers" => c.switch.max_workers.to_string(),
-            "switch.max_slots" => c.switch.max_slots.to_string(),
-            "switch.max_memory" => c.switch.max_memory.to_string(),
-            "switch.max_session_memory" => c.switch.max_session_memory.to_string(),
-            "switch.idle_timeout" => format_duration(c.switch.idle_timeout, 1.0),
-            "switch.stats_interval" => format_duration(c.switch.stats_interval, 1.0),
-            "switch.log_level" => c.switch.log_level.clone(),
-            _ => return None,
-        })
+        let (_, _, get, _) = KEYS.iter().find(|(name, ..)| *name == key)?;
+        Some(get(self))
     }
 
     fn set_from(&mut self, origin: &Origin, key: &str, value: &str) -> Result<(), ConfigError> {
-        for (section, faults) in FAULT_SECTIONS {
-            if let Some(name) = key.strip_prefix(section).and_then(|rest| rest.strip_prefix('.')) {
-                return set_fault_key(faults(self), origin, key, name, value);
-            }
+        if let Some(((_, _, faults), name)) = fault_section(key) {
+            return set_fault_key(faults(self), origin, key, name, value);
         }
-        let Some((_, expected, setter)) = KEYS.iter().find(|(name, _, _)| *name == key) else {
+        let Some((_, expected, _, setter)) = KEYS.iter().find(|(name, ..)| *name == key) else {
             return Err(ConfigError::UnknownKey {
                 origin: origin.clone(),
                 key: key.to_string(),
@@ -703,9 +816,9 @@ impl Config {
 
     /// Every key with its accepted values, as documented in `configs/netagg.cfg`.
     pub fn keys() -> impl Iterator<Item = (String, &'static str)> {
-        let plain = KEYS.iter().map(|(name, expected, _)| (name.to_string(), *expected));
-        let faults = FAULT_SECTIONS.iter().flat_map(|(section, _)| {
-            FAULT_KEYS.iter().map(move |(name, expected, _)| (format!("{section}.{name}"), *expected))
+        let plain = KEYS.iter().map(|(name, expected, ..)| (name.to_string(), *expected));
+        let faults = FAULT_SECTIONS.iter().flat_map(|(section, ..)| {
+            FAULT_KEYS.iter().map(move |(name, expected, ..)| (format!("{section}.{name}"), *expected))
         });
         plain.chain(faults)
     }

@@ -16,19 +16,33 @@ pub fn is_release() -> bool {
     target_dir().file_name().is_some_and(|profile| profile == "release")
 }
 
+/// Runs `command` and returns its stdout and stderr; fails the test, showing both, if it
+/// did not succeed.
+pub fn run(command: &mut Command) -> (String, String) {
+    let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{command:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", output.status);
+    (stdout, stderr)
+}
+
+/// Runs `cargo build` of this package with `args`, in the profile of these tests.
+pub fn cargo_build(args: &[&str]) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.args(["build", "--quiet", "-p", "netagg"]).args(args);
+    if is_release() {
+        command.arg("--release");
+    }
+    run(command.current_dir(crate_dir()));
+}
+
 /// Builds libnetagg.so and .a as they are now: `cargo test` builds only the rlib its tests
 /// link, so without this a C program would link a stale library.
 pub fn build_c_library() {
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut command = Command::new(cargo);
-        command.args(["build", "--quiet", "-p", "netagg", "--lib"]);
-        if is_release() {
-            command.arg("--release");
-        }
-        let status = command.current_dir(crate_dir()).status().unwrap();
-        assert!(status.success(), "building libnetagg failed: {status}");
+        cargo_build(&["--lib"]);
         // Programs linked against libnetagg.so load it by its soname, as from an
         // installed tree: the link lets them run from the target directory.
         let library = target_dir().join("libnetagg.so");
