@@ -332,9 +332,7 @@ impl Context {
             let slice = Slice { job: Arc::clone(&job), first_block, elements };
             if let Err(crossbeam_channel::SendError(slice)) = queues[thread].send(slice) {
                 // The thread is gone (stopped): the slice fails rather than hangs.
-                if slice.job.finish_slice(Err(Error::Stopped)) {
-                    self.shared.job_ended(true);
-                }
+                slice.job.finish_slice(Err(Error::Stopped), |failed| self.shared.job_ended(failed));
             }
         }
         Ok(Job { shared: job })
@@ -626,9 +624,7 @@ fn worker_thread(
             stats.threads[thread] = stats.threads[thread] + now.since(&reported);
             reported = now;
         }
-        if slice.job.finish_slice(outcome) {
-            shared.job_ended(slice.job.status() == crate::JobStatus::Failed);
-        }
+        slice.job.finish_slice(outcome, |failed| shared.job_ended(failed));
     }
 }
 

@@ -118,19 +118,21 @@ impl JobShared {
     }
 
     /// Records one slice's end; the job ends with its last slice, failed if any failed.
-    /// Returns true when this was the last slice.
-    pub fn finish_slice(&self, outcome: Result<(), Error>) -> bool {
+    /// `on_end(failed)` runs once, with the last slice, before any waiter can see the job
+    /// ended: whoever sees it ended also sees what `on_end` accounted (stats, counts).
+    pub fn finish_slice(&self, outcome: Result<(), Error>, on_end: impl FnOnce(bool)) {
         let mut state = self.lock();
         if let Err(error) = outcome {
             state.error.get_or_insert(error);
         }
         state.slices_left = state.slices_left.saturating_sub(1);
         if state.slices_left > 0 {
-            return false;
+            return;
         }
-        state.status = if state.error.is_some() { JobStatus::Failed } else { JobStatus::Finished };
+        let failed = state.error.is_some();
+        on_end(failed);
+        state.status = if failed { JobStatus::Failed } else { JobStatus::Finished };
         self.done.notify_all();
-        true
     }
 
     /// Waits until the job ended, or `deadline` passed (then returns None).

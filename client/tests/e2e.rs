@@ -282,6 +282,23 @@ fn several_threads_submit_to_one_context() {
     assert_eq!((stats.jobs_submitted, stats.jobs_finished), (80, 80));
 }
 
+/// Whoever sees a job ended also sees it counted: the C++ test once read
+/// `jobs_finished` one short right after a wait returned.
+#[test]
+fn a_job_seen_ended_is_already_in_the_stats() {
+    let mut config = Config::default();
+    config.general.backend = BackendKind::Dummy;
+    config.general.num_workers = 2;
+    config.general.num_worker_threads = 3;
+    config.general.packet_numel = 64;
+    config.dummy.bandwidth = 0.0;
+    let context = Context::start(config).unwrap();
+    for job in 1..=2000u64 {
+        context.allreduce_async(vec![1i32; 3 * 64]).unwrap().wait().unwrap();
+        assert_eq!(context.stats().jobs_finished, job);
+    }
+}
+
 #[test]
 fn block_floating_point_sums_floats_through_int32_and_refuses_nan() {
     let mut config = Config::default();
