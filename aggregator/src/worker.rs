@@ -592,27 +592,27 @@ impl WorkerProtocol {
         }
     }
 
-    /// The earliest timer of an active slot, its entry on top of `timers`: entries that
-    /// an earlier one superseded are dropped on the way, and those of slots re-armed
-    /// since move to their slot's deadline.
-    fn next_timer(&mut self) -> Option<(Instant, u16)> {
+    /// The next slot whose timer is due at `now`. Entries come off the heap only once
+    /// due: a superseded one is dropped, and one whose slot was re-armed since moves to its
+    /// slot's deadline, so a slot costs a heap operation per timeout, not per send.
+    fn due_timer(&mut self, now: Instant) -> Option<u16> {
         while let Some(&Reverse((at, index))) = self.timers.peek() {
+            if at > now {
+                return None;
+            }
+            self.timers.pop();
             let slot = &mut self.slots[index as usize];
             if slot.queued != Some(at) {
-                self.timers.pop();
                 continue;
             }
+            slot.queued = None;
             match slot.deadline {
-                Some(deadline) if slot.active && deadline == at => return Some((at, index)),
+                Some(deadline) if slot.active && deadline <= now => return Some(index),
                 Some(deadline) if slot.active => {
-                    self.timers.pop();
                     slot.queued = Some(deadline);
                     self.timers.push(Reverse((deadline, index)));
                 }
-                _ => {
-                    self.timers.pop();
-                    slot.queued = None;
-                }
+                _ => {}
             }
         }
         None
@@ -809,13 +809,15 @@ impl WorkerProtocol {
         self.clear_timers();
     }
 
-    /// When [`WorkerProtocol::handle_timeout`] next has something to do.
-    pub fn poll_timeout(&mut self) -> Option<Instant> {
+    /// When [`WorkerProtocol::handle_timeout`] may next have something to do: the
+    /// earliest entry of `timers`, which may be before its slot's deadline (entries move
+    /// lazily); a wake-up then finds nothing due and moves the entry.
+    pub fn poll_timeout(&self) -> Option<Instant> {
         if self.status != JobStatus::Running {
             return None;
         }
         let job_deadline = self.last_progress + self.config.job_timeout;
-        Some(self.next_timer().map_or(job_deadline, |(at, _)| at.min(job_deadline)))
+        Some(self.timers.peek().map_or(job_deadline, |Reverse((at, _))| (*at).min(job_deadline)))
     }
 
     /// Fires every timer due at `now`: retransmissions, requests, and the job timeout.
@@ -827,14 +829,9 @@ impl WorkerProtocol {
             self.fail(JobError::Timeout(self.config.job_timeout));
             return;
         }
-        while let Some((at, index)) = self.next_timer() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
+        while let Some(index) = self.due_timer(now) {
             let slot = &mut self.slots[index as usize];
             slot.deadline = None;
-            slot.queued = None;
             self.counters.timeouts += 1;
             slot.backoff += 1;
             if slot.outstanding.is_some() {

@@ -72,7 +72,7 @@ enum netagg_result
   NETAGG_JOB_FAILED,
   // `netagg_job_wait_timeout`: the job is still running.
   NETAGG_WAIT_TIMEOUT,
-  // The tensor cannot be sent as configured (NaN or infinity with block floating point).
+  // The job's codec refused the tensor (Rust codecs of one's own; netagg's refuse none).
   NETAGG_INVALID_INPUT,
   // A socket or system call failed.
   NETAGG_IO,

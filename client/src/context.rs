@@ -492,17 +492,26 @@ fn watch_session(mut stream: TcpStream, shared: Arc<Shared>) {
     });
 }
 
+/// Blocks whose exponents one look-up finds together: a run of 32 KiB at 256-element
+/// packets, read in one sequential pass that the hardware prefetcher streams from
+/// memory, where a block at a time, between the other work of a packet, waits on memory
+/// for each.
+const EXPONENT_RUN: usize = 32;
+
 /// Moves a slice's blocks between the caller's buffers and packets through the codec.
-struct SliceIo {
+struct SliceIo<'a> {
     input: *const u8,
     output: *mut u8,
     bytes: usize,
     block_bytes: usize,
     data_type: DataType,
     codec: Arc<dyn Codec>,
+    /// The exponents of the slice's first blocks, found [`EXPONENT_RUN`] at a time; the
+    /// worker thread's buffer, empty at the start of a slice.
+    exponents: &'a mut Vec<i8>,
 }
 
-impl SliceIo {
+impl SliceIo<'_> {
     fn range(&self, block: u32, len: usize) -> std::ops::Range<usize> {
         let start = block as usize * self.block_bytes;
         start..(start + len).min(self.bytes)
@@ -519,7 +528,7 @@ impl SliceIo {
 #[cfg(target_endian = "big")]
 compile_error!("netagg's wire format is little-endian; big-endian hosts need a byte-swapping codec");
 
-impl BlockIo for SliceIo {
+impl BlockIo for SliceIo<'_> {
     fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>) {
         let elements = self.input(block, payload.len());
         let len = elements.len();
@@ -539,12 +548,20 @@ impl BlockIo for SliceIo {
     }
 
     fn exponent(&mut self, block: u32) -> i8 {
-        let elements = self.input(block, self.block_bytes);
-        self.codec.exponent(self.data_type, elements)
+        let block = block as usize;
+        if block >= self.exponents.len() {
+            let end = (block + EXPONENT_RUN).min(self.bytes.div_ceil(self.block_bytes));
+            for next in self.exponents.len()..end {
+                let elements = self.input(next as u32, self.block_bytes);
+                let exponent = self.codec.exponent(self.data_type, elements);
+                self.exponents.push(exponent);
+            }
+        }
+        self.exponents[block]
     }
 }
 
-impl SliceIo {
+impl SliceIo<'_> {
     /// How the slice travels ([`crate::sparse::layout`]); out of place, clears the
     /// outputs of the blocks it leaves off the wire, which no result will overwrite.
     fn layout(&self, mode: SparseMode) -> Layout {
@@ -573,6 +590,7 @@ fn worker_thread(
     // reset_stats may have zeroed since.
     let mut reported = *protocol.counters();
     let mut buffer = vec![0u8; MAX_DATAGRAM_LEN];
+    let mut exponents = Vec::new();
     let block_bytes = config.packet_elements as usize * 4;
     // Ends when the context drops the sending side.
     while let Ok(slice) = slices.recv() {
@@ -583,6 +601,7 @@ fn worker_thread(
         } else {
             slice.job.mark_running();
             let offset = slice.first_block * block_bytes;
+            exponents.clear();
             // SAFETY: the slice lies within the job's buffers (split in `submit_raw`).
             let mut io = unsafe {
                 SliceIo {
@@ -592,6 +611,7 @@ fn worker_thread(
                     block_bytes,
                     data_type: slice.job.data_type,
                     codec: Arc::clone(&codec),
+                    exponents: &mut exponents,
                 }
             };
             // A panic (in a user's codec, say) fails the slice rather than leaving its job
@@ -662,8 +682,10 @@ fn run_slice(
             .poll_timeout()
             .map_or(THREAD_WAKEUP, |deadline| deadline.saturating_duration_since(Instant::now()))
             .min(THREAD_WAKEUP);
+        // One clock read per batch: the datagrams of a batch arrived together.
+        let mut arrived = None;
         transport.recv(wait, &mut |datagram| {
-            protocol.handle_datagram(Instant::now(), datagram, io);
+            protocol.handle_datagram(*arrived.get_or_insert_with(Instant::now), datagram, io);
         })?;
         protocol.handle_timeout(Instant::now());
     }

@@ -29,8 +29,9 @@ pub use control::{ControlMessage, RejectCode, ValueEncoding};
 pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
 /// Version of the aggregation-packet format and of the control protocol (2: the 48-byte
-/// header with the session token).
-pub const PROTOCOL_VERSION: u8 = 2;
+/// header with the session token; 3: the block-floating-point exponent byte is the f32
+/// exponent field less 128, with markers for zero and non-finite blocks).
+pub const PROTOCOL_VERSION: u8 = 3;
 
 /// The largest UDP payload over IPv4: the bound on any netagg datagram.
 pub const MAX_DATAGRAM_LEN: usize = 65_507;

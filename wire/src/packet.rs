@@ -450,7 +450,7 @@ mod tests {
 
     #[rustfmt::skip]
     const SAMPLE_BYTES: [u8; 56] = [
-        0x02, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
+        0x03, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
         0x04, 0x03, 0x02, 0x01,             // session
         0x07, 0x00, 0x00, 0x00,             // job
         0xDD, 0xCC, 0xBB, 0xAA,             // packet id

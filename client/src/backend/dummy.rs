@@ -22,6 +22,9 @@ pub struct DummyTransport {
     bits_per_second: f64,
     /// When the emulated link has delivered everything sent so far.
     link_free_at: Instant,
+    /// The engine's clock: read once per batch of results, not per packet (the engine
+    /// needs it only for idle sessions, which this one never is).
+    engine_now: Instant,
     /// Results not yet received, back to back, and where each ends: one buffer reused
     /// for every packet rather than an allocation per result.
     results: Vec<u8>,
@@ -53,6 +56,7 @@ impl DummyTransport {
             process_packets,
             bits_per_second: bandwidth_mbps * 1e6,
             link_free_at: Instant::now(),
+            engine_now: Instant::now(),
             results: Vec::new(),
             result_ends: Vec::new(),
             scratch: vec![0; MAX_DATAGRAM_LEN],
@@ -64,10 +68,9 @@ impl DummyTransport {
 
 impl Transport for DummyTransport {
     fn send(&mut self, datagram: &[u8]) -> io::Result<()> {
-        let now = Instant::now();
         if self.bits_per_second > 0.0 {
             let wire_time = Duration::from_secs_f64(datagram.len() as f64 * 8.0 / self.bits_per_second);
-            self.link_free_at = self.link_free_at.max(now) + wire_time;
+            self.link_free_at = self.link_free_at.max(Instant::now()) + wire_time;
         }
         let Ok(packet) = Packet::new_checked(datagram) else {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "dummy backend: malformed packet"));
@@ -90,7 +93,7 @@ impl Transport for DummyTransport {
         for rank in 0..self.workers {
             Packet::new_unchecked(&mut self.scratch[..len]).set_rank(rank);
             if let Verdict::Send(transmit) =
-                self.engine.handle_datagram(now, &self.scratch[..len], &mut self.out)
+                self.engine.handle_datagram(self.engine_now, &self.scratch[..len], &mut self.out)
             {
                 // Broadcasts reach this worker; of the unicasts (one per emulated rank)
                 // only its own is meant for it.
@@ -128,6 +131,7 @@ impl Transport for DummyTransport {
             start = end;
         }
         let delivered = self.result_ends.len();
+        self.engine_now = Instant::now();
         self.results.clear();
         self.result_ends.clear();
         Ok(delivered)

@@ -50,7 +50,7 @@ pub enum netagg_result {
     NETAGG_JOB_FAILED,
     /// `netagg_job_wait_timeout`: the job is still running.
     NETAGG_WAIT_TIMEOUT,
-    /// The tensor cannot be sent as configured (NaN or infinity with block floating point).
+    /// The job's codec refused the tensor (Rust codecs of one's own; netagg's refuse none).
     NETAGG_INVALID_INPUT,
     /// A socket or system call failed.
     NETAGG_IO,
@@ -111,7 +111,7 @@ impl netagg_result {
             NETAGG_SESSION_LOST => "the switch closed the session",
             NETAGG_JOB_FAILED => "the job failed",
             NETAGG_WAIT_TIMEOUT => "the job is still running",
-            NETAGG_INVALID_INPUT => "the tensor cannot be sent as configured",
+            NETAGG_INVALID_INPUT => "the codec refused the tensor",
             NETAGG_IO => "I/O error",
         }
     }
