@@ -1,8 +1,9 @@
 //! Element-wise sums over little-endian payload bytes.
 //!
 //! Loops without per-element branches over `chunks_exact(4)`, which the compiler turns
-//! into vector loads and adds (`benches/benches/sum.rs` compares them with a plain
-//! `a[i] += b[i]` over `i32` slices).
+//! into vector loads and adds, compiled for AVX2 beside baseline x86-64 and chosen at run
+//! time (`benches/benches/sum.rs` compares them with a plain `a[i] += b[i]` over `i32`
+//! slices, built for baseline x86-64).
 
 use netagg_wire::ElementType;
 
@@ -19,6 +20,7 @@ pub fn add_assign(element_type: ElementType, acc: &mut [u8], src: &[u8]) {
 }
 
 /// Wrapping int32 sum of little-endian elements.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 pub fn add_assign_i32(acc: &mut [u8], src: &[u8]) {
     for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
         let sum = i32::from_le_bytes([a[0], a[1], a[2], a[3]])
@@ -28,6 +30,7 @@ pub fn add_assign_i32(acc: &mut [u8], src: &[u8]) {
 }
 
 /// float32 sum of little-endian elements.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 pub fn add_assign_f32(acc: &mut [u8], src: &[u8]) {
     for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
         let sum = f32::from_le_bytes([a[0], a[1], a[2], a[3]]) + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);

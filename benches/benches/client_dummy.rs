@@ -24,6 +24,12 @@ fn dummy_context(prepostprocessor: &str) -> Context {
     config.general.num_worker_threads = 2;
     config.general.prepostprocessor = prepostprocessor.into();
     config.dummy.bandwidth = 0.0;
+    if let Ok(w) = std::env::var("WIN") {
+        config.general.max_outstanding_packets = w.parse().unwrap();
+    }
+    if let Ok(w) = std::env::var("PKT") {
+        config.general.packet_numel = w.parse().unwrap();
+    }
     Context::start(config).expect("a dummy context starts")
 }
 

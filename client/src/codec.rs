@@ -135,27 +135,19 @@ fn power_of_two(k: i32) -> f32 {
     f32::from_bits(((k + 127) as u32) << 23)
 }
 
+/// An element's bits: one 4-byte load (built byte by byte, the scan below compiled to
+/// gathers across its chunks instead of vector loads).
 fn bits(element: &[u8]) -> u32 {
-    u32::from_le_bytes([element[0], element[1], element[2], element[3]])
+    u32::from_le_bytes(element.try_into().expect("4-byte elements"))
 }
 
 /// The largest magnitude of float32 `bytes`, as its bit pattern without the sign: as
 /// unsigned integers these order as the magnitudes do, infinities and NaN above all.
-///
-/// Independent lanes let the compiler vectorise the loop (one running maximum keeps it
-/// scalar); compiled for AVX2 and SSE4.1 beside baseline x86-64, chosen at run time.
+/// An integer maximum is a reduction the compiler vectorises (a float one is not, for
+/// NaN's sake); compiled for AVX2 and SSE4.1 beside baseline x86-64, chosen at run time.
 #[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
 fn largest_magnitude_bits(bytes: &[u8]) -> u32 {
-    const LANES: usize = 16;
-    let mut lanes = [0u32; LANES];
-    let mut chunks = bytes.chunks_exact(4 * LANES);
-    for chunk in &mut chunks {
-        for (lane, element) in lanes.iter_mut().zip(chunk.chunks_exact(4)) {
-            *lane = (*lane).max(bits(element) & 0x7FFF_FFFF);
-        }
-    }
-    let rest = chunks.remainder().chunks_exact(4).fold(0, |m, e| m.max(bits(e) & 0x7FFF_FFFF));
-    lanes.into_iter().fold(rest, u32::max)
+    bytes.chunks_exact(4).fold(0, |largest, element| largest.max(bits(element) & 0x7FFF_FFFF))
 }
 
 /// `round(x · low · high)` per element, ties to even, clamped to `±limit`.

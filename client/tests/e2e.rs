@@ -335,7 +335,13 @@ fn block_floating_point_sums_floats_through_int32_and_carries_nan_as_a_nan_block
     }
     let stats = context.stats();
     let blocks = 20_000usize.div_ceil(256) as u64;
-    assert_eq!(stats.total().data_sent, blocks + 2, "one exponent round per thread, not one per window");
+    // A thread kept off its core past the 10 ms timeout by a loaded machine retransmits.
+    let total = stats.total();
+    assert_eq!(
+        total.data_sent - total.retransmissions,
+        blocks + 2,
+        "one exponent round per thread, not one per window"
+    );
     // An infinity in block 1 spoils the first window's shared exponent (blocks 0..4), a
     // NaN in block 10 only its own block; every other block sums exactly.
     let mut sums = vec![1.0f32; 20_000];
