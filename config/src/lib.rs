@@ -881,6 +881,15 @@ mod tests {
     }
 
     #[test]
+    fn the_large_packets_file_loads_and_changes_only_the_packets() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/large-packets.cfg");
+        let config = Config::from_ini(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let mut expected = Config::default();
+        (expected.general.packet_numel, expected.general.max_outstanding_packets) = (4096, 16);
+        assert_eq!(config, expected);
+    }
+
+    #[test]
     fn every_key_reads_back_what_set_accepts() {
         let mut config = ini(
             "[general]\nnum_workers = 3\ntimeout = 2.5\njob_timeout = 0.25\n[switch]\nidle_timeout = 90\n",

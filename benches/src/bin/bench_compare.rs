@@ -6,7 +6,8 @@
 //! machines these run on drift by tens of percent within minutes: only ratios measured
 //! together mean anything. Rows:
 //! - the client path with the dummy backend, float32 as block floating point, 2 worker
-//!   threads / a 2-thread memcpy (criterion bench `client_dummy`);
+//!   threads / a 2-thread memcpy (criterion bench `client_dummy`), with the default
+//!   packets and, in the last row, with `configs/large-packets.cfg`;
 //! - the sum kernels / a plain `a[i] += b[i]` (criterion bench `sum`, 1 Mi elements);
 //! - 2- and 4-worker allreduce of 64 MiB of int32 through netagg-switch on loopback / the
 //!   UDP echo relay at the same datagram size and window (`allreduce_benchmark` under
@@ -114,13 +115,29 @@ fn run(options: &Options) -> Result<(), String> {
         eprintln!("bench_compare: no mpirun or MPI baseline program: skipping the MPI rows (scripts/bench-compare --install-mpi)");
     }
 
+    // Last in the table, beside no other row's index.
+    let client_large_packets = rows.len();
+    rows.push(Row {
+        name: "client path as in the first row, with configs/large-packets.cfg (4096-element packets, 16 in flight)"
+            .into(),
+        unit: "GB/s",
+        target: Some(0.5),
+        runs: vec![],
+    });
+
     for run in 1..=options.runs {
         eprintln!("== run {run} of {}", options.runs);
+        // Both groups: `client_dummy_float32_bfp` and `..._large_packets`.
         criterion("client_dummy", "client_dummy/float32_bfp")?;
-        rows[0].runs.push((
-            bytes_per_second(numel_of_client_dummy(), "client_dummy_float32_bfp", "allreduce")?,
-            bytes_per_second(numel_of_client_dummy(), "client_dummy_float32_bfp", "memcpy_2_threads")?,
-        ));
+        for (row, group) in [
+            (0, "client_dummy_float32_bfp"),
+            (client_large_packets, "client_dummy_float32_bfp_large_packets"),
+        ] {
+            rows[row].runs.push((
+                bytes_per_second(numel_of_client_dummy(), group, "allreduce")?,
+                bytes_per_second(numel_of_client_dummy(), group, "memcpy_2_threads")?,
+            ));
+        }
         criterion("sum", "sum_(i32|f32)/1048576")?;
         for (row, group) in [(1, "sum_i32_1048576"), (2, "sum_f32_1048576")] {
             let elements = 1048576.0;
