@@ -8,7 +8,8 @@
 //! - criterion benches (`cargo bench -p netagg-benches --bench NAME`): `sum` (kernels
 //!   against a plain add and memcpy), `codec` (quantisation against memcpy), `wire`
 //!   (packet parse and build), `engine` (packets/s in memory), `client_dummy` (the whole
-//!   client path with no network against a 2-thread memcpy).
+//!   client path with no network against a 2-thread memcpy), `udp_switch` (allreduce
+//!   through a switch started in process against the UDP echo relay).
 //!
 //! The library holds what the binaries share and what is worth unit-testing: tensor
 //! contents every rank can recompute, verification, summaries and sizes.

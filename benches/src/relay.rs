@@ -11,6 +11,8 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use netagg_udp::{BatchSocket, SegmentBatch};
@@ -48,6 +50,66 @@ pub fn echo_relay(mut socket: BatchSocket, stop: &AtomicBool) -> io::Result<u64>
         }
     }
     Ok(echoed)
+}
+
+/// [`echo_relay`] on a thread of its own; stopped and joined by [`EchoRelay::stop`] or on
+/// drop.
+pub struct EchoRelay {
+    address: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<io::Result<u64>>>,
+}
+
+impl EchoRelay {
+    /// Binds `address` (port 0: any free port) with the socket buffer the switch's data
+    /// socket asks for, and starts echoing.
+    pub fn start(address: SocketAddr) -> io::Result<EchoRelay> {
+        let socket = BatchSocket::bind(address, netagg_switch::DATA_SOCKET_BUFFER)?;
+        let address = socket.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new().name("echo-relay".into()).spawn(move || echo_relay(socket, &stop))?
+        };
+        Ok(EchoRelay { address, stop, thread: Some(thread) })
+    }
+
+    /// The address the relay echoes at.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Stops the relay; returns how many datagrams it echoed, or why it failed.
+    pub fn stop(mut self) -> io::Result<u64> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> io::Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        let Some(thread) = self.thread.take() else { return Ok(0) };
+        thread.join().map_err(|_| io::Error::other("the relay panicked"))?
+    }
+}
+
+impl Drop for EchoRelay {
+    fn drop(&mut self) {
+        let _ = self.shut_down();
+    }
+}
+
+/// The bytes of a `tensor_bytes` tensor each of `threads` threads streams: whole
+/// packets of `packet_bytes`, as evenly as they go, the first threads taking one more
+/// (and the last packet short), as netagg's context cuts a job among its threads.
+pub fn thread_shares(tensor_bytes: usize, packet_bytes: usize, threads: usize) -> Vec<usize> {
+    let packets = tensor_bytes.div_ceil(packet_bytes.max(1));
+    let threads = threads.max(1);
+    (0..threads)
+        .map(|thread| {
+            let count = packets / threads + usize::from(thread < packets % threads);
+            let first = thread * (packets / threads) + thread.min(packets % threads);
+            (count * packet_bytes).min(tensor_bytes.saturating_sub(first * packet_bytes))
+        })
+        .collect()
 }
 
 /// One client thread's share of a tensor, streamed through the relay.
@@ -156,25 +218,25 @@ impl StreamClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn a_tensor_comes_back_whole_through_the_relay() {
-        let socket = BatchSocket::bind("127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap();
-        let relay = socket.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let relay_thread = {
-            let stop = Arc::clone(&stop);
-            std::thread::spawn(move || echo_relay(socket, &stop).unwrap())
-        };
+        let relay = EchoRelay::start("127.0.0.1:0".parse().unwrap()).unwrap();
         let input: Vec<u8> = (0..100_003u32).map(|i| (i % 251) as u8).collect();
         let mut output = vec![0u8; input.len()];
-        let mut client = StreamClient::connect(relay, 1 << 20).unwrap();
+        let mut client = StreamClient::connect(relay.address(), 1 << 20).unwrap();
         let counters = client.stream(&input, &mut output, 1024, 16).unwrap();
-        stop.store(true, Ordering::Relaxed);
-        let echoed = relay_thread.join().unwrap();
+        let echoed = relay.stop().unwrap();
         assert!(output == input, "the echoed payloads rebuild the tensor");
         assert_eq!(counters.received, 98);
         assert!(echoed >= counters.received && echoed <= counters.sent + counters.resent, "{echoed} echoed");
+    }
+
+    #[test]
+    fn shares_are_whole_packets_and_cover_the_tensor() {
+        // 10 packets of 100 bytes, the last one 50: 4, 3 and 3 packets.
+        assert_eq!(thread_shares(950, 100, 3), vec![400, 300, 250]);
+        assert_eq!(thread_shares(100, 100, 2), vec![100, 0]);
+        assert_eq!(thread_shares(0, 100, 2), vec![0, 0]);
     }
 }

@@ -5,11 +5,16 @@
 //! (a worker exits or is killed) or leaves, the session is closed at once, its slots are
 //! freed, and the remaining ranks are told, so their jobs fail fast instead of timing
 //! out, and a new set of workers can register under the same name right away.
+//!
+//! The plane keeps every connection's stream and thread, so that a switch stopped in
+//! process closes them all and joins their threads instead of leaving them behind.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::net::{IpAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -61,7 +66,12 @@ struct Registry {
 
 pub struct ControlPlane {
     registry: Mutex<Registry>,
-    next_connection: std::sync::atomic::AtomicU64,
+    next_connection: AtomicU64,
+    /// Each live connection's stream and thread, by connection number.
+    connections: Mutex<HashMap<u64, (TcpStream, JoinHandle<()>)>>,
+    /// Set when the switch stops: the acceptor takes no more connections, and closing
+    /// connections no longer counts as ranks leaving.
+    stopping: AtomicBool,
     commands: Sender<Command>,
     data_port: u16,
 }
@@ -75,22 +85,62 @@ impl ControlPlane {
     pub fn new(commands: Sender<Command>, data_port: u16) -> Arc<ControlPlane> {
         Arc::new(ControlPlane {
             registry: Mutex::default(),
-            next_connection: Default::default(),
+            next_connection: AtomicU64::new(0),
+            connections: Mutex::default(),
+            stopping: AtomicBool::new(false),
             commands,
             data_port,
         })
     }
 
-    /// Accepts connections until the listener fails; one thread per connection.
+    /// Accepts connections until [`ControlPlane::stop_accepting`] and one more
+    /// connection (which only wakes it); one thread per connection.
     pub fn serve(self: &Arc<Self>, listener: TcpListener) {
         for stream in listener.incoming() {
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
             match stream {
-                Ok(stream) => {
-                    let plane = Arc::clone(self);
-                    std::thread::spawn(move || plane.connection(stream));
-                }
+                Ok(stream) => self.start_connection(stream),
                 Err(error) => tracing::warn!(%error, "accepting a control connection failed"),
             }
+        }
+    }
+
+    fn start_connection(self: &Arc<Self>, stream: TcpStream) {
+        let connection = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let Ok(handle) = stream.try_clone() else { return };
+        let plane = Arc::clone(self);
+        // Held until the thread is recorded: the thread's own removal of its entry, when
+        // it ends, waits for this lock, so it cannot come first and leave a stale entry.
+        let mut connections = self.lock_connections();
+        let thread = std::thread::Builder::new().name(format!("control-{connection}")).spawn(move || {
+            plane.connection(connection, stream);
+            plane.lock_connections().remove(&connection);
+        });
+        match thread {
+            Ok(thread) => {
+                connections.insert(connection, (handle, thread));
+            }
+            Err(error) => tracing::warn!(%error, "cannot start a thread for a control connection"),
+        }
+    }
+
+    /// Makes [`ControlPlane::serve`] return at its next connection.
+    pub fn stop_accepting(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    /// Closes every connection and waits for its thread; call after the acceptor has
+    /// stopped, so that none starts meanwhile. Workers see their connection close, as
+    /// when the switch process exits.
+    pub fn close_connections(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let connections: Vec<_> = self.lock_connections().drain().map(|(_, entry)| entry).collect();
+        for (stream, thread) in connections {
+            // Ends the thread's blocking read or write.
+            let _ = stream.shutdown(Shutdown::Both);
+            let _ = thread.join();
         }
     }
 
@@ -119,17 +169,20 @@ impl ControlPlane {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+    fn lock(&self) -> MutexGuard<'_, Registry> {
         // A panicking connection thread must not take the whole control plane with it.
         self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn connection(&self, mut stream: TcpStream) {
+    fn lock_connections(&self) -> MutexGuard<'_, HashMap<u64, (TcpStream, JoinHandle<()>)>> {
+        self.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn connection(&self, connection: u64, mut stream: TcpStream) {
         let peer = match stream.peer_addr() {
             Ok(peer) => peer,
             Err(_) => return,
         };
-        let connection = self.next_connection.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A host that crashes sends no FIN: keepalive probes find out within a minute.
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(Duration::from_secs(20))
@@ -319,6 +372,11 @@ impl ControlPlane {
     /// open session closes and its other ranks are told why. Only the session that
     /// `connection` registered in is touched: a later one of the same name is not its.
     fn depart(&self, name: &str, rank: u16, connection: u64) {
+        // A stopping switch ends every session with itself: no rank left, and the other
+        // ranks' connections are closing anyway.
+        if self.stopping.load(Ordering::Acquire) {
+            return;
+        }
         let mut registry = self.lock();
         if let Some(pending) = registry.pending.get_mut(name) {
             if pending.members.get(&rank).is_some_and(|m| m.connection == connection) {

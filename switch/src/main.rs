@@ -4,12 +4,10 @@
 //! port. Prints one line `netagg-switch: control <addr> data <addr>` once both are bound
 //! (launchers read it to learn ports chosen with port 0), logs through `tracing`
 //! (`--log-level` or `RUST_LOG`), prints counters every `--stats-interval` seconds and on
-//! exit, and shuts down cleanly on SIGINT or SIGTERM.
+//! exit, and shuts down cleanly on SIGINT or SIGTERM. The switch itself is the library's
+//! [`Switch`]; this is its shell.
 
-mod control;
-mod datapath;
-
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,10 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use netagg_aggregator::EngineLimits;
-
-use crate::control::ControlPlane;
-use crate::datapath::{Command, DataPath};
+use netagg_switch::{Counters, Switch};
 
 /// netagg's software switch: sums the packets of every worker of a session.
 ///
@@ -121,9 +116,6 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
     if let Some(value) = args.idle_timeout {
         settings.idle_timeout = seconds(value, "idle-timeout")?;
     }
-    if settings.idle_timeout.is_zero() {
-        settings.idle_timeout = Duration::MAX;
-    }
     if let Some(value) = args.stats_interval {
         settings.stats_interval = seconds(value, "stats-interval")?;
     }
@@ -137,80 +129,31 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
 }
 
 fn run(settings: netagg_config::Switch) -> Result<(), String> {
-    let limits = EngineLimits {
-        max_sessions: settings.max_sessions,
-        max_workers: settings.max_workers,
-        max_slots: settings.max_slots,
-        max_bytes: settings.max_memory,
-        max_session_bytes: settings.max_session_memory,
-        session_idle_timeout: settings.idle_timeout,
-        ..EngineLimits::default()
-    };
-    let stats_interval = settings.stats_interval;
-
-    let control = TcpListener::bind(settings.control)
-        .map_err(|e| format!("cannot listen on {}: {e}", settings.control))?;
-    let data = netagg_udp::BatchSocket::bind(settings.data, datapath::SOCKET_BUFFER)
-        .map_err(|e| format!("cannot bind UDP {}: {e}", settings.data))?;
-    let control_addr = control.local_addr().map_err(|e| e.to_string())?;
-    let data_addr = data.local_addr().map_err(|e| e.to_string())?;
-
-    let (commands, command_receiver) = crossbeam_channel::unbounded();
-    let (events, event_receiver) = crossbeam_channel::unbounded();
-    if settings.faults.is_active() {
-        tracing::warn!(faults = ?settings.faults, "injecting faults into the data path");
-    }
-    let datapath = DataPath::new(data, limits, &settings.faults, command_receiver, events);
-    let datapath = std::thread::Builder::new()
-        .name("datapath".into())
-        .spawn(move || datapath.run())
-        .map_err(|e| e.to_string())?;
-    let plane = ControlPlane::new(commands.clone(), data_addr.port());
-    {
-        let plane = Arc::clone(&plane);
-        std::thread::spawn(move || plane.serve(control));
-    }
-    {
-        let plane = Arc::clone(&plane);
-        std::thread::spawn(move || plane.handle_events(event_receiver));
-    }
-
+    let switch = Switch::start(&settings).map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).map_err(|e| e.to_string())?;
     }
-    println!("netagg-switch: control {control_addr} data {data_addr}");
-    tracing::info!(%control_addr, %data_addr, "switch ready");
+    println!("netagg-switch: control {} data {}", switch.control_addr(), switch.data_addr());
 
+    let stats_interval = settings.stats_interval;
     let mut next_stats = Instant::now() + stats_interval;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
-        if datapath.is_finished() {
+        if !switch.is_running() {
             break;
         }
         if !stats_interval.is_zero() && Instant::now() >= next_stats {
-            print_counters(&commands);
+            print_counters(&switch);
             next_stats += stats_interval;
         }
     }
-    print_counters(&commands);
-    let _ = commands.send(Command::Shutdown);
-    match datapath.join() {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(format!("data path failed: {error}")),
-        Err(_) => Err("data path panicked".into()),
-    }
+    print_counters(&switch);
+    switch.stop().map_err(|e| e.to_string())
 }
 
-fn print_counters(commands: &crossbeam_channel::Sender<Command>) {
-    let (reply, result) = crossbeam_channel::bounded(1);
-    if commands.send(Command::Counters { reply }).is_err() {
-        return;
-    }
-    let Ok(datapath::Counters { engine, sessions, faults }) = result.recv_timeout(Duration::from_secs(2))
-    else {
-        return;
-    };
+fn print_counters(switch: &Switch) {
+    let Some(Counters { engine, sessions, faults }) = switch.counters() else { return };
     println!(
         "stats: datagrams {} malformed {} unknown-session {} sessions opened {} closed {} expired {}",
         engine.datagrams,

@@ -12,6 +12,8 @@
 //! - 2- and 4-worker allreduce of 64 MiB of int32 through netagg-switch on loopback / the
 //!   UDP echo relay at the same datagram size and window (`allreduce_benchmark` under
 //!   `netagg-run`, `udp_echo_relay`);
+//! - the same pair within one process: contexts and a switch started in process / the
+//!   relay on a thread, 16 MiB of int32 (criterion bench `udp_switch`);
 //! - netagg float32 allreduce / `MPI_Allreduce` over TCP loopback, same ranks and size,
 //!   when `mpirun` and the MPI baseline program are there.
 
@@ -91,6 +93,7 @@ fn run(options: &Options) -> Result<(), String> {
     ];
     let numel = options.tensor_numel;
     let mib = (numel * 4) >> 20;
+    let switch_rows = rows.len();
     for workers in [2, 4] {
         rows.push(Row {
             name: format!("{workers}-worker allreduce, {mib} MiB int32, via netagg-switch / UDP echo relay"),
@@ -99,6 +102,18 @@ fn run(options: &Options) -> Result<(), String> {
             runs: vec![],
         });
     }
+    let in_process_rows = rows.len();
+    for workers in [2, 4] {
+        rows.push(Row {
+            name: format!(
+                "{workers}-worker allreduce, int32, in one process: switch / UDP echo relay (criterion udp_switch)"
+            ),
+            unit: "Gbit/s",
+            target: Some(0.6),
+            runs: vec![],
+        });
+    }
+    let mpi_rows = rows.len();
     let mpi = mpirun.is_some() && options.mpi_program.as_ref().is_some_and(|p| p.is_file());
     if mpi {
         for workers in [2, 4] {
@@ -133,10 +148,9 @@ fn run(options: &Options) -> Result<(), String> {
             (0, "client_dummy_float32_bfp"),
             (client_large_packets, "client_dummy_float32_bfp_large_packets"),
         ] {
-            rows[row].runs.push((
-                bytes_per_second(numel_of_client_dummy(), group, "allreduce")?,
-                bytes_per_second(numel_of_client_dummy(), group, "memcpy_2_threads")?,
-            ));
+            rows[row]
+                .runs
+                .push((bytes_per_ns(group, "allreduce")?, bytes_per_ns(group, "memcpy_2_threads")?));
         }
         criterion("sum", "sum_(i32|f32)/1048576")?;
         for (row, group) in [(1, "sum_i32_1048576"), (2, "sum_f32_1048576")] {
@@ -161,7 +175,7 @@ fn run(options: &Options) -> Result<(), String> {
                 "--json",
             ]))?;
             let baseline = relay[0]["summary"]["median_gbps"].as_f64().ok_or("udp_echo_relay: no median")?;
-            rows[3 + index].runs.push((ours, baseline));
+            rows[switch_rows + index].runs.push((ours, baseline));
             if mpi {
                 netagg_float.push(netagg_allreduce(&release, workers, numel, options.num_jobs, "float")?);
             }
@@ -183,21 +197,28 @@ fn run(options: &Options) -> Result<(), String> {
                         .args([numel.to_string(), options.num_jobs.to_string(), "1".into()]),
                 )?;
                 let baseline = output[0]["median_gbps"].as_f64().ok_or("MPI baseline: no median")?;
-                rows[5 + index].runs.push((netagg_float[index], baseline));
+                rows[mpi_rows + index].runs.push((netagg_float[index], baseline));
             }
+        }
+        criterion("udp_switch", "udp_switch/")?;
+        for (index, workers) in [2usize, 4].into_iter().enumerate() {
+            let group = format!("udp_switch_{workers}_workers");
+            let gbps = |function| bytes_per_ns(&group, function).map(|rate| rate * 8.0);
+            rows[in_process_rows + index].runs.push((gbps("allreduce")?, gbps("udp_echo_relay")?));
         }
     }
     print_table(&rows, options.runs);
     Ok(())
 }
 
-/// Elements of `benches/client_dummy.rs`'s tensor, 4 bytes each.
-fn numel_of_client_dummy() -> f64 {
-    (16u64 << 20) as f64
-}
-
-fn bytes_per_second(elements: f64, group: &str, function: &str) -> Result<f64, String> {
-    Ok(elements * 4.0 / criterion_median_ns(group, function)?)
+/// Bytes per nanosecond (GB/s) of a criterion benchmark's last run: the bytes its group
+/// declares per iteration over the median time of one.
+fn bytes_per_ns(group: &str, function: &str) -> Result<f64, String> {
+    let benchmark = criterion_record(group, function, "benchmark.json")?;
+    let bytes = benchmark["throughput"]["Bytes"]
+        .as_f64()
+        .ok_or(format!("criterion {group}/{function}: no throughput in bytes"))?;
+    Ok(bytes / criterion_median_ns(group, function)?)
 }
 
 /// Runs a criterion bench of netagg-benches, restricted to `filter`.
@@ -214,10 +235,17 @@ fn criterion(bench: &str, filter: &str) -> Result<(), String> {
 
 /// The median time of a criterion benchmark's last run, in nanoseconds.
 fn criterion_median_ns(group: &str, function: &str) -> Result<f64, String> {
-    let path = target_dir().join("criterion").join(group).join(function).join("new/estimates.json");
+    let estimates = criterion_record(group, function, "estimates.json")?;
+    estimates["median"]["point_estimate"]
+        .as_f64()
+        .ok_or(format!("criterion {group}/{function}: no median in estimates.json"))
+}
+
+/// One of the JSON files criterion keeps of a benchmark's last run.
+fn criterion_record(group: &str, function: &str, file: &str) -> Result<Value, String> {
+    let path = target_dir().join("criterion").join(group).join(function).join("new").join(file);
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let estimates: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    estimates["median"]["point_estimate"].as_f64().ok_or(format!("{}: no median", path.display()))
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Median goodput (Gbit/s) of an allreduce_benchmark run under netagg-run, averaged

@@ -9,18 +9,15 @@
 //! `NETAGG_*` variables), so one environment configures both sides of the comparison.
 //! Prints allreduce_benchmark's timing lines, per job.
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use netagg::Config;
 use netagg_benches::parse_count;
-use netagg_benches::relay::{echo_relay, StreamClient, StreamCounters};
+use netagg_benches::relay::{thread_shares, EchoRelay, StreamClient, StreamCounters};
 use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
-use netagg_udp::BatchSocket;
 
 /// A UDP echo relay and emulated workers: the baseline of allreduce through the switch.
 #[derive(Debug, Parser)]
@@ -70,25 +67,10 @@ fn run(options: &Options) -> Result<(), String> {
     let threads = general.num_worker_threads as usize;
     let packet_bytes = general.packet_numel as usize * 4;
     let window = config.slots_per_thread() as usize;
-    let socket = BatchSocket::bind("127.0.0.1:0".parse().map_err(|_| "loopback")?, 16 << 20)
+    let relay = EchoRelay::start("127.0.0.1:0".parse().map_err(|_| "loopback")?)
         .map_err(|e| format!("relay socket: {e}"))?;
-    let relay: SocketAddr = socket.local_addr().map_err(|e| e.to_string())?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let relay_thread = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || echo_relay(socket, &stop))
-    };
 
-    // Each worker's tensor is cut into one run of whole packets per thread, as netagg's
-    // context cuts jobs.
-    let blocks = options.tensor_numel.div_ceil(general.packet_numel as usize);
-    let shares: Vec<usize> = (0..threads)
-        .map(|t| {
-            let count = blocks / threads + usize::from(t < blocks % threads);
-            let first = t * (blocks / threads) + t.min(blocks % threads);
-            (count * packet_bytes).min((options.tensor_numel * 4).saturating_sub(first * packet_bytes))
-        })
-        .collect();
+    let shares = thread_shares(options.tensor_numel * 4, packet_bytes, threads);
     let jobs = options.num_warmup_jobs + options.num_jobs;
     let clients = options.workers * threads;
     let start = Arc::new(Barrier::new(clients + 1));
@@ -96,7 +78,8 @@ fn run(options: &Options) -> Result<(), String> {
     let mut handles = Vec::new();
     for client in 0..clients {
         let bytes = shares[client % threads];
-        let mut stream = StreamClient::connect(relay, config.udp.socket_buffer).map_err(|e| e.to_string())?;
+        let mut stream =
+            StreamClient::connect(relay.address(), config.udp.socket_buffer).map_err(|e| e.to_string())?;
         let (start, end) = (Arc::clone(&start), Arc::clone(&end));
         handles.push(std::thread::spawn(move || -> std::io::Result<StreamCounters> {
             let input: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
@@ -146,8 +129,7 @@ fn run(options: &Options) -> Result<(), String> {
     for handle in handles {
         resent += handle.join().map_err(|_| "a client thread panicked")?.map_err(|e| e.to_string())?.resent;
     }
-    stop.store(true, Ordering::Relaxed);
-    relay_thread.join().map_err(|_| "the relay panicked")?.map_err(|e| format!("relay: {e}"))?;
+    relay.stop().map_err(|e| format!("relay: {e}"))?;
 
     let summary = Summary::of(&groups);
     println!("\n");
