@@ -612,7 +612,8 @@ impl WorkerProtocol {
                     slot.queued = Some(deadline);
                     self.timers.push(Reverse((deadline, index)));
                 }
-                _ => {}
+                // Off the heap now: an inactive slot keeps no timer to re-arm later.
+                _ => slot.deadline = None,
             }
         }
         None

@@ -76,11 +76,12 @@ impl Codec for Native {
 /// A packet's exponent byte is the IEEE exponent field of its largest magnitude, less 128
 /// so that the switch's signed maximum orders it: `e` bounds the packet's elements by
 /// `|x| < 2^(e+2)` (subnormals count as the smallest normal exponent). Each element is
-/// sent as `round(x · 2^k)` with `2^k` the largest power of two for which `n` workers'
-/// contributions cannot overflow: `n · 2^(e+2) · 2^k ≤ 2^31`. A power of two keeps the
-/// product exact in f32, so encoding is one rounding in 8-lane f32 arithmetic; elements
-/// below `2^(e+2) · 2^⌈log2 n⌉ / 2^31` of their packet's largest round to zero: the
-/// precision of block floating point.
+/// sent as `round(x · 2^k)`, clamped to `±⌊(2^31 − 1) / n⌋`, with `2^k` the largest power
+/// of two for which `n · 2^(e+2) · 2^k ≤ 2^31`. The clamp is part of the scheme, not only
+/// a guard: rounding up can reach `2^(31 − ⌈log2 n⌉)`, whose `n`-fold sum overflows int32
+/// when `n` is a power of two of 256 or more. A power of two keeps the product exact in
+/// f32, so encoding is one rounding in vector f32 arithmetic; elements below half of
+/// `2^(e+2) · 2^⌈log2 n⌉ / 2^31` round to zero: the precision of block floating point.
 ///
 /// The two bytes the field leaves free mark what int32 cannot carry:
 /// - `i8::MIN`: every element is zero (or the packet has none), sent as zeros;
@@ -96,8 +97,10 @@ impl Codec for Native {
 pub struct BlockFloatingPoint {
     /// ⌈log2 n⌉ for `n` workers: the bits a sum of `n` contributions may need above one.
     sum_bits: u32,
-    /// The largest f32 not above `i32::MAX / n`: a bound each element's integer keeps even
-    /// if its input broke the agreed exponent (changed by its owner mid-job, say).
+    /// The largest f32 not above `i32::MAX / n`, the bound of each element's integer that
+    /// keeps `n` of them from overflowing: needed where rounding reaches the power of two
+    /// above (see above), and where an input broke the agreed exponent (changed by its
+    /// owner mid-job, say).
     limit: f32,
 }
 
@@ -306,9 +309,10 @@ mod tests {
 
     #[test]
     fn an_element_at_the_bound_cannot_overflow_the_sum() {
-        // The largest magnitude an exponent allows, from every worker: exactly i32::MAX
-        // would be reached by a power-of-two scale without the limit.
-        for workers in [1u16, 2, 3, 4, 64, 65535] {
+        // The largest magnitude an exponent allows, from every worker. For 256 workers or
+        // more (a power of two), it rounds up to 2^(31 - log2 n), whose n-fold sum is
+        // 2^31: only the clamp keeps it within int32.
+        for workers in [1u16, 2, 3, 4, 64, 256, 1024, 32768, 65535] {
             let codec = BlockFloatingPoint::new(workers);
             let largest = f32::from_bits(0x3FFF_FFFF); // just below 2
             let mut payload = [0u8; 8];
