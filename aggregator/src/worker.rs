@@ -327,6 +327,9 @@ pub struct WorkerProtocol {
     timers: BinaryHeap<Reverse<(Instant, u16)>>,
     last_progress: Instant,
     rtt: Option<RttEstimate>,
+    /// A slot's timeout before any backoff, from `rtt` and the configured floor: kept
+    /// rather than worked out at every send.
+    base_timeout: Duration,
     counters: WorkerCounters,
 }
 
@@ -355,6 +358,7 @@ impl WorkerProtocol {
             })
             .collect();
         WorkerProtocol {
+            base_timeout: config.retransmit_timeout,
             config,
             slots,
             job: None,
@@ -370,15 +374,15 @@ impl WorkerProtocol {
 
     /// The current retransmission timeout of a slot.
     fn retransmit_timeout(&self, slot: &SlotState) -> Duration {
-        let base = match self.rtt {
-            None => self.config.retransmit_timeout,
-            Some(rtt) => (rtt.smoothed + rtt.deviation * 4).max(self.config.retransmit_timeout),
-        };
+        let base = self.base_timeout;
+        if slot.backoff == 0 {
+            return base;
+        }
         base.saturating_mul(1 << slot.backoff.min(16)).min(self.config.max_retransmit_timeout.max(base))
     }
 
     fn sample_rtt(&mut self, sample: Duration) {
-        self.rtt = Some(match self.rtt {
+        let rtt = match self.rtt {
             None => RttEstimate { smoothed: sample, deviation: sample / 2 },
             Some(rtt) => {
                 let error = sample.abs_diff(rtt.smoothed);
@@ -387,7 +391,9 @@ impl WorkerProtocol {
                     deviation: rtt.deviation * 3 / 4 + error / 4,
                 }
             }
-        });
+        };
+        self.rtt = Some(rtt);
+        self.base_timeout = (rtt.smoothed + rtt.deviation * 4).max(self.config.retransmit_timeout);
     }
 
     /// The smoothed round-trip time measured so far.
