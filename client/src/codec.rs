@@ -29,7 +29,10 @@ pub trait Codec: Send + Sync + 'static {
         false
     }
 
-    /// Checks a tensor before it is submitted; an error refuses the job.
+    /// Checks a tensor on the submitting thread before its job is queued; an error refuses
+    /// the job ([`Error::InvalidInput`](crate::Error::InvalidInput)) and leaves the
+    /// buffers alone. A pass over the whole tensor here is serial: netagg's codecs check
+    /// nothing, and block floating point carries non-finite blocks instead.
     fn check(&self, data_type: DataType, elements: &[u8]) -> Result<(), String> {
         let _ = (data_type, elements);
         Ok(())
