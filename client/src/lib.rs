@@ -58,7 +58,7 @@ pub enum Error {
     LengthMismatch { input: usize, output: usize },
     #[error("a buffer pointer is null")]
     NullBuffer,
-    /// The codec's [`Codec::check`](crate::Codec::check) refused the tensor.
+    /// The codec's [`Codec::check`] refused the tensor.
     #[error("invalid input: {0}")]
     InvalidInput(String),
     #[error("I/O error: {0}")]
