@@ -6,15 +6,19 @@
 //! [`Engine::handle_timeout`]. `docs/protocol.md` explains the protocol this implements.
 //!
 //! # Slots, rounds and sets
-//! Each use of a slot is a *round*, numbered per slot from 0 (wrapping). A slot keeps the
-//! last `depth` rounds in a ring of *sets*, `round % depth` being the set; depth 2 is
-//! SwitchML's pair of a working copy and a shadow copy. A set passes through:
+//! Each use of a slot is a *round*, numbered per slot from 0 (wrapping). A slot owns
+//! `depth` *sets*; depth 2 is SwitchML's pair of a working copy and a shadow copy. A set
+//! passes through:
+//! - *free*: the open round's first contribution takes the slot's free set of lowest
+//!   index, so a dense stream, which frees each set one round after using it, keeps
+//!   alternating between two sets that stay in cache however deep the slot is;
 //! - *aggregating*: the first contribution writes the payload, each new one adds to it,
 //!   and a duplicate changes nothing; exponents are max-reduced;
 //! - *complete*: the last expected contribution makes the result, sent to every worker.
 //!   A duplicate from a contributor gets the result back, to that worker alone. The set
 //!   keeps the result until every worker has acknowledged it (the *unacked* bitmap,
-//!   SwitchML's cross-clear generalised), and only then may the set be reused.
+//!   SwitchML's cross-clear generalised), and is free again then. A slot with no free
+//!   set holds `depth` results some worker lacks: its open round waits (*stalled*).
 //!
 //! Rounds make stale packets harmless: a packet of a round that is neither open nor
 //! retained is dropped, where SwitchML's single set bit would let a late duplicate of an
@@ -420,8 +424,12 @@ struct Session {
     last_activity: Instant,
     counters: SessionCounters,
     slots: Vec<Slot>,
-    /// `slots × depth` sets; slot `s`, round `r` lives at `s * depth + r % depth`.
+    /// `slots × depth` sets; slot `s` owns `s * depth .. (s + 1) * depth`.
     sets: Vec<Set>,
+    /// The sets' payloads, `payload_len` bytes each in the order of `sets`: one
+    /// allocation, whose pages a set touches only once a round uses it.
+    payloads: Box<[u8]>,
+    payload_len: usize,
 }
 
 #[derive(Debug)]
@@ -435,18 +443,17 @@ struct Slot {
     expected: WorkerSet,
     /// Each worker's latest *next block* in this slot's sparse stream.
     next_blocks: Box<[u32]>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SetState {
-    Free,
-    Aggregating,
-    Complete,
+    /// The set (of the slot's own, counted from 0) aggregating the open round, once its
+    /// first contribution arrived.
+    open_set: Option<u8>,
+    /// Bit `i`: the slot's set `i` holds a complete round's result that some worker has
+    /// not acknowledged. Every other set but `open_set` is free.
+    retained: u64,
 }
 
 #[derive(Debug)]
 struct Set {
-    state: SetState,
+    /// The round the set aggregates or retains; meaningless while the set is free.
     round: u32,
     contributed: WorkerSet,
     /// Workers that may still need this set's result; the set is reused only when empty.
@@ -462,7 +469,6 @@ struct Set {
     element_count: u16,
     exponent: i8,
     next_block: u32,
-    payload: Box<[u8]>,
 }
 
 impl Session {
@@ -473,12 +479,14 @@ impl Session {
                 continuation: None,
                 expected: WorkerSet::new(spec.workers),
                 next_blocks: vec![END_OF_STREAM; spec.workers as usize].into_boxed_slice(),
+                open_set: None,
+                retained: 0,
             })
             .collect();
         let payload_len = spec.packet_elements as usize * ELEMENT_LEN;
-        let sets = (0..spec.slots as usize * spec.depth as usize)
+        let set_count = spec.slots as usize * spec.depth as usize;
+        let sets = (0..set_count)
             .map(|_| Set {
-                state: SetState::Free,
                 round: 0,
                 contributed: WorkerSet::new(spec.workers),
                 unacked: WorkerSet::new(spec.workers),
@@ -491,14 +499,37 @@ impl Session {
                 element_count: 0,
                 exponent: i8::MIN,
                 next_block: END_OF_STREAM,
-                payload: vec![0; payload_len].into_boxed_slice(),
             })
             .collect();
-        Session { id, spec, token, last_activity: now, counters: SessionCounters::default(), slots, sets }
+        Session {
+            id,
+            spec,
+            token,
+            last_activity: now,
+            counters: SessionCounters::default(),
+            slots,
+            sets,
+            payloads: vec![0; set_count * payload_len].into_boxed_slice(),
+            payload_len,
+        }
     }
 
-    fn set_index(&self, slot: u16, round: u32) -> usize {
-        slot as usize * self.spec.depth as usize + (round % self.spec.depth as u32) as usize
+    /// The index in `sets` of the slot's own set `set`.
+    fn set_index(&self, slot: u16, set: u32) -> usize {
+        slot as usize * self.spec.depth as usize + set as usize
+    }
+
+    /// The index in `sets` of the set retaining complete round `round` of `slot`.
+    fn retained_set(&self, slot: u16, round: u32) -> Option<usize> {
+        let mut retained = self.slots[slot as usize].retained;
+        while retained != 0 {
+            let index = self.set_index(slot, retained.trailing_zeros());
+            if self.sets[index].round == round {
+                return Some(index);
+            }
+            retained &= retained - 1;
+        }
+        None
     }
 
     fn reject(&mut self, reason: DropReason) -> Verdict {
@@ -550,12 +581,21 @@ impl Session {
         }
     }
 
-    /// Records that `rank` holds every result of `slot` up to round `ack` (the cross-clear).
+    /// Records that `rank` holds every result of `slot` up to round `ack` (the cross-clear),
+    /// freeing the sets every worker now holds.
     fn apply_ack(&mut self, slot: u16, rank: u16, ack: u32) {
         let first = slot as usize * self.spec.depth as usize;
-        for set in &mut self.sets[first..first + self.spec.depth as usize] {
-            if set.state == SetState::Complete && !is_after(set.round, ack) {
+        let retained = &mut self.slots[slot as usize].retained;
+        let mut unvisited = *retained;
+        while unvisited != 0 {
+            let bit = unvisited & unvisited.wrapping_neg();
+            unvisited &= unvisited - 1;
+            let set = &mut self.sets[first + bit.trailing_zeros() as usize];
+            if !is_after(set.round, ack) {
                 set.unacked.remove(rank);
+                if set.unacked.is_empty() {
+                    *retained &= !bit;
+                }
             }
         }
     }
@@ -569,9 +609,7 @@ impl Session {
         only_contributors: bool,
         out: &mut [u8],
     ) -> Verdict {
-        let index = self.set_index(slot, round);
-        let set = &self.sets[index];
-        if set.state != SetState::Complete || set.round != round {
+        let Some(index) = self.retained_set(slot, round) else {
             if round == self.slots[slot as usize].open_round {
                 self.counters.not_ready += 1;
                 return Verdict::Dropped(DropReason::NotReady);
@@ -581,8 +619,8 @@ impl Session {
             }
             self.counters.stale += 1;
             return Verdict::Dropped(DropReason::Stale);
-        }
-        if only_contributors && !set.contributed.contains(rank) {
+        };
+        if only_contributors && !self.sets[index].contributed.contains(rank) {
             return self.reject(DropReason::NotExpected);
         }
         self.counters.results_resent += 1;
@@ -606,30 +644,45 @@ impl Session {
             return self.reject(reason);
         }
 
-        let index = self.set_index(repr.slot, repr.round);
-        let set = &mut self.sets[index];
-        if set.state != SetState::Aggregating || set.round != repr.round {
-            if set.state == SetState::Complete && !set.unacked.is_empty() {
-                self.counters.stalled += 1;
-                return Verdict::Dropped(DropReason::Stalled);
+        let own_set = match self.slots[slot_index].open_set {
+            Some(own_set) => {
+                let set = &self.sets[self.set_index(repr.slot, own_set as u32)];
+                if set.contributed.contains(repr.rank) {
+                    self.counters.duplicates += 1;
+                    return Verdict::Dropped(DropReason::DuplicateIncomplete);
+                }
+                if let Err(field) = set.agrees_with(repr) {
+                    return self.reject(DropReason::Mismatch(field));
+                }
+                own_set
             }
-            set.start(repr);
-        } else if set.contributed.contains(repr.rank) {
-            self.counters.duplicates += 1;
-            return Verdict::Dropped(DropReason::DuplicateIncomplete);
-        } else if let Err(field) = set.agrees_with(repr) {
-            return self.reject(DropReason::Mismatch(field));
-        }
+            None => {
+                let depth_mask = u64::MAX >> (64 - self.spec.depth as u32);
+                let free = !self.slots[slot_index].retained & depth_mask;
+                if free == 0 {
+                    self.counters.stalled += 1;
+                    return Verdict::Dropped(DropReason::Stalled);
+                }
+                let own_set = free.trailing_zeros() as u8;
+                self.slots[slot_index].open_set = Some(own_set);
+                let index = self.set_index(repr.slot, own_set as u32);
+                self.sets[index].start(repr);
+                own_set
+            }
+        };
 
+        let index = self.set_index(repr.slot, own_set as u32);
+        let set = &mut self.sets[index];
         set.contributed.insert(repr.rank);
         set.contributions += 1;
         set.exponent = set.exponent.max(repr.exponent);
         if repr.element_count > 0 {
+            let sum = &mut self.payloads[index * self.payload_len..][..payload.len()];
             if set.element_count == 0 {
                 set.element_count = repr.element_count;
-                set.payload[..payload.len()].copy_from_slice(payload);
+                sum.copy_from_slice(payload);
             } else {
-                sum::add_assign(set.element_type, &mut set.payload[..payload.len()], payload);
+                sum::add_assign(set.element_type, sum, payload);
             }
         }
         self.counters.contributions += 1;
@@ -647,8 +700,9 @@ impl Session {
         }
 
         // The last expected contribution: the round completes.
-        set.state = SetState::Complete;
         set.unacked.fill(self.spec.workers);
+        slot.open_set = None;
+        slot.retained |= 1 << own_set;
         slot.open_round = repr.round.wrapping_add(1);
         slot.continuation = None;
         set.next_block = END_OF_STREAM;
@@ -719,7 +773,8 @@ impl Session {
         // `handle` checked that `out` holds a full packet of the session.
         match repr.emit(out) {
             Ok(mut packet) => {
-                packet.payload_mut().copy_from_slice(&set.payload[..len - HEADER_LEN]);
+                let payload = &self.payloads[index * self.payload_len..][..len - HEADER_LEN];
+                packet.payload_mut().copy_from_slice(payload);
                 Verdict::Send(Transmit { session: self.id, recipient, len })
             }
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
@@ -730,7 +785,6 @@ impl Session {
 impl Set {
     /// Resets the set for a new round; the first contribution writes rather than adds.
     fn start(&mut self, repr: &PacketRepr) {
-        self.state = SetState::Aggregating;
         self.round = repr.round;
         self.contributed.clear();
         self.unacked.clear();
@@ -772,4 +826,81 @@ impl Set {
 /// Whether round `a` comes after round `b`, in wrapping (serial number) order.
 pub fn is_after(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn contribution(session: SessionId, rank: u16, round: u32, ack_round: u32) -> Vec<u8> {
+        let repr = PacketRepr {
+            message_type: MessageType::Data,
+            element_type: ElementType::Int32,
+            flags: Flags::NONE,
+            session: session.0,
+            job: 1,
+            packet_id: 0,
+            rank,
+            element_count: 1,
+            slot: 0,
+            exponent: 0,
+            round,
+            block: 0,
+            next_block: 0,
+            ack_round,
+            token: 7,
+        };
+        let mut buffer = vec![0; repr.buffer_len()];
+        repr.emit(&mut buffer).unwrap().payload_mut().copy_from_slice(&(round as i32).to_le_bytes());
+        buffer
+    }
+
+    /// The slot's sets that hold a round (aggregating or retained), by index.
+    fn sets_in_use(engine: &mut Engine, session: SessionId) -> Vec<u32> {
+        let slot = &engine.session_mut(session).unwrap().slots[0];
+        let retained = (0..64).filter(|i| slot.retained & (1 << i) != 0);
+        retained.chain(slot.open_set.map(u32::from)).collect()
+    }
+
+    #[test]
+    fn a_dense_stream_alternates_between_two_sets_however_deep_the_slot() {
+        let mut engine = Engine::new(EngineLimits::default());
+        let now = Instant::now();
+        let spec = SessionSpec { workers: 2, slots: 1, packet_elements: 4, depth: 8 };
+        let session = engine.open_session(now, spec, 7).unwrap();
+        let mut out = vec![0; MAX_ELEMENTS * ELEMENT_LEN + HEADER_LEN];
+        let mut used = Vec::new();
+        for round in 0..20u32 {
+            // Each contribution acknowledges the round before, as a dense worker's does.
+            for rank in 0..2 {
+                let packet = contribution(session, rank, round, round.wrapping_sub(1));
+                let verdict = engine.handle_datagram(now, &packet, &mut out);
+                assert_eq!(matches!(verdict, Verdict::Send(_)), rank == 1, "round {round}");
+                used.extend(sets_in_use(&mut engine, session));
+            }
+        }
+        used.sort();
+        used.dedup();
+        assert_eq!(used, [0, 1]);
+    }
+
+    #[test]
+    fn a_round_waits_while_every_set_retains_a_result_someone_lacks() {
+        let mut engine = Engine::new(EngineLimits::default());
+        let now = Instant::now();
+        let spec = SessionSpec { workers: 2, slots: 1, packet_elements: 4, depth: 4 };
+        let session = engine.open_session(now, spec, 7).unwrap();
+        let mut out = vec![0; MAX_ELEMENTS * ELEMENT_LEN + HEADER_LEN];
+        // Rank 1 never acknowledges: four rounds fill the four sets.
+        for round in 0..4u32 {
+            engine.handle_datagram(now, &contribution(session, 0, round, round.wrapping_sub(1)), &mut out);
+            engine.handle_datagram(now, &contribution(session, 1, round, u32::MAX), &mut out);
+        }
+        assert_eq!(sets_in_use(&mut engine, session), [0, 1, 2, 3]);
+        let stalled = engine.handle_datagram(now, &contribution(session, 0, 4, 3), &mut out);
+        assert_eq!(stalled, Verdict::Dropped(DropReason::Stalled));
+        // Rank 1 acknowledges rounds 0 and 1: sets 0 and 1 free, and round 4 takes set 0.
+        engine.handle_datagram(now, &contribution(session, 1, 4, 1), &mut out);
+        assert_eq!(sets_in_use(&mut engine, session), [2, 3, 0]);
+    }
 }
