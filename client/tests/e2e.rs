@@ -246,6 +246,21 @@ fn dummy_backend_sums_as_if_every_worker_sent_the_same_data() {
     assert_eq!(stats.jobs_finished, 3);
     assert!(stats.total().data_sent > 0);
 
+    // Native float32 is summed in the switch's order, one addition per worker, which
+    // for 6 workers differs from 6·x in the last bit for some x: the dummy matches the
+    // switch.
+    let mut native = config.clone();
+    native.general.prepostprocessor = "native".into();
+    native.general.num_workers = 6;
+    let context = Context::start(native).unwrap();
+    let floats: Vec<f32> = (0..1000).map(|i| 1.0 + i as f32 * f32::EPSILON).collect();
+    let mut sums = vec![0.0f32; 1000];
+    context.allreduce_into(&floats, &mut sums).unwrap();
+    let in_order = |x: f32| (0..5).fold(x, |sum, _| sum + x);
+    assert!(floats.iter().any(|&x| in_order(x) != x * 6.0), "the values tell the two apart");
+    assert!(sums.iter().zip(&floats).all(|(&s, &x)| s.to_bits() == in_order(x).to_bits()));
+    context.stop();
+
     // An emulated 1 Gbit/s link: 8 Mbit of payload take at least 8 ms.
     config.dummy.bandwidth = 1000.0;
     let context = Context::start(config).unwrap();

@@ -1,16 +1,21 @@
 //! The dummy backend: no network. An in-process engine answers every packet as if all
 //! workers had sent the same data, and the thread sleeps to emulate a link's bandwidth.
 //!
-//! Each data or ack packet is fed to a private engine once per rank of the session, so
-//! the result is exactly what the switch would return if every worker held this
-//! worker's tensor: dense and sparse jobs and the whole worker-side protocol run as they
-//! would over a network.
+//! The private engine holds a session of one worker, and each data packet reaches it
+//! with its payload already summed as many times as the session has ranks, as the
+//! switch would sum it. The result is thus exactly what the switch would return if every
+//! worker held this worker's tensor, bit for bit, and the engine retains and resends it
+//! as the switch does: dense and sparse jobs and the whole worker-side protocol run as
+//! they would over a network, at the cost of one engine pass per packet whatever the
+//! number of ranks (SwitchML's dummy multiplies instead, and keeps no state).
 
 use std::io;
 use std::time::{Duration, Instant};
 
+use netagg_aggregator::sum::add_assign;
 use netagg_aggregator::{Engine, EngineLimits, SessionId, SessionSpec, Verdict};
-use netagg_wire::{Packet, MAX_DATAGRAM_LEN};
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::{MessageType, Packet, MAX_DATAGRAM_LEN};
 
 use super::Transport;
 
@@ -25,12 +30,12 @@ pub struct DummyTransport {
     /// The engine's clock: read once per batch of results, not per packet (the engine
     /// needs it only for idle sessions, which this one never is).
     engine_now: Instant,
-    /// Results not yet received, back to back, and where each ends: one buffer reused
-    /// for every packet rather than an allocation per result.
-    results: Vec<u8>,
-    result_ends: Vec<usize>,
+    results: PendingResults,
+    /// Bytes of the session's largest packet: the room the engine needs for a result.
+    max_result_len: usize,
+    /// The datagram being sent as the engine's one worker sees it: rank 0, and the
+    /// payload summed once per rank.
     scratch: Vec<u8>,
-    out: Vec<u8>,
 }
 
 impl DummyTransport {
@@ -40,7 +45,7 @@ impl DummyTransport {
     }
 
     /// A transport for one worker thread; `spec` and `token` are the session every
-    /// thread shares.
+    /// thread shares, as the workers see it (the engine's own has one worker).
     pub fn new(
         spec: SessionSpec,
         token: u64,
@@ -49,7 +54,8 @@ impl DummyTransport {
     ) -> Result<(DummyTransport, SessionId), String> {
         let mut engine =
             Engine::new(EngineLimits { session_idle_timeout: Duration::MAX, ..EngineLimits::default() });
-        let session = engine.open_session(Instant::now(), spec, token).map_err(|e| e.to_string())?;
+        let one_worker = SessionSpec { workers: 1, ..spec };
+        let session = engine.open_session(Instant::now(), one_worker, token).map_err(|e| e.to_string())?;
         let transport = DummyTransport {
             engine,
             workers: spec.workers,
@@ -57,10 +63,9 @@ impl DummyTransport {
             bits_per_second: bandwidth_mbps * 1e6,
             link_free_at: Instant::now(),
             engine_now: Instant::now(),
-            results: Vec::new(),
-            result_ends: Vec::new(),
+            results: PendingResults::default(),
+            max_result_len: HEADER_LEN + spec.packet_elements as usize * ELEMENT_LEN,
             scratch: vec![0; MAX_DATAGRAM_LEN],
-            out: vec![0; MAX_DATAGRAM_LEN],
         };
         Ok((transport, session))
     }
@@ -77,32 +82,33 @@ impl Transport for DummyTransport {
         };
         if !self.process_packets {
             // Returned unchanged but for its type: the payload is this worker's alone.
-            if packet.message_type() == netagg_wire::MessageType::Data {
-                let start = self.results.len();
-                self.results.extend_from_slice(datagram);
-                let mut view = Packet::new_unchecked(&mut self.results[start..]);
-                view.set_message_type(netagg_wire::MessageType::Result);
-                view.set_rank(netagg_wire::packet::BROADCAST_RANK);
-                self.result_ends.push(self.results.len());
+            if packet.message_type() == MessageType::Data {
+                let room = self.results.room(datagram.len());
+                room.copy_from_slice(datagram);
+                let mut view = Packet::new_unchecked(room);
+                view.set_message_type(MessageType::Result);
+                view.set_rank(BROADCAST_RANK);
+                self.results.push(datagram.len());
             }
             return Ok(());
         }
         let len = datagram.len();
-        self.scratch[..len].copy_from_slice(datagram);
         let own_rank = packet.rank();
-        for rank in 0..self.workers {
-            Packet::new_unchecked(&mut self.scratch[..len]).set_rank(rank);
-            if let Verdict::Send(transmit) =
-                self.engine.handle_datagram(self.engine_now, &self.scratch[..len], &mut self.out)
-            {
-                // Broadcasts reach this worker; of the unicasts (one per emulated rank)
-                // only its own is meant for it.
-                let recipient = Packet::new_unchecked(&self.out[..transmit.len]).rank();
-                if recipient == netagg_wire::packet::BROADCAST_RANK || recipient == own_rank {
-                    self.results.extend_from_slice(&self.out[..transmit.len]);
-                    self.result_ends.push(self.results.len());
-                }
+        self.scratch[..len].copy_from_slice(datagram);
+        let mut contribution = Packet::new_unchecked(&mut self.scratch[..len]);
+        contribution.set_rank(0);
+        for _ in 1..self.workers {
+            add_assign(packet.element_type(), contribution.payload_mut(), packet.payload());
+        }
+        let out = self.results.room(self.max_result_len);
+        if let Verdict::Send(transmit) =
+            self.engine.handle_datagram(self.engine_now, &self.scratch[..len], out)
+        {
+            let mut result = Packet::new_unchecked(&mut out[..transmit.len]);
+            if result.rank() != BROADCAST_RANK {
+                result.set_rank(own_rank);
             }
+            self.results.push(transmit.len);
         }
         Ok(())
     }
@@ -112,7 +118,7 @@ impl Transport for DummyTransport {
     }
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        if self.result_ends.is_empty() {
+        if self.results.ends.is_empty() {
             std::thread::sleep(timeout.min(Duration::from_millis(1)));
             return Ok(0);
         }
@@ -125,15 +131,48 @@ impl Transport for DummyTransport {
                 }
             }
         }
+        let delivered = self.results.drain(sink);
+        self.engine_now = Instant::now();
+        Ok(delivered)
+    }
+}
+
+/// Results not yet received, back to back in `bytes[..len]`, and where each ends. Each
+/// result is written in place (by the engine); the buffer only grows, so it is neither
+/// allocated nor zeroed per packet.
+#[derive(Default)]
+struct PendingResults {
+    bytes: Vec<u8>,
+    len: usize,
+    ends: Vec<usize>,
+}
+
+impl PendingResults {
+    /// Room for one more result of up to `len` bytes after the pending ones.
+    fn room(&mut self, len: usize) -> &mut [u8] {
+        let end = self.len + len;
+        if self.bytes.len() < end {
+            self.bytes.resize(end, 0);
+        }
+        &mut self.bytes[self.len..end]
+    }
+
+    /// Keeps the first `len` bytes of the last [`PendingResults::room`] as a result.
+    fn push(&mut self, len: usize) {
+        self.len += len;
+        self.ends.push(self.len);
+    }
+
+    /// Hands every pending result to `sink`, in order; returns how many.
+    fn drain(&mut self, sink: &mut dyn FnMut(&[u8])) -> usize {
         let mut start = 0;
-        for &end in &self.result_ends {
-            sink(&self.results[start..end]);
+        for &end in &self.ends {
+            sink(&self.bytes[start..end]);
             start = end;
         }
-        let delivered = self.result_ends.len();
-        self.engine_now = Instant::now();
-        self.results.clear();
-        self.result_ends.clear();
-        Ok(delivered)
+        let delivered = self.ends.len();
+        self.len = 0;
+        self.ends.clear();
+        delivered
     }
 }
