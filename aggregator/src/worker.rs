@@ -301,11 +301,16 @@ struct SlotState {
     queued: Option<Instant>,
 }
 
-/// Smoothed round-trip time and its deviation (RFC 6298).
+/// Timeouts beyond a year are taken as a year, so that no deadline can overflow the
+/// clock.
+const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Smoothed round-trip time and its deviation (RFC 6298), in nanoseconds: integer
+/// arithmetic, where `Duration`'s costs a normalisation per operation on every result.
 #[derive(Debug, Clone, Copy)]
 struct RttEstimate {
-    smoothed: Duration,
-    deviation: Duration,
+    smoothed: u64,
+    deviation: u64,
 }
 
 #[derive(Debug)]
@@ -334,10 +339,8 @@ pub struct WorkerProtocol {
 }
 
 impl WorkerProtocol {
-    /// A worker thread's protocol. Timeouts beyond a year are taken as a year, so that no
-    /// deadline can overflow the clock.
+    /// A worker thread's protocol; timeouts are capped at a [`YEAR`].
     pub fn new(mut config: WorkerConfig, now: Instant) -> WorkerProtocol {
-        const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
         config.retransmit_timeout = config.retransmit_timeout.min(YEAR);
         config.max_retransmit_timeout = config.max_retransmit_timeout.min(YEAR);
         config.job_timeout = config.job_timeout.min(YEAR);
@@ -382,23 +385,26 @@ impl WorkerProtocol {
     }
 
     fn sample_rtt(&mut self, sample: Duration) {
+        // At most a year (`new` caps the timeouts so), so that no sum below overflows.
+        let sample = sample.as_nanos().min(YEAR.as_nanos()) as u64;
         let rtt = match self.rtt {
             None => RttEstimate { smoothed: sample, deviation: sample / 2 },
             Some(rtt) => {
                 let error = sample.abs_diff(rtt.smoothed);
                 RttEstimate {
-                    smoothed: rtt.smoothed * 7 / 8 + sample / 8,
-                    deviation: rtt.deviation * 3 / 4 + error / 4,
+                    smoothed: (rtt.smoothed * 7 + sample) / 8,
+                    deviation: (rtt.deviation * 3 + error) / 4,
                 }
             }
         };
         self.rtt = Some(rtt);
-        self.base_timeout = (rtt.smoothed + rtt.deviation * 4).max(self.config.retransmit_timeout);
+        let timeout = Duration::from_nanos(rtt.smoothed + rtt.deviation * 4);
+        self.base_timeout = timeout.max(self.config.retransmit_timeout);
     }
 
     /// The smoothed round-trip time measured so far.
     pub fn smoothed_rtt(&self) -> Option<Duration> {
-        self.rtt.map(|rtt| rtt.smoothed)
+        self.rtt.map(|rtt| Duration::from_nanos(rtt.smoothed))
     }
 
     pub fn config(&self) -> &WorkerConfig {
@@ -727,6 +733,7 @@ impl WorkerProtocol {
         self.last_progress = now;
 
         let stride = self.config.slots as u64;
+        let pending_before = self.pending.len();
         // The switch's maximum of the look-ahead exponents: what the next block uses.
         let agreed = job.spec.exponents.then_some(repr.exponent);
         match &job.spec.layout {
@@ -786,7 +793,13 @@ impl WorkerProtocol {
         if slot.outstanding.is_none() && slot.have.wrapping_sub(slot.acked) >= batch {
             self.pending.push_back((index, Send::Ack { want: false }));
         }
-        self.arm_timer(index, now);
+        if self.pending.len() == pending_before {
+            self.arm_timer(index, now);
+        } else {
+            // The packet queued for the slot arms its timer when it is sent; until then
+            // the timer of the packet just answered must not fire.
+            slot.deadline = None;
+        }
         Ok(Delivery::Accepted)
     }
 
@@ -855,4 +868,70 @@ impl WorkerProtocol {
 fn block_len(spec: &JobSpec, block: u32, packet_elements: u16) -> u16 {
     let start = block as u64 * packet_elements as u64;
     spec.elements.saturating_sub(start).min(packet_elements as u64) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Blocks of one int32 element each, the element being the block's number.
+    struct Numbers;
+
+    impl BlockIo for Numbers {
+        fn load(&mut self, block: u32, payload: &mut [u8], _: Option<i8>) {
+            payload.copy_from_slice(&(block as i32).to_le_bytes());
+        }
+        fn store(&mut self, _: u32, _: &[u8], _: Option<i8>) {}
+    }
+
+    /// The switch's result for a data packet of a one-worker session: the packet itself.
+    fn result_of(packet: &[u8]) -> Vec<u8> {
+        let mut result = packet.to_vec();
+        let mut view = Packet::new_unchecked(&mut result[..]);
+        view.set_message_type(MessageType::Result);
+        view.set_rank(BROADCAST_RANK);
+        result
+    }
+
+    #[test]
+    fn a_result_after_its_deadline_releases_the_next_block_without_a_retransmission() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let config = WorkerConfig {
+            session: 1,
+            token: 2,
+            rank: 0,
+            slot_base: 0,
+            slots: 1,
+            packet_elements: 1,
+            depth: 2,
+            retransmit_timeout: timeout,
+            max_retransmit_timeout: timeout * 8,
+            job_timeout: Duration::from_secs(10),
+        };
+        let mut protocol = WorkerProtocol::new(config, start);
+        let job = JobSpec {
+            job: 1,
+            element_type: ElementType::Int32,
+            elements: 2,
+            layout: Layout::Dense,
+            exponents: false,
+        };
+        protocol.start_job(start, job).unwrap();
+        let mut buffer = vec![0; 64];
+        let len = protocol.poll_transmit(start, &mut buffer, &mut Numbers).unwrap();
+        let first = buffer[..len].to_vec();
+
+        // The result arrives after the timer's deadline, and the timers run before the
+        // next block goes out, as a worker thread's loop runs them.
+        let late = start + timeout * 2;
+        let delivery = protocol.handle_datagram(late, &result_of(&first), &mut Numbers);
+        assert_eq!(delivery, Delivery::Accepted);
+        protocol.handle_timeout(late);
+        let len = protocol.poll_transmit(late, &mut buffer, &mut Numbers).unwrap();
+        let second = PacketRepr::parse(&Packet::new_checked(&buffer[..len]).unwrap());
+        assert_eq!((second.block, second.flags), (1, Flags::NONE));
+        assert_eq!(protocol.poll_transmit(late, &mut buffer, &mut Numbers), None, "sent once");
+        assert_eq!((protocol.counters().retransmissions, protocol.counters().timeouts), (0, 0));
+    }
 }
