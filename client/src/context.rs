@@ -498,6 +498,10 @@ fn watch_session(mut stream: TcpStream, shared: Arc<Shared>) {
 /// next run, so that the run finds its blocks in cache.
 const EXPONENT_RUN: usize = 32;
 
+/// How many blocks ahead a store prefetches the output: a few packets' time, as the
+/// memory system takes to answer.
+const STORE_PREFETCH_DISTANCE: usize = 16;
+
 /// Moves a slice's blocks between the caller's buffers and packets through the codec.
 struct SliceIo<'a> {
     input: *const u8,
@@ -544,6 +548,14 @@ impl BlockIo for SliceIo<'_> {
         } else {
             let len = target.len();
             self.codec.decode(self.data_type, &payload[..len], target, exponent);
+        }
+        // Results come back about in block order: the output a later one writes is
+        // fetched now, so that its store finds the lines in cache.
+        let ahead = block as usize + STORE_PREFETCH_DISTANCE;
+        if ahead < self.bytes.div_ceil(self.block_bytes) {
+            let range = self.range(ahead as u32, self.block_bytes);
+            // SAFETY: as in `input`: the range lies within the slice.
+            prefetch(unsafe { std::slice::from_raw_parts(self.output.add(range.start), range.len()) });
         }
     }
 
