@@ -11,12 +11,12 @@
 //! duplicates, reorders, delays or corrupts on purpose, like SwitchML's
 //! `set_drop_probabilities(ingress, egress)`.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use rustc_hash::FxHashMap;
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::faults::{FaultCounters, FaultInjector};
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Verdict};
@@ -81,7 +81,7 @@ pub struct DataPath {
 /// holds them.
 struct Switchboard {
     engine: Engine,
-    peers: HashMap<SessionId, Peers>,
+    peers: FxHashMap<SessionId, Peers>,
     /// Faults injected into results sent, by destination.
     egress: FaultInjector<SocketAddr>,
     outbox: Outbox,
@@ -90,7 +90,7 @@ struct Switchboard {
 /// Results waiting to be sent, batched by destination.
 struct Outbox {
     /// Results of the current receive call, by destination, sent together after it.
-    outgoing: HashMap<SocketAddr, SegmentBatch>,
+    outgoing: FxHashMap<SocketAddr, SegmentBatch>,
     /// Batches that filled up during the current receive call, sent first after it.
     full: Vec<(SocketAddr, SegmentBatch)>,
     max_segments: usize,
@@ -117,10 +117,10 @@ impl DataPath {
     ) -> DataPath {
         let board = Switchboard {
             engine: Engine::new(limits),
-            peers: HashMap::new(),
+            peers: FxHashMap::default(),
             egress: FaultInjector::new(faults.send, !faults.seed),
             outbox: Outbox {
-                outgoing: HashMap::new(),
+                outgoing: FxHashMap::default(),
                 full: Vec::new(),
                 max_segments: socket.max_segments(),
             },
@@ -143,8 +143,10 @@ impl DataPath {
             let due = [ingress.next_release(), board.egress.next_release()].into_iter().flatten().min();
             let wait =
                 due.map_or(IDLE_WAKEUP, |due| due.saturating_duration_since(Instant::now()).min(IDLE_WAKEUP));
+            // One clock read per batch: its datagrams arrived together.
+            let mut arrived = None;
             self.socket.recv(wait, |source, datagram| {
-                let now = Instant::now();
+                let now = *arrived.get_or_insert_with(Instant::now);
                 ingress.push(now, source, datagram, |source, datagram| {
                     board.handle(now, source, datagram, &mut out)
                 });
