@@ -17,7 +17,7 @@
 //! | 20     | 2    | slot           | aggregation slot within the session |
 //! | 22     | 1    | exponent       | block-floating-point exponent (i8), max-reduced |
 //! | 23     | 1    | reserved       | zero |
-//! | 24     | 4    | round          | use number of the slot; `round % depth` is the set |
+//! | 24     | 4    | round          | use number of the slot |
 //! | 28     | 4    | block          | block index carried (sparse) or packet index (dense) |
 //! | 32     | 4    | next block     | sparse: sender's next non-zero block; result: everyone's next |
 //! | 36     | 4    | ack round      | data/ack: every result of this slot up to this round is held |
