@@ -75,7 +75,7 @@ impl Default for EngineLimits {
     }
 }
 
-/// The deepest ring of sets a slot may keep: workers track received rounds in a 64-bit
+/// The most sets a slot may keep: workers track received rounds in a 64-bit
 /// window.
 pub const MAX_DEPTH: u8 = 64;
 
@@ -138,7 +138,9 @@ pub enum Verdict {
     Consumed,
     /// Send the first `len` bytes of the output buffer.
     Send(Transmit),
-    /// Not taken; the session's state is unchanged by it.
+    /// Not taken into any round. A packet dropped after passing its session's token,
+    /// rank, slot and source checks still keeps the session alive, and its `ack round`
+    /// still counts.
     Dropped(DropReason),
 }
 
@@ -188,7 +190,7 @@ pub enum DropReason {
     NotExpected,
     #[error("contribution disagrees with the round on its {0}")]
     Mismatch(&'static str),
-    #[error("the set this round needs still holds a result some worker has not acknowledged")]
+    #[error("every set of the slot retains a result some worker has not acknowledged")]
     Stalled,
     #[error("the requested round has not completed yet")]
     NotReady,
@@ -211,7 +213,8 @@ counters! {
         pub duplicates: u64,
         /// Packets of rounds no longer retained.
         pub stale: u64,
-        /// Contributions dropped because their set still held an unacknowledged result.
+        /// Contributions dropped because every set of their slot retained a result some
+        /// worker had not acknowledged.
         pub stalled: u64,
         /// Requests for a round that has not completed.
         pub not_ready: u64,

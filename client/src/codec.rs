@@ -365,7 +365,8 @@ mod tests {
         for workers in [1, 2, 3, 256, 32768] {
             let codec = BlockFloatingPoint::new(workers);
             for exponent in -127..=126i8 {
-                let ((low, high), (inverse_low, inverse_high)) = (codec.scale(exponent), codec.unscale(exponent));
+                let ((low, high), (inverse_low, inverse_high)) =
+                    (codec.scale(exponent), codec.unscale(exponent));
                 assert_eq!((low * inverse_low, high * inverse_high), (1.0, 1.0), "{workers}, {exponent}");
             }
         }

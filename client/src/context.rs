@@ -555,7 +555,7 @@ impl BlockIo for SliceIo<'_> {
         if ahead < self.bytes.div_ceil(self.block_bytes) {
             let range = self.range(ahead as u32, self.block_bytes);
             // SAFETY: as in `input`: the range lies within the slice.
-            prefetch(unsafe { std::slice::from_raw_parts(self.output.add(range.start), range.len()) });
+            prefetch(unsafe { self.output.add(range.start) }, range.len());
         }
     }
 
@@ -573,21 +573,27 @@ impl BlockIo for SliceIo<'_> {
         // packets' work instead of stalling the run that scans them.
         let ahead = block + EXPONENT_RUN;
         if ahead < self.bytes.div_ceil(self.block_bytes) {
-            prefetch(self.input(ahead as u32, self.block_bytes));
+            let ahead = self.input(ahead as u32, self.block_bytes);
+            prefetch(ahead.as_ptr(), ahead.len());
         }
         self.exponents[block]
     }
 }
 
-/// Asks the processor to bring `bytes` into its caches, without waiting for them.
-fn prefetch(bytes: &[u8]) {
+/// Asks the processor to bring the `len` bytes at `start` into its caches, without
+/// waiting for them. A pointer, not a slice: an output buffer may hold uninitialised
+/// bytes, which no slice may cover.
+fn prefetch(start: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        // SAFETY: the address lies within `bytes`, and a prefetch reads nothing anyway.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) }
+    for offset in (0..len).step_by(64) {
+        // SAFETY: the caller passes bytes of one allocation, so the offset stays within
+        // it; a prefetch reads nothing the program sees, and never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(start.add(offset).cast())
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
+    let _ = (start, len);
 }
 
 impl SliceIo<'_> {

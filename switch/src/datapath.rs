@@ -16,12 +16,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use rustc_hash::FxHashMap;
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::faults::{FaultCounters, FaultInjector};
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Verdict};
 use netagg_udp::{BatchSocket, SegmentBatch};
 use netagg_wire::MAX_DATAGRAM_LEN;
+use rustc_hash::FxHashMap;
 
 /// How long the data thread sleeps in `recv` before it looks at commands and timers.
 const IDLE_WAKEUP: Duration = Duration::from_millis(20);

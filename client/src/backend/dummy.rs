@@ -13,7 +13,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::sum::add_assign;
-use netagg_aggregator::{Engine, EngineLimits, SessionId, SessionSpec, Verdict};
+use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Verdict};
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::{MessageType, Packet, MAX_DATAGRAM_LEN};
 
@@ -52,8 +52,15 @@ impl DummyTransport {
         bandwidth_mbps: f64,
         process_packets: bool,
     ) -> Result<(DummyTransport, SessionId), String> {
-        let mut engine =
-            Engine::new(EngineLimits { session_idle_timeout: Duration::MAX, ..EngineLimits::default() });
+        let limits = EngineLimits { session_idle_timeout: Duration::MAX, ..EngineLimits::default() };
+        // The engine's session has one worker: the session's own size meets a switch's
+        // limit here.
+        if spec.workers == 0 || spec.workers > limits.max_workers {
+            return Err(
+                SessionError::Workers { requested: spec.workers, max: limits.max_workers }.to_string()
+            );
+        }
+        let mut engine = Engine::new(limits);
         let one_worker = SessionSpec { workers: 1, ..spec };
         let session = engine.open_session(Instant::now(), one_worker, token).map_err(|e| e.to_string())?;
         let transport = DummyTransport {
@@ -77,8 +84,14 @@ impl Transport for DummyTransport {
             let wire_time = Duration::from_secs_f64(datagram.len() as f64 * 8.0 / self.bits_per_second);
             self.link_free_at = self.link_free_at.max(Instant::now()) + wire_time;
         }
-        let Ok(packet) = Packet::new_checked(datagram) else {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "dummy backend: malformed packet"));
+        let packet = match Packet::new_checked(datagram) {
+            Ok(packet) => packet,
+            // As a switch drops one (a fault injector may have flipped its bits): the
+            // protocol's timers recover.
+            Err(error) => {
+                tracing::debug!(%error, "dummy backend: malformed packet dropped");
+                return Ok(());
+            }
         };
         if !self.process_packets {
             // Returned unchanged but for its type: the payload is this worker's alone.
@@ -174,5 +187,33 @@ impl PendingResults {
         self.len = 0;
         self.ends.clear();
         delivered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(workers: u16) -> SessionSpec {
+        SessionSpec { workers, slots: 4, packet_elements: 8, depth: 2 }
+    }
+
+    #[test]
+    fn a_malformed_datagram_is_dropped_as_a_switch_drops_it() {
+        let (mut transport, _) = DummyTransport::new(spec(2), 7, 0.0, true).unwrap();
+        for garbage in [&[][..], &[0xFF; 10][..], &[0; 60][..]] {
+            transport.send(garbage).unwrap();
+        }
+        let mut delivered = 0;
+        let count = transport.recv(Duration::ZERO, &mut |_| delivered += 1).unwrap();
+        assert_eq!((count, delivered), (0, 0));
+    }
+
+    #[test]
+    fn sessions_beyond_a_switch_s_worker_limit_are_refused() {
+        let max = EngineLimits::default().max_workers;
+        assert!(DummyTransport::new(spec(max), 7, 0.0, true).is_ok());
+        let error = DummyTransport::new(spec(max + 1), 7, 0.0, true).err().unwrap();
+        assert_eq!(error, format!("{} workers requested, a session holds 1 to {max}", max + 1));
     }
 }
