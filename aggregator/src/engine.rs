@@ -858,6 +858,16 @@ mod tests {
         buffer
     }
 
+    /// An engine with one session of 2 workers and one slot of `depth` sets, the time,
+    /// and a buffer for results.
+    fn one_slot(depth: u8) -> (Engine, SessionId, Instant, Vec<u8>) {
+        let mut engine = Engine::new(EngineLimits::default());
+        let now = Instant::now();
+        let spec = SessionSpec { workers: 2, slots: 1, packet_elements: 4, depth };
+        let session = engine.open_session(now, spec, 7).unwrap();
+        (engine, session, now, vec![0; MAX_ELEMENTS * ELEMENT_LEN + HEADER_LEN])
+    }
+
     /// The slot's sets that hold a round (aggregating or retained), by index.
     fn sets_in_use(engine: &mut Engine, session: SessionId) -> Vec<u32> {
         let slot = &engine.session_mut(session).unwrap().slots[0];
@@ -867,11 +877,7 @@ mod tests {
 
     #[test]
     fn a_dense_stream_alternates_between_two_sets_however_deep_the_slot() {
-        let mut engine = Engine::new(EngineLimits::default());
-        let now = Instant::now();
-        let spec = SessionSpec { workers: 2, slots: 1, packet_elements: 4, depth: 8 };
-        let session = engine.open_session(now, spec, 7).unwrap();
-        let mut out = vec![0; MAX_ELEMENTS * ELEMENT_LEN + HEADER_LEN];
+        let (mut engine, session, now, mut out) = one_slot(8);
         let mut used = Vec::new();
         for round in 0..20u32 {
             // Each contribution acknowledges the round before, as a dense worker's does.
@@ -889,11 +895,7 @@ mod tests {
 
     #[test]
     fn a_round_waits_while_every_set_retains_a_result_someone_lacks() {
-        let mut engine = Engine::new(EngineLimits::default());
-        let now = Instant::now();
-        let spec = SessionSpec { workers: 2, slots: 1, packet_elements: 4, depth: 4 };
-        let session = engine.open_session(now, spec, 7).unwrap();
-        let mut out = vec![0; MAX_ELEMENTS * ELEMENT_LEN + HEADER_LEN];
+        let (mut engine, session, now, mut out) = one_slot(4);
         // Rank 1 never acknowledges: four rounds fill the four sets.
         for round in 0..4u32 {
             engine.handle_datagram(now, &contribution(session, 0, round, round.wrapping_sub(1)), &mut out);
