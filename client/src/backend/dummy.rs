@@ -53,8 +53,8 @@ impl DummyTransport {
         process_packets: bool,
     ) -> Result<(DummyTransport, SessionId), String> {
         let limits = EngineLimits { session_idle_timeout: Duration::MAX, ..EngineLimits::default() };
-        // The engine's session has one worker: the session's own size meets a switch's
-        // limit here.
+        // The engine's own session has one worker, so the session's real size is checked
+        // against a switch's limit here.
         if spec.workers == 0 || spec.workers > limits.max_workers {
             return Err(
                 SessionError::Workers { requested: spec.workers, max: limits.max_workers }.to_string()
