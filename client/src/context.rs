@@ -531,6 +531,11 @@ impl SliceIo<'_> {
         self.block_bytes <= PREFETCH_MAX_BLOCK_BYTES
     }
 
+    /// Whether the slice has a block `block` (a multiplication: this runs per packet).
+    fn has_block(&self, block: usize) -> bool {
+        block * self.block_bytes < self.bytes
+    }
+
     fn input(&self, block: u32, len: usize) -> &[u8] {
         let range = self.range(block, len);
         // SAFETY: the protocol only asks for blocks of this slice, whose bytes lie within
@@ -562,7 +567,7 @@ impl BlockIo for SliceIo<'_> {
         // Results come back about in block order: the output a later one writes is
         // fetched now, so that its store finds the lines in cache.
         let ahead = block as usize + STORE_PREFETCH_DISTANCE;
-        if self.prefetches() && ahead < self.bytes.div_ceil(self.block_bytes) {
+        if self.prefetches() && self.has_block(ahead) {
             let range = self.range(ahead as u32, self.block_bytes);
             // SAFETY: as in `input`: the range lies within the slice.
             prefetch(unsafe { self.output.add(range.start) }, range.len());
@@ -582,7 +587,7 @@ impl BlockIo for SliceIo<'_> {
         // One block of the next run per look-up: its reads from memory then overlap the
         // packets' work instead of stalling the run that scans them.
         let ahead = block + EXPONENT_RUN;
-        if self.prefetches() && ahead < self.bytes.div_ceil(self.block_bytes) {
+        if self.prefetches() && self.has_block(ahead) {
             let ahead = self.input(ahead as u32, self.block_bytes);
             prefetch(ahead.as_ptr(), ahead.len());
         }
