@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use netagg::{Config, Context, Error};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 use rand::{Rng, SeedableRng};
-use support::{run_verified, signal, unique_session, Switch, Worker};
+use support::{freeze, run_verified, signal, unique_session, Switch, Worker};
 
 /// Sum of the `retransmitted` counts of every worker thread in a rank's summary.
 fn retransmissions(stdout: &str) -> u64 {
@@ -178,7 +178,7 @@ fn a_frozen_switch_fails_jobs_within_the_job_timeout() {
     let contexts = contexts(&switch, 2, |c| c.general.job_timeout = job_timeout);
     assert!(allreduce_all(&contexts, 10_000).iter().all(Result::is_ok));
     // Stopped, not dead: its connections stay open, so only the timeout can tell.
-    signal(&switch.child, "STOP");
+    freeze(&switch.child);
     let frozen = Instant::now();
     for outcome in allreduce_all(&contexts, 10_000) {
         let error = outcome.unwrap_err();

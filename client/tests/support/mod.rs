@@ -31,6 +31,27 @@ pub fn signal(child: &Child, name: &str) {
     assert!(status.success(), "kill -{name} {}", child.id());
 }
 
+/// Stops a process (`SIGSTOP`) and waits until every one of its threads has stopped:
+/// `kill` returns once the signal is sent, and a busy machine may run a thread a while
+/// longer, so a switch could still answer packets sent right after.
+pub fn freeze(child: &Child) {
+    signal(child, "STOP");
+    let tasks = PathBuf::from(format!("/proc/{}/task", child.id()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // The state follows the command name's closing parenthesis: `T` once stopped.
+        let stopped = std::fs::read_dir(&tasks).unwrap().all(|task| {
+            let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        });
+        if stopped {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {} did not stop", child.id());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A switch process on loopback, killed on drop.
 pub struct Switch {
     pub child: Child,
