@@ -19,13 +19,20 @@ pub fn add_assign(element_type: ElementType, acc: &mut [u8], src: &[u8]) {
     }
 }
 
+/// `out[i] = a[i] + b[i]` for every element the three slices all hold, in the
+/// arithmetic of `element_type` (as [`add_assign`]): a copy and a sum in one pass.
+pub fn add(element_type: ElementType, out: &mut [u8], a: &[u8], b: &[u8]) {
+    match element_type {
+        ElementType::Int32 => add_i32(out, a, b),
+        ElementType::Float32 => add_f32(out, a, b),
+    }
+}
+
 /// Wrapping int32 sum of little-endian elements.
 #[multiversion::multiversion(targets("x86_64+avx2"))]
 pub fn add_assign_i32(acc: &mut [u8], src: &[u8]) {
     for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
-        let sum = i32::from_le_bytes([a[0], a[1], a[2], a[3]])
-            .wrapping_add(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        a.copy_from_slice(&sum.to_le_bytes());
+        a.copy_from_slice(&sum_i32(a, b));
     }
 }
 
@@ -33,9 +40,37 @@ pub fn add_assign_i32(acc: &mut [u8], src: &[u8]) {
 #[multiversion::multiversion(targets("x86_64+avx2"))]
 pub fn add_assign_f32(acc: &mut [u8], src: &[u8]) {
     for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
-        let sum = f32::from_le_bytes([a[0], a[1], a[2], a[3]]) + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        a.copy_from_slice(&sum.to_le_bytes());
+        a.copy_from_slice(&sum_f32(a, b));
     }
+}
+
+#[multiversion::multiversion(targets("x86_64+avx2"))]
+fn add_i32(out: &mut [u8], a: &[u8], b: &[u8]) {
+    for (out, (a, b)) in out.chunks_exact_mut(4).zip(a.chunks_exact(4).zip(b.chunks_exact(4))) {
+        out.copy_from_slice(&sum_i32(a, b));
+    }
+}
+
+#[multiversion::multiversion(targets("x86_64+avx2"))]
+fn add_f32(out: &mut [u8], a: &[u8], b: &[u8]) {
+    for (out, (a, b)) in out.chunks_exact_mut(4).zip(a.chunks_exact(4).zip(b.chunks_exact(4))) {
+        out.copy_from_slice(&sum_f32(a, b));
+    }
+}
+
+/// The wrapping sum of two little-endian int32 elements. Always inlined: the loops above
+/// are compiled once per instruction set, and a call out of them would not vectorise.
+#[inline(always)]
+fn sum_i32(a: &[u8], b: &[u8]) -> [u8; 4] {
+    let (a, b) = (i32::from_le_bytes([a[0], a[1], a[2], a[3]]), i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    a.wrapping_add(b).to_le_bytes()
+}
+
+/// The sum of two little-endian float32 elements; inlined as [`sum_i32`].
+#[inline(always)]
+fn sum_f32(a: &[u8], b: &[u8]) -> [u8; 4] {
+    let (a, b) = (f32::from_le_bytes([a[0], a[1], a[2], a[3]]), f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    (a + b).to_le_bytes()
 }
 
 #[cfg(test)]
@@ -60,6 +95,22 @@ mod tests {
         add_assign(ElementType::Float32, &mut acc, &src);
         let got: Vec<f32> = acc.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         assert_eq!(got, [1.75, f32::INFINITY]);
+    }
+
+    #[test]
+    fn three_operand_sums_match_the_in_place_ones() {
+        let a = bytes_i32(&[i32::MAX, -5, 7, 1 << 20, 3, 4, 5, 6, 7, 8, 9]);
+        let b = bytes_i32(&[1, 5, -10, 1 << 30, -3, 2, 1, 0, -1, -2, -3]);
+        for element_type in [ElementType::Int32, ElementType::Float32] {
+            let mut expected = a.clone();
+            add_assign(element_type, &mut expected, &b);
+            let mut out = vec![0xAA; a.len()];
+            add(element_type, &mut out, &a, &b);
+            assert_eq!(out, expected, "{element_type:?}");
+        }
+        let mut out = vec![0x11; 8];
+        add(ElementType::Int32, &mut out, &a, &b[..4]);
+        assert_eq!(out, bytes_i32(&[i32::MIN, 0x1111_1111]), "only the elements all three hold");
     }
 
     #[test]

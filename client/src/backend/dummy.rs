@@ -12,7 +12,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use netagg_aggregator::sum::add_assign;
+use netagg_aggregator::sum::{add, add_assign};
 use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Verdict};
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::{MessageType, Packet, MAX_DATAGRAM_LEN};
@@ -107,11 +107,20 @@ impl Transport for DummyTransport {
         }
         let len = datagram.len();
         let own_rank = packet.rank();
-        self.scratch[..len].copy_from_slice(datagram);
+        let (element_type, payload) = (packet.element_type(), packet.payload());
+        self.scratch[..HEADER_LEN].copy_from_slice(&datagram[..HEADER_LEN]);
         let mut contribution = Packet::new_unchecked(&mut self.scratch[..len]);
         contribution.set_rank(0);
-        for _ in 1..self.workers {
-            add_assign(packet.element_type(), contribution.payload_mut(), packet.payload());
+        // As a switch adds: the first contribution copied, each further one added to it
+        // (the first addition fused with the copy).
+        let sum = contribution.payload_mut();
+        if self.workers == 1 {
+            sum.copy_from_slice(payload);
+        } else {
+            add(element_type, sum, payload, payload);
+        }
+        for _ in 2..self.workers {
+            add_assign(element_type, sum, payload);
         }
         let out = self.results.room(self.max_result_len);
         if let Verdict::Send(transmit) =
