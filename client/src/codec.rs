@@ -128,22 +128,31 @@ impl BlockFloatingPoint {
         BlockFloatingPoint { sum_bits: workers.next_power_of_two().trailing_zeros(), limit }
     }
 
-    /// `2^k` for an agreed exponent, as two factors: `k` spans -113 to 156, beyond one
-    /// f32's range, while each half stays normal, so both products are exact.
+    /// `2^k` for an agreed exponent, as [`factors`] (`k` spans -113 to 156).
     fn scale(&self, exponent: i8) -> (f32, f32) {
-        let k = self.scale_exponent(exponent);
-        (power_of_two(k / 2), power_of_two(k - k / 2))
+        factors(self.scale_exponent(exponent))
     }
 
     /// The inverse of [`BlockFloatingPoint::scale`], built the same way rather than
     /// divided out (two divisions a packet showed in profiles).
     fn unscale(&self, exponent: i8) -> (f32, f32) {
-        let k = self.scale_exponent(exponent);
-        (power_of_two(-(k / 2)), power_of_two(-(k - k / 2)))
+        factors(-self.scale_exponent(exponent))
     }
 
     fn scale_exponent(&self, exponent: i8) -> i32 {
         31 - self.sum_bits as i32 - (exponent as i32 + 2)
+    }
+}
+
+/// `2^k` as two factors whose product is exact, even beyond f32's range: `2^k` and 1
+/// where `2^k` and `2^-k` are normal f32 (the kernels then multiply once; symmetric, so
+/// that the inverse of a scale is its factors' inverses), else two halves of `k`, each
+/// normal for any `|k|` up to 252.
+fn factors(k: i32) -> (f32, f32) {
+    if (-126..=126).contains(&k) {
+        (power_of_two(k), 1.0)
+    } else {
+        (power_of_two(k / 2), power_of_two(k - k / 2))
     }
 }
 
@@ -170,8 +179,21 @@ fn largest_magnitude_bits(bytes: &[u8]) -> u32 {
 /// `round(x · low · high)` per element, ties to even, clamped to `±limit`.
 #[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
 fn quantise(elements: &[u8], payload: &mut [u8], (low, high): (f32, f32), limit: f32) {
+    // A loop of its own for a scale of one factor, the usual case: a multiplication a
+    // vector less, with the same results (a power of two within range scales exactly).
+    if high == 1.0 {
+        quantise_scaled(elements, payload, |x| x * low, limit);
+    } else {
+        quantise_scaled(elements, payload, |x| x * low * high, limit);
+    }
+}
+
+/// [`quantise`]'s loop. Always inlined, as `scale` is: a call out of the per-instruction-set
+/// copies of `quantise` would leave the loop scalar.
+#[inline(always)]
+fn quantise_scaled(elements: &[u8], payload: &mut [u8], scale: impl Fn(f32) -> f32, limit: f32) {
     for (out, x) in payload.chunks_exact_mut(4).zip(elements.chunks_exact(4)) {
-        let scaled = (f32::from_bits(bits(x)) * low * high).round_ties_even();
+        let scaled = scale(f32::from_bits(bits(x))).round_ties_even();
         // Comparisons rather than `f32::max` and `min`, whose care for NaN costs two
         // instructions a vector: these compile to `maxps` and `minps`, and still turn a
         // NaN (an input changed since its exponent was taken) into a bound.
@@ -188,9 +210,20 @@ fn quantise(elements: &[u8], payload: &mut [u8], (low, high): (f32, f32), limit:
 /// are exact (but where the result leaves f32's range: an overflowing sum is infinite).
 #[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
 fn dequantise(payload: &[u8], elements: &mut [u8], (low, high): (f32, f32)) {
+    // As in `quantise`: one multiplication where the scale is one factor.
+    if high == 1.0 {
+        dequantise_scaled(payload, elements, |sum| sum * low);
+    } else {
+        dequantise_scaled(payload, elements, |sum| sum * low * high);
+    }
+}
+
+/// [`dequantise`]'s loop, always inlined as [`quantise_scaled`] is.
+#[inline(always)]
+fn dequantise_scaled(payload: &[u8], elements: &mut [u8], scale: impl Fn(f32) -> f32) {
     for (out, q) in elements.chunks_exact_mut(4).zip(payload.chunks_exact(4)) {
         let sum = bits(q) as i32;
-        out.copy_from_slice(&(sum as f32 * low * high).to_le_bytes());
+        out.copy_from_slice(&scale(sum as f32).to_le_bytes());
     }
 }
 
@@ -369,6 +402,35 @@ mod tests {
                     (codec.scale(exponent), codec.unscale(exponent));
                 assert_eq!((low * inverse_low, high * inverse_high), (1.0, 1.0), "{workers}, {exponent}");
             }
+        }
+    }
+
+    #[test]
+    fn one_factor_and_two_factors_scale_alike() {
+        let tiny = f32::from_bits(1);
+        let inputs = [0.0, -0.0, tiny, -tiny, f32::MIN_POSITIVE, 1e-30, 0.3, -1.5, 7.0e5, 3e30, f32::MAX];
+        let input_bytes = bytes(&inputs);
+        let sums = [0, 1, -1, 3, 1 << 20, -(1 << 29), i32::MAX, i32::MIN];
+        let sum_bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for k in -126..=126 {
+            let two = (power_of_two(k / 2), power_of_two(k - k / 2));
+            assert_eq!(factors(k), (power_of_two(k), 1.0));
+            let (mut one_factor, mut two_factors) =
+                (vec![0u8; input_bytes.len()], vec![0u8; input_bytes.len()]);
+            quantise(&input_bytes, &mut one_factor, factors(k), 1e9);
+            quantise(&input_bytes, &mut two_factors, two, 1e9);
+            assert_eq!(one_factor, two_factors, "quantising at 2^{k}");
+            let (mut one_factor, mut two_factors) = (vec![0u8; sum_bytes.len()], vec![0u8; sum_bytes.len()]);
+            dequantise(&sum_bytes, &mut one_factor, factors(k));
+            dequantise(&sum_bytes, &mut two_factors, two);
+            assert_eq!(one_factor, two_factors, "dequantising at 2^{k}");
+        }
+        for k in [-252, -127, 127, 252] {
+            let (low, high) = factors(k);
+            assert_eq!(
+                (low.to_bits() >> 23, high.to_bits() >> 23),
+                ((k / 2 + 127) as u32, (k - k / 2 + 127) as u32)
+            );
         }
     }
 
