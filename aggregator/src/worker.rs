@@ -18,7 +18,8 @@
 //! asks for the first round it lacks. A job with no progress for `job_timeout` fails.
 //!
 //! The timeout follows the measured round-trip time (RFC 6298's smoothed mean plus four
-//! deviations, sampled only from packets sent once, as Karn's rule says), never below
+//! deviations; one packet per round trip is timed, as TCP times one segment, and only
+//! while it has been sent once, as Karn's rule says), never below
 //! the configured one. A round trip includes waiting for the slowest worker, and a fixed
 //! timeout below that makes every worker retransmit rounds that are merely waiting, which
 //! slows the switch and the others further: congestion collapse.
@@ -290,9 +291,6 @@ struct SlotState {
     acked: u32,
     /// Consecutive timeouts of this slot; each doubles its timeout.
     backoff: u32,
-    /// When the outstanding contribution was first sent, unless it was sent again since
-    /// (then its round trip says nothing: Karn's rule).
-    sent_once_at: Option<Instant>,
     /// When this slot's retransmission timer fires; re-armed at every send.
     deadline: Option<Instant>,
     /// The deadline of this slot's live entry in `timers`. Re-arming to a later deadline
@@ -319,6 +317,14 @@ struct Job {
     blocks: u32,
 }
 
+/// The contribution whose round trip is being timed.
+#[derive(Debug, Clone, Copy)]
+struct TimedPacket {
+    slot: u16,
+    round: u32,
+    sent: Instant,
+}
+
 /// The worker-side protocol core of one worker thread.
 #[derive(Debug)]
 pub struct WorkerProtocol {
@@ -332,6 +338,11 @@ pub struct WorkerProtocol {
     timers: BinaryHeap<Reverse<(Instant, u16)>>,
     last_progress: Instant,
     rtt: Option<RttEstimate>,
+    /// One contribution at a time is timed, sent once and not since. RFC 6298's gains
+    /// assume about one sample per round trip: one per packet, with a window of packets
+    /// in flight, would weigh only the last few packets' delays, and cost clock
+    /// arithmetic on every packet.
+    timed: Option<TimedPacket>,
     /// A slot's timeout before any backoff, from `rtt` and the configured floor: kept
     /// rather than worked out at every send.
     base_timeout: Duration,
@@ -355,7 +366,6 @@ impl WorkerProtocol {
                 end_round: None,
                 acked: u32::MAX,
                 backoff: 0,
-                sent_once_at: None,
                 deadline: None,
                 queued: None,
             })
@@ -371,6 +381,7 @@ impl WorkerProtocol {
             timers: BinaryHeap::new(),
             last_progress: now,
             rtt: None,
+            timed: None,
             counters: WorkerCounters::default(),
         }
     }
@@ -445,6 +456,7 @@ impl WorkerProtocol {
         self.pending.clear();
         self.clear_timers();
         self.last_progress = now;
+        self.timed = None;
         for (index, slot) in self.slots.iter_mut().enumerate().take(active_slots as usize) {
             let block = index as u32;
             let next = match &spec.layout {
@@ -457,7 +469,6 @@ impl WorkerProtocol {
             slot.my_next = next;
             slot.end_round = None;
             slot.backoff = 0;
-            slot.sent_once_at = None;
             // In a block-floating-point job the first blocks wait for the exponent round.
             slot.outstanding = (!spec.exponents || index == 0).then_some(Contribution {
                 round: slot.next_round,
@@ -492,11 +503,16 @@ impl WorkerProtocol {
             if let Some(len) = self.build(index, send, buf, io) {
                 self.counters.packets_sent += 1;
                 self.counters.bytes_sent += len as u64;
-                let slot = &mut self.slots[index as usize];
                 match send {
-                    Send::Data { retransmission: false } => slot.sent_once_at = Some(now),
-                    Send::Data { retransmission: true } => slot.sent_once_at = None,
-                    Send::Ack { .. } => {}
+                    Send::Data { retransmission: false } if self.timed.is_none() => {
+                        let round = self.slots[index as usize].outstanding.map_or(0, |c| c.round);
+                        self.timed = Some(TimedPacket { slot: index, round, sent: now });
+                    }
+                    // Karn's rule: the result may answer either copy.
+                    Send::Data { retransmission: true } if self.timed.is_some_and(|t| t.slot == index) => {
+                        self.timed = None;
+                    }
+                    _ => {}
                 }
                 self.arm_timer(index, now);
                 return Some(len);
@@ -727,7 +743,10 @@ impl WorkerProtocol {
         let mut rtt_sample = None;
         if answered.is_some() {
             slot.outstanding = None;
-            rtt_sample = slot.sent_once_at.take().map(|sent| now.saturating_duration_since(sent));
+            if let Some(timed) = self.timed.filter(|t| t.slot == index && t.round == repr.round) {
+                rtt_sample = Some(now.saturating_duration_since(timed.sent));
+                self.timed = None;
+            }
         }
         slot.backoff = 0;
         self.last_progress = now;
@@ -893,16 +912,15 @@ mod tests {
         result
     }
 
-    #[test]
-    fn a_result_after_its_deadline_releases_the_next_block_without_a_retransmission() {
-        let start = Instant::now();
-        let timeout = Duration::from_millis(10);
+    /// A protocol of `slots` slots of one int32 element each, running a dense job of
+    /// `elements`; retransmission timeout `timeout`.
+    fn running(start: Instant, slots: u16, elements: u64, timeout: Duration) -> WorkerProtocol {
         let config = WorkerConfig {
             session: 1,
             token: 2,
             rank: 0,
             slot_base: 0,
-            slots: 1,
+            slots,
             packet_elements: 1,
             depth: 2,
             retransmit_timeout: timeout,
@@ -913,11 +931,69 @@ mod tests {
         let job = JobSpec {
             job: 1,
             element_type: ElementType::Int32,
-            elements: 2,
+            elements,
             layout: Layout::Dense,
             exponents: false,
         };
         protocol.start_job(start, job).unwrap();
+        protocol
+    }
+
+    /// Every packet the protocol has to send at `now`.
+    fn sent(protocol: &mut WorkerProtocol, now: Instant) -> Vec<Vec<u8>> {
+        let mut buffer = vec![0; 64];
+        std::iter::from_fn(|| {
+            protocol.poll_transmit(now, &mut buffer, &mut Numbers).map(|len| buffer[..len].to_vec())
+        })
+        .collect()
+    }
+
+    #[test]
+    fn one_packet_per_round_trip_is_timed() {
+        let start = Instant::now();
+        let mut protocol = running(start, 4, 8, Duration::from_millis(1));
+        let first = sent(&mut protocol, start);
+        assert_eq!(first.len(), 4);
+        // The first packet's result after 50 ms, the others' after 90 ms: only the first
+        // was timed.
+        let ms = Duration::from_millis;
+        protocol.handle_datagram(start + ms(50), &result_of(&first[0]), &mut Numbers);
+        for packet in &first[1..] {
+            protocol.handle_datagram(start + ms(90), &result_of(packet), &mut Numbers);
+        }
+        assert_eq!(protocol.smoothed_rtt(), Some(ms(50)));
+        // The next packet sent is timed: 10 ms, weighed in at RFC 6298's 1/8.
+        let second = sent(&mut protocol, start + ms(90));
+        assert_eq!(second.len(), 4);
+        for packet in second.iter().rev() {
+            protocol.handle_datagram(start + ms(100), &result_of(packet), &mut Numbers);
+        }
+        assert_eq!(protocol.smoothed_rtt(), Some(ms(45)));
+        assert_eq!(protocol.status(), &JobStatus::Done);
+    }
+
+    #[test]
+    fn a_retransmitted_packet_is_not_timed() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let mut protocol = running(start, 1, 2, timeout);
+        let first = sent(&mut protocol, start);
+        protocol.handle_timeout(start + timeout);
+        let again = sent(&mut protocol, start + timeout);
+        assert_eq!(again.len(), 1, "retransmitted");
+        protocol.handle_datagram(start + timeout * 2, &result_of(&first[0]), &mut Numbers);
+        assert_eq!(protocol.smoothed_rtt(), None, "either copy may have been answered");
+        let later = start + timeout * 3;
+        let second = sent(&mut protocol, later);
+        protocol.handle_datagram(later + Duration::from_millis(3), &result_of(&second[0]), &mut Numbers);
+        assert_eq!(protocol.smoothed_rtt(), Some(Duration::from_millis(3)), "the next one is");
+    }
+
+    #[test]
+    fn a_result_after_its_deadline_releases_the_next_block_without_a_retransmission() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let mut protocol = running(start, 1, 2, timeout);
         let mut buffer = vec![0; 64];
         let len = protocol.poll_transmit(start, &mut buffer, &mut Numbers).unwrap();
         let first = buffer[..len].to_vec();
