@@ -19,10 +19,10 @@
 //!
 //! The timeout follows the measured round-trip time (RFC 6298's smoothed mean plus four
 //! deviations; one packet per round trip is timed, as TCP times one segment, and only
-//! while it has been sent once, as Karn's rule says), never below
-//! the configured one. A round trip includes waiting for the slowest worker, and a fixed
-//! timeout below that makes every worker retransmit rounds that are merely waiting, which
-//! slows the switch and the others further: congestion collapse.
+//! while it has been sent once, as Karn's rule says), never below the configured one. A
+//! round trip includes waiting for the slowest worker, and a fixed timeout below that
+//! makes every worker retransmit rounds that are merely waiting, which slows the switch
+//! and the others further: congestion collapse.
 //!
 //! Payloads never pass through this core: [`BlockIo`] loads a block into an outgoing
 //! packet and stores a result, so the caller does pre- and post-processing in place.
@@ -269,8 +269,15 @@ impl Contribution {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Send {
-    Data { retransmission: bool },
-    Ack { want: bool },
+    /// The slot's outstanding contribution; a retransmission names the round it resends,
+    /// and is dropped if that round was answered while it waited in the queue (the next
+    /// contribution is then queued on its own, and is no retransmission).
+    Data {
+        retransmission: Option<u32>,
+    },
+    Ack {
+        want: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -478,7 +485,7 @@ impl WorkerProtocol {
                 exponent_round: spec.exponents,
             });
             if slot.outstanding.is_some() {
-                self.pending.push_back((index as u16, Send::Data { retransmission: false }));
+                self.pending.push_back((index as u16, Send::Data { retransmission: None }));
             }
         }
         self.job = Some(Job { spec, blocks });
@@ -504,12 +511,15 @@ impl WorkerProtocol {
                 self.counters.packets_sent += 1;
                 self.counters.bytes_sent += len as u64;
                 match send {
-                    Send::Data { retransmission: false } if self.timed.is_none() => {
-                        let round = self.slots[index as usize].outstanding.map_or(0, |c| c.round);
-                        self.timed = Some(TimedPacket { slot: index, round, sent: now });
+                    Send::Data { retransmission: None } if self.timed.is_none() => {
+                        // `build` sent the slot's outstanding contribution.
+                        if let Some(contribution) = self.slots[index as usize].outstanding {
+                            let round = contribution.round;
+                            self.timed = Some(TimedPacket { slot: index, round, sent: now });
+                        }
                     }
                     // Karn's rule: the result may answer either copy.
-                    Send::Data { retransmission: true } if self.timed.is_some_and(|t| t.slot == index) => {
+                    Send::Data { retransmission: Some(_) } if self.timed.is_some_and(|t| t.slot == index) => {
                         self.timed = None;
                     }
                     _ => {}
@@ -554,6 +564,9 @@ impl WorkerProtocol {
             }
             Send::Data { retransmission } => {
                 let contribution = slot.outstanding?;
+                if retransmission.is_some_and(|round| round != contribution.round) {
+                    return None;
+                }
                 let carries_data = !contribution.exponent_round
                     && match &job.spec.layout {
                         Layout::Dense => true,
@@ -568,7 +581,7 @@ impl WorkerProtocol {
                     repr.element_count =
                         block_len(&job.spec, contribution.block, self.config.packet_elements);
                 }
-                if retransmission {
+                if retransmission.is_some() {
                     repr.flags = repr.flags | Flags::RETRANSMISSION;
                     self.counters.retransmissions += 1;
                 }
@@ -764,7 +777,7 @@ impl WorkerProtocol {
                     let round = slot.have.wrapping_add(1);
                     let block = other as u32;
                     slot.outstanding = Some(Contribution::data(round, block, END_OF_STREAM, agreed));
-                    self.pending.push_back((other, Send::Data { retransmission: false }));
+                    self.pending.push_back((other, Send::Data { retransmission: None }));
                 }
             }
             Layout::Dense => {
@@ -773,7 +786,7 @@ impl WorkerProtocol {
                     let round = repr.round.wrapping_add(1);
                     let block = next as u32;
                     slot.outstanding = Some(Contribution::data(round, block, END_OF_STREAM, agreed));
-                    self.pending.push_back((index, Send::Data { retransmission: false }));
+                    self.pending.push_back((index, Send::Data { retransmission: None }));
                 } else {
                     slot.end_round = Some(repr.round);
                 }
@@ -787,7 +800,7 @@ impl WorkerProtocol {
                     let round = repr.round.wrapping_add(1);
                     slot.outstanding = Some(Contribution::data(round, block, next, None));
                     slot.my_next = next;
-                    self.pending.push_back((index, Send::Data { retransmission: false }));
+                    self.pending.push_back((index, Send::Data { retransmission: None }));
                 }
             }
         }
@@ -873,8 +886,9 @@ impl WorkerProtocol {
             slot.deadline = None;
             self.counters.timeouts += 1;
             slot.backoff += 1;
-            if slot.outstanding.is_some() {
-                self.pending.push_back((index, Send::Data { retransmission: true }));
+            if let Some(contribution) = slot.outstanding {
+                let resend = Send::Data { retransmission: Some(contribution.round) };
+                self.pending.push_back((index, resend));
             }
             if slot.outstanding.is_none() || slot.ahead != 0 {
                 self.pending.push_back((index, Send::Ack { want: true }));
@@ -987,6 +1001,40 @@ mod tests {
         let second = sent(&mut protocol, later);
         protocol.handle_datagram(later + Duration::from_millis(3), &result_of(&second[0]), &mut Numbers);
         assert_eq!(protocol.smoothed_rtt(), Some(Duration::from_millis(3)), "the next one is");
+    }
+
+    #[test]
+    fn another_slots_retransmission_leaves_the_timed_packet_timed() {
+        let start = Instant::now();
+        let (ms, timeout) = (Duration::from_millis, Duration::from_millis(10));
+        let mut protocol = running(start, 2, 4, timeout);
+        let first = sent(&mut protocol, start);
+        protocol.handle_datagram(start + ms(1), &result_of(&first[0]), &mut Numbers);
+        assert_eq!(protocol.smoothed_rtt(), Some(ms(1)));
+        // Slot 0's next block is timed; slot 1's first times out and goes again.
+        let timed = sent(&mut protocol, start + ms(1));
+        protocol.handle_timeout(start + timeout);
+        let again = sent(&mut protocol, start + timeout);
+        assert_eq!((timed.len(), again.len()), (1, 1));
+        protocol.handle_datagram(start + timeout + ms(2), &result_of(&timed[0]), &mut Numbers);
+        // (7 · 1 ms + 11 ms) / 8
+        assert_eq!(protocol.smoothed_rtt(), Some(Duration::from_micros(2250)));
+    }
+
+    #[test]
+    fn a_retransmission_of_a_round_answered_meanwhile_is_not_sent() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let mut protocol = running(start, 1, 2, timeout);
+        let first = sent(&mut protocol, start);
+        // The timer fires, and the result arrives before the retransmission goes out.
+        protocol.handle_timeout(start + timeout);
+        protocol.handle_datagram(start + timeout, &result_of(&first[0]), &mut Numbers);
+        let next = sent(&mut protocol, start + timeout);
+        assert_eq!(next.len(), 1, "the next block, once");
+        let repr = PacketRepr::parse(&Packet::new_checked(&next[0][..]).unwrap());
+        assert_eq!((repr.block, repr.flags), (1, Flags::NONE));
+        assert_eq!(protocol.counters().retransmissions, 0);
     }
 
     #[test]
