@@ -180,7 +180,8 @@ fn largest_magnitude_bits(bytes: &[u8]) -> u32 {
 #[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
 fn quantise(elements: &[u8], payload: &mut [u8], (low, high): (f32, f32), limit: f32) {
     // A loop of its own for a scale of one factor, the usual case: a multiplication a
-    // vector less, with the same results (a power of two within range scales exactly).
+    // vector less, with the same results. The products differ only where the two-step
+    // one rounds twice, into the subnormals: below 0.5, where both round to zero.
     if high == 1.0 {
         quantise_scaled(elements, payload, |x| x * low, limit);
     } else {
@@ -210,7 +211,9 @@ fn quantise_scaled(elements: &[u8], payload: &mut [u8], scale: impl Fn(f32) -> f
 /// are exact (but where the result leaves f32's range: an overflowing sum is infinite).
 #[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
 fn dequantise(payload: &[u8], elements: &mut [u8], (low, high): (f32, f32)) {
-    // As in `quantise`: one multiplication where the scale is one factor.
+    // As in `quantise`: one multiplication where the scale is one factor; a non-zero
+    // integer times a scale within ±126 powers of two is never subnormal, so the
+    // products are exact either way.
     if high == 1.0 {
         dequantise_scaled(payload, elements, |sum| sum * low);
     } else {
