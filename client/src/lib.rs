@@ -20,30 +20,44 @@
 pub mod backend;
 pub mod codec;
 mod context;
+mod driver;
 pub mod ffi;
 mod job;
+mod registration;
+mod slice_io;
 mod sparse;
 mod stats;
 
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use codec::{BlockFloatingPoint, Codec, Native};
 pub use context::Context;
 pub use job::{DataType, Element, Job, JobStatus, TensorJob};
+pub use netagg_aggregator::worker::JobError;
 pub use netagg_config as config;
 pub use netagg_config::{BackendKind, Config, ConfigError, SparseMode};
-pub use netagg_wire::RejectCode;
+pub use netagg_wire::{Endpoint, RejectCode};
 pub use stats::Stats;
 
 /// Why an operation of the library failed.
+///
+/// Errors from the operating system and the protocol keep theirs as their
+/// [`std::error::Error::source`]; `Clone`, so that every waiter of a failed job gets it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
-    #[error("cannot reach the switch at {address}: {reason}")]
-    Connect { address: String, reason: String },
+    #[error("cannot reach the switch at {address}: {source}")]
+    Connect { address: String, source: IoError },
+    #[error(
+        "the switch at {address} speaks control protocol version {switch}, this library version \
+         {library}: use a switch and a library of the same release"
+    )]
+    Version { address: String, switch: u8, library: u8 },
     #[error("the switch refused the registration ({code:?}): {message}")]
     Rejected { code: RejectCode, message: String },
     #[error("session '{session}': not all {workers} workers registered within {waited:?}")]
@@ -51,7 +65,9 @@ pub enum Error {
     #[error("session lost: {0}")]
     SessionLost(String),
     #[error("job failed: {0}")]
-    Job(String),
+    Job(#[from] JobError),
+    #[error("job failed: worker thread {thread} panicked: {message}")]
+    Panicked { thread: usize, message: String },
     #[error("the context is stopped")]
     Stopped,
     #[error("input has {input} elements but output has {output}")]
@@ -61,9 +77,57 @@ pub enum Error {
     /// The codec's [`Codec::check`] refused the tensor.
     #[error("invalid input: {0}")]
     InvalidInput(String),
-    #[error("I/O error: {0}")]
-    Io(String),
+    #[error("{context}: {source}")]
+    Io { context: String, source: IoError },
 }
+
+impl Error {
+    /// An I/O error, and what the library was doing when it happened.
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Error {
+        Error::Io { context: context.into(), source: IoError(Arc::new(source)) }
+    }
+}
+
+/// An error of the operating system, shared by every waiter of the job it failed. Two are
+/// equal when they have the same kind and message.
+#[derive(Debug, Clone)]
+pub struct IoError(Arc<io::Error>);
+
+impl IoError {
+    pub fn kind(&self) -> io::ErrorKind {
+        self.0.kind()
+    }
+
+    pub fn get_ref(&self) -> &io::Error {
+        &self.0
+    }
+}
+
+impl From<io::Error> for IoError {
+    fn from(error: io::Error) -> IoError {
+        IoError(Arc::new(error))
+    }
+}
+
+impl std::fmt::Display for IoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for IoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for IoError {
+    fn eq(&self, other: &IoError) -> bool {
+        self.kind() == other.kind() && self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for IoError {}
 
 /// What a caught panic said, for the error that reports it.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -74,8 +138,9 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-impl From<std::io::Error> for Error {
-    fn from(error: std::io::Error) -> Error {
-        Error::Io(error.to_string())
+/// A worker thread's transport failed.
+impl From<io::Error> for Error {
+    fn from(source: io::Error) -> Error {
+        Error::io("the worker thread's transport", source)
     }
 }

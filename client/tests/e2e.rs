@@ -465,7 +465,7 @@ fn an_own_codec_may_refuse_a_tensor_and_its_panic_fails_the_job_instead_of_hangi
     assert_eq!(error, Error::InvalidInput("a negative first element".into()));
     assert_eq!(refused, [-1; 10], "a refused tensor is left alone");
     let error = context.allreduce(&mut vec![1i32; 1000]).unwrap_err();
-    assert!(matches!(&error, Error::Job(m) if m.contains("panicked: codec bug")), "{error:?}");
+    assert!(matches!(&error, Error::Panicked { message, .. } if message == "codec bug"), "{error:?}");
     context.wait_all();
     let stats = context.stats();
     assert_eq!((stats.jobs_submitted, stats.jobs_failed), (1, 1), "the refused job was never submitted");

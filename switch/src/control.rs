@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use netagg_aggregator::{SessionId, SessionSpec};
-use netagg_wire::{ControlMessage, RejectCode, ValueEncoding, WireError};
+use netagg_wire::{ControlMessage, Endpoint, RejectCode, ValueEncoding, WireError};
 use rand::RngCore;
 
-use crate::datapath::{Command, Event, Peers};
+use crate::datapath::{Command, Event, OpenError, Registered};
 
 /// What every rank of a session must agree on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,8 +41,8 @@ struct Member {
     connection: u64,
     stream: TcpStream,
     request_id: u32,
-    ip: IpAddr,
-    ports: Vec<u16>,
+    /// Where the data path reaches this worker's threads.
+    registered: Registered,
 }
 
 struct Pending {
@@ -73,7 +73,9 @@ pub struct ControlPlane {
     /// connections no longer counts as ranks leaving.
     stopping: AtomicBool,
     commands: Sender<Command>,
-    data_port: u16,
+    /// The data path's endpoint, announced in every accept: registrations must name
+    /// endpoints of its kind.
+    data_endpoint: Endpoint,
 }
 
 type Rejection = (RejectCode, String);
@@ -82,14 +84,14 @@ type Rejection = (RejectCode, String);
 const REGISTER_WAIT: Duration = Duration::from_secs(60);
 
 impl ControlPlane {
-    pub fn new(commands: Sender<Command>, data_port: u16) -> Arc<ControlPlane> {
+    pub fn new(commands: Sender<Command>, data_endpoint: Endpoint) -> Arc<ControlPlane> {
         Arc::new(ControlPlane {
             registry: Mutex::default(),
             next_connection: AtomicU64::new(0),
             connections: Mutex::default(),
             stopping: AtomicBool::new(false),
             commands,
-            data_port,
+            data_endpoint,
         })
     }
 
@@ -199,6 +201,7 @@ impl ControlPlane {
                     let wire = error.get_ref().and_then(|e| e.downcast_ref::<WireError>());
                     let code = match wire {
                         Some(WireError::Version { .. }) => RejectCode::Version,
+                        Some(WireError::UnknownEndpoint(_)) => RejectCode::Transport,
                         _ => RejectCode::Malformed,
                     };
                     let _ =
@@ -222,7 +225,7 @@ impl ControlPlane {
                     encoding,
                     sparse_blocks,
                     name,
-                    ports,
+                    endpoints,
                 } if membership.is_none() => {
                     let shape = Shape {
                         world_size,
@@ -231,10 +234,11 @@ impl ControlPlane {
                         depth,
                         encoding,
                         sparse_blocks,
-                        threads: ports.len(),
+                        threads: endpoints.len(),
                     };
+                    let registered = Registered { peer: peer.ip(), endpoints };
                     let member = match stream.try_clone() {
-                        Ok(clone) => Member { connection, stream: clone, request_id, ip: peer.ip(), ports },
+                        Ok(clone) => Member { connection, stream: clone, request_id, registered },
                         Err(_) => break,
                     };
                     match self.register(&name, rank, shape, member) {
@@ -277,6 +281,16 @@ impl ControlPlane {
             return Err((
                 RejectCode::Malformed,
                 format!("{} slots do not divide among {} threads", shape.slots, shape.threads),
+            ));
+        }
+        let served = self.data_endpoint.kind();
+        if let Some(other) = member.registered.endpoints.iter().find(|e| e.kind() != served) {
+            return Err((
+                RejectCode::Transport,
+                format!(
+                    "this switch's data path speaks {served}; rank {rank} registered a {} endpoint",
+                    other.kind()
+                ),
             ));
         }
         let mut registry = self.lock();
@@ -324,21 +338,19 @@ impl ControlPlane {
             packet_elements: shape.packet_elements,
             depth: shape.depth,
         };
-        let peers = Peers {
-            workers: pending.members.values().map(|m| (m.ip, m.ports.clone())).collect(),
-            slots_per_thread: shape.slots / shape.threads as u16,
-        };
+        let workers = pending.members.values().map(|m| m.registered.clone()).collect();
         // The token is the session's credential: unguessable, so only a CSPRNG will do.
         let token = rand::rngs::OsRng.next_u64();
         let (reply, result) = crossbeam_channel::bounded(1);
         let opened = self
             .commands
-            .send(Command::Open { spec, token, peers, reply })
+            .send(Command::Open { spec, token, workers, reply })
             .ok()
             .and_then(|()| result.recv_timeout(Duration::from_secs(5)).ok());
         let outcome = match opened {
             Some(Ok(id)) => Ok(id),
-            Some(Err(error)) => Err((RejectCode::Limit, error.to_string())),
+            Some(Err(OpenError::Session(error))) => Err((RejectCode::Limit, error.to_string())),
+            Some(Err(OpenError::Endpoint(message))) => Err((RejectCode::Transport, message)),
             None => Err((RejectCode::Limit, "the data path is not running".to_string())),
         };
         let mut streams = BTreeMap::new();
@@ -351,8 +363,8 @@ impl ControlPlane {
                     packet_elements: shape.packet_elements,
                     slots: shape.slots,
                     depth: shape.depth,
-                    data_port: self.data_port,
                     token,
+                    data: self.data_endpoint,
                 },
                 Err((code, message)) => ControlMessage::Reject { code: *code, message: message.clone() },
             };

@@ -1,5 +1,5 @@
-//! netagg's software switch, startable in process: the aggregation engine behind a UDP
-//! data path, and a TCP control plane where workers register.
+//! netagg's software switch, startable in process: the aggregation engine behind a data
+//! port (UDP, or any [`DataPort`]), and a TCP control plane where workers register.
 //!
 //! `netagg-switch` (the binary) is a shell over [`Switch`]: it parses flags, handles
 //! signals and prints counters. Benchmarks and tests start a [`Switch`] directly, on port
@@ -10,13 +10,14 @@
 //! settings.control = "127.0.0.1:0".parse()?;
 //! settings.data = "127.0.0.1:0".parse()?;
 //! let switch = netagg_switch::Switch::start(&settings)?;
-//! println!("workers register at {}", switch.control_addr());
+//! println!("workers register at {}, send to {}", switch.control_addr(), switch.data_endpoint());
 //! switch.stop()?; // dropping it stops it too, ignoring a data path error
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod control;
 mod datapath;
+pub mod port;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -26,10 +27,13 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use netagg_aggregator::EngineLimits;
+use netagg_wire::Endpoint;
 
 use crate::control::ControlPlane;
+pub use crate::datapath::Counters;
 use crate::datapath::{Command, DataPath};
-pub use crate::datapath::{Counters, SOCKET_BUFFER as DATA_SOCKET_BUFFER};
+pub use crate::port::udp::SOCKET_BUFFER as DATA_SOCKET_BUFFER;
+pub use crate::port::DataPort;
 
 /// Why a switch could not start, or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +57,7 @@ pub enum SwitchError {
 /// thread the switch started.
 pub struct Switch {
     control_addr: SocketAddr,
-    data_addr: SocketAddr,
+    data_endpoint: Endpoint,
     commands: Sender<Command>,
     plane: Arc<ControlPlane>,
     threads: Threads,
@@ -74,29 +78,48 @@ impl Switch {
     /// Binds the control (TCP) and data (UDP) addresses of `settings`, port 0 choosing
     /// a free port, and starts serving with its limits and faults. `stats_interval` and
     /// `log_level` are left to the caller, who owns the output and the logger.
+    ///
+    /// This is where the configured transport becomes a [`DataPort`]: a new transport
+    /// adds its port here.
     pub fn start(settings: &netagg_config::Switch) -> Result<Switch, SwitchError> {
+        let port = port::UdpPort::bind(settings.data)
+            .map_err(|source| SwitchError::Bind { address: settings.data, source })?;
+        Switch::start_with_port(settings, port)
+    }
+
+    /// [`Switch::start`] with a data port of one's own (a [`port::MemorySocket`] in
+    /// tests, say); `settings.data` is not used. The port is wrapped in a
+    /// [`port::FaultyPort`] if `settings.faults` sets any fault.
+    pub fn start_with_port<P: DataPort>(
+        settings: &netagg_config::Switch,
+        port: P,
+    ) -> Result<Switch, SwitchError> {
+        if settings.faults.is_active() {
+            tracing::warn!(faults = ?settings.faults, "injecting faults into the data path");
+            Switch::serve(settings, port::FaultyPort::new(port, &settings.faults))
+        } else {
+            Switch::serve(settings, port)
+        }
+    }
+
+    fn serve<P: DataPort>(settings: &netagg_config::Switch, port: P) -> Result<Switch, SwitchError> {
         let control = TcpListener::bind(settings.control)
             .map_err(|source| SwitchError::Listen { address: settings.control, source })?;
-        let data = netagg_udp::BatchSocket::bind(settings.data, DATA_SOCKET_BUFFER)
-            .map_err(|source| SwitchError::Bind { address: settings.data, source })?;
         let control_addr = control.local_addr().map_err(SwitchError::Start)?;
-        let data_addr = data.local_addr().map_err(SwitchError::Start)?;
+        let data_endpoint = port.endpoint();
 
         let (commands, command_receiver) = crossbeam_channel::unbounded();
         let (events, event_receiver) = crossbeam_channel::unbounded();
-        let plane = ControlPlane::new(commands.clone(), data_addr.port());
+        let plane = ControlPlane::new(commands.clone(), data_endpoint);
         // Built before any thread starts, so that a failed start stops what did start.
-        let mut switch = Switch { control_addr, data_addr, commands, plane, threads: Threads::default() };
-        if settings.faults.is_active() {
-            tracing::warn!(faults = ?settings.faults, "injecting faults into the data path");
-        }
-        let datapath = DataPath::new(data, limits(settings), &settings.faults, command_receiver, events);
+        let mut switch = Switch { control_addr, data_endpoint, commands, plane, threads: Threads::default() };
+        let datapath = DataPath::new(port, limits(settings), command_receiver, events);
         switch.threads.datapath = Some(spawn("datapath", move || datapath.run())?);
         let plane = Arc::clone(&switch.plane);
         switch.threads.acceptor = Some(spawn("control", move || plane.serve(control))?);
         let plane = Arc::clone(&switch.plane);
         switch.threads.events = Some(spawn("control-events", move || plane.handle_events(event_receiver))?);
-        tracing::info!(%control_addr, %data_addr, "switch ready");
+        tracing::info!(%control_addr, %data_endpoint, "switch ready");
         Ok(switch)
     }
 
@@ -105,9 +128,9 @@ impl Switch {
         self.control_addr
     }
 
-    /// The UDP address of the data path, with the port actually bound.
-    pub fn data_addr(&self) -> SocketAddr {
-        self.data_addr
+    /// Where workers send their packets, with the port actually bound.
+    pub fn data_endpoint(&self) -> Endpoint {
+        self.data_endpoint
     }
 
     /// False once the data path has stopped on its own (a socket error or a panic);

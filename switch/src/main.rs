@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use netagg_switch::{Counters, Switch};
+use netagg_wire::Endpoint;
 
 /// netagg's software switch: sums the packets of every worker of a session.
 ///
@@ -134,7 +135,8 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).map_err(|e| e.to_string())?;
     }
-    println!("netagg-switch: control {} data {}", switch.control_addr(), switch.data_addr());
+    let Endpoint::Udp(data) = switch.data_endpoint();
+    println!("netagg-switch: control {} data {data}", switch.control_addr());
 
     let stats_interval = settings.stats_interval;
     let mut next_stats = Instant::now() + stats_interval;

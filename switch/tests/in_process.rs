@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use netagg_switch::Switch;
-use netagg_wire::{ControlMessage, ValueEncoding};
+use netagg_wire::{ControlMessage, Endpoint, ValueEncoding};
 
 fn loopback_switch() -> Switch {
     let mut settings = netagg_config::Config::default().switch;
@@ -27,7 +27,7 @@ fn register_alone(switch: &Switch) -> (TcpStream, ControlMessage) {
         encoding: ValueEncoding::Native,
         sparse_blocks: false,
         name: "in-process".into(),
-        ports: vec![9],
+        endpoints: vec![Endpoint::Udp("0.0.0.0:9".parse().unwrap())],
     };
     register.write_to(7, &mut stream).unwrap();
     let (request, reply) = ControlMessage::read_from(&mut stream).unwrap();
@@ -48,12 +48,12 @@ fn assert_closed_by_the_switch(mut stream: TcpStream) {
 #[test]
 fn reports_the_ports_it_bound_and_accepts_a_session() {
     let switch = loopback_switch();
-    let (control, data) = (switch.control_addr(), switch.data_addr());
+    let (control, Endpoint::Udp(data)) = (switch.control_addr(), switch.data_endpoint());
     assert!(control.port() != 0 && data.port() != 0, "{control} {data}");
     assert!(switch.is_running());
     let (stream, reply) = register_alone(&switch);
     assert!(
-        matches!(reply, ControlMessage::Accept { data_port, world_size: 1, .. } if data_port == data.port()),
+        matches!(reply, ControlMessage::Accept { data: Endpoint::Udp(at), world_size: 1, .. } if at == data),
         "{reply:?}"
     );
     assert_eq!(switch.counters().expect("the data path answers").engine.sessions_opened, 1);

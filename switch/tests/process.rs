@@ -89,7 +89,7 @@ fn a_registration_in_another_protocol_version_is_refused_with_a_reason() {
             code: netagg_wire::RejectCode::Version,
             message: format!(
                 "protocol version 9 is not supported (this side speaks {})",
-                netagg_wire::PROTOCOL_VERSION
+                netagg_wire::CONTROL_VERSION
             )
         }
     );

@@ -2,14 +2,19 @@
 //!
 //! The kernel splits such a buffer into datagrams of `segment` bytes, the last one
 //! possibly shorter, so a window of packets to one destination costs one system call.
-//! This is only the layout; the socket call is the caller's.
+//! This is only the layout; the socket call is the caller's. A datagram joins either as
+//! a copy ([`SegmentBatch::push`]) or written in place into room the batch lends
+//! ([`SegmentBatch::room`], then [`SegmentBatch::commit`]).
 
 use netagg_wire::MAX_DATAGRAM_LEN;
 
 /// Equal-sized datagrams back to back; a shorter one can only come last.
 #[derive(Debug, Clone)]
 pub struct SegmentBatch {
+    /// The datagrams in `bytes[..filled]`; beyond, room lent for the next one. The
+    /// buffer only grows, so it is neither allocated nor zeroed per datagram.
     bytes: Vec<u8>,
+    filled: usize,
     segment: usize,
     count: usize,
     max_segments: usize,
@@ -21,6 +26,7 @@ impl SegmentBatch {
     pub fn new(max_segments: usize) -> SegmentBatch {
         SegmentBatch {
             bytes: Vec::new(),
+            filled: 0,
             segment: 0,
             count: 0,
             max_segments: max_segments.max(1),
@@ -34,31 +40,57 @@ impl SegmentBatch {
             || (!self.closed
                 && len <= self.segment
                 && self.count < self.max_segments
-                && self.bytes.len() + len <= MAX_DATAGRAM_LEN)
+                && self.filled + len <= MAX_DATAGRAM_LEN)
     }
 
     /// Appends a datagram; call only when [`SegmentBatch::accepts`] says so.
     pub fn push(&mut self, datagram: &[u8]) {
-        debug_assert!(self.accepts(datagram.len()));
-        if self.count == 0 {
-            self.segment = datagram.len();
+        self.room(datagram.len()).copy_from_slice(datagram);
+        self.commit(datagram.len());
+    }
+
+    /// Lends `capacity` bytes after the datagrams held, to write the next one into.
+    pub fn room(&mut self, capacity: usize) -> &mut [u8] {
+        let end = self.filled + capacity;
+        if self.bytes.len() < end {
+            self.bytes.resize(end, 0);
         }
-        self.closed = datagram.len() < self.segment;
-        self.bytes.extend_from_slice(datagram);
+        &mut self.bytes[self.filled..end]
+    }
+
+    /// Appends the first `len` bytes of the last [`SegmentBatch::room`] as a datagram;
+    /// call only when [`SegmentBatch::accepts`] says so.
+    pub fn commit(&mut self, len: usize) {
+        debug_assert!(self.accepts(len) && self.filled + len <= self.bytes.len());
+        if self.count == 0 {
+            self.segment = len;
+        }
+        self.closed = len < self.segment;
+        self.filled += len;
         self.count += 1;
+    }
+
+    /// Empties the batch but for the `len` bytes written into the last
+    /// [`SegmentBatch::room`], which become its first datagram: for a datagram written
+    /// in place that the batch did not accept, once the batch has been sent.
+    pub fn restart_with_room(&mut self, len: usize) {
+        self.bytes.copy_within(self.filled..self.filled + len, 0);
+        self.clear();
+        self.commit(len);
     }
 
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }
 
+    /// Datagrams in the batch.
     pub fn len(&self) -> usize {
         self.count
     }
 
     /// The bytes to send.
     pub fn contents(&self) -> &[u8] {
-        &self.bytes
+        &self.bytes[..self.filled]
     }
 
     /// The segment size to give the kernel, or `None` for a single datagram.
@@ -67,7 +99,7 @@ impl SegmentBatch {
     }
 
     pub fn clear(&mut self) {
-        self.bytes.clear();
+        self.filled = 0;
         self.count = 0;
         self.closed = false;
     }
@@ -90,6 +122,23 @@ mod tests {
         assert_eq!((batch.len(), batch.segment_size(), batch.contents().len()), (3, Some(100), 260));
         batch.clear();
         assert!(batch.accepts(500));
+    }
+
+    #[test]
+    fn datagrams_written_in_place_join_as_copies_do_and_a_refused_one_starts_the_next_batch() {
+        let mut batch = SegmentBatch::new(4);
+        batch.room(1500)[..100].fill(1);
+        batch.commit(100);
+        batch.push(&[2; 100]);
+        let room = batch.room(1500);
+        room[..120].fill(3);
+        assert!(!batch.accepts(120), "a longer datagram cannot follow");
+        assert_eq!(batch.contents(), [[1; 100], [2; 100]].concat());
+        batch.restart_with_room(120);
+        assert_eq!((batch.len(), batch.segment_size(), batch.contents()), (1, None, &[3; 120][..]));
+        batch.room(1500)[..120].fill(4);
+        batch.commit(120);
+        assert_eq!(batch.contents(), [[3; 120], [4; 120]].concat());
     }
 
     #[test]

@@ -4,14 +4,23 @@
 //!
 //! | offset | size | field      |
 //! |-------:|-----:|------------|
-//! | 0      | 1    | version ([`PROTOCOL_VERSION`]) |
+//! | 0      | 1    | version ([`CONTROL_VERSION`]) |
 //! | 1      | 1    | type: 1 register, 2 accept, 3 reject, 4 leave |
 //! | 2      | 2    | body length |
 //! | 4      | 4    | request id, echoed in the reply |
 //!
 //! Bodies are listed with each [`ControlMessage`] variant and in `docs/protocol.md`.
+//! Where the data path is reached travels as an [`Endpoint`]: a transport kind and its
+//! address, so that a new transport adds a kind, not a message.
 
-use crate::{Result, WireError, PROTOCOL_VERSION};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use crate::{Result, WireError};
+
+/// Version of the control protocol (4: registration and accept carry transport-tagged
+/// endpoints instead of UDP ports). Peers of another version refuse each other's first
+/// message with [`WireError::Version`], which names both versions.
+pub const CONTROL_VERSION: u8 = 4;
 
 /// Length of the control header.
 pub const CONTROL_HEADER_LEN: usize = 8;
@@ -48,6 +57,114 @@ impl TryFrom<u8> for ValueEncoding {
     }
 }
 
+/// The transports an [`Endpoint`] can name, by their kind byte on the wire.
+///
+/// Kinds 2 and up are free for the transports still to come (RDMA queue pairs, Ethernet
+/// and IP addresses for kernel-bypass ports); a peer that meets a kind it does not know
+/// refuses the message with [`WireError::UnknownEndpoint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum EndpointKind {
+    Udp = 1,
+}
+
+impl std::fmt::Display for EndpointKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EndpointKind::Udp => "udp",
+        })
+    }
+}
+
+/// Where one side's data path is reached: a worker thread's, announced in its
+/// registration, or the switch's, announced in its accept.
+///
+/// On the wire: kind u8, length u8, then the kind's address of that many bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// A UDP socket (kind 1; 6 bytes: IPv4 address, port u16; or 18: IPv6 address, port).
+    /// An unspecified IP stands for the address of the control connection's other end,
+    /// so that neither side needs to know which of its addresses the other reaches.
+    Udp(SocketAddr),
+}
+
+impl Endpoint {
+    pub fn kind(&self) -> EndpointKind {
+        match self {
+            Endpoint::Udp(_) => EndpointKind::Udp,
+        }
+    }
+
+    /// The UDP address meant, an unspecified IP replaced by `peer`: the IP the control
+    /// connection's other end has.
+    pub fn udp_address(&self, peer: IpAddr) -> Option<SocketAddr> {
+        match *self {
+            Endpoint::Udp(mut address) => {
+                if address.ip().is_unspecified() {
+                    address.set_ip(peer);
+                }
+                Some(address)
+            }
+        }
+    }
+
+    fn address_len(&self) -> usize {
+        match self {
+            Endpoint::Udp(SocketAddr::V4(_)) => 6,
+            Endpoint::Udp(SocketAddr::V6(_)) => 18,
+        }
+    }
+
+    fn buffer_len(&self) -> usize {
+        2 + self.address_len()
+    }
+
+    fn read(body: &mut Reader) -> Result<Endpoint> {
+        let kind = body.u8()?;
+        let len = body.u8()? as usize;
+        let mut address = Reader { bytes: body.take(len)? };
+        let endpoint = match kind {
+            1 => {
+                let ip = match len {
+                    6 => IpAddr::V4(Ipv4Addr::from(address.array::<4>()?)),
+                    18 => IpAddr::V6(Ipv6Addr::from(address.array::<16>()?)),
+                    _ => {
+                        return Err(WireError::InvalidField {
+                            field: "endpoint",
+                            reason: "a UDP endpoint has 6 or 18 bytes",
+                        })
+                    }
+                };
+                Endpoint::Udp(SocketAddr::new(ip, address.u16()?))
+            }
+            other => return Err(WireError::UnknownEndpoint(other)),
+        };
+        Ok(endpoint)
+    }
+
+    fn write(&self, out: &mut Writer) {
+        out.u8(self.kind() as u8);
+        out.u8(self.address_len() as u8);
+        match self {
+            Endpoint::Udp(address) => {
+                match address.ip() {
+                    IpAddr::V4(ip) => out.slice(&ip.octets()),
+                    IpAddr::V6(ip) => out.slice(&ip.octets()),
+                }
+                out.u16(address.port());
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Udp(address) => write!(f, "udp {address}"),
+        }
+    }
+}
+
 /// Why the switch refused a registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]
@@ -66,6 +183,8 @@ pub enum RejectCode {
     UnknownSession = 6,
     /// The message could not be parsed.
     Malformed = 7,
+    /// The switch serves no data port of the endpoints' transport.
+    Transport = 8,
 }
 
 impl TryFrom<u16> for RejectCode {
@@ -79,6 +198,7 @@ impl TryFrom<u16> for RejectCode {
             5 => Self::Limit,
             6 => Self::UnknownSession,
             7 => Self::Malformed,
+            8 => Self::Transport,
             _ => return Err(WireError::InvalidField { field: "code", reason: "unknown reject code" }),
         })
     }
@@ -91,7 +211,7 @@ pub enum ControlMessage {
     ///
     /// Body: rank u16, world size u16, packet elements u16, slots u16, depth u8,
     /// encoding u8, sparse blocks u8 (0 or 1), name length u8, name, thread count u16,
-    /// one UDP port u16 per thread.
+    /// one [`Endpoint`] per thread.
     Register {
         rank: u16,
         world_size: u16,
@@ -107,14 +227,14 @@ pub enum ControlMessage {
         sparse_blocks: bool,
         /// Groups the registrations of one job; distinct names are distinct sessions.
         name: String,
-        /// The UDP port of each worker thread, at the address the registration came
-        /// from; thread `t` uses slots `t·slots/threads .. (t+1)·slots/threads`.
-        ports: Vec<u16>,
+        /// Where each worker thread receives results, all of one transport; thread `t`
+        /// uses slots `t·slots/threads .. (t+1)·slots/threads`.
+        endpoints: Vec<Endpoint>,
     },
     /// Switch → worker, once every rank has registered: the session is open.
     ///
     /// Body: session u32, rank u16, world size u16, packet elements u16, slots u16,
-    /// depth u8, reserved u8, data port u16, token u64.
+    /// depth u8, reserved u8, token u64, data [`Endpoint`].
     Accept {
         session: u32,
         rank: u16,
@@ -122,11 +242,12 @@ pub enum ControlMessage {
         packet_elements: u16,
         slots: u16,
         depth: u8,
-        /// The switch's UDP port for aggregation packets.
-        data_port: u16,
         /// The session's secret, drawn from the switch's CSPRNG: every aggregation
         /// packet of the session carries it, and the switch drops those that do not.
         token: u64,
+        /// Where the switch's data path takes this worker's packets: a port of the
+        /// transport the worker registered with.
+        data: Endpoint,
     },
     /// Switch → worker: the request is refused.
     ///
@@ -145,8 +266,10 @@ impl ControlMessage {
 
     fn body_len(&self) -> usize {
         match self {
-            Self::Register { name, ports, .. } => 14 + name.len() + 2 * ports.len(),
-            Self::Accept { .. } => 24,
+            Self::Register { name, endpoints, .. } => {
+                14 + name.len() + endpoints.iter().map(Endpoint::buffer_len).sum::<usize>()
+            }
+            Self::Accept { data, .. } => 22 + data.buffer_len(),
             Self::Reject { message, .. } => 4 + message.len(),
             Self::Leave { .. } => 6,
         }
@@ -157,8 +280,8 @@ impl ControlMessage {
         if bytes.len() < CONTROL_HEADER_LEN {
             return Err(WireError::Truncated { len: bytes.len(), needed: CONTROL_HEADER_LEN });
         }
-        if bytes[0] != PROTOCOL_VERSION {
-            return Err(WireError::Version { found: bytes[0] });
+        if bytes[0] != CONTROL_VERSION {
+            return Err(WireError::Version { found: bytes[0], supported: CONTROL_VERSION });
         }
         let body_len = u16::from_le_bytes([bytes[2], bytes[3]]) as usize;
         let request_id = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
@@ -190,12 +313,12 @@ impl ControlMessage {
                     let len = body.u8()? as usize;
                     body.text(len, MAX_SESSION_NAME_LEN, "name")?
                 },
-                ports: {
+                endpoints: {
                     let threads = body.u16()? as usize;
                     if threads == 0 || threads > MAX_THREADS {
                         return Err(WireError::InvalidField { field: "threads", reason: "not 1 to 1024" });
                     }
-                    (0..threads).map(|_| body.u16()).collect::<Result<Vec<u16>>>()?
+                    (0..threads).map(|_| Endpoint::read(&mut body)).collect::<Result<Vec<_>>>()?
                 },
             },
             ACCEPT => Self::Accept {
@@ -205,13 +328,13 @@ impl ControlMessage {
                 packet_elements: body.u16()?,
                 slots: body.u16()?,
                 depth: body.u8()?,
-                data_port: {
+                token: {
                     if body.u8()? != 0 {
                         return Err(WireError::InvalidField { field: "reserved", reason: "must be zero" });
                     }
-                    body.u16()?
+                    body.u64()?
                 },
-                token: body.u64()?,
+                data: Endpoint::read(&mut body)?,
             },
             REJECT => Self::Reject {
                 code: RejectCode::try_from(body.u16()?)?,
@@ -260,7 +383,7 @@ impl ControlMessage {
             Self::Register { name, .. } if name.len() > MAX_SESSION_NAME_LEN => {
                 return Err(WireError::InvalidField { field: "name", reason: "longer than 64 bytes" })
             }
-            Self::Register { ports, .. } if ports.is_empty() || ports.len() > MAX_THREADS => {
+            Self::Register { endpoints, .. } if endpoints.is_empty() || endpoints.len() > MAX_THREADS => {
                 return Err(WireError::InvalidField { field: "threads", reason: "not 1 to 1024" })
             }
             Self::Reject { message, .. } if message.len() > MAX_REJECT_MESSAGE_LEN => {
@@ -272,7 +395,7 @@ impl ControlMessage {
             return Err(WireError::BufferTooSmall { len: buffer.len(), needed: len });
         }
         let mut out = Writer { bytes: &mut buffer[..len], at: 0 };
-        out.u8(PROTOCOL_VERSION);
+        out.u8(CONTROL_VERSION);
         match self {
             Self::Register {
                 rank,
@@ -283,7 +406,7 @@ impl ControlMessage {
                 encoding,
                 sparse_blocks,
                 name,
-                ports,
+                endpoints,
             } => {
                 out.header(REGISTER, self.body_len(), request_id);
                 out.u16(*rank);
@@ -295,10 +418,10 @@ impl ControlMessage {
                 out.u8(u8::from(*sparse_blocks));
                 out.u8(name.len() as u8);
                 out.slice(name.as_bytes());
-                out.u16(ports.len() as u16);
-                ports.iter().for_each(|&port| out.u16(port));
+                out.u16(endpoints.len() as u16);
+                endpoints.iter().for_each(|endpoint| endpoint.write(&mut out));
             }
-            Self::Accept { session, rank, world_size, packet_elements, slots, depth, data_port, token } => {
+            Self::Accept { session, rank, world_size, packet_elements, slots, depth, token, data } => {
                 out.header(ACCEPT, self.body_len(), request_id);
                 out.u32(*session);
                 out.u16(*rank);
@@ -307,8 +430,8 @@ impl ControlMessage {
                 out.u16(*slots);
                 out.u8(*depth);
                 out.u8(0);
-                out.u16(*data_port);
                 out.u64(*token);
+                data.write(&mut out);
             }
             Self::Reject { code, message } => {
                 out.header(REJECT, self.body_len(), request_id);
@@ -352,8 +475,11 @@ impl<'a> Reader<'a> {
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
     fn u64(&mut self) -> Result<u64> {
-        let b = self.take(8)?;
-        Ok(u64::from_le_bytes(b.try_into().expect("take returned 8 bytes")))
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        // `take` returned N bytes, so the conversion cannot fail.
+        Ok(self.take(N)?.try_into().expect("take returned N bytes"))
     }
     fn text(&mut self, len: usize, max: usize, field: &'static str) -> Result<String> {
         if len > max {
@@ -397,7 +523,15 @@ impl Writer<'_> {
 mod tests {
     use super::*;
 
+    fn udp(address: &str) -> Endpoint {
+        Endpoint::Udp(address.parse().unwrap())
+    }
+
     fn register() -> ControlMessage {
+        register_as("job", vec![udp("0.0.0.0:4000"), udp("10.0.0.2:4001")])
+    }
+
+    fn register_as(name: &str, endpoints: Vec<Endpoint>) -> ControlMessage {
         ControlMessage::Register {
             rank: 1,
             world_size: 4,
@@ -406,17 +540,32 @@ mod tests {
             depth: 2,
             encoding: ValueEncoding::BlockFloatingPoint,
             sparse_blocks: false,
-            name: "job".into(),
-            ports: vec![4000, 4001],
+            name: name.into(),
+            endpoints,
+        }
+    }
+
+    fn accept(data: Endpoint) -> ControlMessage {
+        ControlMessage::Accept {
+            session: 0x0001_0002,
+            rank: 1,
+            world_size: 4,
+            packet_elements: 256,
+            slots: 128,
+            depth: 2,
+            token: 0x1122_3344_5566_7788,
+            data,
         }
     }
 
     #[rustfmt::skip]
-    const REGISTER_BYTES: [u8; 29] = [
-        0x03, 0x01, 0x15, 0x00, 0x2A, 0x00, 0x00, 0x00, // version, register, body 21, request 42
+    const REGISTER_BYTES: [u8; 41] = [
+        0x04, 0x01, 0x21, 0x00, 0x2A, 0x00, 0x00, 0x00, // version 4, register, body 33, request 42
         0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
         0x02, 0x01, 0x00, 0x03, b'j', b'o', b'b',       // depth 2, block fp, dense, name "job"
-        0x02, 0x00, 0xA0, 0x0F, 0xA1, 0x0F,             // 2 threads: ports 4000, 4001
+        0x02, 0x00,                                     // 2 threads:
+        0x01, 0x06, 0, 0, 0, 0, 0xA0, 0x0F,             //   udp, 6 bytes, 0.0.0.0 port 4000
+        0x01, 0x06, 10, 0, 0, 2, 0xA1, 0x0F,            //   udp, 6 bytes, 10.0.0.2 port 4001
     ];
 
     #[test]
@@ -428,27 +577,19 @@ mod tests {
     }
 
     #[test]
-    fn accept_carries_the_token_after_the_data_port() {
-        let accept = ControlMessage::Accept {
-            session: 0x0001_0002,
-            rank: 1,
-            world_size: 4,
-            packet_elements: 256,
-            slots: 128,
-            depth: 2,
-            data_port: 48864,
-            token: 0x1122_3344_5566_7788,
-        };
+    fn accept_carries_the_token_and_then_the_data_endpoint() {
         #[rustfmt::skip]
-        let expected: [u8; 32] = [
-            0x03, 0x02, 0x18, 0x00, 0x07, 0x00, 0x00, 0x00, // version, accept, body 24, request 7
+        let expected: [u8; 38] = [
+            0x04, 0x02, 0x1E, 0x00, 0x07, 0x00, 0x00, 0x00, // version 4, accept, body 30, request 7
             0x02, 0x00, 0x01, 0x00,                         // session
             0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
-            0x02, 0x00, 0xE0, 0xBE,                         // depth 2, reserved, data port 48864
+            0x02, 0x00,                                     // depth 2, reserved
             0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // token
+            0x01, 0x06, 0, 0, 0, 0, 0xE0, 0xBE,             // udp, 6 bytes, 0.0.0.0 port 48864
         ];
-        let mut buffer = [0u8; 32];
-        assert_eq!(accept.emit(7, &mut buffer).unwrap(), 32);
+        let accept = accept(udp("0.0.0.0:48864"));
+        let mut buffer = [0u8; 38];
+        assert_eq!(accept.emit(7, &mut buffer).unwrap(), 38);
         assert_eq!(buffer, expected);
         assert_eq!(ControlMessage::parse(&expected).unwrap(), (7, accept));
     }
@@ -457,20 +598,13 @@ mod tests {
     fn every_message_round_trips() {
         let messages = [
             register(),
-            ControlMessage::Accept {
-                session: 0xDEAD_BEEF,
-                rank: 3,
-                world_size: 64,
-                packet_elements: 1024,
-                slots: 256,
-                depth: 8,
-                data_port: 48864,
-                token: 0x0123_4567_89AB_CDEF,
-            },
+            accept(udp("[::1]:48864")),
+            register_as(&"x".repeat(MAX_SESSION_NAME_LEN), vec![udp("[fe80::1]:9"); MAX_THREADS]),
             ControlMessage::Reject {
                 code: RejectCode::Mismatch,
                 message: "world size 4 differs from 8 of rank 0".into(),
             },
+            ControlMessage::Reject { code: RejectCode::Transport, message: "no rdma port".into() },
             ControlMessage::Leave { session: 9, rank: 2 },
         ];
         for message in messages {
@@ -478,6 +612,34 @@ mod tests {
             assert_eq!(message.emit(7, &mut buffer).unwrap(), buffer.len());
             assert_eq!(ControlMessage::parse(&buffer).unwrap(), (7, message));
         }
+    }
+
+    #[test]
+    fn an_unspecified_udp_address_means_the_control_peer_s() {
+        let peer: IpAddr = "192.0.2.7".parse().unwrap();
+        assert_eq!(udp("0.0.0.0:4000").udp_address(peer), Some("192.0.2.7:4000".parse().unwrap()));
+        assert_eq!(udp("10.0.0.2:4001").udp_address(peer), Some("10.0.0.2:4001".parse().unwrap()));
+        assert_eq!(udp("[::]:5").udp_address(peer), Some("192.0.2.7:5".parse().unwrap()));
+    }
+
+    #[test]
+    fn unknown_endpoint_kinds_and_bad_udp_lengths_are_refused() {
+        let mut bytes = REGISTER_BYTES;
+        bytes[33] = 9; // the second thread's endpoint kind
+        assert_eq!(ControlMessage::parse(&bytes).unwrap_err(), WireError::UnknownEndpoint(9));
+        assert_eq!(
+            WireError::UnknownEndpoint(9).to_string(),
+            "unknown endpoint kind 9: the peer offers a transport this side does not know"
+        );
+        // A UDP endpoint of 5 bytes, its body length kept consistent.
+        let mut bytes = REGISTER_BYTES.to_vec();
+        bytes[26] = 5;
+        bytes.remove(27);
+        bytes[2] -= 1;
+        assert_eq!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::InvalidField { field: "endpoint", reason: "a UDP endpoint has 6 or 18 bytes" }
+        );
     }
 
     #[test]
@@ -499,8 +661,17 @@ mod tests {
         assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
         assert_eq!(
             error.into_inner().unwrap().downcast::<WireError>().unwrap().as_ref(),
-            &WireError::Version { found: 9 }
+            &WireError::Version { found: 9, supported: CONTROL_VERSION }
         );
+    }
+
+    #[test]
+    fn a_peer_of_the_previous_version_is_refused_by_name() {
+        // Version 3's register: UDP ports, no endpoints.
+        let mut old = REGISTER_BYTES;
+        old[0] = 3;
+        let error = ControlMessage::parse(&old).unwrap_err();
+        assert_eq!(error.to_string(), "protocol version 3 is not supported (this side speaks 4)");
     }
 
     #[test]
@@ -510,14 +681,14 @@ mod tests {
             WireError::Truncated { len: 5, needed: 8 }
         );
         assert_eq!(
-            ControlMessage::parse(&REGISTER_BYTES[..28]).unwrap_err(),
-            WireError::Truncated { len: 28, needed: 29 }
+            ControlMessage::parse(&REGISTER_BYTES[..40]).unwrap_err(),
+            WireError::Truncated { len: 40, needed: 41 }
         );
         let mut longer = REGISTER_BYTES.to_vec();
         longer.push(0);
         assert_eq!(
             ControlMessage::parse(&longer).unwrap_err(),
-            WireError::LengthMismatch { len: 30, expected: 29 }
+            WireError::LengthMismatch { len: 42, expected: 41 }
         );
     }
 
@@ -530,13 +701,23 @@ mod tests {
             ControlMessage::parse(&bytes).unwrap_err(),
             WireError::InvalidField { field: "body", .. }
         ));
+        // An endpoint length pointing past the body.
+        let mut bytes = REGISTER_BYTES;
+        bytes[34] = 7;
+        assert!(matches!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::InvalidField { field: "body", .. }
+        ));
     }
 
     #[test]
     fn wrong_version_and_unknown_type_are_rejected() {
         let mut bytes = REGISTER_BYTES;
         bytes[0] = 9;
-        assert_eq!(ControlMessage::parse(&bytes).unwrap_err(), WireError::Version { found: 9 });
+        assert_eq!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::Version { found: 9, supported: CONTROL_VERSION }
+        );
         let mut bytes = REGISTER_BYTES;
         bytes[1] = 99;
         assert_eq!(ControlMessage::parse(&bytes).unwrap_err(), WireError::UnknownMessageType(99));
@@ -544,16 +725,7 @@ mod tests {
 
     #[test]
     fn reserved_bytes_must_be_zero() {
-        let accept = ControlMessage::Accept {
-            session: 1,
-            rank: 0,
-            world_size: 2,
-            packet_elements: 64,
-            slots: 8,
-            depth: 2,
-            data_port: 9,
-            token: 0,
-        };
+        let accept = accept(udp("0.0.0.0:9"));
         let mut bytes = vec![0u8; accept.buffer_len()];
         accept.emit(0, &mut bytes).unwrap();
         bytes[21] = 1;
@@ -583,18 +755,10 @@ mod tests {
             ControlMessage::parse(&bytes).unwrap_err(),
             WireError::InvalidField { field: "name", reason: "not UTF-8" }
         ));
-        let long = ControlMessage::Register {
-            rank: 0,
-            world_size: 1,
-            packet_elements: 64,
-            slots: 1,
-            depth: 2,
-            encoding: ValueEncoding::Native,
-            sparse_blocks: false,
-            name: "x".repeat(65),
-            ports: vec![1],
-        };
+        let long = register_as(&"x".repeat(65), vec![udp("0.0.0.0:1")]);
         assert!(long.emit(0, &mut [0u8; 128]).is_err());
+        let none = register_as("job", Vec::new());
+        assert!(none.emit(0, &mut [0u8; 128]).is_err());
         let mut bytes = REGISTER_BYTES;
         bytes[23] = 0; // no threads
         bytes[24] = 0;

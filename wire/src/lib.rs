@@ -25,13 +25,14 @@
 pub mod control;
 pub mod packet;
 
-pub use control::{ControlMessage, RejectCode, ValueEncoding};
+pub use control::{ControlMessage, Endpoint, EndpointKind, RejectCode, ValueEncoding, CONTROL_VERSION};
 pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
-/// Version of the aggregation-packet format and of the control protocol (2: the 48-byte
-/// header with the session token; 3: the block-floating-point exponent byte is the f32
-/// exponent field less 128, with markers for zero and non-finite blocks).
-pub const PROTOCOL_VERSION: u8 = 3;
+/// Version of the aggregation-packet format (2: the 48-byte header with the session
+/// token; 3: the block-floating-point exponent byte is the f32 exponent field less 128,
+/// with markers for zero and non-finite blocks). The control protocol has its own,
+/// [`CONTROL_VERSION`].
+pub const PACKET_VERSION: u8 = 3;
 
 /// The largest UDP payload over IPv4: the bound on any netagg datagram.
 pub const MAX_DATAGRAM_LEN: usize = 65_507;
@@ -45,12 +46,14 @@ pub enum WireError {
     Oversized { len: usize, max: usize },
     #[error("message length {len} does not match the {expected} bytes its header announces")]
     LengthMismatch { len: usize, expected: usize },
-    #[error("protocol version {found} is not supported (this side speaks {PROTOCOL_VERSION})")]
-    Version { found: u8 },
+    #[error("protocol version {found} is not supported (this side speaks {supported})")]
+    Version { found: u8, supported: u8 },
     #[error("unknown message type {0}")]
     UnknownMessageType(u8),
     #[error("unknown element type {0}")]
     UnknownElementType(u8),
+    #[error("unknown endpoint kind {0}: the peer offers a transport this side does not know")]
+    UnknownEndpoint(u8),
     #[error("unknown flag bits {0:#04x}")]
     UnknownFlags(u8),
     #[error("invalid field {field}: {reason}")]

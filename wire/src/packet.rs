@@ -5,7 +5,7 @@
 //!
 //! | offset | size | field          | meaning |
 //! |-------:|-----:|----------------|---------|
-//! | 0      | 1    | version        | [`PROTOCOL_VERSION`] |
+//! | 0      | 1    | version        | [`PACKET_VERSION`] |
 //! | 1      | 1    | message type   | [`MessageType`] |
 //! | 2      | 1    | element type   | [`ElementType`] |
 //! | 3      | 1    | flags          | [`Flags`] |
@@ -24,7 +24,7 @@
 //! | 40     | 8    | token          | the session's secret from the control plane's accept; echoed in results |
 //! | 48     | 4·n  | payload        | elements, little-endian |
 
-use crate::{Result, WireError, MAX_DATAGRAM_LEN, PROTOCOL_VERSION};
+use crate::{Result, WireError, MAX_DATAGRAM_LEN, PACKET_VERSION};
 
 /// Length of the aggregation-packet header.
 pub const HEADER_LEN: usize = field::PAYLOAD;
@@ -171,8 +171,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if len < HEADER_LEN {
             return Err(WireError::Truncated { len, needed: HEADER_LEN });
         }
-        if data[field::VERSION] != PROTOCOL_VERSION {
-            return Err(WireError::Version { found: data[field::VERSION] });
+        if data[field::VERSION] != PACKET_VERSION {
+            return Err(WireError::Version { found: data[field::VERSION], supported: PACKET_VERSION });
         }
         let message_type = MessageType::try_from(data[field::MESSAGE_TYPE])?;
         ElementType::try_from(data[field::ELEMENT_TYPE])?;
@@ -403,7 +403,7 @@ impl PacketRepr {
             return Err(WireError::BufferTooSmall { len: available, needed: len });
         };
         let mut packet = Packet::new_unchecked(target);
-        packet.set_version(PROTOCOL_VERSION);
+        packet.set_version(PACKET_VERSION);
         packet.set_message_type(self.message_type);
         packet.set_element_type(self.element_type);
         packet.set_flags(self.flags);
@@ -535,7 +535,7 @@ mod tests {
             Packet::new_checked(bytes).unwrap_err()
         };
         // Version 1, the 40-byte header without the token, is refused rather than misread.
-        assert_eq!(with(0, 1), WireError::Version { found: 1 });
+        assert_eq!(with(0, 1), WireError::Version { found: 1, supported: PACKET_VERSION });
         assert_eq!(with(1, 0), WireError::UnknownMessageType(0));
         assert_eq!(with(1, 9), WireError::UnknownMessageType(9));
         assert_eq!(with(2, 3), WireError::UnknownElementType(3));

@@ -14,10 +14,34 @@ use std::time::{Duration, Instant};
 
 use netagg_aggregator::sum::{add, add_assign};
 use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Verdict};
+use netagg_config::Config;
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::{MessageType, Packet, MAX_DATAGRAM_LEN};
 
-use super::Transport;
+use super::{Links, Transport};
+use crate::Error;
+
+/// One transport per worker thread of `config`, all in one emulated session.
+pub fn links(config: &Config) -> Result<Links, Error> {
+    let general = &config.general;
+    let spec = SessionSpec {
+        workers: general.num_workers,
+        slots: config.slots_per_thread() * general.num_worker_threads,
+        packet_elements: general.packet_numel,
+        depth: general.depth,
+    };
+    let token = DummyTransport::new_token();
+    let mut transports: Vec<Box<dyn Transport>> = Vec::new();
+    let mut session = 0;
+    for _ in 0..general.num_worker_threads {
+        let (transport, id) =
+            DummyTransport::new(spec, token, config.dummy.bandwidth, config.dummy.process_packets)
+                .map_err(Error::InvalidConfig)?;
+        session = id.0;
+        transports.push(Box::new(transport));
+    }
+    Ok(Links::Emulated { transports, session, token })
+}
 
 pub struct DummyTransport {
     engine: Engine,
@@ -33,6 +57,8 @@ pub struct DummyTransport {
     results: PendingResults,
     /// Bytes of the session's largest packet: the room the engine needs for a result.
     max_result_len: usize,
+    /// Where the worker writes the datagram it sends.
+    outgoing: Vec<u8>,
     /// The datagram being sent as the engine's one worker sees it: rank 0, and the
     /// payload summed once per rank.
     scratch: Vec<u8>,
@@ -72,6 +98,7 @@ impl DummyTransport {
             engine_now: Instant::now(),
             results: PendingResults::default(),
             max_result_len: HEADER_LEN + spec.packet_elements as usize * ELEMENT_LEN,
+            outgoing: vec![0; MAX_DATAGRAM_LEN],
             scratch: vec![0; MAX_DATAGRAM_LEN],
         };
         Ok((transport, session))
@@ -79,7 +106,15 @@ impl DummyTransport {
 }
 
 impl Transport for DummyTransport {
-    fn send(&mut self, datagram: &[u8]) -> io::Result<()> {
+    fn send_buffer(&mut self, len: usize) -> &mut [u8] {
+        if self.outgoing.len() < len {
+            self.outgoing.resize(len, 0);
+        }
+        &mut self.outgoing
+    }
+
+    fn send(&mut self, len: usize) -> io::Result<()> {
+        let datagram = &self.outgoing[..len];
         if self.bits_per_second > 0.0 {
             let wire_time = Duration::from_secs_f64(datagram.len() as f64 * 8.0 / self.bits_per_second);
             self.link_free_at = self.link_free_at.max(Instant::now()) + wire_time;
@@ -211,7 +246,7 @@ mod tests {
     fn a_malformed_datagram_is_dropped_as_a_switch_drops_it() {
         let (mut transport, _) = DummyTransport::new(spec(2), 7, 0.0, true).unwrap();
         for garbage in [&[][..], &[0xFF; 10][..], &[0; 60][..]] {
-            transport.send(garbage).unwrap();
+            transport.send_copy(garbage).unwrap();
         }
         let mut delivered = 0;
         let count = transport.recv(Duration::ZERO, &mut |_| delivered += 1).unwrap();

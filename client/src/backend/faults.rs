@@ -8,7 +8,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::faults::{FaultCounters, FaultInjector};
-use netagg_config::Faults;
+use netagg_config::{Config, Faults};
 
 use super::Transport;
 
@@ -16,6 +16,9 @@ pub struct FaultyTransport {
     inner: Box<dyn Transport>,
     send: FaultInjector,
     receive: FaultInjector,
+    /// Where the worker writes a datagram, before the injector decides its fate: the
+    /// inner transport's buffers take only what leaves.
+    outgoing: Vec<u8>,
 }
 
 impl FaultyTransport {
@@ -28,6 +31,7 @@ impl FaultyTransport {
             inner,
             send: FaultInjector::new(faults.send, seed),
             receive: FaultInjector::new(faults.receive, !seed),
+            outgoing: Vec::new(),
         }
     }
 
@@ -42,7 +46,7 @@ impl FaultyTransport {
         let inner = &mut self.inner;
         self.send.release(now, |(), datagram| {
             if result.is_ok() {
-                result = inner.send(datagram);
+                result = inner.send_copy(datagram);
             }
         });
         result
@@ -50,12 +54,19 @@ impl FaultyTransport {
 }
 
 impl Transport for FaultyTransport {
-    fn send(&mut self, datagram: &[u8]) -> io::Result<()> {
+    fn send_buffer(&mut self, len: usize) -> &mut [u8] {
+        if self.outgoing.len() < len {
+            self.outgoing.resize(len, 0);
+        }
+        &mut self.outgoing
+    }
+
+    fn send(&mut self, len: usize) -> io::Result<()> {
         let mut result = Ok(());
         let inner = &mut self.inner;
-        self.send.push(Instant::now(), (), datagram, |(), datagram| {
+        self.send.push(Instant::now(), (), &self.outgoing[..len], |(), datagram| {
             if result.is_ok() {
-                result = inner.send(datagram);
+                result = inner.send_copy(datagram);
             }
         });
         result
@@ -89,6 +100,22 @@ impl Transport for FaultyTransport {
     }
 }
 
+/// Wraps every transport in the fault injector of `[faults]`, if any fault is set.
+pub(crate) fn with_faults(transports: Vec<Box<dyn Transport>>, config: &Config) -> Vec<Box<dyn Transport>> {
+    if !config.faults.is_active() {
+        return transports;
+    }
+    tracing::warn!(faults = ?config.faults, "injecting faults into this worker's packets");
+    let rank = config.general.rank as u64;
+    (0..)
+        .zip(transports)
+        .map(|(thread, transport)| {
+            let stream = rank << 16 | thread;
+            Box::new(FaultyTransport::new(transport, &config.faults, stream)) as Box<dyn Transport>
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,14 +125,20 @@ mod tests {
 
     /// A loopback: what is sent comes back on `recv`, and a log of what reached it.
     struct Echo {
+        outgoing: Vec<u8>,
         queue: VecDeque<Vec<u8>>,
         sent: Arc<Mutex<Vec<Vec<u8>>>>,
     }
 
     impl Transport for Echo {
-        fn send(&mut self, datagram: &[u8]) -> io::Result<()> {
-            self.sent.lock().unwrap().push(datagram.to_vec());
-            self.queue.push_back(datagram.to_vec());
+        fn send_buffer(&mut self, len: usize) -> &mut [u8] {
+            self.outgoing.resize(len, 0);
+            &mut self.outgoing
+        }
+        fn send(&mut self, len: usize) -> io::Result<()> {
+            let datagram = self.outgoing[..len].to_vec();
+            self.sent.lock().unwrap().push(datagram.clone());
+            self.queue.push_back(datagram);
             Ok(())
         }
         fn flush(&mut self) -> io::Result<()> {
@@ -121,7 +154,7 @@ mod tests {
     #[test]
     fn each_direction_applies_its_own_faults_and_held_datagrams_arrive_later() {
         let sent = Arc::new(Mutex::new(Vec::new()));
-        let echo = Echo { queue: VecDeque::new(), sent: Arc::clone(&sent) };
+        let echo = Echo { outgoing: Vec::new(), queue: VecDeque::new(), sent: Arc::clone(&sent) };
         let faults = Faults {
             send: FaultRates::dropping(0.5),
             receive: FaultRates { delay: Duration::from_millis(200), ..FaultRates::NONE },
@@ -129,7 +162,7 @@ mod tests {
         };
         let mut transport = FaultyTransport::new(Box::new(echo), &faults, 0);
         for i in 0u32..200 {
-            transport.send(&i.to_le_bytes()).unwrap();
+            transport.send_copy(&i.to_le_bytes()).unwrap();
         }
         transport.flush().unwrap();
         let (send, _) = transport.counters();

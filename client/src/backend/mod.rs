@@ -2,24 +2,84 @@
 //!
 //! The protocol core above works in whole datagrams, so a backend only moves bytes: a
 //! packet-level backend (UDP, DPDK) sends each as one datagram and busy-polls or sleeps
-//! on its ring or socket; a message-level backend (RDMA) carries each as one message
-//! written with immediate data into registered memory. Nothing above this trait changes
-//! with the backend. [`faults::FaultyTransport`] wraps any of them to inject faults.
+//! on its ring or socket; a message-level backend (RDMA) carries each as one message in
+//! registered memory. The core writes each datagram straight into a buffer the backend
+//! lends ([`Transport::send_buffer`]), so a backend with buffers of its own (a GSO
+//! batch, an mbuf, a registered region) needs no copy. Nothing above this module changes
+//! with the backend.
+//!
+//! [`open`] is the one place where the configured backend becomes transports; a new
+//! backend adds a module here and an arm there. [`faults::FaultyTransport`] wraps any
+//! of them to inject faults.
 
 pub mod dummy;
 pub mod faults;
 pub mod udp;
 
 use std::io;
+use std::net::IpAddr;
 use std::time::Duration;
+
+use netagg_config::{BackendKind, Config};
+use netagg_wire::Endpoint;
+
+use crate::Error;
 
 /// One worker thread's channel to the switch.
 pub trait Transport: Send {
-    /// Queues a datagram for the switch. It may leave at once or at [`Transport::flush`].
-    fn send(&mut self, datagram: &[u8]) -> io::Result<()>;
+    /// Lends a buffer of at least `len` bytes for the next datagram to the switch.
+    fn send_buffer(&mut self, len: usize) -> &mut [u8];
+    /// Queues the first `len` bytes of the buffer [`Transport::send_buffer`] lent last
+    /// as one datagram. It may leave at once or at [`Transport::flush`].
+    fn send(&mut self, len: usize) -> io::Result<()>;
     /// Sends whatever [`Transport::send`] queued.
     fn flush(&mut self) -> io::Result<()>;
     /// Waits up to `timeout` for datagrams from the switch and hands each to `sink`;
     /// returns how many arrived (0 when the time ran out).
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
+
+    /// Queues a copy of `datagram`: [`Transport::send_buffer`] and [`Transport::send`]
+    /// for a datagram that already exists.
+    fn send_copy(&mut self, datagram: &[u8]) -> io::Result<()> {
+        self.send_buffer(datagram.len())[..datagram.len()].copy_from_slice(datagram);
+        self.send(datagram.len())
+    }
+}
+
+/// A transport to a real switch: the context announces its endpoint when it registers,
+/// then connects it to the data endpoint of the switch's accept.
+pub trait SwitchTransport: Transport {
+    /// Where the switch reaches this worker thread. An unspecified IP stands for the
+    /// address the registration comes from.
+    fn endpoint(&self) -> Endpoint;
+    /// From now on exchanges datagrams with the switch's data path at `switch`; an
+    /// unspecified IP in it stands for `switch_ip`, the control connection's peer.
+    fn connect(&mut self, switch: &Endpoint, switch_ip: IpAddr) -> io::Result<()>;
+}
+
+/// What a backend gives a context: its worker threads' transports.
+pub enum Links {
+    /// Transports to a switch, one per worker thread, registered with it.
+    Switch(Vec<Box<dyn SwitchTransport>>),
+    /// Transports that emulate the switch in process (the dummy backend), with the
+    /// session id and token the workers use: no registration.
+    Emulated { transports: Vec<Box<dyn Transport>>, session: u32, token: u64 },
+}
+
+/// The transports of the configured backend, one per worker thread.
+pub fn open(config: &Config) -> Result<Links, Error> {
+    let threads = config.general.num_worker_threads as usize;
+    match config.general.backend {
+        BackendKind::Dummy => dummy::links(config),
+        BackendKind::Udp => {
+            let transports = (0..threads)
+                .map(|_| {
+                    let transport = udp::UdpTransport::bind(config.udp.bind_ip, config.udp.socket_buffer)?;
+                    Ok(Box::new(transport) as Box<dyn SwitchTransport>)
+                })
+                .collect::<io::Result<_>>()
+                .map_err(|source| Error::io("binding the worker threads' UDP sockets", source))?;
+            Ok(Links::Switch(transports))
+        }
+    }
 }

@@ -1,69 +1,87 @@
 //! The UDP backend: one socket per worker thread, batched system calls.
 //!
-//! A worker thread's packets leave as GSO batches and its results arrive through
-//! recvmmsg and GRO ([`netagg_udp::BatchSocket`]), so a window of packets costs a few
-//! system calls rather than one each.
+//! A worker thread's packets are written straight into a GSO batch and leave together;
+//! its results arrive through recvmmsg and GRO ([`netagg_udp::BatchSocket`]), so a
+//! window of packets costs a few system calls rather than one each.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use netagg_udp::{BatchSocket, SegmentBatch};
+use netagg_wire::Endpoint;
 
-use super::Transport;
+use super::{SwitchTransport, Transport};
 
 /// A worker thread's socket, bound before registration so its port can be announced.
 pub struct UdpTransport {
     socket: BatchSocket,
+    local: SocketAddr,
     switch: Option<SocketAddr>,
     pending: SegmentBatch,
 }
 
 impl UdpTransport {
-    /// Binds a socket at `bind`; `socket_buffer` sizes its kernel buffers (0: default).
-    pub fn bind(bind: SocketAddr, socket_buffer: usize) -> io::Result<UdpTransport> {
-        let socket = BatchSocket::bind(bind, socket_buffer)?;
+    /// Binds a socket at `ip` on a free port; `socket_buffer` sizes its kernel buffers
+    /// (0: default).
+    pub fn bind(ip: IpAddr, socket_buffer: usize) -> io::Result<UdpTransport> {
+        let socket = BatchSocket::bind(SocketAddr::new(ip, 0), socket_buffer)?;
+        let local = socket.local_addr()?;
         let pending = SegmentBatch::new(socket.max_segments());
-        Ok(UdpTransport { socket, switch: None, pending })
+        Ok(UdpTransport { socket, local, switch: None, pending })
     }
 
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.socket.local_addr()
-    }
-
-    /// Sends to and accepts datagrams only from the switch's data address.
-    pub fn connect(&mut self, switch: SocketAddr) -> io::Result<()> {
-        self.socket.connect(switch)?;
-        self.switch = Some(switch);
-        Ok(())
+    fn switch(&self) -> io::Result<SocketAddr> {
+        self.switch.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "the UDP transport has no switch address yet")
+        })
     }
 }
 
 impl Transport for UdpTransport {
-    fn send(&mut self, datagram: &[u8]) -> io::Result<()> {
-        if !self.pending.accepts(datagram.len()) {
-            self.flush()?;
+    fn send_buffer(&mut self, len: usize) -> &mut [u8] {
+        self.pending.room(len)
+    }
+
+    fn send(&mut self, len: usize) -> io::Result<()> {
+        if self.pending.accepts(len) {
+            self.pending.commit(len);
+            return Ok(());
         }
-        self.pending.push(datagram);
-        Ok(())
+        // The batch is full or holds datagrams of another size: it leaves now, and the
+        // new datagram starts the next one.
+        let result = self.socket.send(self.switch()?, &self.pending);
+        self.pending.restart_with_room(len);
+        result
     }
 
     fn flush(&mut self) -> io::Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let Some(switch) = self.switch else {
-            return Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                "the UDP transport has no switch address yet",
-            ));
-        };
-        let result = self.socket.send(switch, &self.pending);
+        let result = self.socket.send(self.switch()?, &self.pending);
         self.pending.clear();
         result
     }
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         self.socket.recv(timeout, |_, datagram| sink(datagram))
+    }
+}
+
+impl SwitchTransport for UdpTransport {
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Udp(self.local)
+    }
+
+    fn connect(&mut self, switch: &Endpoint, switch_ip: IpAddr) -> io::Result<()> {
+        let Some(switch) = switch.udp_address(switch_ip) else {
+            let message = format!("the switch's data path is {switch}, not UDP");
+            return Err(io::Error::new(io::ErrorKind::Unsupported, message));
+        };
+        // Accepts datagrams from the switch's data address only.
+        self.socket.connect(switch)?;
+        self.switch = Some(switch);
+        Ok(())
     }
 }

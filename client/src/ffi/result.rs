@@ -125,15 +125,15 @@ impl From<&Error> for netagg_result {
             Error::Config(ConfigError::Value { .. }) => NETAGG_CONFIG_VALUE,
             Error::Config(ConfigError::Combination { .. }) | Error::InvalidConfig(_) => NETAGG_CONFIG_INVALID,
             Error::Connect { .. } => NETAGG_CONNECT,
-            Error::Rejected { .. } => NETAGG_REJECTED,
+            Error::Rejected { .. } | Error::Version { .. } => NETAGG_REJECTED,
             Error::RegisterTimeout { .. } => NETAGG_REGISTER_TIMEOUT,
             Error::SessionLost(_) => NETAGG_SESSION_LOST,
-            Error::Job(_) => NETAGG_JOB_FAILED,
+            Error::Job(_) | Error::Panicked { .. } => NETAGG_JOB_FAILED,
             Error::Stopped => NETAGG_STOPPED,
             Error::LengthMismatch { .. } => NETAGG_INVALID_ARGUMENT,
             Error::NullBuffer => NETAGG_NULL_ARGUMENT,
             Error::InvalidInput(_) => NETAGG_INVALID_INPUT,
-            Error::Io(_) => NETAGG_IO,
+            Error::Io { .. } => NETAGG_IO,
         }
     }
 }

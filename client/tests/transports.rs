@@ -1,0 +1,216 @@
+//! Contexts over transports of the caller's own: whole sessions through a switch whose
+//! data path, and whose workers' transports, are a network in memory; and what a worker
+//! says to a switch of another control protocol version.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use netagg::backend::{SwitchTransport, Transport};
+use netagg::{Config, Context, Endpoint, Error};
+use netagg_switch::port::{MemoryNetwork, MemorySocket};
+use netagg_switch::Switch;
+use netagg_wire::{ControlMessage, RejectCode};
+
+/// A worker thread's transport over a socket of a [`MemoryNetwork`].
+struct MemoryTransport {
+    socket: MemorySocket,
+    switch: Option<SocketAddr>,
+    outgoing: Vec<u8>,
+}
+
+impl Transport for MemoryTransport {
+    fn send_buffer(&mut self, len: usize) -> &mut [u8] {
+        self.outgoing.resize(len.max(self.outgoing.len()), 0);
+        &mut self.outgoing
+    }
+
+    fn send(&mut self, len: usize) -> std::io::Result<()> {
+        let switch = self.switch.expect("connected at registration");
+        self.socket.send_to(switch, &self.outgoing[..len]);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> std::io::Result<usize> {
+        Ok(self.socket.recv(timeout, |_, datagram| sink(datagram)))
+    }
+}
+
+impl SwitchTransport for MemoryTransport {
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Udp(self.socket.local_addr())
+    }
+
+    fn connect(&mut self, switch: &Endpoint, switch_ip: IpAddr) -> std::io::Result<()> {
+        self.switch = switch.udp_address(switch_ip);
+        Ok(())
+    }
+}
+
+fn unique_session(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn config(control: SocketAddr, rank: u16, workers: u16, session: &str) -> Config {
+    let mut config = Config::default();
+    config.general.rank = rank;
+    config.general.num_workers = workers;
+    config.general.num_worker_threads = 2;
+    config.general.controller_ip = control.ip().to_string();
+    config.general.controller_port = control.port();
+    config.general.session = session.into();
+    config.general.connect_timeout = Duration::from_secs(20);
+    config
+}
+
+/// Starts `workers` contexts over memory transports of `network`, one thread each.
+fn contexts(
+    network: &MemoryNetwork,
+    switch: &Switch,
+    workers: u16,
+    adjust: impl Fn(&mut Config),
+) -> Vec<Context> {
+    let session = unique_session("memory");
+    let starting: Vec<_> = (0..workers)
+        .map(|rank| {
+            let mut config = config(switch.control_addr(), rank, workers, &session);
+            adjust(&mut config);
+            let transports = (0..config.general.num_worker_threads)
+                .map(|_| {
+                    let socket = network.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                    Box::new(MemoryTransport { socket, switch: None, outgoing: Vec::new() })
+                        as Box<dyn SwitchTransport>
+                })
+                .collect();
+            std::thread::spawn(move || Context::start_with_transports(config, transports))
+        })
+        .collect();
+    starting.into_iter().map(|start| start.join().unwrap().expect("the context starts")).collect()
+}
+
+fn memory_switch(network: &MemoryNetwork) -> Switch {
+    let mut settings = netagg_config::Config::default().switch;
+    settings.control = "127.0.0.1:0".parse().unwrap();
+    let port = network.bind("127.0.0.1:48864".parse().unwrap()).unwrap();
+    Switch::start_with_port(&settings, port).unwrap()
+}
+
+#[test]
+fn allreduces_over_memory_transports_are_exact_dense_and_sparse() {
+    let network = MemoryNetwork::new();
+    let switch = memory_switch(&network);
+    for sparse in [netagg::SparseMode::Off, netagg::SparseMode::Auto] {
+        let contexts = contexts(&network, &switch, 3, |config| config.general.sparse = sparse);
+        let numel: usize = 100_003;
+        let outcomes: Vec<Vec<i32>> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = (0..)
+                .zip(&contexts)
+                .map(|(rank, context)| {
+                    scope.spawn(move || {
+                        // Every third block of 256 is zero on every rank: sparse skips it.
+                        let mut data: Vec<i32> = (0..numel as i32)
+                            .map(|i| if (i / 256) % 3 == 0 { 0 } else { i % 1000 + rank })
+                            .collect();
+                        context.allreduce(&mut data).unwrap();
+                        data
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|job| job.join().unwrap()).collect()
+        });
+        let expected: Vec<i32> =
+            (0..numel as i32).map(|i| if (i / 256) % 3 == 0 { 0 } else { 3 * (i % 1000) + 3 }).collect();
+        for sums in outcomes {
+            assert!(sums == expected, "sparse = {sparse:?}: a sum differs");
+        }
+        // A dense job sends every block; a sparse one about the two thirds that are not
+        // zero, and header-only packets for the rest of its bookkeeping.
+        let dense_bytes = (numel.div_ceil(256) * 48 + numel * 4) as u64;
+        for context in &contexts {
+            let sent = context.stats().threads.iter().map(|thread| thread.bytes_sent).sum::<u64>();
+            if sparse == netagg::SparseMode::Auto {
+                assert!(sent < dense_bytes * 8 / 10, "{sent} bytes sent, {dense_bytes} dense");
+            } else {
+                assert!(sent >= dense_bytes, "{sent} bytes sent, {dense_bytes} dense");
+            }
+        }
+    }
+    assert_eq!(switch.counters().unwrap().engine.sessions_opened, 2);
+}
+
+#[test]
+fn float32_over_memory_transports_is_within_the_encoding_s_bound() {
+    let network = MemoryNetwork::new();
+    let switch = memory_switch(&network);
+    let contexts = contexts(&network, &switch, 2, |_| {});
+    let numel = 10_000;
+    let results: Vec<Vec<f32>> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = (0..)
+            .zip(&contexts)
+            .map(|(rank, context)| {
+                scope.spawn(move || {
+                    let input: Vec<f32> = (0..numel).map(|i| (i as f32 * 0.37).sin() + rank as f32).collect();
+                    let mut output = vec![0f32; numel];
+                    context.allreduce_into(&input, &mut output).unwrap();
+                    output
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|job| job.join().unwrap()).collect()
+    });
+    for result in results {
+        for (i, sum) in result.iter().enumerate() {
+            let expected = 2.0 * (i as f32 * 0.37).sin() + 1.0;
+            assert!((sum - expected).abs() <= 1e-5 * 4.0, "element {i}: {sum} against {expected}");
+        }
+    }
+}
+
+#[test]
+fn a_transport_count_that_differs_from_the_threads_is_a_config_error() {
+    let mut config = Config::default();
+    config.general.num_worker_threads = 2;
+    let error = Context::start_with_transports(config, Vec::new()).err().unwrap();
+    assert_eq!(error, Error::InvalidConfig("0 transports for general.num_worker_threads = 2".into()));
+}
+
+#[test]
+fn a_switch_of_the_previous_control_version_is_named_as_such() {
+    // A switch of control protocol version 3: it refuses version 4's register with its
+    // own version's reject, as such a switch does.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let control = listener.local_addr().unwrap();
+    let old_switch = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut header = [0u8; 8];
+        stream.read_exact(&mut header).unwrap();
+        assert_eq!(header[0], 4, "the library speaks version 4");
+        let message = b"protocol version 4 is not supported (this side speaks 3)";
+        let mut reject = vec![3, 3];
+        reject.extend_from_slice(&(4 + message.len() as u16).to_le_bytes());
+        reject.extend_from_slice(&[0; 4]);
+        reject.extend_from_slice(&(RejectCode::Version as u16).to_le_bytes());
+        reject.extend_from_slice(&(message.len() as u16).to_le_bytes());
+        reject.extend_from_slice(message);
+        stream.write_all(&reject).unwrap();
+    });
+    let mut config = config(control, 0, 1, "old");
+    config.general.backend = netagg::BackendKind::Udp;
+    let error = Context::start(config).err().unwrap();
+    old_switch.join().unwrap();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "the switch at {control} speaks control protocol version 3, this library version 4: use a \
+             switch and a library of the same release"
+        )
+    );
+    // What the switch sent is read as nothing else.
+    assert!(ControlMessage::parse(&[3, 3, 0, 0, 0, 0, 0, 0]).is_err());
+}

@@ -1,0 +1,80 @@
+//! Data ports: how the switch's data path meets the network.
+//!
+//! The data path feeds the engine whatever datagrams a [`DataPort`] receives and hands
+//! the port the results to send; it knows nothing of sockets, rings or queue pairs. A
+//! port names the worker threads it talks to with its own [`DataPort::Address`] (a UDP
+//! socket address, a queue pair), resolved once, when a session opens, from the
+//! [`Endpoint`] each thread registered.
+//!
+//! - [`UdpPort`]: a kernel UDP socket with batched system calls;
+//! - [`FaultyPort`]: wraps any port to drop, duplicate, reorder, delay or corrupt
+//!   datagrams each way, for `[switch.faults]`;
+//! - [`memory`]: a network in memory, so that the data path and whole sessions are
+//!   tested without sockets.
+//!
+//! A new transport implements [`DataPort`] over its own crate, and
+//! [`crate::Switch::start`] maps its configuration to it.
+
+pub mod faulty;
+pub mod memory;
+pub mod udp;
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::io;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use netagg_aggregator::faults::FaultCounters;
+use netagg_wire::Endpoint;
+
+pub use faulty::FaultyPort;
+pub use memory::{MemoryNetwork, MemorySocket};
+pub use udp::UdpPort;
+
+/// One network attachment of the switch's data path, owned by the data path's thread.
+///
+/// Sending is best effort, as a switch's is: what cannot leave (a full queue, a peer
+/// gone) is lost as on a congested link, and the workers' retransmissions recover it.
+/// Receiving fails only when the port itself is broken, which stops the data path.
+pub trait DataPort: Send + 'static {
+    /// How the port names a worker thread, as a source and as a destination.
+    type Address: Copy + Eq + Hash + Debug + Send + 'static;
+
+    /// Where workers send their packets: every accept announces it. An unspecified IP
+    /// stands for the address the worker registered at.
+    fn endpoint(&self) -> Endpoint;
+
+    /// The address of a worker thread that registered `endpoint` over a control
+    /// connection from `peer`; a message for the worker if this port cannot reach it.
+    fn resolve(&self, endpoint: &Endpoint, peer: IpAddr) -> Result<Self::Address, String>;
+
+    /// Waits up to `timeout` for datagrams and hands each, with its source, to `sink`;
+    /// returns how many it handed over (0 when the time ran out).
+    fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(Self::Address, &[u8])) -> io::Result<usize>;
+
+    /// Queues `datagram` for `destination`; it leaves at the latest at [`DataPort::flush`].
+    fn send(&mut self, destination: Self::Address, datagram: &[u8]);
+
+    /// Queues one datagram for several destinations: a port that can share one buffer
+    /// among several sends (a registered RDMA buffer, a reference-counted mbuf) does so.
+    fn broadcast(&mut self, destinations: &[Self::Address], datagram: &[u8]) {
+        for &destination in destinations {
+            self.send(destination, datagram);
+        }
+    }
+
+    /// Sends everything queued.
+    fn flush(&mut self);
+
+    /// `address` belongs to no session any more: whatever the port keeps for it goes.
+    fn forget(&mut self, address: Self::Address) {
+        let _ = address;
+    }
+
+    /// What fault injection did to the datagrams received and sent, for a port that
+    /// injects faults.
+    fn fault_counters(&self) -> Option<(FaultCounters, FaultCounters)> {
+        None
+    }
+}

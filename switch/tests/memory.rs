@@ -1,0 +1,176 @@
+//! The switch's data path in memory: a real control plane over TCP, and a
+//! [`MemorySocket`] where the UDP port would be, so that what the data path sums, sends
+//! and refuses is seen datagram by datagram without sockets.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use netagg_aggregator::faults::FaultRates;
+use netagg_switch::port::{MemoryNetwork, MemorySocket};
+use netagg_switch::Switch;
+use netagg_wire::{
+    ControlMessage, ElementType, Endpoint, Flags, MessageType, Packet, PacketRepr, RejectCode, ValueEncoding,
+};
+
+const SWITCH_DATA: &str = "127.0.0.1:48864";
+
+fn start(network: &MemoryNetwork, faults: Option<netagg_config::Faults>) -> Switch {
+    let mut settings = netagg_config::Config::default().switch;
+    settings.control = "127.0.0.1:0".parse().unwrap();
+    if let Some(faults) = faults {
+        settings.faults = faults;
+    }
+    let port = network.bind(SWITCH_DATA.parse().unwrap()).unwrap();
+    Switch::start_with_port(&settings, port).expect("a switch starts over a memory port")
+}
+
+fn register_message(rank: u16, world_size: u16, name: &str, endpoint: Endpoint) -> ControlMessage {
+    ControlMessage::Register {
+        rank,
+        world_size,
+        packet_elements: 4,
+        slots: 1,
+        depth: 2,
+        encoding: ValueEncoding::Native,
+        sparse_blocks: false,
+        name: name.into(),
+        endpoints: vec![endpoint],
+    }
+}
+
+/// Registers every rank of a session of one thread each; returns their control
+/// connections (kept open: closing one ends the session) and the accepts' session and
+/// token.
+fn open_session(switch: &Switch, name: &str, workers: &[&MemorySocket]) -> (Vec<TcpStream>, u32, u64) {
+    let streams: Vec<TcpStream> = (0..)
+        .zip(workers)
+        .map(|(rank, worker)| {
+            let mut stream = TcpStream::connect(switch.control_addr()).unwrap();
+            let endpoint = Endpoint::Udp(worker.local_addr());
+            register_message(rank, workers.len() as u16, name, endpoint).write_to(1, &mut stream).unwrap();
+            stream
+        })
+        .collect();
+    let mut accepted = None;
+    for mut stream in &streams {
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        match ControlMessage::read_from(&mut stream).unwrap() {
+            (1, ControlMessage::Accept { session, token, data, .. }) => {
+                assert_eq!(data, Endpoint::Udp(SWITCH_DATA.parse().unwrap()));
+                accepted = Some((session, token));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let (session, token) = accepted.unwrap();
+    (streams, session, token)
+}
+
+fn data(session: u32, token: u64, rank: u16, values: [i32; 4]) -> Vec<u8> {
+    let repr = PacketRepr {
+        message_type: MessageType::Data,
+        element_type: ElementType::Int32,
+        flags: Flags::NONE,
+        session,
+        job: 1,
+        packet_id: 0,
+        rank,
+        element_count: 4,
+        slot: 0,
+        exponent: 0,
+        round: 0,
+        block: 0,
+        next_block: 0,
+        ack_round: u32::MAX,
+        token,
+    };
+    let mut bytes = vec![0u8; repr.buffer_len()];
+    let mut packet = repr.emit(&mut bytes).unwrap();
+    for (element, value) in packet.payload_mut().chunks_exact_mut(4).zip(values) {
+        element.copy_from_slice(&value.to_le_bytes());
+    }
+    bytes
+}
+
+/// The datagrams `socket` receives within `wait`, with their sources.
+fn received(socket: &mut MemorySocket, wait: Duration) -> Vec<(SocketAddr, Vec<u8>)> {
+    let mut datagrams = Vec::new();
+    socket.recv(wait, |from, datagram| datagrams.push((from, datagram.to_vec())));
+    datagrams
+}
+
+fn sums(datagram: &[u8]) -> Vec<i32> {
+    let result = Packet::new_checked(datagram).unwrap();
+    assert_eq!(result.message_type(), MessageType::Result);
+    result.payload().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+#[test]
+fn a_session_s_packets_are_summed_and_the_result_broadcast_to_every_rank() {
+    let network = MemoryNetwork::new();
+    let switch = start(&network, None);
+    let mut workers: Vec<MemorySocket> =
+        (0..3).map(|_| network.bind("127.0.0.1:0".parse().unwrap()).unwrap()).collect();
+    let (_control, session, token) = open_session(&switch, "sum", &workers.iter().collect::<Vec<_>>());
+    let mut forger = network.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    // Rank 2's packet from an address rank 2 did not register, with the right token.
+    forger.send_to(SWITCH_DATA.parse().unwrap(), &data(session, token, 2, [666; 4]));
+    for (rank, worker) in (0..).zip(workers.iter_mut()) {
+        let values = [1, 2, 3, 4].map(|v| v * (i32::from(rank) + 1));
+        worker.send_to(SWITCH_DATA.parse().unwrap(), &data(session, token, rank, values));
+    }
+    for worker in &mut workers {
+        let results = received(worker, Duration::from_secs(5));
+        assert_eq!(results.len(), 1, "one result each");
+        assert_eq!(results[0].0, SWITCH_DATA.parse::<SocketAddr>().unwrap());
+        assert_eq!(sums(&results[0].1), [6, 12, 18, 24], "the forged packet was not summed");
+    }
+    assert!(received(&mut forger, Duration::from_millis(50)).is_empty(), "nothing goes to a forger");
+    let counters = switch.counters().unwrap();
+    let (_, session_counters) = counters.sessions[0];
+    assert_eq!((session_counters.contributions, session_counters.forged), (3, 1));
+    assert!(counters.faults.is_none(), "no fault injection configured");
+}
+
+#[test]
+fn registrations_of_a_transport_the_port_does_not_speak_are_refused_by_name() {
+    let network = MemoryNetwork::new();
+    let switch = start(&network, None);
+    let mut bytes = vec![0u8; 64];
+    let register = register_message(0, 1, "rdma", Endpoint::Udp("0.0.0.0:9".parse().unwrap()));
+    let len = register.emit(1, &mut bytes).unwrap();
+    // The endpoint's kind byte, made one this switch does not know.
+    let kind = len - 8;
+    assert_eq!(bytes[kind], 1);
+    bytes[kind] = 9;
+    let mut stream = TcpStream::connect(switch.control_addr()).unwrap();
+    std::io::Write::write_all(&mut stream, &bytes[..len]).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (_, reply) = ControlMessage::read_from(&mut stream).unwrap();
+    assert_eq!(
+        reply,
+        ControlMessage::Reject {
+            code: RejectCode::Transport,
+            message: "unknown endpoint kind 9: the peer offers a transport this side does not know".into()
+        }
+    );
+    // The switch closes the connection after a malformed message.
+    assert_eq!(stream.read(&mut [0u8; 8]).unwrap(), 0);
+}
+
+#[test]
+fn a_faulty_port_wraps_the_memory_port_and_the_protocol_sees_its_faults() {
+    let network = MemoryNetwork::new();
+    let faults =
+        netagg_config::Faults { receive: FaultRates::dropping(1.0), send: FaultRates::NONE, seed: 3 };
+    let switch = start(&network, Some(faults));
+    let mut worker = network.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let (_control, session, token) = open_session(&switch, "lossy", &[&worker]);
+    for _ in 0..5 {
+        worker.send_to(SWITCH_DATA.parse().unwrap(), &data(session, token, 0, [1; 4]));
+    }
+    assert!(received(&mut worker, Duration::from_millis(200)).is_empty(), "every packet was dropped");
+    let (receive, send) = switch.counters().unwrap().faults.expect("faults are counted");
+    assert_eq!((receive.datagrams, receive.dropped, send.datagrams), (5, 5, 0));
+}
