@@ -24,6 +24,32 @@ pub(crate) unsafe fn input_bytes<'a>(input: *const u8, len: usize) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(input, len) }
 }
 
+/// Blocks whose exponents one look-up finds together: a run of 32 KiB at 256-element
+/// packets, read in one sequential pass, where a block at a time, between the other work
+/// of a packet, waits on memory for each. Each look-up also prefetches one block of the
+/// next run, so that the run finds its blocks in cache.
+const EXPONENT_RUN: usize = 32;
+
+/// How many blocks ahead a store prefetches the output: a few packets' time, as the
+/// memory system takes to answer.
+const STORE_PREFETCH_DISTANCE: usize = 16;
+
+/// The longest block [`SliceIo`] prefetches: 1024 float32 elements.
+const PREFETCH_MAX_BLOCK_BYTES: usize = 4096;
+
+/// Moves a slice's blocks between the caller's buffers and packets through the codec.
+pub(crate) struct SliceIo<'a> {
+    input: *const u8,
+    output: *mut u8,
+    bytes: usize,
+    block_bytes: usize,
+    data_type: DataType,
+    codec: Arc<dyn Codec>,
+    /// The exponents of the slice's first blocks, found [`EXPONENT_RUN`] at a time; the
+    /// worker thread's buffer, empty at the start of a slice.
+    exponents: &'a mut Vec<i8>,
+}
+
 impl<'a> SliceIo<'a> {
     /// The I/O of the slice of `job` that starts at block `first_block` and holds
     /// `elements` elements, of blocks of `block_bytes`; `exponents` is the worker
@@ -51,32 +77,6 @@ impl<'a> SliceIo<'a> {
             exponents,
         }
     }
-}
-
-/// Blocks whose exponents one look-up finds together: a run of 32 KiB at 256-element
-/// packets, read in one sequential pass, where a block at a time, between the other work
-/// of a packet, waits on memory for each. Each look-up also prefetches one block of the
-/// next run, so that the run finds its blocks in cache.
-const EXPONENT_RUN: usize = 32;
-
-/// How many blocks ahead a store prefetches the output: a few packets' time, as the
-/// memory system takes to answer.
-const STORE_PREFETCH_DISTANCE: usize = 16;
-
-/// The longest block [`SliceIo`] prefetches: 1024 float32 elements.
-const PREFETCH_MAX_BLOCK_BYTES: usize = 4096;
-
-/// Moves a slice's blocks between the caller's buffers and packets through the codec.
-pub(crate) struct SliceIo<'a> {
-    input: *const u8,
-    output: *mut u8,
-    bytes: usize,
-    block_bytes: usize,
-    data_type: DataType,
-    codec: Arc<dyn Codec>,
-    /// The exponents of the slice's first blocks, found [`EXPONENT_RUN`] at a time; the
-    /// worker thread's buffer, empty at the start of a slice.
-    exponents: &'a mut Vec<i8>,
 }
 
 impl SliceIo<'_> {

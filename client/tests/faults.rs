@@ -305,7 +305,7 @@ fn sessions_over_the_memory_limits_are_refused_with_the_bytes_they_need() {
             error,
             Error::Rejected {
                 code: netagg::RejectCode::Limit,
-                message: "1 sessions are open, the limit is 1".into()
+                message: "1 sessions are open or assembling, the limit is 1".into()
             }
         );
     }

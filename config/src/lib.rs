@@ -145,6 +145,9 @@ pub struct Switch {
     pub control: SocketAddr,
     /// UDP address of the data path.
     pub data: SocketAddr,
+    /// Control connections at once (each holds a descriptor and a thread).
+    pub max_connections: usize,
+    /// Sessions open or assembling at once.
     pub max_sessions: u16,
     pub max_workers: u16,
     pub max_slots: u16,
@@ -156,6 +159,9 @@ pub struct Switch {
     /// are connected; zero never closes it so (a worker whose connection closes ends its
     /// session at once either way).
     pub idle_timeout: Duration,
+    /// How long a control connection may take to register, and its session to
+    /// assemble after that.
+    pub register_timeout: Duration,
     /// Print counters this often; zero prints them only on exit.
     pub stats_interval: Duration,
     /// error, warn, info, debug or trace.
@@ -201,12 +207,14 @@ impl Default for Config {
             switch: Switch {
                 control: SocketAddr::from(([0, 0, 0, 0], 50099)),
                 data: SocketAddr::from(([0, 0, 0, 0], 48864)),
+                max_connections: 1024,
                 max_sessions: 64,
                 max_workers: 1024,
                 max_slots: 8192,
                 max_memory: 1 << 30,
                 max_session_memory: 256 << 20,
                 idle_timeout: Duration::ZERO,
+                register_timeout: Duration::from_secs(60),
                 stats_interval: Duration::ZERO,
                 log_level: "info".into(),
                 faults: Faults::default(),
@@ -437,6 +445,12 @@ const KEYS: &[(&str, &str, Getter, Setter)] = &[
         },
     ),
     (
+        "switch.max_connections",
+        "an integer from 1 to 1048576",
+        |c| c.switch.max_connections.to_string(),
+        |c, v| set_int(&mut c.switch.max_connections, v, 1, 1 << 20),
+    ),
+    (
         "switch.max_sessions",
         "an integer from 1 to 65535",
         |c| c.switch.max_sessions.to_string(),
@@ -477,6 +491,12 @@ const KEYS: &[(&str, &str, Getter, Setter)] = &[
             }
             set_duration(&mut c.switch.idle_timeout, v, 1.0)
         },
+    ),
+    (
+        "switch.register_timeout",
+        "seconds, above 0 and at most 30 days",
+        |c| format_duration(c.switch.register_timeout, 1.0),
+        |c, v| set_duration(&mut c.switch.register_timeout, v, 1.0),
     ),
     (
         "switch.stats_interval",

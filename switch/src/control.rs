@@ -6,6 +6,19 @@
 //! freed, and the remaining ranks are told, so their jobs fail fast instead of timing
 //! out, and a new set of workers can register under the same name right away.
 //!
+//! No client can stall another. The registry's lock is never held while a socket is
+//! written: what to send is decided under the lock and sent after it. Every write is
+//! non-blocking: a control message is a few hundred bytes, and a client whose socket
+//! cannot take one has stopped reading, so it is disconnected rather than waited for.
+//! Connections, and sessions open or assembling, are bounded; a connection must
+//! register within the registration timeout, and its session must assemble within the
+//! same time after that, or it is refused and closed.
+//!
+//! One thread per connection, each blocked in a read: connections are few and live as
+//! long as their sessions, the caps bound the threads, and the code of a connection
+//! stays sequential. What made threads costly (blocking writes under the lock, no caps)
+//! is gone; an event loop would buy nothing more here.
+//!
 //! The plane keeps every connection's stream and thread, so that a switch stopped in
 //! process closes them all and joins their threads instead of leaving them behind.
 
@@ -15,7 +28,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use netagg_aggregator::{SessionId, SessionSpec};
@@ -36,10 +49,14 @@ struct Shape {
     threads: usize,
 }
 
+/// A connection's stream, shared by its thread, the plane's list of connections and the
+/// registry: one descriptor per connection.
+type Stream = Arc<TcpStream>;
+
 struct Member {
     /// The connection this registration came on; a departure acts only on its own.
     connection: u64,
-    stream: TcpStream,
+    stream: Stream,
     request_id: u32,
     /// Where the data path reaches this worker's threads.
     registered: Registered,
@@ -55,7 +72,7 @@ struct Pending {
 struct Open {
     id: SessionId,
     /// Per rank: its connection's number and stream.
-    members: BTreeMap<u16, (u64, TcpStream)>,
+    members: BTreeMap<u16, (u64, Stream)>,
 }
 
 #[derive(Default)]
@@ -64,11 +81,27 @@ struct Registry {
     open: HashMap<String, Open>,
 }
 
+/// What the control plane allows, from the `[switch]` settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlLimits {
+    /// Control connections at once; more are refused as they arrive.
+    pub max_connections: usize,
+    /// Sessions open or assembling at once.
+    pub max_sessions: u16,
+    /// Workers in one session.
+    pub max_workers: u16,
+    /// How long a connection may take to register, and its session to assemble after.
+    pub register_timeout: Duration,
+}
+
+/// Messages to send once the registry's lock is released.
+type Outgoing = Vec<(Stream, u32, ControlMessage)>;
+
 pub struct ControlPlane {
     registry: Mutex<Registry>,
     next_connection: AtomicU64,
     /// Each live connection's stream and thread, by connection number.
-    connections: Mutex<HashMap<u64, (TcpStream, JoinHandle<()>)>>,
+    connections: Mutex<HashMap<u64, (Stream, JoinHandle<()>)>>,
     /// Set when the switch stops: the acceptor takes no more connections, and closing
     /// connections no longer counts as ranks leaving.
     stopping: AtomicBool,
@@ -76,15 +109,19 @@ pub struct ControlPlane {
     /// The data path's endpoint, announced in every accept: registrations must name
     /// endpoints of its kind.
     data_endpoint: Endpoint,
+    limits: ControlLimits,
 }
 
 type Rejection = (RejectCode, String);
 
-/// How long a new connection may take to register.
-const REGISTER_WAIT: Duration = Duration::from_secs(60);
+/// The longest the acceptor waits after `accept` fails before it tries again (out of
+/// descriptors, say: retrying at once would spin).
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+/// How often a repeated event of the acceptor is logged at most.
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl ControlPlane {
-    pub fn new(commands: Sender<Command>, data_endpoint: Endpoint) -> Arc<ControlPlane> {
+    pub fn new(commands: Sender<Command>, data_endpoint: Endpoint, limits: ControlLimits) -> Arc<ControlPlane> {
         Arc::new(ControlPlane {
             registry: Mutex::default(),
             next_connection: AtomicU64::new(0),
@@ -92,30 +129,61 @@ impl ControlPlane {
             stopping: AtomicBool::new(false),
             commands,
             data_endpoint,
+            limits,
         })
     }
 
     /// Accepts connections until [`ControlPlane::stop_accepting`] and one more
     /// connection (which only wakes it); one thread per connection.
     pub fn serve(self: &Arc<Self>, listener: TcpListener) {
-        for stream in listener.incoming() {
+        let mut backoff = Duration::ZERO;
+        let mut failures = Throttled::default();
+        let mut refusals = Throttled::default();
+        loop {
+            let accepted = listener.accept();
             if self.stopping.load(Ordering::Acquire) {
                 return;
             }
-            match stream {
-                Ok(stream) => self.start_connection(stream),
-                Err(error) => tracing::warn!(%error, "accepting a control connection failed"),
+            match accepted {
+                Ok((stream, _)) => {
+                    backoff = Duration::ZERO;
+                    if !self.start_connection(stream) {
+                        let max = self.limits.max_connections;
+                        refusals.note(|count| tracing::warn!(count, max, "control connections refused: too many"));
+                    }
+                }
+                Err(error) => {
+                    // Out of descriptors, most likely: the sessions already running go
+                    // on; new connections wait, and the log gets a line now and then.
+                    failures.note(|count| {
+                        tracing::warn!(%error, count, "accepting control connections fails; backing off")
+                    });
+                    backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_ACCEPT_BACKOFF);
+                    std::thread::sleep(backoff);
+                }
             }
         }
     }
 
-    fn start_connection(self: &Arc<Self>, stream: TcpStream) {
-        let connection = self.next_connection.fetch_add(1, Ordering::Relaxed);
-        let Ok(handle) = stream.try_clone() else { return };
-        let plane = Arc::clone(self);
+    /// Starts a thread for a new connection; false if the connection was refused (too
+    /// many), which it is told before it is closed.
+    fn start_connection(self: &Arc<Self>, stream: TcpStream) -> bool {
+        let stream = Arc::new(stream);
         // Held until the thread is recorded: the thread's own removal of its entry, when
         // it ends, waits for this lock, so it cannot come first and leave a stale entry.
         let mut connections = self.lock_connections();
+        if connections.len() >= self.limits.max_connections {
+            drop(connections);
+            let message = format!(
+                "the switch serves at most {} control connections at once; try again later",
+                self.limits.max_connections
+            );
+            send(&stream, 0, &ControlMessage::Reject { code: RejectCode::Limit, message });
+            return false;
+        }
+        let connection = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let plane = Arc::clone(self);
+        let handle = Arc::clone(&stream);
         let thread = std::thread::Builder::new().name(format!("control-{connection}")).spawn(move || {
             plane.connection(connection, stream);
             plane.lock_connections().remove(&connection);
@@ -126,6 +194,7 @@ impl ControlPlane {
             }
             Err(error) => tracing::warn!(%error, "cannot start a thread for a control connection"),
         }
+        true
     }
 
     /// Makes [`ControlPlane::serve`] return at its next connection.
@@ -140,7 +209,7 @@ impl ControlPlane {
         self.stopping.store(true, Ordering::Release);
         let connections: Vec<_> = self.lock_connections().drain().map(|(_, entry)| entry).collect();
         for (stream, thread) in connections {
-            // Ends the thread's blocking read or write.
+            // Ends the thread's blocking read.
             let _ = stream.shutdown(Shutdown::Both);
             let _ = thread.join();
         }
@@ -149,24 +218,16 @@ impl ControlPlane {
     /// Tells the ranks of sessions the data path expired, and forgets those sessions.
     pub fn handle_events(self: &Arc<Self>, events: crossbeam_channel::Receiver<Event>) {
         for Event::Expired(id) in events {
-            let mut registry = self.lock();
-            let Some(name) =
-                registry.open.iter().find(|(_, open)| open.id == id).map(|(name, _)| name.clone())
-            else {
-                continue;
+            let open = {
+                let mut registry = self.lock();
+                let name = registry.open.iter().find(|(_, open)| open.id == id).map(|(name, _)| name.clone());
+                name.and_then(|name| Some((registry.open.remove(&name)?, name)))
             };
-            if let Some(open) = registry.open.remove(&name) {
-                let message = format!("session '{name}' expired: no packets for the idle timeout");
-                for (_, mut stream) in open.members.into_values() {
-                    let _ = send(
-                        &mut stream,
-                        0,
-                        &ControlMessage::Reject {
-                            code: RejectCode::UnknownSession,
-                            message: message.clone(),
-                        },
-                    );
-                }
+            let Some((open, name)) = open else { continue };
+            let message = format!("session '{name}' expired: no packets for the idle timeout");
+            for (_, stream) in open.members.into_values() {
+                let reject = ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() };
+                send(&stream, 0, &reject);
             }
         }
     }
@@ -176,11 +237,11 @@ impl ControlPlane {
         self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn lock_connections(&self) -> MutexGuard<'_, HashMap<u64, (TcpStream, JoinHandle<()>)>> {
+    fn lock_connections(&self) -> MutexGuard<'_, HashMap<u64, (Stream, JoinHandle<()>)>> {
         self.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn connection(&self, connection: u64, mut stream: TcpStream) {
+    fn connection(&self, connection: u64, stream: Stream) {
         let peer = match stream.peer_addr() {
             Ok(peer) => peer,
             Err(_) => return,
@@ -190,12 +251,14 @@ impl ControlPlane {
             .with_time(Duration::from_secs(20))
             .with_interval(Duration::from_secs(10))
             .with_retries(3);
-        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        let _ = socket2::SockRef::from(&*stream).set_tcp_keepalive(&keepalive);
         // A connection that never registers must not hold its thread forever.
-        let _ = stream.set_read_timeout(Some(REGISTER_WAIT));
-        let mut membership: Option<(String, u16)> = None;
+        let _ = stream.set_read_timeout(Some(self.limits.register_timeout));
+        // Set once this connection's registration is in: its session and rank, and when
+        // the session must have assembled.
+        let mut membership: Option<(String, u16, Instant)> = None;
         loop {
-            let (request_id, message) = match ControlMessage::read_from(&mut stream) {
+            let (request_id, message) = match ControlMessage::read_from(&mut &*stream) {
                 Ok(message) => message,
                 Err(error) if error.kind() == io::ErrorKind::InvalidData => {
                     let wire = error.get_ref().and_then(|e| e.downcast_ref::<WireError>());
@@ -204,9 +267,33 @@ impl ControlPlane {
                         Some(WireError::UnknownEndpoint(_)) => RejectCode::Transport,
                         _ => RejectCode::Malformed,
                     };
-                    let _ =
-                        send(&mut stream, 0, &ControlMessage::Reject { code, message: error.to_string() });
+                    send(&stream, 0, &ControlMessage::Reject { code, message: error.to_string() });
                     break;
+                }
+                Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    let Some((name, rank, deadline)) = &membership else {
+                        let waited = self.limits.register_timeout;
+                        let message = format!("no registration within {waited:?} of connecting");
+                        send(&stream, 0, &ControlMessage::Reject { code: RejectCode::Malformed, message });
+                        break;
+                    };
+                    match self.assembly(name, *rank, connection, *deadline) {
+                        // Open: the connection now lives as long as the session.
+                        Assembly::Open => {
+                            let _ = stream.set_read_timeout(None);
+                        }
+                        Assembly::Waiting(left) => {
+                            let _ = stream.set_read_timeout(Some(left));
+                        }
+                        Assembly::Withdrawn(message) => {
+                            tracing::info!(%peer, %name, rank, %message, "registration withdrawn");
+                            send(&stream, 0, &ControlMessage::Reject { code: RejectCode::Limit, message });
+                            // Withdrawn already: nothing is left to depart from.
+                            membership = None;
+                            break;
+                        }
+                    }
+                    continue;
                 }
                 Err(error) => {
                     if error.kind() != io::ErrorKind::UnexpectedEof {
@@ -237,44 +324,52 @@ impl ControlPlane {
                         threads: endpoints.len(),
                     };
                     let registered = Registered { peer: peer.ip(), endpoints };
-                    let member = match stream.try_clone() {
-                        Ok(clone) => Member { connection, stream: clone, request_id, registered },
-                        Err(_) => break,
-                    };
+                    let member = Member { connection, stream: Arc::clone(&stream), request_id, registered };
                     match self.register(&name, rank, shape, member) {
-                        Ok(()) => {
-                            // Registered: the connection now lives as long as the session.
-                            let _ = stream.set_read_timeout(None);
-                            membership = Some((name, rank));
+                        Ok(outgoing) => {
+                            // The session must assemble within the timeout from now on;
+                            // once open, the connection lives as long as the session.
+                            let deadline = Instant::now() + self.limits.register_timeout;
+                            membership = Some((name, rank, deadline));
+                            deliver(outgoing);
                         }
                         Err((code, message)) => {
                             tracing::info!(%peer, %name, rank, %message, "registration rejected");
-                            let _ = send(&mut stream, request_id, &ControlMessage::Reject { code, message });
+                            send(&stream, request_id, &ControlMessage::Reject { code, message });
+                            // Closed after the reject: a client cannot pile up replies
+                            // it never reads.
+                            break;
                         }
                     }
                 }
                 ControlMessage::Leave { .. } => break,
                 _ => {
                     let message = "expected one register, then nothing until leave".to_string();
-                    let _ = send(
-                        &mut stream,
-                        request_id,
-                        &ControlMessage::Reject { code: RejectCode::Malformed, message },
-                    );
+                    send(&stream, request_id, &ControlMessage::Reject { code: RejectCode::Malformed, message });
                     break;
                 }
             }
         }
-        if let Some((name, rank)) = membership {
+        if let Some((name, rank, _)) = membership {
             self.depart(&name, rank, connection);
         }
+        let _ = stream.shutdown(Shutdown::Both);
     }
 
-    fn register(&self, name: &str, rank: u16, shape: Shape, member: Member) -> Result<(), Rejection> {
+    fn register(&self, name: &str, rank: u16, shape: Shape, member: Member) -> Result<Outgoing, Rejection> {
         if rank >= shape.world_size {
             return Err((
                 RejectCode::RankOutOfRange,
                 format!("rank {rank} is not below the world size {}", shape.world_size),
+            ));
+        }
+        if shape.world_size > self.limits.max_workers {
+            return Err((
+                RejectCode::Limit,
+                format!(
+                    "a world of {} workers is above this switch's limit of {}",
+                    shape.world_size, self.limits.max_workers
+                ),
             ));
         }
         if shape.slots as usize % shape.threads != 0 || (shape.slots as usize) < shape.threads {
@@ -300,6 +395,13 @@ impl ControlPlane {
                 format!("session '{name}' is already running with all its ranks"),
             ));
         }
+        let sessions = registry.open.len() + registry.pending.len();
+        if !registry.pending.contains_key(name) && sessions >= self.limits.max_sessions as usize {
+            return Err((
+                RejectCode::Limit,
+                format!("{sessions} sessions are open or assembling, the limit is {}", self.limits.max_sessions),
+            ));
+        }
         let pending = registry.pending.entry(name.to_string()).or_insert_with(|| Pending {
             shape: shape.clone(),
             first_rank: rank,
@@ -322,15 +424,14 @@ impl ControlPlane {
         pending.members.insert(rank, member);
         tracing::info!(%name, rank, joined = pending.members.len(), world = shape.world_size, "worker registered");
         if pending.members.len() < shape.world_size as usize {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        let Some(pending) = registry.pending.remove(name) else { return Ok(()) };
-        self.open(&mut registry, name, pending);
-        Ok(())
+        let Some(pending) = registry.pending.remove(name) else { return Ok(Vec::new()) };
+        Ok(self.open(&mut registry, name, pending))
     }
 
-    /// Opens a session whose every rank has registered, and answers them all.
-    fn open(&self, registry: &mut Registry, name: &str, pending: Pending) {
+    /// Opens a session whose every rank has registered; returns the answers to them all.
+    fn open(&self, registry: &mut Registry, name: &str, pending: Pending) -> Outgoing {
         let shape = &pending.shape;
         let spec = SessionSpec {
             workers: shape.world_size,
@@ -342,6 +443,9 @@ impl ControlPlane {
         // The token is the session's credential: unguessable, so only a CSPRNG will do.
         let token = rand::rngs::OsRng.next_u64();
         let (reply, result) = crossbeam_channel::bounded(1);
+        // The data path answers between two receive calls, within milliseconds: waiting
+        // for it under the lock keeps a session's opening atomic for the other
+        // connections, and involves no socket.
         let opened = self
             .commands
             .send(Command::Open { spec, token, workers, reply })
@@ -353,8 +457,9 @@ impl ControlPlane {
             Some(Err(OpenError::Endpoint(message))) => Err((RejectCode::Transport, message)),
             None => Err((RejectCode::Limit, "the data path is not running".to_string())),
         };
+        let mut outgoing = Vec::new();
         let mut streams = BTreeMap::new();
-        for (rank, mut member) in pending.members {
+        for (rank, member) in pending.members {
             let message = match &outcome {
                 Ok(id) => ControlMessage::Accept {
                     session: id.0,
@@ -368,7 +473,7 @@ impl ControlPlane {
                 },
                 Err((code, message)) => ControlMessage::Reject { code: *code, message: message.clone() },
             };
-            let _ = send(&mut member.stream, member.request_id, &message);
+            outgoing.push((Arc::clone(&member.stream), member.request_id, message));
             streams.insert(rank, (member.connection, member.stream));
         }
         match outcome {
@@ -378,6 +483,30 @@ impl ControlPlane {
             }
             Err((_, message)) => tracing::warn!(%name, %message, "session could not open"),
         }
+        outgoing
+    }
+
+    /// Whether the session `connection` registered in as `rank` has opened, may still
+    /// assemble, or is overdue at `deadline` (the registration is then withdrawn).
+    fn assembly(&self, name: &str, rank: u16, connection: u64, deadline: Instant) -> Assembly {
+        let mut registry = self.lock();
+        let Some(pending) = registry.pending.get_mut(name) else { return Assembly::Open };
+        if !pending.members.get(&rank).is_some_and(|m| m.connection == connection) {
+            return Assembly::Open;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !left.is_zero() {
+            return Assembly::Waiting(left);
+        }
+        let (joined, world) = (pending.members.len(), pending.shape.world_size);
+        pending.members.remove(&rank);
+        if pending.members.is_empty() {
+            registry.pending.remove(name);
+        }
+        Assembly::Withdrawn(format!(
+            "session '{name}' did not assemble within {:?}: {joined} of {world} ranks registered",
+            self.limits.register_timeout
+        ))
     }
 
     /// A rank left or its connection closed: a pending registration is withdrawn; an
@@ -389,24 +518,27 @@ impl ControlPlane {
         if self.stopping.load(Ordering::Acquire) {
             return;
         }
-        let mut registry = self.lock();
-        if let Some(pending) = registry.pending.get_mut(name) {
-            if pending.members.get(&rank).is_some_and(|m| m.connection == connection) {
-                pending.members.remove(&rank);
-                if pending.members.is_empty() {
-                    registry.pending.remove(name);
+        let open = {
+            let mut registry = self.lock();
+            if let Some(pending) = registry.pending.get_mut(name) {
+                if pending.members.get(&rank).is_some_and(|m| m.connection == connection) {
+                    pending.members.remove(&rank);
+                    if pending.members.is_empty() {
+                        registry.pending.remove(name);
+                    }
                 }
+                return;
             }
-            return;
-        }
-        let ours = registry
-            .open
-            .get(name)
-            .is_some_and(|o| o.members.get(&rank).is_some_and(|(c, _)| *c == connection));
-        if !ours {
-            return;
-        }
-        let Some(open) = registry.open.remove(name) else { return };
+            let ours = registry
+                .open
+                .get(name)
+                .is_some_and(|o| o.members.get(&rank).is_some_and(|(c, _)| *c == connection));
+            if !ours {
+                return;
+            }
+            let Some(open) = registry.open.remove(name) else { return };
+            open
+        };
         let (reply, result) = crossbeam_channel::bounded(1);
         let counters = self
             .commands
@@ -416,16 +548,42 @@ impl ControlPlane {
             .flatten();
         tracing::info!(%name, rank, ?counters, "session closed: a rank left");
         let message = format!("rank {rank} left session '{name}'; the session is closed");
-        for (other, (_, mut stream)) in open.members {
+        for (other, (_, stream)) in open.members {
             if other != rank {
-                let _ = send(
-                    &mut stream,
-                    0,
-                    &ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() },
-                );
+                let reject = ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() };
+                send(&stream, 0, &reject);
             }
         }
     }
+}
+
+/// Events that a flood could repeat thousands of times a second, logged once per
+/// [`LOG_INTERVAL`] with how many there were.
+#[derive(Default)]
+struct Throttled {
+    count: u64,
+    last_logged: Option<Instant>,
+}
+
+impl Throttled {
+    fn note(&mut self, log: impl FnOnce(u64)) {
+        self.count += 1;
+        if self.last_logged.is_none_or(|at| at.elapsed() >= LOG_INTERVAL) {
+            log(self.count);
+            self.count = 0;
+            self.last_logged = Some(Instant::now());
+        }
+    }
+}
+
+/// Where a pending registration's session stands, for its connection's thread.
+enum Assembly {
+    /// Opened (or gone): the connection waits for nothing any more.
+    Open,
+    /// Still assembling, for at most this long.
+    Waiting(Duration),
+    /// Overdue: withdrawn, with the message that says so.
+    Withdrawn(String),
 }
 
 fn describe_differences(expected: &Shape, got: &Shape) -> String {
@@ -447,6 +605,24 @@ fn describe_differences(expected: &Shape, got: &Shape) -> String {
     differences.join(", ")
 }
 
-fn send(stream: &mut TcpStream, request_id: u32, message: &ControlMessage) -> io::Result<()> {
-    message.write_to(request_id, stream)
+/// Sends what the lock's holder decided to send, now that the lock is released.
+fn deliver(outgoing: Outgoing) {
+    for (stream, request_id, message) in outgoing {
+        send(&stream, request_id, &message);
+    }
+}
+
+/// Writes one message without waiting. A control message is small next to a socket's
+/// send buffer, so a socket that cannot take it whole belongs to a client that stopped
+/// reading: it is shut down, which ends its connection, rather than waited for.
+fn send(stream: &TcpStream, request_id: u32, message: &ControlMessage) {
+    let mut bytes = vec![0u8; message.buffer_len()];
+    if message.emit(request_id, &mut bytes).is_err() {
+        return;
+    }
+    let written = socket2::SockRef::from(stream).send_with_flags(&bytes, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+    if !matches!(written, Ok(n) if n == bytes.len()) {
+        tracing::info!(peer = ?stream.peer_addr().ok(), "control connection closed: its client does not read");
+        let _ = stream.shutdown(Shutdown::Both);
+    }
 }

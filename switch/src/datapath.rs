@@ -47,10 +47,11 @@ impl<A: Copy> Peers<A> {
         workers: &[Registered],
         slots_per_thread: u16,
     ) -> Result<Peers<A>, String> {
-        let workers = workers
-            .iter()
-            .map(|worker| worker.endpoints.iter().map(|e| port.resolve(e, worker.peer)).collect())
-            .collect::<Result<_, _>>()?;
+        let resolve = |rank: usize, worker: &Registered| {
+            let threads = worker.endpoints.iter().map(|endpoint| port.resolve(endpoint, worker.peer));
+            threads.collect::<Result<Vec<A>, String>>().map_err(|message| format!("rank {rank}: {message}"))
+        };
+        let workers = workers.iter().enumerate().map(|(rank, worker)| resolve(rank, worker)).collect::<Result<_, _>>()?;
         Ok(Peers { workers, slots_per_thread: slots_per_thread.max(1) })
     }
 

@@ -29,7 +29,7 @@ use crossbeam_channel::Sender;
 use netagg_aggregator::EngineLimits;
 use netagg_wire::Endpoint;
 
-use crate::control::ControlPlane;
+use crate::control::{ControlLimits, ControlPlane};
 pub use crate::datapath::Counters;
 use crate::datapath::{Command, DataPath};
 pub use crate::port::udp::SOCKET_BUFFER as DATA_SOCKET_BUFFER;
@@ -110,7 +110,7 @@ impl Switch {
 
         let (commands, command_receiver) = crossbeam_channel::unbounded();
         let (events, event_receiver) = crossbeam_channel::unbounded();
-        let plane = ControlPlane::new(commands.clone(), data_endpoint);
+        let plane = ControlPlane::new(commands.clone(), data_endpoint, control_limits(settings));
         // Built before any thread starts, so that a failed start stops what did start.
         let mut switch = Switch { control_addr, data_endpoint, commands, plane, threads: Threads::default() };
         let datapath = DataPath::new(port, limits(settings), command_receiver, events);
@@ -203,6 +203,32 @@ fn limits(settings: &netagg_config::Switch) -> EngineLimits {
         ..EngineLimits::default()
     }
 }
+
+/// The control plane's limits from the `[switch]` settings, connections capped to what
+/// the process may open: a connection holds one descriptor, and the switch keeps
+/// [`DESCRIPTOR_RESERVE`] for everything else.
+fn control_limits(settings: &netagg_config::Switch) -> ControlLimits {
+    let descriptors = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(u64::MAX, |(soft, _)| soft);
+    let room = descriptors.saturating_sub(DESCRIPTOR_RESERVE).max(1);
+    let max_connections = settings.max_connections.min(usize::try_from(room).unwrap_or(usize::MAX));
+    if max_connections < settings.max_connections {
+        tracing::warn!(
+            configured = settings.max_connections,
+            allowed = max_connections,
+            descriptors,
+            "switch.max_connections lowered to what the descriptor limit (ulimit -n) allows"
+        );
+    }
+    ControlLimits {
+        max_connections,
+        max_sessions: settings.max_sessions,
+        max_workers: settings.max_workers,
+        register_timeout: settings.register_timeout,
+    }
+}
+
+/// Descriptors kept for all but control connections: sockets, the listener, logs.
+const DESCRIPTOR_RESERVE: u64 = 64;
 
 fn spawn<T: Send + 'static>(
     name: &str,

@@ -35,7 +35,10 @@ struct Args {
     /// UDP address of the data path (port 0: any free port) [default 0.0.0.0:48864].
     #[arg(long)]
     data: Option<SocketAddr>,
-    /// Sessions open at once [default 64].
+    /// Control connections at once, at most the descriptor limit less 64 [default 1024].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Sessions open or assembling at once [default 64].
     #[arg(long)]
     max_sessions: Option<u16>,
     /// Workers in one session [default 1024].
@@ -54,6 +57,10 @@ struct Args {
     /// connected; 0 never does [default 0].
     #[arg(long)]
     idle_timeout: Option<f64>,
+    /// Seconds a control connection may take to register, and its session to assemble
+    /// after that [default 60].
+    #[arg(long)]
+    register_timeout: Option<f64>,
     /// Print counters every this many seconds; 0 prints them only on exit [default 0].
     #[arg(long)]
     stats_interval: Option<f64>,
@@ -109,6 +116,7 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
     if let Some(data) = args.data {
         settings.data = data;
     }
+    settings.max_connections = args.max_connections.unwrap_or(settings.max_connections);
     settings.max_sessions = args.max_sessions.unwrap_or(settings.max_sessions);
     settings.max_workers = args.max_workers.unwrap_or(settings.max_workers);
     settings.max_slots = args.max_slots.unwrap_or(settings.max_slots);
@@ -116,6 +124,9 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
     settings.max_session_memory = args.max_session_memory.unwrap_or(settings.max_session_memory);
     if let Some(value) = args.idle_timeout {
         settings.idle_timeout = seconds(value, "idle-timeout")?;
+    }
+    if let Some(value) = args.register_timeout {
+        settings.register_timeout = seconds(value, "register-timeout")?;
     }
     if let Some(value) = args.stats_interval {
         settings.stats_interval = seconds(value, "stats-interval")?;
@@ -130,6 +141,11 @@ fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
 }
 
 fn run(settings: netagg_config::Switch) -> Result<(), String> {
+    // Each control connection holds a descriptor: as many as the hard limit allows, as
+    // servers do, so that the default limits fit a default `ulimit -n`.
+    if let Err(error) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(%error, "cannot raise the descriptor limit");
+    }
     let switch = Switch::start(&settings).map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -91,3 +91,23 @@ fn a_taken_address_is_an_error_that_names_it() {
         "{error}"
     );
 }
+
+#[test]
+fn empty_datagrams_are_counted_as_malformed() {
+    let switch = loopback_switch();
+    let Endpoint::Udp(data) = switch.data_endpoint();
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for _ in 0..3 {
+        socket.send_to(&[], data).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let engine = switch.counters().expect("the data path answers").engine;
+        if engine.datagrams == 3 {
+            assert_eq!(engine.malformed, 3);
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} datagrams counted", engine.datagrams);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -174,3 +174,25 @@ fn a_faulty_port_wraps_the_memory_port_and_the_protocol_sees_its_faults() {
     let (receive, send) = switch.counters().unwrap().faults.expect("faults are counted");
     assert_eq!((receive.datagrams, receive.dropped, send.datagrams), (5, 5, 0));
 }
+
+#[test]
+fn a_udp_endpoint_elsewhere_than_its_registration_is_refused_with_the_session() {
+    let network = MemoryNetwork::new();
+    let switch = start(&network, None);
+    let mut stream = TcpStream::connect(switch.control_addr()).unwrap();
+    // Registered from 127.0.0.1, pointing the switch's results at another host.
+    let elsewhere = Endpoint::Udp("127.0.0.2:9".parse().unwrap());
+    register_message(0, 1, "elsewhere", elsewhere).write_to(1, &mut stream).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (_, reply) = ControlMessage::read_from(&mut stream).unwrap();
+    assert_eq!(
+        reply,
+        ControlMessage::Reject {
+            code: RejectCode::Transport,
+            message: "rank 0: its endpoint udp 127.0.0.2:9 is not at 127.0.0.1, where it registered \
+                      from: a UDP worker receives at the address it registers from"
+                .into()
+        }
+    );
+    assert_eq!(switch.counters().unwrap().engine.sessions_opened, 0);
+}

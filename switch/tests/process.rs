@@ -128,3 +128,58 @@ fn bad_fault_flags_and_memory_limits_name_the_flag_the_key_and_what_is_allowed()
     let (code, stderr) = run(&["--max-session-memory", "-1"]);
     assert_eq!(code, Some(2), "{stderr}");
 }
+
+/// Seconds of CPU the process has used, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // utime and stime, the 14th and 15th fields, count after the command's ')'.
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+#[test]
+fn a_flood_of_connections_under_a_small_descriptor_limit_neither_spins_nor_floods_the_log() {
+    // 100 descriptors at most, soft and hard: the switch fits its connections to them.
+    let mut child = Command::new("prlimit")
+        .args(["--nofile=100:100", SWITCH, "--control", "127.0.0.1:0", "--data", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("prlimit (util-linux) runs the switch");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let control = first.split_whitespace().nth(2).unwrap().to_string();
+    // Far more idle connections than descriptors, kept open.
+    let flood: Vec<_> = (0..300).filter_map(|_| std::net::TcpStream::connect(&control).ok()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_seconds(child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_seconds(child.id()) - before;
+    assert!(spent < 0.2, "the switch used {spent} s of CPU in 2 s while flooded");
+    // Room for a legitimate worker once some of the flood leaves.
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut worker = std::net::TcpStream::connect(&control).unwrap();
+    worker.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let register = netagg_wire::ControlMessage::Register {
+        rank: 0,
+        world_size: 1,
+        packet_elements: 4,
+        slots: 1,
+        depth: 2,
+        encoding: netagg_wire::ValueEncoding::Native,
+        sparse_blocks: false,
+        name: "after-the-flood".into(),
+        endpoints: vec![netagg_wire::Endpoint::Udp("0.0.0.0:9".parse().unwrap())],
+    };
+    register.write_to(1, &mut worker).unwrap();
+    let (_, reply) = netagg_wire::ControlMessage::read_from(&mut worker).unwrap();
+    assert!(matches!(reply, netagg_wire::ControlMessage::Accept { .. }), "{reply:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(stderr.lines().count() < 20, "{} log lines:\n{stderr}", stderr.lines().count());
+    assert!(stderr.contains("max_connections lowered"), "{stderr}");
+}

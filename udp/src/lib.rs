@@ -122,6 +122,12 @@ impl BatchSocket {
         };
         let mut datagrams = 0;
         for (buffer, meta) in self.buffers.iter().zip(&meta).take(received) {
+            if meta.len == 0 {
+                // An empty datagram is a datagram too: the receiver counts and drops it.
+                sink(meta.addr, &[]);
+                datagrams += 1;
+                continue;
+            }
             // With GRO one buffer holds several datagrams of `stride` bytes each.
             for datagram in buffer[..meta.len].chunks(meta.stride.max(1)) {
                 sink(meta.addr, datagram);

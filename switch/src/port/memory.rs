@@ -128,7 +128,7 @@ impl DataPort for MemorySocket {
     }
 
     fn resolve(&self, endpoint: &Endpoint, peer: IpAddr) -> Result<SocketAddr, String> {
-        endpoint.udp_address(peer).ok_or_else(|| format!("a memory port cannot reach {endpoint}"))
+        super::udp_peer(endpoint, peer)
     }
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
