@@ -14,6 +14,8 @@
 //! transport and `[switch.faults]` for the switch's data path (also `netagg-switch
 //! --faults KEY=VALUE,...`).
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
