@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, MAX_ELEMENTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, WireError};
 
+use crate::round::is_after;
 use crate::sum;
 use crate::workers::WorkerSet;
 
@@ -824,11 +825,6 @@ impl Set {
         }
         Ok(())
     }
-}
-
-/// Whether round `a` comes after round `b`, in wrapping (serial number) order.
-pub fn is_after(a: u32, b: u32) -> bool {
-    (a.wrapping_sub(b) as i32) > 0
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ macro_rules! counters {
 
 pub mod engine;
 pub mod faults;
+mod round;
 pub mod sim;
 pub mod sum;
 pub mod worker;
