@@ -33,7 +33,7 @@ pub use job::{DataType, Element, Job, JobStatus, TensorJob};
 pub use netagg_config as config;
 pub use netagg_config::{BackendKind, Config, ConfigError, SparseMode};
 pub use netagg_wire::RejectCode;
-pub use stats::Stats;
+pub use stats::{Stats, ThreadCounters};
 
 /// Why an operation of the library failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
