@@ -195,31 +195,28 @@ fn a_frozen_switch_fails_jobs_within_the_job_timeout() {
 /// Datagrams no worker sends: random bytes, truncated and oversized headers, other
 /// versions, guessed sessions and tokens, forged ranks, slots out of range, bit flips.
 fn hostile_datagram(rng: &mut impl Rng, session: u32) -> Vec<u8> {
+    let message_type = [MessageType::Data, MessageType::Ack, MessageType::Result][rng.gen_range(0..3)];
+    let element_type = if rng.gen() { ElementType::Int32 } else { ElementType::Float32 };
+    let flags = Flags::from_bits(rng.gen_range(0..8)).unwrap();
+    // The real session most of the time, else a guess near it.
+    let session = if rng.gen_bool(0.7) {
+        session
+    } else {
+        session.wrapping_add(rng.gen_range(0..4) << 16 | rng.gen_range(0..4))
+    };
     let repr = PacketRepr {
-        message_type: [MessageType::Data, MessageType::Ack, MessageType::Result][rng.gen_range(0..3)],
-        element_type: if rng.gen() { ElementType::Int32 } else { ElementType::Float32 },
-        flags: Flags::from_bits(rng.gen_range(0..8)).unwrap(),
-        // The real session most of the time, else a guess near it.
-        session: if rng.gen_bool(0.7) {
-            session
-        } else {
-            session.wrapping_add(rng.gen_range(0..4) << 16 | rng.gen_range(0..4))
-        },
+        flags,
         job: rng.gen_range(0..4),
         packet_id: rng.gen_range(0..64),
         rank: rng.gen_range(0..5),
-        element_count: 0,
         slot: rng.gen_range(0..300),
-        exponent: 0,
         round: rng.gen_range(0..8),
         block: rng.gen_range(0..64),
         next_block: u32::MAX,
         ack_round: rng.gen_range(0..8),
         token: if rng.gen_bool(0.5) { rng.gen() } else { rng.gen_range(0..4) },
-    };
-    let repr = PacketRepr {
-        element_count: if repr.message_type == MessageType::Ack { 0 } else { rng.gen_range(0..=256) },
-        ..repr
+        element_count: if message_type == MessageType::Ack { 0 } else { rng.gen_range(0..=256) },
+        ..PacketRepr::new(message_type, element_type, session, 0, 0)
     };
     let mut bytes = vec![0u8; repr.buffer_len()];
     let mut packet = repr.emit(&mut bytes).unwrap();
@@ -336,22 +333,10 @@ fn a_rank_s_packets_count_only_from_its_registered_address_and_with_its_token() 
         other => panic!("{other:?}"),
     };
     let data = |values: [i32; 4], token: u64| {
+        // Round 0 of slot 0, the first packet of the session: it holds no result yet.
         let repr = PacketRepr {
-            message_type: MessageType::Data,
-            element_type: ElementType::Int32,
-            flags: Flags::NONE,
-            session,
-            job: 1,
-            packet_id: 0,
-            rank: 0,
-            element_count: 4,
-            slot: 0,
-            exponent: 0,
-            round: 0,
-            block: 0,
-            next_block: 0,
             ack_round: u32::MAX,
-            token,
+            ..PacketRepr::new(MessageType::Data, ElementType::Int32, session, token, 4)
         };
         let mut bytes = vec![0u8; repr.buffer_len()];
         let mut packet = repr.emit(&mut bytes).unwrap();
