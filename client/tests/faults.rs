@@ -6,26 +6,23 @@
 //! minutes of CPU, so it runs only in release builds (`scripts/test` runs this file with
 //! `cargo test --release`), where it takes about 20 s.
 
-mod support;
+mod common;
 
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use netagg::{Config, Context, Error};
+use common::{
+    allreduce_all, contexts, counter, freeze, run_verified, signal, start_contexts, unique_session, Switch,
+    Worker,
+};
+use netagg::{Config, Error};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 use rand::{Rng, SeedableRng};
-use support::{freeze, run_verified, signal, unique_session, Switch, Worker};
 
 /// Sum of the `retransmitted` counts of every worker thread in a rank's summary.
 fn retransmissions(stdout: &str) -> u64 {
     stdout.split(" retransmitted").filter_map(|before| before.rsplit(' ').next()?.parse::<u64>().ok()).sum()
-}
-
-/// The number after `label` in a counters line.
-fn counter(text: &str, label: &str) -> u64 {
-    let Some((_, after)) = text.split_once(&format!("{label} ")) else { panic!("no '{label}' in:\n{text}") };
-    after.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
 }
 
 #[test]
@@ -52,7 +49,7 @@ fn a_hundred_allreduces_of_1m_int32_across_4_workers_stay_exact_with_1_and_5_per
             ("NETAGG_GENERAL__JOB_TIMEOUT", "30"),
         ];
         let args = ["--numel", "1000000", "--jobs", "100"];
-        let outputs = run_verified(&switch, 4, 100, &env, &args, Duration::from_secs(240));
+        let outputs = run_verified(&switch, 4, &env, &args, Duration::from_secs(240));
         let resent: u64 = outputs.iter().map(|o| retransmissions(o)).sum();
         // About 1 − (1 − rate)^8 of all 4 × 1000 rounds per job are hit by some loss.
         assert!(resent > 1000, "loss {rate}: only {resent} retransmissions");
@@ -92,55 +89,7 @@ fn a_worker_killed_mid_job_fails_the_others_at_once_and_a_new_session_starts_rig
         assert!(took < Duration::from_secs(5), "rank {rank} failed after {took:?}, not at once");
     }
     victim.finish(Duration::from_secs(5));
-    run_verified(&switch, 4, 2, &[], &["--numel", "100000", "--jobs", "2"], Duration::from_secs(60));
-}
-
-/// Starts `workers` contexts of a new session at `switch` (each waits for all); returns
-/// each rank's outcome.
-fn start_contexts(
-    switch: &Switch,
-    workers: u16,
-    change: impl Fn(&mut Config),
-) -> Vec<Result<Context, Error>> {
-    let session = unique_session("lib");
-    std::thread::scope(|scope| {
-        let starts: Vec<_> = (0..workers)
-            .map(|rank| {
-                let mut config = switch.config(rank, workers, &session);
-                change(&mut config);
-                scope.spawn(move || Context::start(config))
-            })
-            .collect();
-        starts.into_iter().map(|s| s.join().unwrap()).collect()
-    })
-}
-
-/// [`start_contexts`], every one of which must start.
-fn contexts(switch: &Switch, workers: u16, change: impl Fn(&mut Config)) -> Vec<Context> {
-    start_contexts(switch, workers, change).into_iter().map(Result::unwrap).collect()
-}
-
-/// Runs one allreduce on every context at once; returns each rank's outcome, and checks
-/// the sums of those that succeeded: rank `r` contributes `r + 1` times each index.
-fn allreduce_all(contexts: &[Context], numel: usize) -> Vec<Result<(), Error>> {
-    let ranks = contexts.len() as i32;
-    std::thread::scope(|scope| {
-        let runs: Vec<_> = (0..)
-            .zip(contexts)
-            .map(|(rank, context)| {
-                scope.spawn(move || {
-                    let mut data: Vec<i32> = (0..numel as i32).map(|i| i.wrapping_mul(rank + 1)).collect();
-                    context.allreduce(&mut data)?;
-                    let factor = ranks * (ranks + 1) / 2;
-                    let wrong =
-                        (0..numel as i32).zip(&data).filter(|(i, v)| i.wrapping_mul(factor) != **v).count();
-                    assert_eq!(wrong, 0, "rank {rank}: {wrong} of {numel} sums wrong");
-                    Ok(())
-                })
-            })
-            .collect();
-        runs.into_iter().map(|r| r.join().unwrap()).collect()
-    })
+    run_verified(&switch, 4, &[], &["--numel", "100000", "--jobs", "2"], Duration::from_secs(60));
 }
 
 #[test]
