@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, MAX_ELEMENTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, WireError};
 
+use crate::round::is_after;
 use crate::sum;
 use crate::workers::WorkerSet;
 
@@ -826,32 +827,16 @@ impl Set {
     }
 }
 
-/// Whether round `a` comes after round `b`, in wrapping (serial number) order.
-pub fn is_after(a: u32, b: u32) -> bool {
-    (a.wrapping_sub(b) as i32) > 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn contribution(session: SessionId, rank: u16, round: u32, ack_round: u32) -> Vec<u8> {
         let repr = PacketRepr {
-            message_type: MessageType::Data,
-            element_type: ElementType::Int32,
-            flags: Flags::NONE,
-            session: session.0,
-            job: 1,
-            packet_id: 0,
             rank,
-            element_count: 1,
-            slot: 0,
-            exponent: 0,
             round,
-            block: 0,
-            next_block: 0,
             ack_round,
-            token: 7,
+            ..PacketRepr::new(MessageType::Data, ElementType::Int32, session.0, 7, 1)
         };
         let mut buffer = vec![0; repr.buffer_len()];
         repr.emit(&mut buffer).unwrap().payload_mut().copy_from_slice(&(round as i32).to_le_bytes());

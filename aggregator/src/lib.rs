@@ -14,6 +14,8 @@
 //! packets to send come out, so the switch process and the client library are thin shells
 //! and every behaviour can be tested deterministically in memory.
 
+#![forbid(unsafe_code)]
+
 /// Declares a struct of `u64` event counters with `since`, which subtracts an earlier
 /// snapshot, and `+`, which adds two, field by field.
 macro_rules! counters {
@@ -40,6 +42,7 @@ macro_rules! counters {
 
 pub mod engine;
 pub mod faults;
+mod round;
 pub mod sim;
 pub mod sum;
 pub mod worker;

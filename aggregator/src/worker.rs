@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, WireError};
 
-use crate::engine::is_after;
+use crate::round::is_after;
 
 /// Moves payloads between the caller's tensors and packets: the pre- and
 /// post-processing.

@@ -22,21 +22,14 @@ struct Contribution {
 fn data(session: SessionId, rank: u16, slot: u16, round: u32, values: &[i32]) -> Contribution {
     Contribution {
         repr: PacketRepr {
-            message_type: MessageType::Data,
-            element_type: ElementType::Int32,
-            flags: Flags::NONE,
-            session: session.0,
             job: 1,
             packet_id: 100 + slot as u32,
             rank,
-            element_count: values.len() as u16,
             slot,
-            exponent: 0,
             round,
             block: slot as u32,
-            next_block: 0,
             ack_round: round.wrapping_sub(1),
-            token: TOKEN,
+            ..PacketRepr::new(MessageType::Data, ElementType::Int32, session.0, TOKEN, values.len() as u16)
         },
         payload: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
     }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use netagg_aggregator::engine::{Engine, EngineLimits, SessionId, SessionSpec, Verdict};
-use netagg_wire::{ElementType, Flags, MessageType, PacketRepr, MAX_DATAGRAM_LEN};
+use netagg_wire::{ElementType, MessageType, PacketRepr, MAX_DATAGRAM_LEN};
 
 const SLOTS: u16 = 64;
 const PACKET_ELEMENTS: u16 = 256;
@@ -40,23 +40,19 @@ fn data_packets(session: SessionId, workers: u16) -> Vec<Vec<u8>> {
         for slot in 0..SLOTS {
             for rank in 0..workers {
                 let repr = PacketRepr {
-                    message_type: MessageType::Data,
-                    element_type: ElementType::Int32,
-                    flags: Flags::NONE,
-                    session: session.0,
-                    job: 1,
-                    packet_id: round * SLOTS as u32 + slot as u32,
                     rank,
-                    element_count: PACKET_ELEMENTS,
                     slot,
-                    exponent: 0,
                     round,
-                    block: 0,
-                    next_block: 0,
                     // A worker's contribution acknowledges the slot's previous result,
                     // which lets the engine reuse that result's set two rounds later.
                     ack_round: round.wrapping_sub(1),
-                    token: TOKEN,
+                    ..PacketRepr::new(
+                        MessageType::Data,
+                        ElementType::Int32,
+                        session.0,
+                        TOKEN,
+                        PACKET_ELEMENTS,
+                    )
                 };
                 let mut bytes = vec![0; repr.buffer_len()];
                 let mut packet = repr.emit(&mut bytes).expect("buffer_len fits the packet");

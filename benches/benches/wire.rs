@@ -7,26 +7,10 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
+use netagg_wire::{ElementType, MessageType, Packet, PacketRepr};
 
 fn repr(element_count: u16) -> PacketRepr {
-    PacketRepr {
-        message_type: MessageType::Data,
-        element_type: ElementType::Int32,
-        flags: Flags::NONE,
-        session: 0x0001_0000,
-        job: 7,
-        packet_id: 12345,
-        rank: 3,
-        element_count,
-        slot: 17,
-        exponent: 0,
-        round: 99,
-        block: 1234,
-        next_block: 1235,
-        ack_round: 98,
-        token: 0x5eed_cafe_f00d_beef,
-    }
+    PacketRepr::new(MessageType::Data, ElementType::Int32, 0x0001_0000, 0x5eed_cafe_f00d_beef, element_count)
 }
 
 fn wire(c: &mut Criterion) {

@@ -136,7 +136,7 @@ pub(crate) fn worker_thread(
         {
             let now = *protocol.counters();
             let mut stats = shared.stats.lock().unwrap_or_else(|p| p.into_inner());
-            stats.threads[thread] = stats.threads[thread] + now.since(&reported);
+            stats.add_thread(thread, &now.since(&reported));
             reported = now;
         }
         slice.job.finish_slice(outcome, |failed| shared.job_ended(failed));

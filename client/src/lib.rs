@@ -39,7 +39,7 @@ pub use netagg_aggregator::worker::JobError;
 pub use netagg_config as config;
 pub use netagg_config::{BackendKind, Config, ConfigError, SparseMode};
 pub use netagg_wire::{Endpoint, RejectCode};
-pub use stats::Stats;
+pub use stats::{Stats, ThreadCounters};
 
 /// Why an operation of the library failed.
 ///

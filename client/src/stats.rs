@@ -1,6 +1,7 @@
 //! Counters of a context: jobs, and the packets of every worker thread.
 
 use std::fmt;
+use std::ops::Add;
 
 use netagg_aggregator::worker::WorkerCounters;
 
@@ -12,7 +13,7 @@ pub struct Stats {
     pub jobs_failed: u64,
     pub elements_submitted: u64,
     /// Per worker thread: packets, acks, retransmissions, results, duplicates, timeouts.
-    pub threads: Vec<WorkerCounters>,
+    pub threads: Vec<ThreadCounters>,
 }
 
 impl Stats {
@@ -22,13 +23,81 @@ impl Stats {
             jobs_finished: 0,
             jobs_failed: 0,
             elements_submitted: 0,
-            threads: vec![WorkerCounters::default(); threads],
+            threads: vec![ThreadCounters::default(); threads],
         }
     }
 
+    /// Adds what worker thread `thread`'s protocol counted since it last reported.
+    pub(crate) fn add_thread(&mut self, thread: usize, counted: &WorkerCounters) {
+        self.threads[thread] = self.threads[thread] + ThreadCounters::from(counted);
+    }
+
     /// All threads' counters added up.
-    pub fn total(&self) -> WorkerCounters {
-        self.threads.iter().fold(WorkerCounters::default(), |sum, thread| sum + *thread)
+    pub fn total(&self) -> ThreadCounters {
+        self.threads.iter().fold(ThreadCounters::default(), |sum, thread| sum + *thread)
+    }
+}
+
+/// Declares [`ThreadCounters`] with, field by field, `since`, `+` and the conversion from
+/// the protocol's counters (the one place the protocol's type becomes the client's).
+macro_rules! thread_counters {
+    ($(#[$meta:meta])* pub struct ThreadCounters { $($(#[$field_meta:meta])* pub $field:ident: u64,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct ThreadCounters { $($(#[$field_meta])* pub $field: u64,)* }
+
+        impl ThreadCounters {
+            /// The events counted since the snapshot `earlier`.
+            pub fn since(&self, earlier: &ThreadCounters) -> ThreadCounters {
+                ThreadCounters { $($field: self.$field - earlier.$field,)* }
+            }
+        }
+
+        impl Add for ThreadCounters {
+            type Output = ThreadCounters;
+            fn add(self, other: ThreadCounters) -> ThreadCounters {
+                ThreadCounters { $($field: self.$field + other.$field,)* }
+            }
+        }
+
+        impl From<&WorkerCounters> for ThreadCounters {
+            fn from(counters: &WorkerCounters) -> ThreadCounters {
+                ThreadCounters { $($field: counters.$field,)* }
+            }
+        }
+    };
+}
+
+thread_counters! {
+    /// What one worker thread sent and received.
+    pub struct ThreadCounters {
+        /// Datagrams sent: data packets and acks.
+        pub packets_sent: u64,
+        /// Bytes of the datagrams sent, headers included.
+        pub bytes_sent: u64,
+        /// Data packets sent, retransmissions included.
+        pub data_sent: u64,
+        /// Acks sent: which results a slot holds, or a request for one it lacks.
+        pub acks_sent: u64,
+        /// Data packets sent again after a timeout.
+        pub retransmissions: u64,
+        /// Results received that were new.
+        pub results_received: u64,
+        /// Bytes of the new results received, headers included.
+        pub bytes_received: u64,
+        /// Results received that this thread already held.
+        pub duplicates: u64,
+        /// Results of another job, or for a slot not in use.
+        pub stale: u64,
+        /// Datagrams refused: malformed, or not a result for this thread (another session,
+        /// rank, slot or block, or outside the slot's window of rounds).
+        pub rejected: u64,
+        /// Slot timers that fired, each sending a retransmission or a request for a result.
+        pub timeouts: u64,
+        /// Slices of jobs completed.
+        pub jobs_done: u64,
+        /// Slices of jobs failed.
+        pub jobs_failed: u64,
     }
 }
 
@@ -57,5 +126,24 @@ impl fmt::Display for Stats {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_s_report_adds_to_its_own_counters_and_the_total() {
+        let counted =
+            WorkerCounters { packets_sent: 3, bytes_received: 96, jobs_failed: 1, ..Default::default() };
+        let mut stats = Stats::new(2);
+        stats.add_thread(1, &counted);
+        stats.add_thread(1, &counted);
+        let expected =
+            ThreadCounters { packets_sent: 6, bytes_received: 192, jobs_failed: 2, ..Default::default() };
+        assert_eq!(stats.threads, [ThreadCounters::default(), expected]);
+        assert_eq!(stats.total(), expected);
+        assert_eq!(expected.since(&ThreadCounters::from(&counted)), ThreadCounters::from(&counted));
     }
 }

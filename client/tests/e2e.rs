@@ -5,114 +5,21 @@
 //! itself (exact for int32, within rounding for float32). The switch binary is found
 //! beside it, in the same target directory: `cargo test --workspace` builds both.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use netagg::{BackendKind, Config, Context, Error, RejectCode};
+use common::{allreduce_all, contexts, dummy_config, run_verified, start_contexts, unique_session, Switch};
+use netagg::{Config, Context, Error, RejectCode};
 
-fn binary(name: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_netagg-allreduce")).with_file_name(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build the workspace's binaries (cargo build --workspace)",
-        path.display()
-    );
-    path
-}
-
-/// A switch process on free loopback ports, killed on drop.
-struct Switch {
-    child: Child,
-    control_port: u16,
-}
-
-impl Switch {
-    fn start(extra: &[&str]) -> Switch {
-        let mut child = Command::new(binary("netagg-switch"))
-            .args(["--control", "127.0.0.1:0", "--data", "127.0.0.1:0", "--log-level", "warn"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("netagg-switch starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        // "netagg-switch: control 127.0.0.1:PORT data 127.0.0.1:PORT"
-        let control =
-            line.split_whitespace().nth(2).unwrap_or_else(|| panic!("unexpected first line '{line}'"));
-        let control_port = control.rsplit_once(':').unwrap().1.parse().unwrap();
-        Switch { child, control_port }
-    }
-
-    fn config(&self, rank: u16, workers: u16) -> Config {
-        let mut config = Config::default();
-        config.general.rank = rank;
-        config.general.num_workers = workers;
-        config.general.controller_port = self.control_port;
-        config.general.session = unique_session();
-        config.general.connect_timeout = Duration::from_secs(20);
-        config
-    }
-}
-
-impl Drop for Switch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn unique_session() -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!("e2e-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-/// Runs `workers` processes of `netagg-allreduce` with `args`; every one must verify every
-/// job. `env` adds configuration variables.
-fn run_workers(switch: &Switch, workers: u16, env: &[(&str, String)], args: &[&str]) {
-    let session = unique_session();
-    let mut children: Vec<Child> = (0..workers)
-        .map(|rank| {
-            Command::new(binary("netagg-allreduce"))
-                .args(args)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", workers.to_string())
-                .env("NETAGG_GENERAL__CONTROLLER_PORT", switch.control_port.to_string())
-                .env("NETAGG_GENERAL__SESSION", &session)
-                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("netagg-allreduce starts")
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
-        if Instant::now() > deadline {
-            children.iter_mut().for_each(|c| drop(c.kill()));
-            panic!("workers still running after 120 s: {args:?} {env:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for (rank, child) in children.into_iter().enumerate() {
-        let output = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "rank {rank} failed ({args:?} {env:?}):\n{stdout}\n{stderr}");
-        let jobs =
-            args.iter().position(|a| *a == "--jobs").map_or(3, |i| args[i + 1].parse::<usize>().unwrap());
-        assert_eq!(stdout.matches("elements verified").count(), jobs, "rank {rank}:\n{stdout}");
-        assert!(!stdout.contains("WRONG"), "rank {rank}:\n{stdout}");
-    }
-}
+/// How long the worker processes of one run may take.
+const WITHIN: Duration = Duration::from_secs(120);
 
 #[test]
 fn two_three_and_eight_workers_sum_int32_exactly() {
     let switch = Switch::start(&[]);
     for workers in [2, 3, 8] {
-        run_workers(&switch, workers, &[], &["--numel", "0,1,255,256,257,100000", "--jobs", "6"]);
+        run_verified(&switch, workers, &[], &["--numel", "0,1,255,256,257,100000", "--jobs", "6"], WITHIN);
     }
 }
 
@@ -120,9 +27,9 @@ fn two_three_and_eight_workers_sum_int32_exactly() {
 fn concurrent_sessions_share_a_switch() {
     let switch = Switch::start(&[]);
     std::thread::scope(|scope| {
-        scope.spawn(|| run_workers(&switch, 3, &[], &["--numel", "300000", "--jobs", "2"]));
+        scope.spawn(|| run_verified(&switch, 3, &[], &["--numel", "300000", "--jobs", "2"], WITHIN));
         scope.spawn(|| {
-            run_workers(&switch, 2, &[], &["--type", "float32", "--numel", "200000", "--jobs", "2"])
+            run_verified(&switch, 2, &[], &["--type", "float32", "--numel", "200000", "--jobs", "2"], WITHIN)
         });
     });
 }
@@ -130,24 +37,13 @@ fn concurrent_sessions_share_a_switch() {
 #[test]
 fn a_session_over_the_switch_limits_is_refused_to_every_rank() {
     let switch = Switch::start(&["--max-workers", "2"]);
-    let session = unique_session();
-    let outcomes: Vec<Result<(), Error>> = std::thread::scope(|scope| {
-        let starts: Vec<_> = (0..3u16)
-            .map(|rank| {
-                let mut config = switch.config(rank, 3);
-                config.general.session = session.clone();
-                scope.spawn(move || Context::start(config).map(|_| ()))
-            })
-            .collect();
-        starts.into_iter().map(|s| s.join().unwrap()).collect()
-    });
-    for outcome in outcomes {
-        let error = outcome.unwrap_err();
+    for outcome in start_contexts(&switch, 3, |_| {}) {
+        let error = outcome.map(|_| ()).unwrap_err();
         assert_eq!(
             error,
             Error::Rejected {
                 code: RejectCode::Limit,
-                message: "3 workers requested, a session holds 1 to 2".into()
+                message: "a world of 3 workers is above this switch's limit of 2".into()
             }
         );
     }
@@ -159,11 +55,12 @@ fn every_thread_count_and_packet_size_sums_exactly() {
     for threads in [1u16, 2, 4] {
         for packet in [64usize, 256, 1024] {
             let sizes = format!("0,1,{},{},{},20000", packet - 1, packet, packet + 1);
+            let (threads, packet_numel) = (threads.to_string(), packet.to_string());
             let env = [
-                ("NETAGG_GENERAL__NUM_WORKER_THREADS", threads.to_string()),
-                ("NETAGG_GENERAL__PACKET_NUMEL", packet.to_string()),
+                ("NETAGG_GENERAL__NUM_WORKER_THREADS", threads.as_str()),
+                ("NETAGG_GENERAL__PACKET_NUMEL", packet_numel.as_str()),
             ];
-            run_workers(&switch, 2, &env, &["--numel", &sizes, "--jobs", "6"]);
+            run_verified(&switch, 2, &env, &["--numel", &sizes, "--jobs", "6"], WITHIN);
         }
     }
 }
@@ -171,33 +68,30 @@ fn every_thread_count_and_packet_size_sums_exactly() {
 #[test]
 fn float32_sums_and_ten_million_elements() {
     let switch = Switch::start(&[]);
-    run_workers(&switch, 3, &[], &["--type", "float32", "--numel", "1,1000,100000", "--jobs", "3"]);
-    let quantised = [("NETAGG_GENERAL__PREPOSTPROCESSOR", "cpu_exponent_quantizer".to_string())];
-    run_workers(&switch, 3, &quantised, &["--type", "float32", "--numel", "0,1,257,100000", "--jobs", "4"]);
-    let env = [("NETAGG_GENERAL__PACKET_NUMEL", "1024".to_string())];
-    run_workers(&switch, 2, &env, &["--numel", "10000000", "--jobs", "1"]);
+    run_verified(&switch, 3, &[], &["--type", "float32", "--numel", "1,1000,100000", "--jobs", "3"], WITHIN);
+    let quantised = [("NETAGG_GENERAL__PREPOSTPROCESSOR", "cpu_exponent_quantizer")];
+    run_verified(
+        &switch,
+        3,
+        &quantised,
+        &["--type", "float32", "--numel", "0,1,257,100000", "--jobs", "4"],
+        WITHIN,
+    );
+    let env = [("NETAGG_GENERAL__PACKET_NUMEL", "1024")];
+    run_verified(&switch, 2, &env, &["--numel", "10000000", "--jobs", "1"], WITHIN);
 }
 
 #[test]
 fn async_jobs_interleave_and_out_of_place_jobs_keep_their_input() {
     let switch = Switch::start(&[]);
-    run_workers(&switch, 3, &[], &["--async", "--numel", "5000,1,70000,0,300", "--jobs", "10"]);
-    run_workers(&switch, 3, &[], &["--out-of-place", "--numel", "4097,1", "--jobs", "4"]);
+    run_verified(&switch, 3, &[], &["--async", "--numel", "5000,1,70000,0,300", "--jobs", "10"], WITHIN);
+    run_verified(&switch, 3, &[], &["--out-of-place", "--numel", "4097,1", "--jobs", "4"], WITHIN);
 }
 
 #[test]
 fn jobs_from_several_threads_of_one_process() {
     let switch = Switch::start(&[]);
-    let contexts: Vec<Context> = std::thread::scope(|scope| {
-        let starts: Vec<_> = (0..2u16)
-            .map(|rank| {
-                let mut config = switch.config(rank, 2);
-                config.general.session = "threads".into();
-                scope.spawn(move || Context::start(config).unwrap())
-            })
-            .collect();
-        starts.into_iter().map(|s| s.join().unwrap()).collect()
-    });
+    let contexts = contexts(&switch, 2, |_| {});
     // Each rank submits 6 jobs in the same order, from one thread; the ranks run in
     // parallel and their jobs run concurrently.
     std::thread::scope(|scope| {
@@ -223,11 +117,8 @@ fn jobs_from_several_threads_of_one_process() {
 
 #[test]
 fn dummy_backend_sums_as_if_every_worker_sent_the_same_data() {
-    let mut config = Config::default();
-    config.general.backend = BackendKind::Dummy;
-    config.general.num_workers = 4;
+    let mut config = dummy_config(4);
     config.general.num_worker_threads = 2;
-    config.dummy.bandwidth = 0.0;
     let context = Context::start(config.clone()).unwrap();
     let mut ints: Vec<i32> = (0..10_000).map(|i| i - 5000).collect();
     context.allreduce(&mut ints).unwrap();
@@ -271,11 +162,7 @@ fn dummy_backend_sums_as_if_every_worker_sent_the_same_data() {
 
 #[test]
 fn several_threads_submit_to_one_context() {
-    let mut config = Config::default();
-    config.general.backend = BackendKind::Dummy;
-    config.general.num_workers = 3;
-    config.dummy.bandwidth = 0.0;
-    let context = Context::start(config).unwrap();
+    let context = Context::start(dummy_config(3)).unwrap();
     std::thread::scope(|scope| {
         for thread in 0..4i32 {
             let context = &context;
@@ -301,12 +188,9 @@ fn several_threads_submit_to_one_context() {
 /// `jobs_finished` one short right after a wait returned.
 #[test]
 fn a_job_seen_ended_is_already_in_the_stats() {
-    let mut config = Config::default();
-    config.general.backend = BackendKind::Dummy;
-    config.general.num_workers = 2;
+    let mut config = dummy_config(2);
     config.general.num_worker_threads = 3;
     config.general.packet_numel = 64;
-    config.dummy.bandwidth = 0.0;
     let context = Context::start(config).unwrap();
     for job in 1..=2000u64 {
         context.allreduce_async(vec![1i32; 3 * 64]).unwrap().wait().unwrap();
@@ -316,12 +200,9 @@ fn a_job_seen_ended_is_already_in_the_stats() {
 
 #[test]
 fn block_floating_point_sums_floats_through_int32_and_carries_nan_as_a_nan_block() {
-    let mut config = Config::default();
-    config.general.backend = BackendKind::Dummy;
-    config.general.num_workers = 8;
+    let mut config = dummy_config(8);
     config.general.prepostprocessor = "cpu_exponent_quantizer".into();
     config.general.max_outstanding_packets = 8;
-    config.dummy.bandwidth = 0.0;
     let context = Context::start(config).unwrap();
     // Values spanning 60 binary orders of magnitude across packets.
     let input: Vec<f32> =
@@ -375,10 +256,10 @@ fn block_floating_point_sums_floats_through_int32_and_carries_nan_as_a_nan_block
 #[test]
 fn mismatched_registrations_are_rejected_with_what_differs() {
     let switch = Switch::start(&[]);
-    let mut first = switch.config(0, 2);
+    let session = unique_session("mismatch");
+    let mut first = switch.config(0, 2, &session);
     first.general.connect_timeout = Duration::from_secs(3);
-    let mut second = switch.config(1, 2);
-    second.general.session = first.general.session.clone();
+    let mut second = switch.config(1, 2, &session);
     second.general.packet_numel = 64;
     second.general.sparse = netagg::config::SparseMode::Auto;
     let waiting = std::thread::spawn(move || Context::start(first).map(|_| ()));
@@ -393,7 +274,7 @@ fn mismatched_registrations_are_rejected_with_what_differs() {
     // Rank 0 never sees its session complete.
     assert!(matches!(waiting.join().unwrap(), Err(Error::RegisterTimeout { workers: 2, .. })));
 
-    let mut first = switch.config(0, 2);
+    let mut first = switch.config(0, 2, &unique_session("duplicate"));
     first.general.connect_timeout = Duration::from_secs(3);
     let mut duplicate = first.clone();
     duplicate.general.connect_timeout = Duration::from_secs(1);
@@ -407,34 +288,15 @@ fn mismatched_registrations_are_rejected_with_what_differs() {
 #[test]
 fn an_old_connection_closing_leaves_a_newer_session_of_its_name_alone() {
     let switch = Switch::start(&[]);
-    let start_pair = |name: &str| -> Vec<Context> {
-        std::thread::scope(|scope| {
-            let starts: Vec<_> = (0..2u16)
-                .map(|rank| {
-                    let mut config = switch.config(rank, 2);
-                    config.general.session = name.to_string();
-                    scope.spawn(move || Context::start(config).unwrap())
-                })
-                .collect();
-            starts.into_iter().map(|s| s.join().unwrap()).collect()
-        })
-    };
-    let mut old = start_pair("again");
+    let again = |config: &mut Config| config.general.session = "again".into();
+    let mut old = contexts(&switch, 2, again);
     drop(old.pop()); // rank 1 leaves: the session closes, rank 0 is told
     std::thread::sleep(Duration::from_millis(200));
     // The usual recovery: a new context, started before the old one is dropped.
-    let new = start_pair("again");
+    let new = contexts(&switch, 2, again);
     drop(old);
     std::thread::sleep(Duration::from_millis(200));
-    std::thread::scope(|scope| {
-        for context in &new {
-            scope.spawn(move || {
-                let mut data = vec![2i32; 5000];
-                context.allreduce(&mut data).unwrap();
-                assert!(data.iter().all(|&v| v == 4));
-            });
-        }
-    });
+    assert!(allreduce_all(&new, 5000).iter().all(Result::is_ok));
 }
 
 #[test]
@@ -456,10 +318,7 @@ fn an_own_codec_may_refuse_a_tensor_and_its_panic_fails_the_job_instead_of_hangi
         }
         fn decode(&self, _: netagg::DataType, _: &[u8], _: &mut [u8], _: Option<i8>) {}
     }
-    let mut config = Config::default();
-    config.general.backend = BackendKind::Dummy;
-    config.dummy.bandwidth = 0.0;
-    let context = Context::start_with_codec(config, std::sync::Arc::new(Picky)).unwrap();
+    let context = Context::start_with_codec(dummy_config(1), std::sync::Arc::new(Picky)).unwrap();
     let mut refused = vec![-1i32; 10];
     let error = context.allreduce(&mut refused).unwrap_err();
     assert_eq!(error, Error::InvalidInput("a negative first element".into()));
@@ -488,17 +347,7 @@ fn an_unreachable_switch_fails_within_the_timeout() {
 #[test]
 fn a_rank_that_leaves_fails_the_others_jobs_at_once() {
     let switch = Switch::start(&[]);
-    let mut configs: Vec<Config> = (0..2).map(|rank| switch.config(rank, 2)).collect();
-    let session = configs[0].general.session.clone();
-    configs[1].general.session = session;
-    for config in &mut configs {
-        config.general.job_timeout = Duration::from_secs(30);
-    }
-    let mut contexts: Vec<Context> = std::thread::scope(|scope| {
-        let starts: Vec<_> =
-            configs.into_iter().map(|c| scope.spawn(move || Context::start(c).unwrap())).collect();
-        starts.into_iter().map(|s| s.join().unwrap()).collect()
-    });
+    let mut contexts = contexts(&switch, 2, |config| config.general.job_timeout = Duration::from_secs(30));
     let leaver = contexts.pop().unwrap();
     drop(leaver);
     let started = Instant::now();
@@ -521,22 +370,22 @@ fn sparse_tensors_sum_exactly_and_zero_blocks_stay_off_the_wire() {
     const PACKET: usize = 64;
     const BLOCKS: usize = 400;
     let switch = Switch::start(&[]);
-    let session = unique_session();
     let mut results = Vec::new();
     for sparse in [netagg::SparseMode::Auto, netagg::SparseMode::Off] {
+        let contexts = contexts(&switch, 2, |config| {
+            config.general.packet_numel = PACKET as u16;
+            config.general.sparse = sparse;
+            // Few slots, so that the opening packets of each slot's stream do not hide
+            // how few blocks travel.
+            config.general.max_outstanding_packets = 16;
+        });
         let outcomes: Vec<(Vec<i32>, Vec<i32>, u64)> = std::thread::scope(|scope| {
-            let ranks: Vec<_> = (0..2u16)
-                .map(|rank| {
-                    let mut config = switch.config(rank, 2);
-                    config.general.session = format!("{session}-{sparse:?}");
-                    config.general.packet_numel = PACKET as u16;
-                    config.general.sparse = sparse;
-                    // Few slots, so that the opening packets of each slot's stream do
-                    // not hide how few blocks travel.
-                    config.general.max_outstanding_packets = 16;
+            let ranks: Vec<_> = contexts
+                .into_iter()
+                .enumerate()
+                .map(|(rank, context)| {
                     scope.spawn(move || {
-                        let context = Context::start(config).unwrap();
-                        let input = sparse_tensor(rank as usize, BLOCKS, PACKET);
+                        let input = sparse_tensor(rank, BLOCKS, PACKET);
                         let mut in_place = input.clone();
                         context.allreduce(&mut in_place).unwrap();
                         // Out of place into a buffer of garbage: blocks no one sends must

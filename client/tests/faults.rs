@@ -6,26 +6,23 @@
 //! minutes of CPU, so it runs only in release builds (`scripts/test` runs this file with
 //! `cargo test --release`), where it takes about 20 s.
 
-mod support;
+mod common;
 
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use netagg::{Config, Context, Error};
+use common::{
+    allreduce_all, contexts, counter, freeze, run_verified, signal, start_contexts, unique_session, Switch,
+    Worker,
+};
+use netagg::{Config, Error};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 use rand::{Rng, SeedableRng};
-use support::{freeze, run_verified, signal, unique_session, Switch, Worker};
 
 /// Sum of the `retransmitted` counts of every worker thread in a rank's summary.
 fn retransmissions(stdout: &str) -> u64 {
     stdout.split(" retransmitted").filter_map(|before| before.rsplit(' ').next()?.parse::<u64>().ok()).sum()
-}
-
-/// The number after `label` in a counters line.
-fn counter(text: &str, label: &str) -> u64 {
-    let Some((_, after)) = text.split_once(&format!("{label} ")) else { panic!("no '{label}' in:\n{text}") };
-    after.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
 }
 
 #[test]
@@ -52,7 +49,7 @@ fn a_hundred_allreduces_of_1m_int32_across_4_workers_stay_exact_with_1_and_5_per
             ("NETAGG_GENERAL__JOB_TIMEOUT", "30"),
         ];
         let args = ["--numel", "1000000", "--jobs", "100"];
-        let outputs = run_verified(&switch, 4, 100, &env, &args, Duration::from_secs(240));
+        let outputs = run_verified(&switch, 4, &env, &args, Duration::from_secs(240));
         let resent: u64 = outputs.iter().map(|o| retransmissions(o)).sum();
         // About 1 − (1 − rate)^8 of all 4 × 1000 rounds per job are hit by some loss.
         assert!(resent > 1000, "loss {rate}: only {resent} retransmissions");
@@ -92,55 +89,7 @@ fn a_worker_killed_mid_job_fails_the_others_at_once_and_a_new_session_starts_rig
         assert!(took < Duration::from_secs(5), "rank {rank} failed after {took:?}, not at once");
     }
     victim.finish(Duration::from_secs(5));
-    run_verified(&switch, 4, 2, &[], &["--numel", "100000", "--jobs", "2"], Duration::from_secs(60));
-}
-
-/// Starts `workers` contexts of a new session at `switch` (each waits for all); returns
-/// each rank's outcome.
-fn start_contexts(
-    switch: &Switch,
-    workers: u16,
-    change: impl Fn(&mut Config),
-) -> Vec<Result<Context, Error>> {
-    let session = unique_session("lib");
-    std::thread::scope(|scope| {
-        let starts: Vec<_> = (0..workers)
-            .map(|rank| {
-                let mut config = switch.config(rank, workers, &session);
-                change(&mut config);
-                scope.spawn(move || Context::start(config))
-            })
-            .collect();
-        starts.into_iter().map(|s| s.join().unwrap()).collect()
-    })
-}
-
-/// [`start_contexts`], every one of which must start.
-fn contexts(switch: &Switch, workers: u16, change: impl Fn(&mut Config)) -> Vec<Context> {
-    start_contexts(switch, workers, change).into_iter().map(Result::unwrap).collect()
-}
-
-/// Runs one allreduce on every context at once; returns each rank's outcome, and checks
-/// the sums of those that succeeded: rank `r` contributes `r + 1` times each index.
-fn allreduce_all(contexts: &[Context], numel: usize) -> Vec<Result<(), Error>> {
-    let ranks = contexts.len() as i32;
-    std::thread::scope(|scope| {
-        let runs: Vec<_> = (0..)
-            .zip(contexts)
-            .map(|(rank, context)| {
-                scope.spawn(move || {
-                    let mut data: Vec<i32> = (0..numel as i32).map(|i| i.wrapping_mul(rank + 1)).collect();
-                    context.allreduce(&mut data)?;
-                    let factor = ranks * (ranks + 1) / 2;
-                    let wrong =
-                        (0..numel as i32).zip(&data).filter(|(i, v)| i.wrapping_mul(factor) != **v).count();
-                    assert_eq!(wrong, 0, "rank {rank}: {wrong} of {numel} sums wrong");
-                    Ok(())
-                })
-            })
-            .collect();
-        runs.into_iter().map(|r| r.join().unwrap()).collect()
-    })
+    run_verified(&switch, 4, &[], &["--numel", "100000", "--jobs", "2"], Duration::from_secs(60));
 }
 
 #[test]
@@ -196,31 +145,28 @@ fn a_frozen_switch_fails_jobs_within_the_job_timeout() {
 /// Datagrams no worker sends: random bytes, truncated and oversized headers, other
 /// versions, guessed sessions and tokens, forged ranks, slots out of range, bit flips.
 fn hostile_datagram(rng: &mut impl Rng, session: u32) -> Vec<u8> {
+    let message_type = [MessageType::Data, MessageType::Ack, MessageType::Result][rng.gen_range(0..3)];
+    let element_type = if rng.gen() { ElementType::Int32 } else { ElementType::Float32 };
+    let flags = Flags::from_bits(rng.gen_range(0..8)).unwrap();
+    // The real session most of the time, else a guess near it.
+    let session = if rng.gen_bool(0.7) {
+        session
+    } else {
+        session.wrapping_add(rng.gen_range(0..4) << 16 | rng.gen_range(0..4))
+    };
     let repr = PacketRepr {
-        message_type: [MessageType::Data, MessageType::Ack, MessageType::Result][rng.gen_range(0..3)],
-        element_type: if rng.gen() { ElementType::Int32 } else { ElementType::Float32 },
-        flags: Flags::from_bits(rng.gen_range(0..8)).unwrap(),
-        // The real session most of the time, else a guess near it.
-        session: if rng.gen_bool(0.7) {
-            session
-        } else {
-            session.wrapping_add(rng.gen_range(0..4) << 16 | rng.gen_range(0..4))
-        },
+        flags,
         job: rng.gen_range(0..4),
         packet_id: rng.gen_range(0..64),
         rank: rng.gen_range(0..5),
-        element_count: 0,
         slot: rng.gen_range(0..300),
-        exponent: 0,
         round: rng.gen_range(0..8),
         block: rng.gen_range(0..64),
         next_block: u32::MAX,
         ack_round: rng.gen_range(0..8),
         token: if rng.gen_bool(0.5) { rng.gen() } else { rng.gen_range(0..4) },
-    };
-    let repr = PacketRepr {
-        element_count: if repr.message_type == MessageType::Ack { 0 } else { rng.gen_range(0..=256) },
-        ..repr
+        element_count: if message_type == MessageType::Ack { 0 } else { rng.gen_range(0..=256) },
+        ..PacketRepr::new(message_type, element_type, session, 0, 0)
     };
     let mut bytes = vec![0u8; repr.buffer_len()];
     let mut packet = repr.emit(&mut bytes).unwrap();
@@ -337,22 +283,10 @@ fn a_rank_s_packets_count_only_from_its_registered_address_and_with_its_token() 
         other => panic!("{other:?}"),
     };
     let data = |values: [i32; 4], token: u64| {
+        // Round 0 of slot 0, the first packet of the session: it holds no result yet.
         let repr = PacketRepr {
-            message_type: MessageType::Data,
-            element_type: ElementType::Int32,
-            flags: Flags::NONE,
-            session,
-            job: 1,
-            packet_id: 0,
-            rank: 0,
-            element_count: 4,
-            slot: 0,
-            exponent: 0,
-            round: 0,
-            block: 0,
-            next_block: 0,
             ack_round: u32::MAX,
-            token,
+            ..PacketRepr::new(MessageType::Data, ElementType::Int32, session, token, 4)
         };
         let mut bytes = vec![0u8; repr.buffer_len()];
         let mut packet = repr.emit(&mut bytes).unwrap();

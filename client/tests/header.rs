@@ -1,10 +1,10 @@
 //! The checked-in C header is exactly what the pinned cbindgen makes of src/ffi.
 
-use std::path::Path;
+mod common;
 
 #[test]
 fn the_checked_in_header_is_up_to_date() {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crate_dir = common::crate_dir();
     let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).unwrap();
     let bindings = cbindgen::Builder::new().with_crate(crate_dir).with_config(config).generate().unwrap();
     let mut generated = Vec::new();

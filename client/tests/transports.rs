@@ -2,11 +2,13 @@
 //! data path, and whose workers' transports, are a network in memory; and what a worker
 //! says to a switch of another control protocol version.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use common::{unique_session, worker_config};
 use netagg::backend::{SwitchTransport, Transport};
 use netagg::{Config, Context, Endpoint, Error};
 use netagg_switch::port::{MemoryNetwork, MemorySocket};
@@ -52,23 +54,6 @@ impl SwitchTransport for MemoryTransport {
     }
 }
 
-fn unique_session(prefix: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-fn config(control: SocketAddr, rank: u16, workers: u16, session: &str) -> Config {
-    let mut config = Config::default();
-    config.general.rank = rank;
-    config.general.num_workers = workers;
-    config.general.num_worker_threads = 2;
-    config.general.controller_ip = control.ip().to_string();
-    config.general.controller_port = control.port();
-    config.general.session = session.into();
-    config.general.connect_timeout = Duration::from_secs(20);
-    config
-}
-
 /// Starts `workers` contexts over memory transports of `network`, one thread each.
 fn contexts(
     network: &MemoryNetwork,
@@ -79,7 +64,8 @@ fn contexts(
     let session = unique_session("memory");
     let starting: Vec<_> = (0..workers)
         .map(|rank| {
-            let mut config = config(switch.control_addr(), rank, workers, &session);
+            let mut config = worker_config(switch.control_addr(), rank, workers, &session);
+            config.general.num_worker_threads = 2;
             adjust(&mut config);
             let transports = (0..config.general.num_worker_threads)
                 .map(|_| {
@@ -107,7 +93,7 @@ fn allreduces_over_memory_transports_are_exact_dense_and_sparse() {
     let switch = memory_switch(&network);
     for sparse in [netagg::SparseMode::Off, netagg::SparseMode::Auto] {
         let contexts = contexts(&network, &switch, 3, |config| config.general.sparse = sparse);
-        let numel: usize = 100_003;
+        let numel: usize = 1_000_003;
         let outcomes: Vec<Vec<i32>> = std::thread::scope(|scope| {
             let jobs: Vec<_> = (0..)
                 .zip(&contexts)
@@ -129,15 +115,17 @@ fn allreduces_over_memory_transports_are_exact_dense_and_sparse() {
         for sums in outcomes {
             assert!(sums == expected, "sparse = {sparse:?}: a sum differs");
         }
-        // A dense job sends every block; a sparse one about the two thirds that are not
-        // zero, and header-only packets for the rest of its bookkeeping.
-        let dense_bytes = (numel.div_ceil(256) * 48 + numel * 4) as u64;
+        // A dense job sends every block once (and again only on a timeout); a sparse one
+        // the two thirds that are not zero, and an empty packet to start each slot whose
+        // first block is zero.
+        let blocks = numel.div_ceil(256) as u64;
         for context in &contexts {
-            let sent = context.stats().threads.iter().map(|thread| thread.bytes_sent).sum::<u64>();
+            let threads = context.stats().threads;
+            let fresh = threads.iter().map(|thread| thread.data_sent - thread.retransmissions).sum::<u64>();
             if sparse == netagg::SparseMode::Auto {
-                assert!(sent < dense_bytes * 8 / 10, "{sent} bytes sent, {dense_bytes} dense");
+                assert!(fresh < blocks * 8 / 10, "{fresh} packets sent for {blocks} blocks, a third zero");
             } else {
-                assert!(sent >= dense_bytes, "{sent} bytes sent, {dense_bytes} dense");
+                assert_eq!(fresh, blocks, "every block sent once");
             }
         }
     }
@@ -200,7 +188,7 @@ fn a_switch_of_the_previous_control_version_is_named_as_such() {
         reject.extend_from_slice(message);
         stream.write_all(&reject).unwrap();
     });
-    let mut config = config(control, 0, 1, "old");
+    let mut config = worker_config(control, 0, 1, "old");
     config.general.backend = netagg::BackendKind::Udp;
     let error = Context::start(config).err().unwrap();
     old_switch.join().unwrap();

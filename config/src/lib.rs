@@ -14,6 +14,8 @@
 //! transport and `[switch.faults]` for the switch's data path (also `netagg-switch
 //! --faults KEY=VALUE,...`).
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -21,7 +23,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use netagg_aggregator::faults::{FaultRates, MAX_FAULT_DELAY};
-use netagg_wire::packet::MAX_ELEMENTS;
+
+/// Largest `general.packet_numel`: the most elements a packet carries inside a 64 KiB
+/// datagram, the protocol's `netagg_wire::packet::MAX_ELEMENTS` (a test checks they agree).
+pub const MAX_PACKET_NUMEL: u16 = 16364;
+/// Longest `general.session`, in bytes: the protocol's
+/// `netagg_wire::control::MAX_SESSION_NAME_LEN` (a test checks they agree).
+pub const MAX_SESSION_NAME_LEN: usize = 64;
 
 /// Which transport carries the packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,7 +299,7 @@ const KEYS: &[(&str, &str, Getter, Setter)] = &[
         "general.packet_numel",
         "an integer from 1 to 16364",
         |c| c.general.packet_numel.to_string(),
-        |c, v| set_int(&mut c.general.packet_numel, v, 1, MAX_ELEMENTS as u64),
+        |c, v| set_int(&mut c.general.packet_numel, v, 1, MAX_PACKET_NUMEL.into()),
     ),
     (
         "general.backend",
@@ -359,7 +367,7 @@ const KEYS: &[(&str, &str, Getter, Setter)] = &[
         "a name of 1 to 64 bytes",
         |c| c.general.session.clone(),
         |c, v| {
-            if v.is_empty() || v.len() > netagg_wire::control::MAX_SESSION_NAME_LEN {
+            if v.is_empty() || v.len() > MAX_SESSION_NAME_LEN {
                 return Err(String::new());
             }
             c.general.session = v.into();
@@ -932,6 +940,19 @@ mod tests {
             error.to_string(),
             "configuration: key 'general.num_workers' = 'many': expected an integer from 1 to 65535"
         );
+    }
+
+    #[test]
+    fn packet_and_session_limits_are_the_protocols() {
+        assert_eq!(usize::from(MAX_PACKET_NUMEL), netagg_wire::packet::MAX_ELEMENTS);
+        assert_eq!(MAX_SESSION_NAME_LEN, netagg_wire::control::MAX_SESSION_NAME_LEN);
+        let mut config = Config::default();
+        config.set("general.packet_numel", &MAX_PACKET_NUMEL.to_string()).unwrap();
+        let error = config.set("general.packet_numel", &(MAX_PACKET_NUMEL + 1).to_string()).unwrap_err();
+        assert!(error.to_string().ends_with(&format!("from 1 to {MAX_PACKET_NUMEL}")), "{error}");
+        config.set("general.session", &"s".repeat(MAX_SESSION_NAME_LEN)).unwrap();
+        let error = config.set("general.session", &"s".repeat(MAX_SESSION_NAME_LEN + 1)).unwrap_err();
+        assert!(error.to_string().ends_with(&format!("of 1 to {MAX_SESSION_NAME_LEN} bytes")), "{error}");
     }
 
     #[test]

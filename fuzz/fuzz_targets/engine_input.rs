@@ -173,22 +173,22 @@ impl Harness {
         };
         let round = h.round as i32 as u32;
         let block = h.block as u32 % BLOCKS;
+        let element_type = if h.float { ElementType::Float32 } else { ElementType::Int32 };
+        let session = self.sessions[h.session as usize % SPECS.len()].0;
+        let token = TOKENS[(h.session as usize + h.wrong_token as usize) % SPECS.len()];
+        let elements = (h.elements % (max_elements + 1)) as u16;
         let repr = PacketRepr {
-            message_type,
-            element_type: if h.float { ElementType::Float32 } else { ElementType::Int32 },
             flags: Flags::from_bits(h.flags & 0b111).expect("masked to the known bits"),
-            session: self.sessions[h.session as usize % SPECS.len()].0,
             job: h.job as u32 % 2,
             packet_id: block + h.other_packet_id as u32,
             rank: h.rank as u16 % 4,
-            element_count: (h.elements % (max_elements + 1)) as u16,
             slot: h.slot as u16 % 5,
             exponent: h.exponent,
             round,
             block,
             next_block: h.next_block.map_or(END_OF_STREAM, |b| b as u32 % BLOCKS),
             ack_round: round.wrapping_sub(h.ack_lag as u32),
-            token: TOKENS[(h.session as usize + h.wrong_token as usize) % SPECS.len()],
+            ..PacketRepr::new(message_type, element_type, session, token, elements)
         };
         let mut bytes = vec![0; repr.buffer_len()];
         let mut packet = repr.emit(&mut bytes).expect("fields are in range");

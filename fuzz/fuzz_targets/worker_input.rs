@@ -267,24 +267,23 @@ impl Harness {
 }
 
 fn free_form(h: &Header) -> PacketRepr {
+    let element_type = if h.float { ElementType::Float32 } else { ElementType::Int32 };
+    let session = if h.other_session { !CONFIG.session } else { CONFIG.session };
+    let token = if h.other_token { !CONFIG.token } else { CONFIG.token };
+    // One more than a packet holds, to reach the length checks.
+    let elements = h.elements as u16 % (CONFIG.packet_elements + 2);
     PacketRepr {
-        message_type: MessageType::Result,
-        element_type: if h.float { ElementType::Float32 } else { ElementType::Int32 },
         flags: Flags::from_bits(h.flags & 0b111).expect("masked to the known bits"),
-        session: if h.other_session { !CONFIG.session } else { CONFIG.session },
-        token: if h.other_token { !CONFIG.token } else { CONFIG.token },
         job: h.job as u32 % 3,
         packet_id: h.block as u32,
         rank: h.rank.map_or(BROADCAST_RANK, |r| r as u16 % 3),
-        // One more than a packet holds, to reach the length checks.
-        element_count: h.elements as u16 % (CONFIG.packet_elements + 2),
         // Two below and one above the thread's range.
         slot: h.slot as u16 % (CONFIG.slot_base + CONFIG.slots + 1),
         exponent: h.exponent,
         round: h.round as i32 as u32,
         block: h.block as u32,
         next_block: h.next_block.map_or(END_OF_STREAM, u32::from),
-        ack_round: 0,
+        ..PacketRepr::new(MessageType::Result, element_type, session, token, elements)
     }
 }
 

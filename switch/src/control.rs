@@ -121,7 +121,11 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl ControlPlane {
-    pub fn new(commands: Sender<Command>, data_endpoint: Endpoint, limits: ControlLimits) -> Arc<ControlPlane> {
+    pub fn new(
+        commands: Sender<Command>,
+        data_endpoint: Endpoint,
+        limits: ControlLimits,
+    ) -> Arc<ControlPlane> {
         Arc::new(ControlPlane {
             registry: Mutex::default(),
             next_connection: AtomicU64::new(0),
@@ -149,7 +153,9 @@ impl ControlPlane {
                     backoff = Duration::ZERO;
                     if !self.start_connection(stream) {
                         let max = self.limits.max_connections;
-                        refusals.note(|count| tracing::warn!(count, max, "control connections refused: too many"));
+                        refusals.note(|count| {
+                            tracing::warn!(count, max, "control connections refused: too many")
+                        });
                     }
                 }
                 Err(error) => {
@@ -226,7 +232,8 @@ impl ControlPlane {
             let Some((open, name)) = open else { continue };
             let message = format!("session '{name}' expired: no packets for the idle timeout");
             for (_, stream) in open.members.into_values() {
-                let reject = ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() };
+                let reject =
+                    ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() };
                 send(&stream, 0, &reject);
             }
         }
@@ -345,7 +352,11 @@ impl ControlPlane {
                 ControlMessage::Leave { .. } => break,
                 _ => {
                     let message = "expected one register, then nothing until leave".to_string();
-                    send(&stream, request_id, &ControlMessage::Reject { code: RejectCode::Malformed, message });
+                    send(
+                        &stream,
+                        request_id,
+                        &ControlMessage::Reject { code: RejectCode::Malformed, message },
+                    );
                     break;
                 }
             }
@@ -399,7 +410,10 @@ impl ControlPlane {
         if !registry.pending.contains_key(name) && sessions >= self.limits.max_sessions as usize {
             return Err((
                 RejectCode::Limit,
-                format!("{sessions} sessions are open or assembling, the limit is {}", self.limits.max_sessions),
+                format!(
+                    "{sessions} sessions are open or assembling, the limit is {}",
+                    self.limits.max_sessions
+                ),
             ));
         }
         let pending = registry.pending.entry(name.to_string()).or_insert_with(|| Pending {
@@ -491,7 +505,7 @@ impl ControlPlane {
     fn assembly(&self, name: &str, rank: u16, connection: u64, deadline: Instant) -> Assembly {
         let mut registry = self.lock();
         let Some(pending) = registry.pending.get_mut(name) else { return Assembly::Open };
-        if !pending.members.get(&rank).is_some_and(|m| m.connection == connection) {
+        if pending.members.get(&rank).is_none_or(|m| m.connection != connection) {
             return Assembly::Open;
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -550,7 +564,8 @@ impl ControlPlane {
         let message = format!("rank {rank} left session '{name}'; the session is closed");
         for (other, (_, stream)) in open.members {
             if other != rank {
-                let reject = ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() };
+                let reject =
+                    ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() };
                 send(&stream, 0, &reject);
             }
         }
@@ -620,7 +635,8 @@ fn send(stream: &TcpStream, request_id: u32, message: &ControlMessage) {
     if message.emit(request_id, &mut bytes).is_err() {
         return;
     }
-    let written = socket2::SockRef::from(stream).send_with_flags(&bytes, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+    let written =
+        socket2::SockRef::from(stream).send_with_flags(&bytes, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
     if !matches!(written, Ok(n) if n == bytes.len()) {
         tracing::info!(peer = ?stream.peer_addr().ok(), "control connection closed: its client does not read");
         let _ = stream.shutdown(Shutdown::Both);

@@ -51,7 +51,11 @@ impl<A: Copy> Peers<A> {
             let threads = worker.endpoints.iter().map(|endpoint| port.resolve(endpoint, worker.peer));
             threads.collect::<Result<Vec<A>, String>>().map_err(|message| format!("rank {rank}: {message}"))
         };
-        let workers = workers.iter().enumerate().map(|(rank, worker)| resolve(rank, worker)).collect::<Result<_, _>>()?;
+        let workers = workers
+            .iter()
+            .enumerate()
+            .map(|(rank, worker)| resolve(rank, worker))
+            .collect::<Result<_, _>>()?;
         Ok(Peers { workers, slots_per_thread: slots_per_thread.max(1) })
     }
 

@@ -7,6 +7,8 @@
 //! exit, and shuts down cleanly on SIGINT or SIGTERM. The switch itself is the library's
 //! [`Switch`]; this is its shell.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -102,7 +102,9 @@ fn a_client_that_never_reads_stalls_no_other_tenant() {
     assert!(sent < 100_000, "the switch kept reading {sent} registrations");
     let mut hostile = hostile;
     match ControlMessage::read_from(&mut hostile) {
-        Ok((_, ControlMessage::Reject { code: RejectCode::RankOutOfRange, .. })) => assert!(closed(&mut hostile)),
+        Ok((_, ControlMessage::Reject { code: RejectCode::RankOutOfRange, .. })) => {
+            assert!(closed(&mut hostile))
+        }
         // The reset of a connection closed with unread data may overtake the reject.
         Err(error) => assert_ne!(error.kind(), ErrorKind::WouldBlock, "{error}"),
         Ok(other) => panic!("{other:?}"),
@@ -135,6 +137,12 @@ fn worlds_and_sessions_over_the_limits_are_refused_at_once() {
             stream
         })
         .collect();
+    // Both are pending once the switch calls a second rank 0 of each a duplicate.
+    for name in ["one", "two"] {
+        let mut probe = connect(&switch);
+        register(0, 2, name).write_to(1, &mut probe).unwrap();
+        assert!(matches!(reply(&mut probe), ControlMessage::Reject { code: RejectCode::DuplicateRank, .. }));
+    }
     let mut third = connect(&switch);
     register(0, 2, "three").write_to(1, &mut third).unwrap();
     assert_eq!(
@@ -161,7 +169,10 @@ fn registrations_and_sessions_that_take_too_long_are_refused_and_closed() {
     let started = Instant::now();
     assert_eq!(
         reply(&mut silent),
-        ControlMessage::Reject { code: RejectCode::Malformed, message: "no registration within 500ms of connecting".into() }
+        ControlMessage::Reject {
+            code: RejectCode::Malformed,
+            message: "no registration within 500ms of connecting".into()
+        }
     );
     assert!(closed(&mut silent));
     assert_eq!(

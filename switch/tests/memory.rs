@@ -10,7 +10,7 @@ use netagg_aggregator::faults::FaultRates;
 use netagg_switch::port::{MemoryNetwork, MemorySocket};
 use netagg_switch::Switch;
 use netagg_wire::{
-    ControlMessage, ElementType, Endpoint, Flags, MessageType, Packet, PacketRepr, RejectCode, ValueEncoding,
+    ControlMessage, ElementType, Endpoint, MessageType, Packet, PacketRepr, RejectCode, ValueEncoding,
 };
 
 const SWITCH_DATA: &str = "127.0.0.1:48864";
@@ -69,21 +69,10 @@ fn open_session(switch: &Switch, name: &str, workers: &[&MemorySocket]) -> (Vec<
 
 fn data(session: u32, token: u64, rank: u16, values: [i32; 4]) -> Vec<u8> {
     let repr = PacketRepr {
-        message_type: MessageType::Data,
-        element_type: ElementType::Int32,
-        flags: Flags::NONE,
-        session,
         job: 1,
-        packet_id: 0,
         rank,
-        element_count: 4,
-        slot: 0,
-        exponent: 0,
-        round: 0,
-        block: 0,
-        next_block: 0,
         ack_round: u32::MAX,
-        token,
+        ..PacketRepr::new(MessageType::Data, ElementType::Int32, session, token, 4)
     };
     let mut bytes = vec![0u8; repr.buffer_len()];
     let mut packet = repr.emit(&mut bytes).unwrap();

@@ -22,6 +22,8 @@
 //! past its end, and the enum getters (`message_type`, `element_type`) panic on a value no
 //! valid packet holds: build with `new_unchecked`, read untrusted bytes with `new_checked`.
 
+#![forbid(unsafe_code)]
+
 pub mod control;
 pub mod packet;
 

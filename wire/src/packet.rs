@@ -359,6 +359,35 @@ pub struct PacketRepr {
 }
 
 impl PacketRepr {
+    /// A header of the given type, session, token and element count, with no flags and
+    /// every other field 0 (job, rank, slot, round...); set the others by struct update:
+    /// `PacketRepr { round: 3, ..PacketRepr::new(MessageType::Data, ElementType::Int32, session, token, 4) }`.
+    pub const fn new(
+        message_type: MessageType,
+        element_type: ElementType,
+        session: u32,
+        token: u64,
+        element_count: u16,
+    ) -> PacketRepr {
+        PacketRepr {
+            message_type,
+            element_type,
+            flags: Flags::NONE,
+            session,
+            job: 0,
+            packet_id: 0,
+            rank: 0,
+            element_count,
+            slot: 0,
+            exponent: 0,
+            round: 0,
+            block: 0,
+            next_block: 0,
+            ack_round: 0,
+            token,
+        }
+    }
+
     /// Reads the header of a checked packet.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> PacketRepr {
         PacketRepr {
@@ -556,6 +585,20 @@ mod tests {
         ack.emit(&mut buffer).unwrap();
         let parsed = PacketRepr::parse(&Packet::new_checked(&buffer[..]).unwrap());
         assert_eq!(parsed, ack);
+    }
+
+    #[test]
+    fn a_new_header_is_zero_but_for_what_it_names() {
+        let repr =
+            PacketRepr::new(MessageType::Ack, ElementType::Float32, 0x0102_0304, 0x1122_3344_5566_7788, 0);
+        let mut bytes = [0u8; HEADER_LEN];
+        repr.emit(&mut bytes).unwrap();
+        let mut expected = [0u8; HEADER_LEN];
+        expected[field::MESSAGE_TYPE] = MessageType::Ack as u8;
+        expected[field::ELEMENT_TYPE] = ElementType::Float32 as u8;
+        expected[field::SESSION].copy_from_slice(&0x0102_0304u32.to_le_bytes());
+        expected[field::TOKEN].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+        assert_eq!(bytes[field::VERSION + 1..], expected[field::VERSION + 1..], "all but the version");
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! Output lines are prefixed with the rank. The exit code is that of the first worker
 //! to fail (the others are then stopped), or 0.
 
+#![forbid(unsafe_code)]
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
