@@ -8,7 +8,10 @@
 //! variables (`NETAGG_GENERAL__NUM_WORKERS`, `NETAGG_BACKEND_UDP__BIND_IP`). The file is
 //! the one named explicitly, else `$NETAGG_CONFIG`, else the first of `./netagg.cfg`,
 //! `./netagg-<hostname>.cfg`, `/etc/netagg.cfg` that exists; none at all is fine.
-//! `configs/netagg.cfg` documents every key.
+//!
+//! Every key is declared once, in `keys.rs`: its section, default, what it accepts and
+//! its comment. Parsing, checks, error messages, environment variable names and
+//! `configs/netagg.cfg` (which a test keeps equal to the table) derive from there.
 //!
 //! Fault injection has the same keys in two sections: `[faults]` for a worker's
 //! transport and `[switch.faults]` for the switch's data path (also `netagg-switch
@@ -22,7 +25,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use netagg_aggregator::faults::{FaultRates, MAX_FAULT_DELAY};
+use netagg_aggregator::faults::FaultRates;
 
 /// Largest `general.packet_numel`: the most elements a packet carries inside a 64 KiB
 /// datagram, the protocol's `netagg_wire::packet::MAX_ELEMENTS` (a test checks they agree).
@@ -31,6 +34,10 @@ pub const MAX_PACKET_NUMEL: u16 = 16364;
 /// `netagg_wire::control::MAX_SESSION_NAME_LEN` (a test checks they agree).
 pub const MAX_SESSION_NAME_LEN: usize = 64;
 
+mod keys;
+mod kind;
+mod table;
+
 /// Which transport carries the packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -38,6 +45,17 @@ pub enum BackendKind {
     Dummy,
     /// UDP to a `netagg-switch`.
     Udp,
+}
+
+impl BackendKind {
+    /// The backend `general.backend` names `name`.
+    fn from_name(name: &str) -> Option<BackendKind> {
+        match name {
+            "dummy" => Some(BackendKind::Dummy),
+            "udp" => Some(BackendKind::Udp),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for BackendKind {
@@ -58,6 +76,26 @@ pub enum SparseMode {
     /// Every block is sent, in SwitchML's dense rounds: the default, since streaming a
     /// tensor without zero blocks costs more as sparse streams than as dense rounds.
     Off,
+}
+
+impl SparseMode {
+    /// The mode `general.sparse` names `name`.
+    fn from_name(name: &str) -> Option<SparseMode> {
+        match name {
+            "auto" => Some(SparseMode::Auto),
+            "off" => Some(SparseMode::Off),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for SparseMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SparseMode::Auto => "auto",
+            SparseMode::Off => "off",
+        })
+    }
 }
 
 /// `[general]`: what every backend shares.
@@ -133,14 +171,14 @@ impl Faults {
         let origin = Origin::Flag(flag.to_string());
         for assignment in text.split(',').map(str::trim).filter(|a| !a.is_empty()) {
             let Some((key, value)) = assignment.split_once('=') else {
-                return Err(ConfigError::Value {
-                    origin,
-                    key: assignment.to_string(),
-                    value: String::new(),
-                    expected: "KEY=VALUE".into(),
-                });
+                return Err(ConfigError::refused(&origin, assignment, "", "KEY=VALUE".into()));
             };
-            set_fault_key(self, &origin, key.trim(), key.trim(), value)?;
+            let key = key.trim();
+            let Some(found) = table::find(keys::FAULT_KEYS, key) else {
+                let known = table::names(keys::FAULT_KEYS.iter().map(|key| &key.about));
+                return Err(ConfigError::UnknownKey { origin, key: key.to_string(), known });
+            };
+            found.set(self, value).map_err(|expected| ConfigError::refused(&origin, key, value, expected))?;
         }
         Ok(())
     }
@@ -179,7 +217,7 @@ pub struct Switch {
 }
 
 /// A whole configuration.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Config {
     pub general: General,
     pub dummy: Dummy,
@@ -187,48 +225,6 @@ pub struct Config {
     /// Faults injected into this worker's transport (`[faults]`).
     pub faults: Faults,
     pub switch: Switch,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            general: General {
-                rank: 0,
-                num_workers: 1,
-                num_worker_threads: 2,
-                max_outstanding_packets: 256,
-                packet_numel: 256,
-                backend: BackendKind::Udp,
-                prepostprocessor: "native".into(),
-                timeout: Duration::from_millis(10),
-                job_timeout: Duration::from_secs(10),
-                connect_timeout: Duration::from_secs(30),
-                controller_ip: "127.0.0.1".into(),
-                controller_port: 50099,
-                session: "default".into(),
-                depth: 8,
-                sparse: SparseMode::Off,
-            },
-            dummy: Dummy { bandwidth: 100_000.0, process_packets: true },
-            udp: Udp { bind_ip: IpAddr::from([0, 0, 0, 0]), socket_buffer: 4 << 20 },
-            faults: Faults::default(),
-            switch: Switch {
-                control: SocketAddr::from(([0, 0, 0, 0], 50099)),
-                data: SocketAddr::from(([0, 0, 0, 0], 48864)),
-                max_connections: 1024,
-                max_sessions: 64,
-                max_workers: 1024,
-                max_slots: 8192,
-                max_memory: 1 << 30,
-                max_session_memory: 256 << 20,
-                idle_timeout: Duration::ZERO,
-                register_timeout: Duration::from_secs(60),
-                stats_interval: Duration::ZERO,
-                log_level: "info".into(),
-                faults: Faults::default(),
-            },
-        }
-    }
 }
 
 /// Where a value came from, for error messages.
@@ -266,425 +262,16 @@ pub enum ConfigError {
     Combination { origin: String, message: String },
 }
 
-type Getter = fn(&Config) -> String;
-type Setter = fn(&mut Config, &str) -> Result<(), String>;
-
-/// Every key: its name, what it accepts, how it is read and how it is set.
-const KEYS: &[(&str, &str, Getter, Setter)] = &[
-    (
-        "general.rank",
-        "an integer from 0 to 65534",
-        |c| c.general.rank.to_string(),
-        |c, v| set_int(&mut c.general.rank, v, 0, 65534),
-    ),
-    (
-        "general.num_workers",
-        "an integer from 1 to 65535",
-        |c| c.general.num_workers.to_string(),
-        |c, v| set_int(&mut c.general.num_workers, v, 1, 65535),
-    ),
-    (
-        "general.num_worker_threads",
-        "an integer from 1 to 1024",
-        |c| c.general.num_worker_threads.to_string(),
-        |c, v| set_int(&mut c.general.num_worker_threads, v, 1, 1024),
-    ),
-    (
-        "general.max_outstanding_packets",
-        "an integer from 1 to 65535",
-        |c| c.general.max_outstanding_packets.to_string(),
-        |c, v| set_int(&mut c.general.max_outstanding_packets, v, 1, 65535),
-    ),
-    (
-        "general.packet_numel",
-        "an integer from 1 to 16364",
-        |c| c.general.packet_numel.to_string(),
-        |c, v| set_int(&mut c.general.packet_numel, v, 1, MAX_PACKET_NUMEL.into()),
-    ),
-    (
-        "general.backend",
-        "'udp' or 'dummy'",
-        |c| c.general.backend.to_string(),
-        |c, v| {
-            c.general.backend = match v {
-                "udp" => BackendKind::Udp,
-                "dummy" => BackendKind::Dummy,
-                _ => return Err(String::new()),
-            };
-            Ok(())
-        },
-    ),
-    (
-        "general.prepostprocessor",
-        "'native' or 'cpu_exponent_quantizer'",
-        |c| c.general.prepostprocessor.clone(),
-        |c, v| {
-            if v != "native" && v != "cpu_exponent_quantizer" {
-                return Err(String::new());
-            }
-            c.general.prepostprocessor = v.into();
-            Ok(())
-        },
-    ),
-    (
-        "general.timeout",
-        "milliseconds, above 0 and at most 30 days",
-        |c| format_duration(c.general.timeout, 1e-3),
-        |c, v| set_duration(&mut c.general.timeout, v, 1e-3),
-    ),
-    (
-        "general.job_timeout",
-        "seconds, above 0 and at most 30 days",
-        |c| format_duration(c.general.job_timeout, 1.0),
-        |c, v| set_duration(&mut c.general.job_timeout, v, 1.0),
-    ),
-    (
-        "general.connect_timeout",
-        "seconds, above 0 and at most 30 days",
-        |c| format_duration(c.general.connect_timeout, 1.0),
-        |c, v| set_duration(&mut c.general.connect_timeout, v, 1.0),
-    ),
-    (
-        "general.controller_ip",
-        "a host name or IP address",
-        |c| c.general.controller_ip.clone(),
-        |c, v| {
-            if v.is_empty() {
-                return Err(String::new());
-            }
-            c.general.controller_ip = v.into();
-            Ok(())
-        },
-    ),
-    (
-        "general.controller_port",
-        "a port from 1 to 65535",
-        |c| c.general.controller_port.to_string(),
-        |c, v| set_int(&mut c.general.controller_port, v, 1, 65535),
-    ),
-    (
-        "general.session",
-        "a name of 1 to 64 bytes",
-        |c| c.general.session.clone(),
-        |c, v| {
-            if v.is_empty() || v.len() > MAX_SESSION_NAME_LEN {
-                return Err(String::new());
-            }
-            c.general.session = v.into();
-            Ok(())
-        },
-    ),
-    (
-        "general.depth",
-        "a power of two from 2 to 64",
-        |c| c.general.depth.to_string(),
-        |c, v| {
-            let depth: u8 = v.parse().map_err(|_| String::new())?;
-            if !(2..=64).contains(&depth) || !depth.is_power_of_two() {
-                return Err(String::new());
-            }
-            c.general.depth = depth;
-            Ok(())
-        },
-    ),
-    (
-        "general.sparse",
-        "'auto' or 'off'",
-        |c| if c.general.sparse == SparseMode::Auto { "auto" } else { "off" }.into(),
-        |c, v| {
-            c.general.sparse = match v {
-                "auto" => SparseMode::Auto,
-                "off" => SparseMode::Off,
-                _ => return Err(String::new()),
-            };
-            Ok(())
-        },
-    ),
-    (
-        "backend.dummy.bandwidth",
-        "Mbit/s: 0, or from 0.001 to 1e9",
-        |c| c.dummy.bandwidth.to_string(),
-        |c, v| {
-            let bandwidth: f64 = v.parse().map_err(|_| String::new())?;
-            if !(bandwidth == 0.0 || (1e-3..=1e9).contains(&bandwidth)) {
-                return Err(String::new());
-            }
-            c.dummy.bandwidth = bandwidth;
-            Ok(())
-        },
-    ),
-    (
-        "backend.dummy.process_packets",
-        "true or false",
-        |c| c.dummy.process_packets.to_string(),
-        |c, v| set_bool(&mut c.dummy.process_packets, v),
-    ),
-    (
-        "backend.udp.bind_ip",
-        "an IP address",
-        |c| c.udp.bind_ip.to_string(),
-        |c, v| {
-            c.udp.bind_ip = v.parse().map_err(|_| String::new())?;
-            Ok(())
-        },
-    ),
-    (
-        "backend.udp.socket_buffer",
-        "bytes, an integer from 0 to 1073741824",
-        |c| c.udp.socket_buffer.to_string(),
-        |c, v| set_int(&mut c.udp.socket_buffer, v, 0, 1 << 30),
-    ),
-    (
-        "switch.control",
-        "an address IP:PORT",
-        |c| c.switch.control.to_string(),
-        |c, v| {
-            c.switch.control = v.parse().map_err(|_| String::new())?;
-            Ok(())
-        },
-    ),
-    (
-        "switch.data",
-        "an address IP:PORT",
-        |c| c.switch.data.to_string(),
-        |c, v| {
-            c.switch.data = v.parse().map_err(|_| String::new())?;
-            Ok(())
-        },
-    ),
-    (
-        "switch.max_connections",
-        "an integer from 1 to 1048576",
-        |c| c.switch.max_connections.to_string(),
-        |c, v| set_int(&mut c.switch.max_connections, v, 1, 1 << 20),
-    ),
-    (
-        "switch.max_sessions",
-        "an integer from 1 to 65535",
-        |c| c.switch.max_sessions.to_string(),
-        |c, v| set_int(&mut c.switch.max_sessions, v, 1, 65535),
-    ),
-    (
-        "switch.max_workers",
-        "an integer from 1 to 65535",
-        |c| c.switch.max_workers.to_string(),
-        |c, v| set_int(&mut c.switch.max_workers, v, 1, 65535),
-    ),
-    (
-        "switch.max_slots",
-        "an integer from 1 to 65535",
-        |c| c.switch.max_slots.to_string(),
-        |c, v| set_int(&mut c.switch.max_slots, v, 1, 65535),
-    ),
-    (
-        "switch.max_memory",
-        "bytes, an integer of at least 1",
-        |c| c.switch.max_memory.to_string(),
-        |c, v| set_int(&mut c.switch.max_memory, v, 1, u64::MAX),
-    ),
-    (
-        "switch.max_session_memory",
-        "bytes, an integer of at least 1",
-        |c| c.switch.max_session_memory.to_string(),
-        |c, v| set_int(&mut c.switch.max_session_memory, v, 1, u64::MAX),
-    ),
-    (
-        "switch.idle_timeout",
-        "seconds, at most 30 days; 0 never closes a session whose workers are connected",
-        |c| format_duration(c.switch.idle_timeout, 1.0),
-        |c, v| {
-            if v.trim() == "0" {
-                c.switch.idle_timeout = Duration::ZERO;
-                return Ok(());
-            }
-            set_duration(&mut c.switch.idle_timeout, v, 1.0)
-        },
-    ),
-    (
-        "switch.register_timeout",
-        "seconds, above 0 and at most 30 days",
-        |c| format_duration(c.switch.register_timeout, 1.0),
-        |c, v| set_duration(&mut c.switch.register_timeout, v, 1.0),
-    ),
-    (
-        "switch.stats_interval",
-        "seconds, at most 30 days; 0 prints only on exit",
-        |c| format_duration(c.switch.stats_interval, 1.0),
-        |c, v| {
-            if v.trim() == "0" {
-                c.switch.stats_interval = Duration::ZERO;
-                return Ok(());
-            }
-            set_duration(&mut c.switch.stats_interval, v, 1.0)
-        },
-    ),
-    (
-        "switch.log_level",
-        "error, warn, info, debug or trace",
-        |c| c.switch.log_level.clone(),
-        |c, v| {
-            if !["error", "warn", "info", "debug", "trace"].contains(&v) {
-                return Err(String::new());
-            }
-            c.switch.log_level = v.into();
-            Ok(())
-        },
-    ),
-];
-
-type FaultGetter = fn(&Faults) -> String;
-type FaultSetter = fn(&mut Faults, &str) -> Result<(), String>;
-
-const PROBABILITY: &str = "a probability from 0 to 1";
-const DELAY: &str = "milliseconds, from 0 to 10000";
-
-/// The keys of a faults section (`[faults]`, `[switch.faults]`).
-const FAULT_KEYS: &[(&str, &str, FaultGetter, FaultSetter)] = &[
-    ("send_drop", PROBABILITY, |f| f.send.drop.to_string(), |f, v| set_probability(&mut f.send.drop, v)),
-    (
-        "send_duplicate",
-        PROBABILITY,
-        |f| f.send.duplicate.to_string(),
-        |f, v| set_probability(&mut f.send.duplicate, v),
-    ),
-    (
-        "send_reorder",
-        PROBABILITY,
-        |f| f.send.reorder.to_string(),
-        |f, v| set_probability(&mut f.send.reorder, v),
-    ),
-    (
-        "send_corrupt",
-        PROBABILITY,
-        |f| f.send.corrupt.to_string(),
-        |f, v| set_probability(&mut f.send.corrupt, v),
-    ),
-    ("send_delay", DELAY, |f| format_duration(f.send.delay, 1e-3), |f, v| set_delay(&mut f.send.delay, v)),
-    (
-        "receive_drop",
-        PROBABILITY,
-        |f| f.receive.drop.to_string(),
-        |f, v| set_probability(&mut f.receive.drop, v),
-    ),
-    (
-        "receive_duplicate",
-        PROBABILITY,
-        |f| f.receive.duplicate.to_string(),
-        |f, v| set_probability(&mut f.receive.duplicate, v),
-    ),
-    (
-        "receive_reorder",
-        PROBABILITY,
-        |f| f.receive.reorder.to_string(),
-        |f, v| set_probability(&mut f.receive.reorder, v),
-    ),
-    (
-        "receive_corrupt",
-        PROBABILITY,
-        |f| f.receive.corrupt.to_string(),
-        |f, v| set_probability(&mut f.receive.corrupt, v),
-    ),
-    (
-        "receive_delay",
-        DELAY,
-        |f| format_duration(f.receive.delay, 1e-3),
-        |f, v| set_delay(&mut f.receive.delay, v),
-    ),
-    (
-        "seed",
-        "an integer from 0 to 18446744073709551615",
-        |f| f.seed.to_string(),
-        |f, v| set_int(&mut f.seed, v, 0, u64::MAX),
-    ),
-];
-
-/// The sections that hold fault keys, and the faults each reads and sets.
-type FaultSection = (&'static str, fn(&Config) -> &Faults, fn(&mut Config) -> &mut Faults);
-
-const FAULT_SECTIONS: &[FaultSection] = &[
-    ("faults", |c| &c.faults, |c| &mut c.faults),
-    ("switch.faults", |c| &c.switch.faults, |c| &mut c.switch.faults),
-];
-
-/// The faults section `key` belongs to, and the key within it.
-fn fault_section(key: &str) -> Option<(&'static FaultSection, &str)> {
-    FAULT_SECTIONS.iter().find_map(|section| Some((section, key.strip_prefix(section.0)?.strip_prefix('.')?)))
-}
-
-/// Sets `key` (without its section) of a faults section; `name` is the key as written.
-fn set_fault_key(
-    faults: &mut Faults,
-    origin: &Origin,
-    name: &str,
-    key: &str,
-    value: &str,
-) -> Result<(), ConfigError> {
-    let Some((_, expected, _, setter)) = FAULT_KEYS.iter().find(|(k, ..)| *k == key) else {
-        return Err(ConfigError::UnknownKey {
+impl ConfigError {
+    /// `value`, given for `key` in `origin`, is not what the key expects.
+    fn refused(origin: &Origin, key: &str, value: &str, expected: String) -> ConfigError {
+        ConfigError::Value {
             origin: origin.clone(),
-            key: name.to_string(),
-            known: FAULT_KEYS.iter().map(|(k, ..)| *k).collect::<Vec<_>>().join(", "),
-        });
-    };
-    setter(faults, value.trim()).map_err(|_| ConfigError::Value {
-        origin: origin.clone(),
-        key: name.to_string(),
-        value: value.to_string(),
-        expected: expected.to_string(),
-    })
-}
-
-fn set_probability(field: &mut f64, value: &str) -> Result<(), String> {
-    let parsed: f64 = value.parse().map_err(|_| String::new())?;
-    if !(0.0..=1.0).contains(&parsed) {
-        return Err(String::new());
+            key: key.to_string(),
+            value: value.to_string(),
+            expected,
+        }
     }
-    *field = parsed;
-    Ok(())
-}
-
-fn set_delay(field: &mut Duration, value: &str) -> Result<(), String> {
-    let millis: f64 = value.parse().map_err(|_| String::new())?;
-    if !(0.0..=MAX_FAULT_DELAY.as_secs_f64() * 1e3).contains(&millis) {
-        return Err(String::new());
-    }
-    *field = Duration::from_secs_f64(millis / 1e3);
-    Ok(())
-}
-
-fn set_int<T: TryFrom<u64>>(field: &mut T, value: &str, min: u64, max: u64) -> Result<(), String> {
-    let parsed: u64 = value.parse().map_err(|_| String::new())?;
-    if parsed < min || parsed > max {
-        return Err(String::new());
-    }
-    *field = T::try_from(parsed).map_err(|_| String::new())?;
-    Ok(())
-}
-
-/// The longest duration any key accepts: 30 days.
-const MAX_SECONDS: f64 = 30.0 * 24.0 * 3600.0;
-
-fn set_duration(field: &mut Duration, value: &str, unit_seconds: f64) -> Result<(), String> {
-    let parsed: f64 = value.parse().map_err(|_| String::new())?;
-    if parsed.is_nan() || parsed <= 0.0 || parsed * unit_seconds > MAX_SECONDS {
-        return Err(String::new());
-    }
-    *field = Duration::try_from_secs_f64(parsed * unit_seconds).map_err(|_| String::new())?;
-    Ok(())
-}
-
-/// A duration in `unit_seconds`, as the matching setter reads it back.
-fn format_duration(duration: Duration, unit_seconds: f64) -> String {
-    (duration.as_nanos() as f64 / (unit_seconds * 1e9)).to_string()
-}
-
-fn set_bool(field: &mut bool, value: &str) -> Result<(), String> {
-    *field = match value.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => true,
-        "false" | "0" | "no" | "off" => false,
-        _ => return Err(String::new()),
-    };
-    Ok(())
 }
 
 /// Launcher variables for rank and world size, in the order they are tried.
@@ -734,17 +321,26 @@ impl Config {
             if name == "NETAGG_CONFIG" {
                 continue;
             }
-            let Some((section, key)) = rest.split_once("__") else {
-                return Err(ConfigError::UnknownKey {
-                    origin: Origin::Environment(name.clone()),
-                    key: rest.to_ascii_lowercase(),
-                    known: "NETAGG_<SECTION>__<KEY>, e.g. NETAGG_GENERAL__RANK, NETAGG_BACKEND_UDP__BIND_IP"
-                        .into(),
-                });
+            let origin = Origin::Environment(name.clone());
+            // A variable that is no key's is named in the error as the key it would be.
+            let key = match table::key_of_variable(name) {
+                Some(key) => key,
+                None => match rest.split_once("__") {
+                    Some((section, key)) => format!(
+                        "{}.{}",
+                        section.to_ascii_lowercase().replace('_', "."),
+                        key.to_ascii_lowercase()
+                    ),
+                    None => return Err(ConfigError::UnknownKey {
+                        origin,
+                        key: rest.to_ascii_lowercase(),
+                        known:
+                            "NETAGG_<SECTION>__<KEY>, e.g. NETAGG_GENERAL__RANK, NETAGG_BACKEND_UDP__BIND_IP"
+                                .into(),
+                    }),
+                },
             };
-            let key =
-                format!("{}.{}", section.to_ascii_lowercase().replace('_', "."), key.to_ascii_lowercase());
-            config.set_from(&Origin::Environment(name.clone()), &key, value)?;
+            config.set_from(&origin, &key, value)?;
         }
         let origin = file.map(|f| f.display().to_string()).unwrap_or_else(|| "configuration".into());
         config.validate().map_err(|message| ConfigError::Combination { origin, message })?;
@@ -792,31 +388,19 @@ impl Config {
 
     /// One key's value as text that [`Config::set`] accepts back; None for unknown keys.
     pub fn get(&self, key: &str) -> Option<String> {
-        if let Some(((_, faults, _), name)) = fault_section(key) {
-            let (_, _, get, _) = FAULT_KEYS.iter().find(|(k, ..)| *k == name)?;
-            return Some(get(faults(self)));
-        }
-        let (_, _, get, _) = KEYS.iter().find(|(name, ..)| *name == key)?;
-        Some(get(self))
+        let (section, name) = table::section_of(key)?;
+        section.get(self, name)
     }
 
     fn set_from(&mut self, origin: &Origin, key: &str, value: &str) -> Result<(), ConfigError> {
-        if let Some(((_, _, faults), name)) = fault_section(key) {
-            return set_fault_key(faults(self), origin, key, name, value);
+        let unknown = |known| ConfigError::UnknownKey { origin: origin.clone(), key: key.to_string(), known };
+        let every_key = || Config::keys().map(|(name, _)| name).collect::<Vec<_>>().join(", ");
+        let Some((section, name)) = table::section_of(key) else { return Err(unknown(every_key())) };
+        match section.set(self, name, value) {
+            Some(result) => result.map_err(|expected| ConfigError::refused(origin, key, value, expected)),
+            None if section.lists_own_keys() => Err(unknown(table::names(section.keys()))),
+            None => Err(unknown(every_key())),
         }
-        let Some((_, expected, _, setter)) = KEYS.iter().find(|(name, ..)| *name == key) else {
-            return Err(ConfigError::UnknownKey {
-                origin: origin.clone(),
-                key: key.to_string(),
-                known: Config::keys().map(|(name, _)| name).collect::<Vec<_>>().join(", "),
-            });
-        };
-        setter(self, value.trim()).map_err(|_| ConfigError::Value {
-            origin: origin.clone(),
-            key: key.to_string(),
-            value: value.to_string(),
-            expected: expected.to_string(),
-        })
     }
 
     /// Checks what no single key can: combinations.
@@ -842,13 +426,20 @@ impl Config {
         self.general.max_outstanding_packets / self.general.num_worker_threads
     }
 
-    /// Every key with its accepted values, as documented in `configs/netagg.cfg`.
-    pub fn keys() -> impl Iterator<Item = (String, &'static str)> {
-        let plain = KEYS.iter().map(|(name, expected, ..)| (name.to_string(), *expected));
-        let faults = FAULT_SECTIONS.iter().flat_map(|(section, ..)| {
-            FAULT_KEYS.iter().map(move |(name, expected, ..)| (format!("{section}.{name}"), *expected))
-        });
-        plain.chain(faults)
+    /// The commented config file that lists every key with its comment and its default:
+    /// `configs/netagg.cfg`.
+    pub fn example_file() -> String {
+        table::example_file()
+    }
+
+    /// Every key (`general.rank`) with what it accepts, in the order of
+    /// `configs/netagg.cfg`.
+    pub fn keys() -> impl Iterator<Item = (String, String)> {
+        keys::SECTIONS.iter().flat_map(|section| {
+            section
+                .keys()
+                .map(move |about| (format!("{}.{}", section.name(), about.name), about.kind.expected()))
+        })
     }
 }
 
@@ -898,13 +489,55 @@ mod tests {
     }
 
     #[test]
-    fn the_example_file_documents_every_key_with_its_default() {
+    fn the_example_file_is_the_table_of_keys_and_loads_as_the_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/netagg.cfg");
-        let text = std::fs::read_to_string(&path).unwrap();
+        let written = Config::example_file();
+        if std::env::var_os("NETAGG_BLESS").is_some() {
+            std::fs::write(&path, &written).unwrap();
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            text == written,
+            "{} differs from the table of keys in config/src/keys.rs: rewrite it with \
+             `NETAGG_BLESS=1 cargo test -p netagg-config`",
+            path.display()
+        );
         assert_eq!(Config::from_ini(&text, &path).unwrap(), Config::default());
         for (key, _) in Config::keys() {
             let name = key.rsplit('.').next().unwrap();
             assert!(text.contains(&format!("\n{name} = ")), "configs/netagg.cfg lacks {key}");
+        }
+    }
+
+    #[test]
+    fn every_key_is_set_by_its_environment_variable() {
+        assert_eq!(table::variable("switch.faults", "send_drop"), "NETAGG_SWITCH_FAULTS__SEND_DROP");
+        for (key, expected) in Config::keys() {
+            let (section, name) = key.rsplit_once('.').unwrap();
+            let variable = table::variable(section, name);
+            assert_eq!(table::key_of_variable(&variable.to_ascii_lowercase()).as_deref(), Some(key.as_str()));
+            // No key takes an empty value.
+            let error =
+                Config::load_with_environment(None, &[(variable.clone(), String::new())]).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("environment variable {variable}: key '{key}' = '': expected {expected}")
+            );
+        }
+    }
+
+    #[test]
+    fn every_choice_is_accepted_and_reads_back() {
+        for section in keys::SECTIONS {
+            for about in section.keys() {
+                let kind::Kind::Choice { choices, .. } = about.kind else { continue };
+                let key = format!("{}.{}", section.name(), about.name);
+                for choice in choices {
+                    let mut config = Config::default();
+                    config.set(&key, choice).unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(config.get(&key).as_deref(), Some(*choice), "{key}");
+                }
+            }
         }
     }
 
@@ -1104,7 +737,7 @@ mod tests {
         for (key, expected) in Config::keys() {
             let (section, name) = key.rsplit_once('.').unwrap();
             // Names and host names take any text but an empty or over-long one.
-            let bad = match expected {
+            let bad = match expected.as_str() {
                 "a name of 1 to 64 bytes" => "n".repeat(65),
                 "a host name or IP address" => "\"\"".to_string(),
                 _ => "x?".to_string(),

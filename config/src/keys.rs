@@ -1,0 +1,182 @@
+//! Every key, declared once: its section, name, default, what it accepts (its kind) and the
+//! comment above it in `configs/netagg.cfg`. Parsing, validation, error messages,
+//! environment variable names, `Default` and `configs/netagg.cfg` all derive from here.
+//!
+//! A key is a doc comment and one line, `name = default, kind;`, in its section's block.
+//! The doc comment is what `configs/netagg.cfg` shows above the key (none where the
+//! comment above an earlier key speaks for it too); the kind (`kind.rs`) is what the key
+//! accepts, which error messages state. To add a key: add its field to the section's
+//! struct (`lib.rs`), its line here, then rewrite the file with
+//! `NETAGG_BLESS=1 cargo test -p netagg-config` (a test fails while it differs). To add a
+//! section: its struct and its field in `Config`, a `struct_keys!` block here and a line
+//! in `sections!` in the order the file shows it; its environment variables follow
+//! (`NETAGG_BACKEND_RDMA__<KEY>` for `[backend.rdma]`). A field of a type no key has used
+//! yet needs a `Field` impl in `kind.rs`, and a new kind of value a `Kind` there.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use netagg_aggregator::faults::MAX_FAULT_DELAY;
+
+use crate::kind::Kind::*;
+use crate::kind::Unit::*;
+use crate::table::{keys_at, sections, struct_keys};
+use crate::{
+    BackendKind, Dummy, Faults, General, SparseMode, Switch, Udp, MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN,
+};
+
+/// The comment that opens `configs/netagg.cfg`.
+pub(crate) const HEADER: &str = "\
+netagg configuration: SwitchML's format, sections and key names, plus netagg's own keys.
+
+Read by every netagg program (the library's Config::load): the file named explicitly,
+else $NETAGG_CONFIG, else the first of ./netagg.cfg, ./netagg-<hostname>.cfg and
+/etc/netagg.cfg. Every key can be overridden from the environment as
+NETAGG_<SECTION>__<KEY> (NETAGG_GENERAL__NUM_WORKERS, NETAGG_BACKEND_DUMMY__BANDWIDTH);
+rank and num_workers also come from mpirun, srun and torchrun (OMPI_COMM_WORLD_RANK/SIZE,
+PMI_RANK/SIZE, SLURM_PROCID/NTASKS, RANK/WORLD_SIZE). Unknown keys and bad values are
+errors naming the file or variable, the key and what is allowed. Values below are the
+defaults.
+
+Written from the table of keys in config/src/keys.rs: change the comments there.";
+
+sections! {
+    "general" at general: GENERAL_KEYS;
+    "backend.dummy" at dummy: DUMMY_KEYS;
+    "backend.udp" at udp: UDP_KEYS;
+    /// Faults injected into this worker's datagrams, to test loss recovery; all 0 injects
+    /// nothing (the default; keep it so in production). They wrap any backend. A flipped bit
+    /// in a payload is not detected (netagg has no end-to-end checksum, like SwitchML; the
+    /// network's checksums catch real bit errors), so exact results need send_corrupt = 0 and
+    /// receive_corrupt = 0. Most flipped header bits get the packet dropped and counted;
+    /// some (an exponent, a sparse next block, a job or block) can spoil or stall a round.
+    "faults" at faults: FAULT_KEYS, listing its own keys;
+    /// Read by netagg-switch --config FILE; its flags override these.
+    "switch" at switch: SWITCH_KEYS;
+    /// Faults injected into the switch's data path, as in [faults]: receive_* on the packets
+    /// from the workers, send_* on the results (SwitchML's set_drop_probabilities(ingress,
+    /// egress) is receive_drop and send_drop). Also netagg-switch --faults KEY=VALUE,...
+    "switch.faults" at switch.faults: FAULT_KEYS, listing its own keys;
+}
+
+struct_keys! {
+    GENERAL_KEYS: General {
+        /// This worker's rank, 0 to num_workers - 1 (usually set by the launcher).
+        rank = 0, Integer { min: 0, max: 65534 };
+        /// Workers in the session, 1 to 65535.
+        num_workers = 1, Integer { min: 1, max: 65535 };
+        /// Threads per worker that stream a job's packets; each owns an equal share of the slots.
+        num_worker_threads = 2, Integer { min: 1, max: 1024 };
+        /// Packets in flight per worker, all threads together (the slots it uses at the switch).
+        /// Every thread needs at least one.
+        max_outstanding_packets = 256, Integer { min: 1, max: 65535 };
+        /// Elements per packet, 1 to 16364 (a 64 KiB datagram). Larger packets cost fewer
+        /// system calls per byte; SwitchML's hardware takes 64 or 256.
+        packet_numel = 256, Integer { min: 1, max: MAX_PACKET_NUMEL as u64 };
+        /// udp: through a netagg-switch. dummy: no network, an in-process switch that sums as if
+        /// every worker had sent the same data.
+        backend = BackendKind::Udp, Choice { choices: &["udp", "dummy"], quoted: true };
+        /// How float32 travels: native (summed as floats by the switch), or
+        /// cpu_exponent_quantizer (block floating point: int32 scaled by a per-packet exponent all
+        /// workers agree on, as a switch ASIC needs; a block holding an infinity or a NaN on any
+        /// worker comes back NaN on every worker).
+        prepostprocessor = "native".into(),
+            Choice { choices: &["native", "cpu_exponent_quantizer"], quoted: true };
+        /// Retransmission timeout in milliseconds before a round trip is measured, and its floor
+        /// afterwards; it then follows the measured round-trip time and doubles on each timeout.
+        timeout = Duration::from_millis(10), Timeout { unit: Milliseconds, zero: None };
+        /// Seconds without progress after which a job fails (a dead switch or worker).
+        job_timeout = Duration::from_secs(10), Timeout { unit: Seconds, zero: None };
+        /// Seconds to wait for the switch and for every rank to register.
+        connect_timeout = Duration::from_secs(30), Timeout { unit: Seconds, zero: None };
+        /// The switch's control address (netagg-switch --control).
+        controller_ip = "127.0.0.1".into(), Host;
+        controller_port = 50099, Port;
+        /// Session name: the ranks of one job share it; concurrent jobs use different names.
+        session = "default".into(), Name { max: MAX_SESSION_NAME_LEN };
+        /// Rounds each slot keeps at the switch for loss recovery, a power of two from 2 to 64.
+        /// 2 is SwitchML's shadow copy; more lets sparse streams acknowledge in larger batches.
+        depth = 8, PowerOfTwo { min: 2, max: 64 };
+        /// auto: jobs travel as sparse block streams wherever the encoding keeps zeros zero (int32,
+        /// and float32 with prepostprocessor = native): each worker sends only its blocks of
+        /// packet_numel elements that are not all zero, and blocks zero on every worker never
+        /// travel (OmniReduce). Block floating point float32 always travels dense. off: every block
+        /// is sent, in SwitchML's dense rounds, which cost less for tensors with few zero blocks.
+        /// Every rank of a session must use the same setting.
+        sparse = SparseMode::Off, Choice { choices: &["auto", "off"], quoted: true };
+    }
+}
+
+struct_keys! {
+    DUMMY_KEYS: Dummy {
+        /// Emulated link bandwidth in Mbit/s; 0 runs as fast as the CPU allows.
+        bandwidth = 100_000.0, Real { unit: "Mbit/s", min: 1e-3, max: 1e9 };
+        /// true: sum as the switch would; false: return each packet unchanged.
+        process_packets = true, Bool;
+    }
+}
+
+struct_keys! {
+    UDP_KEYS: Udp {
+        /// Local address the worker threads' sockets bind to.
+        bind_ip = IpAddr::from([0, 0, 0, 0]), Ip;
+        /// Kernel socket buffer size in bytes (capped by net.core.rmem_max and wmem_max).
+        socket_buffer = 4 << 20, Bytes { min: 0, max: Some(1 << 30) };
+    }
+}
+
+// The defaults are `Faults::default()`'s: nothing injected.
+keys_at! {
+    FAULT_KEYS: Faults {
+        /// Probabilities from 0 to 1 that a datagram is lost, arrives twice, is held back and
+        /// overtaken by later ones, or has one bit flipped; and the largest random delay added to
+        /// every datagram, in milliseconds (0 to 10000). send_* act on the datagrams this process
+        /// sends, receive_* on those it receives, before it reads them.
+        send_drop at send.drop, Probability;
+        send_duplicate at send.duplicate, Probability;
+        send_reorder at send.reorder, Probability;
+        send_corrupt at send.corrupt, Probability;
+        send_delay at send.delay, Delay { unit: Milliseconds, max: MAX_FAULT_DELAY };
+        receive_drop at receive.drop, Probability;
+        receive_duplicate at receive.duplicate, Probability;
+        receive_reorder at receive.reorder, Probability;
+        receive_corrupt at receive.corrupt, Probability;
+        receive_delay at receive.delay, Delay { unit: Milliseconds, max: MAX_FAULT_DELAY };
+        /// Seed of the random choices, so that a run can be repeated.
+        seed at seed, Integer { min: 0, max: u64::MAX };
+    }
+}
+
+struct_keys! {
+    SWITCH_KEYS: Switch + faults {
+        /// TCP address workers register at, and UDP address of the data path.
+        control = SocketAddr::from(([0, 0, 0, 0], 50099)), Address;
+        data = SocketAddr::from(([0, 0, 0, 0], 48864)), Address;
+        /// Control connections at once; more are refused as they arrive. Each holds a
+        /// descriptor: netagg-switch raises its descriptor limit to the hard limit and lowers
+        /// this to fit.
+        max_connections = 1024, Integer { min: 1, max: 1 << 20 };
+        /// Sessions open or assembling at once, workers in one session, slots in one session.
+        max_sessions = 64, Integer { min: 1, max: 65535 };
+        max_workers = 1024, Integer { min: 1, max: 65535 };
+        max_slots = 8192, Integer { min: 1, max: 65535 };
+        /// Bytes of aggregation state all sessions together may hold.
+        max_memory = 1 << 30, Bytes { min: 1, max: None };
+        /// Bytes of aggregation state one session may hold (a session of 4 workers, 256 slots of
+        /// 256 elements and depth 8 holds about 2.3 MB); larger sessions are refused at
+        /// registration with a message saying how many bytes they need.
+        max_session_memory = 256 << 20, Bytes { min: 1, max: None };
+        /// Seconds without packets after which a session is closed although its workers are
+        /// connected; 0 never does. A worker whose connection closes ends its session at once.
+        idle_timeout = Duration::ZERO,
+            Timeout { unit: Seconds, zero: Some("never closes a session whose workers are connected") };
+        /// Seconds a control connection may take to register, and its session to assemble
+        /// after that; a registration still waiting for other ranks then is refused and closed.
+        register_timeout = Duration::from_secs(60), Timeout { unit: Seconds, zero: None };
+        /// Print counters every this many seconds; 0 prints them only on exit.
+        stats_interval = Duration::ZERO, Timeout { unit: Seconds, zero: Some("prints only on exit") };
+        /// error, warn, info, debug or trace (RUST_LOG overrides).
+        log_level = "info".into(),
+            Choice { choices: &["error", "warn", "info", "debug", "trace"], quoted: false };
+    }
+}

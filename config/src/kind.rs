@@ -1,0 +1,281 @@
+//! What a key accepts: how its text is checked and read, how its value is written back,
+//! and what an error message says it expects. A field's Rust type only converts (`Field`);
+//! every range and choice is the kind's.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use crate::{BackendKind, SparseMode};
+
+/// The longest time a timeout may be: 30 days.
+const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The unit a time is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    Seconds,
+    Milliseconds,
+}
+
+impl Unit {
+    fn name(self) -> &'static str {
+        match self {
+            Unit::Seconds => "seconds",
+            Unit::Milliseconds => "milliseconds",
+        }
+    }
+
+    fn per_second(self) -> f64 {
+        match self {
+            Unit::Seconds => 1.0,
+            Unit::Milliseconds => 1e3,
+        }
+    }
+
+    /// `time` in this unit, as text that reads back to the same time.
+    fn show(self, time: Duration) -> String {
+        (time.as_nanos() as f64 / (1e9 / self.per_second())).to_string()
+    }
+
+    /// The time `count` of this unit make, if it is one.
+    fn time(self, count: f64) -> Option<Duration> {
+        Duration::try_from_secs_f64(count / self.per_second()).ok()
+    }
+}
+
+/// What a key accepts. Values are trimmed before they are read; messages show them as
+/// written.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Kind {
+    /// An integer from `min` to `max`.
+    Integer { min: u64, max: u64 },
+    /// A number of bytes from `min` to `max`, or of at least `min` where `max` is None.
+    Bytes { min: u64, max: Option<u64> },
+    /// A power of two from `min` to `max`.
+    PowerOfTwo { min: u64, max: u64 },
+    /// A TCP or UDP port, 1 to 65535.
+    Port,
+    /// A number of `unit`: 0, or from `min` to `max`.
+    Real { unit: &'static str, min: f64, max: f64 },
+    /// A probability from 0 to 1.
+    Probability,
+    /// A time in `unit`, above 0 and at most 30 days; where `zero` says what 0 means, 0
+    /// too (written `0`).
+    Timeout { unit: Unit, zero: Option<&'static str> },
+    /// A time in `unit` from 0 to `max`.
+    Delay { unit: Unit, max: Duration },
+    /// true or false (also 1 or 0, yes or no, on or off, in any case).
+    Bool,
+    /// One of `choices`, quoted in messages where `quoted`.
+    Choice { choices: &'static [&'static str], quoted: bool },
+    /// An IP address.
+    Ip,
+    /// An IP address and a port.
+    Address,
+    /// A host name or IP address: any text but an empty one (resolved where it is used).
+    Host,
+    /// A name of 1 to `max` bytes.
+    Name { max: usize },
+}
+
+/// A key's value, as its kind reads it from text and its field holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Value {
+    Integer(u64),
+    Real(f64),
+    Time(Duration),
+    Bool(bool),
+    Text(String),
+    Ip(IpAddr),
+    Address(SocketAddr),
+}
+
+impl Kind {
+    /// Reads `text`, trimmed; None where this kind refuses it.
+    pub(crate) fn parse(&self, text: &str) -> Option<Value> {
+        let text = text.trim();
+        let integer = |min: u64, max: u64| text.parse::<u64>().ok().filter(|n| (min..=max).contains(n));
+        let real = || text.parse::<f64>().ok();
+        match *self {
+            Kind::Integer { min, max } => integer(min, max).map(Value::Integer),
+            Kind::Bytes { min, max } => integer(min, max.unwrap_or(u64::MAX)).map(Value::Integer),
+            Kind::PowerOfTwo { min, max } => {
+                integer(min, max).filter(|n| n.is_power_of_two()).map(Value::Integer)
+            }
+            Kind::Port => integer(1, 65535).map(Value::Integer),
+            Kind::Real { min, max, .. } => {
+                real().filter(|x| *x == 0.0 || (min..=max).contains(x)).map(Value::Real)
+            }
+            Kind::Probability => real().filter(|x| (0.0..=1.0).contains(x)).map(Value::Real),
+            Kind::Timeout { unit, zero } => {
+                if zero.is_some() && text == "0" {
+                    return Some(Value::Time(Duration::ZERO));
+                }
+                let time = unit.time(real().filter(|x| *x > 0.0)?)?;
+                (time <= MAX_TIMEOUT).then_some(Value::Time(time))
+            }
+            Kind::Delay { unit, max } => {
+                let count = real().filter(|x| (0.0..=max.as_secs_f64() * unit.per_second()).contains(x))?;
+                unit.time(count).map(Value::Time)
+            }
+            Kind::Bool => match text.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => Some(Value::Bool(true)),
+                "false" | "0" | "no" | "off" => Some(Value::Bool(false)),
+                _ => None,
+            },
+            Kind::Choice { choices, .. } => choices.contains(&text).then(|| Value::Text(text.into())),
+            Kind::Ip => text.parse().ok().map(Value::Ip),
+            Kind::Address => text.parse().ok().map(Value::Address),
+            Kind::Host => (!text.is_empty()).then(|| Value::Text(text.into())),
+            Kind::Name { max } => (1..=max).contains(&text.len()).then(|| Value::Text(text.into())),
+        }
+    }
+
+    /// `value` as text that [`Kind::parse`] reads back to it.
+    pub(crate) fn show(&self, value: &Value) -> String {
+        match value {
+            Value::Integer(n) => n.to_string(),
+            Value::Real(x) => x.to_string(),
+            Value::Time(time) => match *self {
+                Kind::Timeout { unit, .. } | Kind::Delay { unit, .. } => unit.show(*time),
+                _ => Unit::Seconds.show(*time),
+            },
+            Value::Bool(b) => b.to_string(),
+            Value::Text(text) => text.clone(),
+            Value::Ip(ip) => ip.to_string(),
+            Value::Address(address) => address.to_string(),
+        }
+    }
+
+    /// What this kind accepts, as error messages end: "expected {this}".
+    pub(crate) fn expected(&self) -> String {
+        match *self {
+            Kind::Integer { min, max } => format!("an integer from {min} to {max}"),
+            Kind::Bytes { min, max: Some(max) } => format!("bytes, an integer from {min} to {max}"),
+            Kind::Bytes { min, max: None } => format!("bytes, an integer of at least {min}"),
+            Kind::PowerOfTwo { min, max } => format!("a power of two from {min} to {max}"),
+            Kind::Port => "a port from 1 to 65535".into(),
+            Kind::Real { unit, min, max } => format!("{unit}: 0, or from {} to {}", number(min), number(max)),
+            Kind::Probability => "a probability from 0 to 1".into(),
+            Kind::Timeout { unit, zero: None } => format!("{}, above 0 and at most 30 days", unit.name()),
+            Kind::Timeout { unit, zero: Some(meaning) } => {
+                format!("{}, at most 30 days; 0 {meaning}", unit.name())
+            }
+            Kind::Delay { unit, max } => format!("{}, from 0 to {}", unit.name(), unit.show(max)),
+            Kind::Bool => "true or false".into(),
+            Kind::Choice { choices, quoted } => {
+                let shown: Vec<String> =
+                    choices.iter().map(|c| if quoted { format!("'{c}'") } else { c.to_string() }).collect();
+                match shown.split_last() {
+                    Some((last, [])) => last.clone(),
+                    Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                    None => String::new(),
+                }
+            }
+            Kind::Ip => "an IP address".into(),
+            Kind::Address => "an address IP:PORT".into(),
+            Kind::Host => "a host name or IP address".into(),
+            Kind::Name { max } => format!("a name of 1 to {max} bytes"),
+        }
+    }
+}
+
+/// A bound as messages write it: large ones in exponent notation (1e9).
+fn number(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
+}
+
+/// A field type a key can be stored in, converted from and to the value its kind reads.
+pub(crate) trait Field: Sized {
+    fn to_value(&self) -> Value;
+    /// None where the value does not fit (a kind that does not suit the field).
+    fn from_value(value: Value) -> Option<Self>;
+}
+
+macro_rules! integer_fields {
+    ($($t:ty),*) => {$(
+        impl Field for $t {
+            fn to_value(&self) -> Value {
+                Value::Integer(*self as u64)
+            }
+            fn from_value(value: Value) -> Option<Self> {
+                let Value::Integer(n) = value else { return None };
+                n.try_into().ok()
+            }
+        }
+    )*};
+}
+
+integer_fields!(u8, u16, u64, usize);
+
+/// Fields that hold a value as it is, in the variant named.
+macro_rules! plain_fields {
+    ($($t:ty => $variant:ident),*) => {$(
+        impl Field for $t {
+            fn to_value(&self) -> Value {
+                Value::$variant(self.clone())
+            }
+            fn from_value(value: Value) -> Option<Self> {
+                let Value::$variant(v) = value else { return None };
+                Some(v)
+            }
+        }
+    )*};
+}
+
+plain_fields!(f64 => Real, Duration => Time, bool => Bool, String => Text, IpAddr => Ip, SocketAddr => Address);
+
+/// Fields of an enum written as its name (`Display`), read by `from_name`.
+macro_rules! named_fields {
+    ($($t:ty),*) => {$(
+        impl Field for $t {
+            fn to_value(&self) -> Value {
+                Value::Text(self.to_string())
+            }
+            fn from_value(value: Value) -> Option<Self> {
+                let Value::Text(name) = value else { return None };
+                <$t>::from_name(&name)
+            }
+        }
+    )*};
+}
+
+named_fields!(BackendKind, SparseMode);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_are_listed_with_commas_and_a_final_or() {
+        let choice = |choices, quoted| Kind::Choice { choices, quoted }.expected();
+        assert_eq!(choice(&["a"], true), "'a'");
+        assert_eq!(choice(&["a", "b"], true), "'a' or 'b'");
+        assert_eq!(choice(&["a", "b", "c"], false), "a, b or c");
+    }
+
+    #[test]
+    fn times_read_back_as_shown() {
+        let kinds = [
+            Kind::Timeout { unit: Unit::Milliseconds, zero: None },
+            Kind::Timeout { unit: Unit::Seconds, zero: Some("never") },
+            Kind::Delay { unit: Unit::Milliseconds, max: Duration::from_secs(10) },
+        ];
+        for kind in kinds {
+            for text in ["0.001", "2.5", "10", "0.25", "10000"] {
+                let value = kind.parse(text).unwrap();
+                assert_eq!(kind.parse(&kind.show(&value)), Some(value), "{kind:?} {text}");
+            }
+        }
+        let zero = kinds[1];
+        assert_eq!(zero.parse(" 0 "), Some(Value::Time(Duration::ZERO)));
+        assert_eq!(zero.parse("0.0"), None, "only 0 itself means zero");
+        assert_eq!(kinds[0].parse("0"), None);
+        assert_eq!(kinds[0].parse("NaN"), None);
+        assert_eq!(kinds[2].parse("10000.001"), None);
+    }
+}
