@@ -225,6 +225,20 @@ pub struct Config {
     /// Faults injected into this worker's transport (`[faults]`).
     pub faults: Faults,
     pub switch: Switch,
+    /// Where each key that is not at its default was set, for the errors about
+    /// combinations.
+    origins: Origins,
+}
+
+/// Where keys were set, by key. Two configurations with the same values are equal
+/// wherever their values came from.
+#[derive(Debug, Clone, Default)]
+struct Origins(BTreeMap<String, Origin>);
+
+impl PartialEq for Origins {
+    fn eq(&self, _: &Origins) -> bool {
+        true
+    }
 }
 
 /// Where a value came from, for error messages.
@@ -258,8 +272,9 @@ pub enum ConfigError {
     UnknownKey { origin: Origin, key: String, known: String },
     #[error("{origin}: key '{key}' = '{value}': expected {expected}")]
     Value { origin: Origin, key: String, value: String, expected: String },
-    #[error("{origin}: {message}")]
-    Combination { origin: String, message: String },
+    /// Values valid alone but not together; the message names where each came from.
+    #[error("{message}")]
+    Combination { message: String },
 }
 
 impl ConfigError {
@@ -342,8 +357,7 @@ impl Config {
             };
             config.set_from(&origin, &key, value)?;
         }
-        let origin = file.map(|f| f.display().to_string()).unwrap_or_else(|| "configuration".into());
-        config.validate().map_err(|message| ConfigError::Combination { origin, message })?;
+        config.validate().map_err(|message| ConfigError::Combination { message })?;
         Ok(config)
     }
 
@@ -352,9 +366,7 @@ impl Config {
     pub fn from_ini(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         config.apply_ini(text, origin)?;
-        config
-            .validate()
-            .map_err(|message| ConfigError::Combination { origin: origin.display().to_string(), message })?;
+        config.validate().map_err(|message| ConfigError::Combination { message })?;
         Ok(config)
     }
 
@@ -392,33 +404,61 @@ impl Config {
         section.get(self, name)
     }
 
-    fn set_from(&mut self, origin: &Origin, key: &str, value: &str) -> Result<(), ConfigError> {
+    /// Sets one key from its text as given in `origin` (a program's command-line flag,
+    /// say), by the rules of the config file; errors name `origin`, the key and what it
+    /// accepts, and errors about combinations name `origin` as where the value came from.
+    pub fn set_from(&mut self, origin: &Origin, key: &str, value: &str) -> Result<(), ConfigError> {
         let unknown = |known| ConfigError::UnknownKey { origin: origin.clone(), key: key.to_string(), known };
         let every_key = || Config::keys().map(|(name, _)| name).collect::<Vec<_>>().join(", ");
         let Some((section, name)) = table::section_of(key) else { return Err(unknown(every_key())) };
         match section.set(self, name, value) {
-            Some(result) => result.map_err(|expected| ConfigError::refused(origin, key, value, expected)),
+            Some(Ok(())) => {
+                self.origins.0.insert(key.to_string(), origin.clone());
+                Ok(())
+            }
+            Some(Err(expected)) => Err(ConfigError::refused(origin, key, value, expected)),
             None if section.lists_own_keys() => Err(unknown(table::names(section.keys()))),
             None => Err(unknown(every_key())),
         }
     }
 
-    /// Checks what no single key can: combinations.
+    /// Checks what no single key can: combinations. The message names every value it
+    /// speaks of, and where each came from.
     pub fn validate(&self) -> Result<(), String> {
         let g = &self.general;
         if g.rank >= g.num_workers {
             return Err(format!(
-                "general.rank {} must be below general.num_workers {}",
-                g.rank, g.num_workers
+                "{} must be below {}",
+                self.described("general.rank"),
+                self.described("general.num_workers")
             ));
         }
         if g.max_outstanding_packets < g.num_worker_threads {
             return Err(format!(
-                "general.max_outstanding_packets {} must be at least general.num_worker_threads {}: every thread needs a slot",
-                g.max_outstanding_packets, g.num_worker_threads
+                "{} must be at least {}: every thread needs a slot",
+                self.described("general.max_outstanding_packets"),
+                self.described("general.num_worker_threads")
             ));
         }
         Ok(())
+    }
+
+    /// `key value (from where)`, for messages about combinations.
+    fn described(&self, key: &str) -> String {
+        let value = self.get(key).unwrap_or_default();
+        match self.origins.0.get(key) {
+            None => format!("{key} {value} (the default)"),
+            Some(Origin::Program) => format!("{key} {value} (set by the program)"),
+            Some(origin) => format!("{key} {value} (from {origin})"),
+        }
+    }
+
+    /// The comment of `key` in `configs/netagg.cfg`, its lines joined; None for unknown
+    /// keys. Programs that take keys as flags show it as their help.
+    pub fn key_doc(key: &str) -> Option<String> {
+        let (section, name) = table::section_of(key)?;
+        let about = section.keys().find(|about| about.name == name)?;
+        Some(about.doc.iter().map(|line| line.trim()).collect::<Vec<_>>().join(" "))
     }
 
     /// Slots of each worker thread: the window divided evenly (the remainder is unused).
@@ -751,10 +791,52 @@ mod tests {
     #[test]
     fn impossible_combinations_are_rejected() {
         let message = ini("[general]\nrank = 4\nnum_workers = 4\n").unwrap_err().to_string();
-        assert_eq!(message, "test.cfg: general.rank 4 must be below general.num_workers 4");
+        assert_eq!(
+            message,
+            "general.rank 4 (from test.cfg) must be below general.num_workers 4 (from test.cfg)"
+        );
         let message =
             ini("[general]\nnum_worker_threads = 8\nmax_outstanding_packets = 4\n").unwrap_err().to_string();
         assert!(message.contains("every thread needs a slot"), "{message}");
+    }
+
+    #[test]
+    fn combination_errors_name_where_each_value_came_from() {
+        let dir = std::env::temp_dir().join(format!("netagg-config-origins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("valid.cfg");
+        std::fs::write(&file, "[general]\npacket_numel = 64\n").unwrap();
+        let load = |pairs: &[(&str, &str)]| {
+            let vars: Vec<_> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            Config::load_with_environment(Some(&file), &vars).unwrap_err().to_string()
+        };
+        assert_eq!(
+            load(&[("NETAGG_GENERAL__RANK", "5")]),
+            "general.rank 5 (from environment variable NETAGG_GENERAL__RANK) must be below \
+             general.num_workers 1 (the default)"
+        );
+        assert_eq!(
+            load(&[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "2")]),
+            "general.rank 3 (from environment variable OMPI_COMM_WORLD_RANK) must be below \
+             general.num_workers 2 (from environment variable OMPI_COMM_WORLD_SIZE)"
+        );
+        std::fs::write(&file, "[general]\nnum_worker_threads = 8\n").unwrap();
+        assert_eq!(
+            load(&[("NETAGG_GENERAL__MAX_OUTSTANDING_PACKETS", "4")]),
+            format!(
+                "general.max_outstanding_packets 4 (from environment variable \
+                 NETAGG_GENERAL__MAX_OUTSTANDING_PACKETS) must be at least general.num_worker_threads 8 \
+                 (from {}): every thread needs a slot",
+                file.display()
+            )
+        );
+        let mut config = Config::default();
+        config.set("general.rank", "1").unwrap();
+        assert_eq!(
+            config.validate().unwrap_err(),
+            "general.rank 1 (set by the program) must be below general.num_workers 1 (the default)"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

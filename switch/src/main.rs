@@ -9,76 +9,69 @@
 
 #![forbid(unsafe_code)]
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::Arg;
+use netagg_config::{Config, Origin};
 use netagg_switch::{Counters, Switch};
 use netagg_wire::Endpoint;
 
-/// netagg's software switch: sums the packets of every worker of a session.
-///
-/// Settings come from the `[switch]` section of the config file (`--config`, else
-/// `$NETAGG_CONFIG`, else the first of ./netagg.cfg, ./netagg-<hostname>.cfg,
-/// /etc/netagg.cfg), `NETAGG_SWITCH__<KEY>` variables, and these flags, later ones winning.
-#[derive(Debug, Parser)]
-#[command(version)]
-struct Args {
-    /// Config file to read the [switch] section from.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// TCP address workers register at (port 0: any free port) [default 0.0.0.0:50099].
-    #[arg(long)]
-    control: Option<SocketAddr>,
-    /// UDP address of the data path (port 0: any free port) [default 0.0.0.0:48864].
-    #[arg(long)]
-    data: Option<SocketAddr>,
-    /// Control connections at once, at most the descriptor limit less 64 [default 1024].
-    #[arg(long)]
-    max_connections: Option<usize>,
-    /// Sessions open or assembling at once [default 64].
-    #[arg(long)]
-    max_sessions: Option<u16>,
-    /// Workers in one session [default 1024].
-    #[arg(long)]
-    max_workers: Option<u16>,
-    /// Slots in one session [default 8192].
-    #[arg(long)]
-    max_slots: Option<u16>,
-    /// Bytes of aggregation state all sessions together may hold [default 1 GiB].
-    #[arg(long)]
-    max_memory: Option<usize>,
-    /// Bytes of aggregation state one session may hold [default 256 MiB].
-    #[arg(long)]
-    max_session_memory: Option<usize>,
-    /// Seconds without packets after which a session is closed although its workers are
-    /// connected; 0 never does [default 0].
-    #[arg(long)]
-    idle_timeout: Option<f64>,
-    /// Seconds a control connection may take to register, and its session to assemble
-    /// after that [default 60].
-    #[arg(long)]
-    register_timeout: Option<f64>,
-    /// Print counters every this many seconds; 0 prints them only on exit [default 0].
-    #[arg(long)]
-    stats_interval: Option<f64>,
-    /// Log level: error, warn, info, debug or trace; RUST_LOG overrides [default info].
-    #[arg(long)]
-    log_level: Option<String>,
-    /// Faults to inject into the data path, for testing: KEY=VALUE,... with the keys of
-    /// [switch.faults] (receive_drop, send_drop, ..._duplicate, ..._reorder,
-    /// ..._corrupt, ..._delay in ms, seed); e.g. receive_drop=0.01,send_drop=0.01
-    /// is SwitchML's set_drop_probabilities(0.01, 0.01) [default none].
-    #[arg(long, value_name = "KEY=VALUE,...")]
-    faults: Option<String>,
+/// What `netagg-switch --help` says above its flags.
+const ABOUT: &str = "netagg's software switch: sums the packets of every worker of a session.
+
+Settings come from the [switch] section of the config file (--config, else $NETAGG_CONFIG,
+else the first of ./netagg.cfg, ./netagg-<hostname>.cfg, /etc/netagg.cfg),
+NETAGG_SWITCH__<KEY> variables, and these flags, later ones winning. Every key of [switch]
+is a flag of the same name, checked by the same rules as the file.";
+
+/// The `[switch]` keys that are flags: all but the fault section's, which `--faults`
+/// takes together.
+fn switch_keys() -> impl Iterator<Item = (String, String)> {
+    Config::keys().filter(|(key, _)| key.starts_with("switch.") && !key.starts_with("switch.faults."))
+}
+
+/// The flag of a `[switch]` key: `switch.max_sessions` is `--max-sessions`.
+fn flag_of(key: &str) -> String {
+    key.trim_start_matches("switch.").replace('_', "-")
+}
+
+fn command() -> clap::Command {
+    let defaults = Config::default();
+    let keys = switch_keys().map(|(key, expected)| {
+        let doc = Config::key_doc(&key).unwrap_or_default();
+        let default = defaults.get(&key).unwrap_or_default();
+        // Values go to the table's checks as they are, negative numbers included.
+        Arg::new(key.clone())
+            .long(flag_of(&key))
+            .value_name("VALUE")
+            .allow_hyphen_values(true)
+            .help(format!("{doc} Takes {expected} [default {default}]").trim_start().to_string())
+    });
+    clap::Command::new("netagg-switch")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(ABOUT)
+        .arg(
+            Arg::new("config")
+                .long("config")
+                .value_name("FILE")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("Config file to read the [switch] section from."),
+        )
+        .args(keys)
+        .arg(Arg::new("faults").long("faults").value_name("KEY=VALUE,...").help(
+            "Faults to inject into the data path, for testing: the keys of [switch.faults] \
+             (receive_drop, send_drop, ..._duplicate, ..._reorder, ..._corrupt, ..._delay in \
+             ms, seed); e.g. receive_drop=0.01,send_drop=0.01 is SwitchML's \
+             set_drop_probabilities(0.01, 0.01) [default none].",
+        ))
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = command().get_matches();
     let settings = match settings(&args) {
         Ok(settings) => settings,
         Err(message) => {
@@ -105,41 +98,22 @@ fn main() -> ExitCode {
     }
 }
 
-/// The `[switch]` settings of the config file, overridden by the flags given.
-fn settings(args: &Args) -> Result<netagg_config::Switch, String> {
-    let mut settings = netagg_config::Config::load(args.config.as_deref()).map_err(|e| e.to_string())?.switch;
-    let seconds = |value: f64, flag: &str| {
-        Duration::try_from_secs_f64(value)
-            .map_err(|_| format!("--{flag} {value}: expected a non-negative number of seconds"))
-    };
-    if let Some(control) = args.control {
-        settings.control = control;
+/// The `[switch]` settings of the config file and the environment, overridden by the
+/// flags given, each checked as the file's keys are.
+fn settings(args: &clap::ArgMatches) -> Result<netagg_config::Switch, String> {
+    let path = args.get_one::<PathBuf>("config");
+    let mut config = Config::load(path.map(PathBuf::as_path)).map_err(|e| e.to_string())?;
+    for (key, _) in switch_keys() {
+        if let Some(value) = args.get_one::<String>(&key) {
+            let origin = Origin::Flag(format!("--{}", flag_of(&key)));
+            config.set_from(&origin, &key, value).map_err(|e| e.to_string())?;
+        }
     }
-    if let Some(data) = args.data {
-        settings.data = data;
+    if let Some(faults) = args.get_one::<String>("faults") {
+        config.switch.faults.apply_assignments("--faults", faults).map_err(|e| e.to_string())?;
     }
-    settings.max_connections = args.max_connections.unwrap_or(settings.max_connections);
-    settings.max_sessions = args.max_sessions.unwrap_or(settings.max_sessions);
-    settings.max_workers = args.max_workers.unwrap_or(settings.max_workers);
-    settings.max_slots = args.max_slots.unwrap_or(settings.max_slots);
-    settings.max_memory = args.max_memory.unwrap_or(settings.max_memory);
-    settings.max_session_memory = args.max_session_memory.unwrap_or(settings.max_session_memory);
-    if let Some(value) = args.idle_timeout {
-        settings.idle_timeout = seconds(value, "idle-timeout")?;
-    }
-    if let Some(value) = args.register_timeout {
-        settings.register_timeout = seconds(value, "register-timeout")?;
-    }
-    if let Some(value) = args.stats_interval {
-        settings.stats_interval = seconds(value, "stats-interval")?;
-    }
-    if let Some(level) = &args.log_level {
-        settings.log_level = level.clone();
-    }
-    if let Some(faults) = &args.faults {
-        settings.faults.apply_assignments("--faults", faults).map_err(|e| e.to_string())?;
-    }
-    Ok(settings)
+    config.validate()?;
+    Ok(config.switch)
 }
 
 fn run(settings: netagg_config::Switch) -> Result<(), String> {

@@ -129,6 +129,41 @@ fn bad_fault_flags_and_memory_limits_name_the_flag_the_key_and_what_is_allowed()
     assert_eq!(code, Some(2), "{stderr}");
 }
 
+#[test]
+fn flags_are_checked_by_the_rules_of_the_file() {
+    let run = |args: &[&str]| {
+        let output = Command::new(SWITCH).args(args).output().unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    // Refused in the file, so refused as a flag: a switch with no session allowed would
+    // refuse every one.
+    let path = temp_file("zero.cfg", "[switch]\nmax_sessions = 0\n");
+    let (code, from_file) = run(&["--config", path.to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert!(from_file.ends_with("key 'switch.max_sessions' = '0': expected an integer from 1 to 65535\n"));
+    for flag in ["--max-sessions", "--max-workers", "--max-slots", "--max-connections"] {
+        let (code, stderr) = run(&[flag, "0"]);
+        assert_eq!(code, Some(2), "{stderr}");
+        let key = flag.trim_start_matches("--").replace('-', "_");
+        assert!(
+            stderr.starts_with(&format!("netagg-switch: flag {flag}: key 'switch.{key}' = '0': expected ")),
+            "{stderr}"
+        );
+    }
+    for flag in ["--max-memory", "--max-session-memory"] {
+        assert_eq!(run(&[flag, "0"]).0, Some(2), "{flag} 0");
+    }
+    assert_eq!(
+        run(&["--log-level", "loud"]),
+        (
+            Some(2),
+            "netagg-switch: flag --log-level: key 'switch.log_level' = 'loud': expected error, warn, info, \
+             debug or trace\n"
+                .into()
+        )
+    );
+}
+
 /// Seconds of CPU the process has used, from /proc.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

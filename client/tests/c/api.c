@@ -136,7 +136,7 @@ static void bad_configs(const char *unknown_key_file) {
   EXPECT(netagg_config_set(config, "general.num_workers", "4"), NETAGG_OK);
   EXPECT(netagg_config_set(config, "general.rank", "4"), NETAGG_OK);
   EXPECT(netagg_context_new(config, &context), NETAGG_CONFIG_INVALID);
-  EXPECT_MESSAGE("general.rank 4 must be below general.num_workers 4");
+  EXPECT_MESSAGE("general.rank 4 (set by the program) must be below general.num_workers 4 (set by the program)");
   EXPECT_TRUE(context == NULL);
   EXPECT(netagg_config_get(config, "general.num_workers", value, sizeof value, &length), NETAGG_OK);
   EXPECT_TRUE(strcmp(value, "4") == 0 && length == 1);
