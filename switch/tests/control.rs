@@ -8,31 +8,20 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{memory_switch, register_message};
 use netagg_switch::port::MemoryNetwork;
 use netagg_switch::Switch;
-use netagg_wire::{ControlMessage, Endpoint, RejectCode, ValueEncoding};
+use netagg_wire::{ControlMessage, Endpoint, RejectCode};
 
 fn start(adjust: impl FnOnce(&mut netagg_config::Switch)) -> Switch {
-    let mut settings = netagg_config::Config::default().switch;
-    settings.control = "127.0.0.1:0".parse().unwrap();
-    adjust(&mut settings);
-    let network = MemoryNetwork::new();
-    let port = network.bind("127.0.0.1:48864".parse().unwrap()).unwrap();
-    Switch::start_with_port(&settings, port).expect("a switch starts")
+    memory_switch(&MemoryNetwork::new(), adjust)
 }
 
 fn register(rank: u16, world_size: u16, name: &str) -> ControlMessage {
-    ControlMessage::Register {
-        rank,
-        world_size,
-        packet_elements: 4,
-        slots: 1,
-        depth: 2,
-        encoding: ValueEncoding::Native,
-        sparse_blocks: false,
-        name: name.into(),
-        endpoints: vec![Endpoint::Udp(format!("127.0.0.1:{}", 5000 + rank).parse().unwrap())],
-    }
+    let endpoint = Endpoint::Udp(format!("127.0.0.1:{}", 5000 + rank).parse().unwrap());
+    register_message(rank, world_size, name, endpoint)
 }
 
 fn connect(switch: &Switch) -> TcpStream {

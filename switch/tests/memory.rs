@@ -6,37 +6,20 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+mod common;
+
+use common::{memory_switch, register_message, SWITCH_DATA};
 use netagg_aggregator::faults::FaultRates;
 use netagg_switch::port::{MemoryNetwork, MemorySocket};
 use netagg_switch::Switch;
-use netagg_wire::{
-    ControlMessage, ElementType, Endpoint, MessageType, Packet, PacketRepr, RejectCode, ValueEncoding,
-};
-
-const SWITCH_DATA: &str = "127.0.0.1:48864";
+use netagg_wire::{ControlMessage, ElementType, Endpoint, MessageType, Packet, PacketRepr, RejectCode};
 
 fn start(network: &MemoryNetwork, faults: Option<netagg_config::Faults>) -> Switch {
-    let mut settings = netagg_config::Config::default().switch;
-    settings.control = "127.0.0.1:0".parse().unwrap();
-    if let Some(faults) = faults {
-        settings.faults = faults;
-    }
-    let port = network.bind(SWITCH_DATA.parse().unwrap()).unwrap();
-    Switch::start_with_port(&settings, port).expect("a switch starts over a memory port")
-}
-
-fn register_message(rank: u16, world_size: u16, name: &str, endpoint: Endpoint) -> ControlMessage {
-    ControlMessage::Register {
-        rank,
-        world_size,
-        packet_elements: 4,
-        slots: 1,
-        depth: 2,
-        encoding: ValueEncoding::Native,
-        sparse_blocks: false,
-        name: name.into(),
-        endpoints: vec![endpoint],
-    }
+    memory_switch(network, |settings| {
+        if let Some(faults) = faults {
+            settings.faults = faults;
+        }
+    })
 }
 
 /// Registers every rank of a session of one thread each; returns their control
