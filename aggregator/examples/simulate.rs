@@ -82,10 +82,11 @@ fn main() -> ExitCode {
     let exact = report.outputs.iter().all(|output| *output == Tensor::Int32(expected.clone()));
     for (rank, counters) in report.workers.iter().enumerate() {
         println!(
-            "worker {rank}: sent {} data + {} acks ({} retransmitted), received {} results ({} duplicates)",
+            "worker {rank}: sent {} data + {} acks ({} retransmitted, {} probes), received {} results ({} duplicates)",
             counters.data_sent,
             counters.acks_sent,
             counters.retransmissions,
+            counters.probes,
             counters.results_received,
             counters.duplicates
         );

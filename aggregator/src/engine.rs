@@ -173,7 +173,7 @@ pub enum DropReason {
     WrongToken,
     #[error("the packet did not come from the address its rank registered")]
     WrongSource,
-    #[error("a result packet is for workers, not for the switch")]
+    #[error("results and pending notices are for workers, not for the switch")]
     NotForSwitch,
     #[error("rank is not below the session's worker count")]
     RankOutOfRange,
@@ -185,16 +185,12 @@ pub enum DropReason {
     Stale,
     #[error("round is ahead of the slot's open round")]
     TooEarly,
-    #[error("duplicate contribution to a round still aggregating")]
-    DuplicateIncomplete,
     #[error("worker is not expected to contribute to this round")]
     NotExpected,
     #[error("contribution disagrees with the round on its {0}")]
     Mismatch(&'static str),
     #[error("every set of the slot retains a result some worker has not acknowledged")]
     Stalled,
-    #[error("the requested round has not completed yet")]
-    NotReady,
     #[error("output buffer cannot hold a result of this session")]
     OutputTooSmall,
 }
@@ -210,14 +206,15 @@ counters! {
         pub results_broadcast: u64,
         /// Results sent again to one worker (after a duplicate or a request).
         pub results_resent: u64,
-        /// Duplicate contributions (to complete or aggregating rounds).
+        /// Duplicate contributions (to complete or aggregating rounds); each is answered,
+        /// with the result or with a pending notice.
         pub duplicates: u64,
         /// Packets of rounds no longer retained.
         pub stale: u64,
         /// Contributions dropped because every set of their slot retained a result some
         /// worker had not acknowledged.
         pub stalled: u64,
-        /// Requests for a round that has not completed.
+        /// Requests for a round that has not completed, answered with a pending notice.
         pub not_ready: u64,
         /// Packets that break the protocol (wrong rank, slot, round, size or fields).
         pub rejected: u64,
@@ -570,13 +567,13 @@ impl Session {
         }
         self.last_activity = now;
         match repr.message_type {
-            MessageType::Result => self.reject(DropReason::NotForSwitch),
+            MessageType::Result | MessageType::Pending => self.reject(DropReason::NotForSwitch),
             MessageType::Ack => {
                 self.apply_ack(repr.slot, repr.rank, repr.ack_round);
                 if !repr.flags.contains(Flags::WANT_RESULT) {
                     return Verdict::Consumed;
                 }
-                self.resend_result(repr.slot, repr.round, repr.rank, false, out)
+                self.resend_result(repr, false, out)
             }
             MessageType::Data => {
                 self.apply_ack(repr.slot, repr.rank, repr.ack_round);
@@ -604,19 +601,15 @@ impl Session {
         }
     }
 
-    /// Sends a retained result again to one worker; contributors only, unless `anyone`.
-    fn resend_result(
-        &mut self,
-        slot: u16,
-        round: u32,
-        rank: u16,
-        only_contributors: bool,
-        out: &mut [u8],
-    ) -> Verdict {
+    /// Answers a worker asking for the result of `repr`'s round, or contributing to it
+    /// again: with the result if the slot retains it (to contributors only, if
+    /// `only_contributors`), or with a pending notice if the round is still aggregating.
+    fn resend_result(&mut self, repr: &PacketRepr, only_contributors: bool, out: &mut [u8]) -> Verdict {
+        let (slot, round, rank) = (repr.slot, repr.round, repr.rank);
         let Some(index) = self.retained_set(slot, round) else {
             if round == self.slots[slot as usize].open_round {
                 self.counters.not_ready += 1;
-                return Verdict::Dropped(DropReason::NotReady);
+                return self.emit_pending(repr, out);
             }
             if is_after(round, self.slots[slot as usize].open_round) {
                 return self.reject(DropReason::TooEarly);
@@ -638,7 +631,7 @@ impl Session {
             if is_after(repr.round, open_round) {
                 return self.reject(DropReason::TooEarly);
             }
-            let verdict = self.resend_result(repr.slot, repr.round, repr.rank, true, out);
+            let verdict = self.resend_result(repr, true, out);
             if matches!(verdict, Verdict::Send(_)) {
                 self.counters.duplicates += 1;
             }
@@ -653,7 +646,7 @@ impl Session {
                 let set = &self.sets[self.set_index(repr.slot, own_set as u32)];
                 if set.contributed.contains(repr.rank) {
                     self.counters.duplicates += 1;
-                    return Verdict::Dropped(DropReason::DuplicateIncomplete);
+                    return self.emit_pending(repr, out);
                 }
                 if let Err(field) = set.agrees_with(repr) {
                     return self.reject(DropReason::Mismatch(field));
@@ -749,6 +742,46 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Tells the sender of `repr` that its round is still aggregating, and whether its
+    /// own contribution is in: so that a worker waiting for a late peer stops resending.
+    /// The notice also maps which of the next 64 slots' rounds wait for this worker, so
+    /// that one probe finds the contributions it lost anywhere in its window.
+    fn emit_pending(&self, repr: &PacketRepr, out: &mut [u8]) -> Verdict {
+        let contributed = |slot: u16| {
+            let open_set = self.slots[slot as usize].open_set;
+            open_set.is_some_and(|set| {
+                self.sets[self.set_index(slot, set as u32)].contributed.contains(repr.rank)
+            })
+        };
+        let lacks = |slot: u16| {
+            let state = &self.slots[slot as usize];
+            let under_way = state.continuation.is_some() || state.open_set.is_some();
+            let expects = state.continuation.is_none() || state.expected.contains(repr.rank);
+            under_way && expects && !contributed(slot)
+        };
+        let last = (repr.slot as u32 + 64).min(self.spec.slots as u32) as u16;
+        let lacking = (repr.slot..last).rev().fold(0u64, |map, slot| map << 1 | lacks(slot) as u64);
+        let mut notice = PacketRepr {
+            message_type: MessageType::Pending,
+            flags: if contributed(repr.slot) { Flags::CONTRIBUTED } else { Flags::NONE },
+            job: repr.job,
+            rank: repr.rank,
+            slot: repr.slot,
+            round: repr.round,
+            ..PacketRepr::new(MessageType::Pending, repr.element_type, self.id.0, self.token, 0)
+        };
+        notice.set_lacking(lacking);
+        // `handle` checked that `out` holds a full packet, so a header too.
+        match notice.emit(out) {
+            Ok(_) => Verdict::Send(Transmit {
+                session: self.id,
+                recipient: Recipient::Worker(repr.rank),
+                len: HEADER_LEN,
+            }),
+            Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
+        }
     }
 
     fn emit_result(&mut self, index: usize, slot: u16, recipient: Recipient, out: &mut [u8]) -> Verdict {

@@ -73,6 +73,9 @@ pub struct ClusterConfig {
     pub max_retransmit_timeout: Duration,
     pub job_timeout: Duration,
     pub seed: u64,
+    /// Per rank, how long after the first its every job starts (a straggler); missing
+    /// ranks start at once.
+    pub start_delays: Vec<Duration>,
     /// Events (deliveries and timer firings) one allreduce may take before it counts as a
     /// livelock.
     pub max_steps: u64,
@@ -93,6 +96,7 @@ impl ClusterConfig {
             max_retransmit_timeout: Duration::from_millis(5),
             job_timeout: Duration::from_secs(10),
             seed: 1,
+            start_delays: Vec::new(),
             max_steps: 10_000_000,
         }
     }
@@ -351,7 +355,8 @@ impl Cluster {
         let counters_before: Vec<WorkerCounters> = self.workers.iter().map(|w| *w.counters()).collect();
         let switch_before = self.switch_counters();
         let started = self.now;
-        for (worker, io) in self.workers.iter_mut().zip(&ios) {
+        let mut specs = Vec::with_capacity(ios.len());
+        for io in &ios {
             let layout = if sparse {
                 Layout::Sparse(BlockMask::from_fn(blocks, |b| {
                     let start = b as usize * packet_elements * 4;
@@ -361,21 +366,30 @@ impl Cluster {
             } else {
                 Layout::Dense
             };
-            let spec = JobSpec {
+            specs.push(Some(JobSpec {
                 job,
                 element_type: first.element_type(),
                 elements: first.len() as u64,
                 layout,
                 exponents,
-            };
-            worker
-                .start_job(self.now, spec)
-                .map_err(|e| SimError::Failed { rank: worker.config().rank, reason: e.to_string() })?;
+            }));
         }
+        let start_at =
+            |rank: usize| started + self.config.start_delays.get(rank).copied().unwrap_or(Duration::ZERO);
+        let start_times: Vec<Instant> = (0..specs.len()).map(start_at).collect();
 
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
         let mut steps = 0;
         loop {
+            for (rank, worker) in self.workers.iter_mut().enumerate() {
+                if start_times[rank] <= self.now {
+                    if let Some(spec) = specs[rank].take() {
+                        worker
+                            .start_job(self.now, spec)
+                            .map_err(|e| SimError::Failed { rank: rank as u16, reason: e.to_string() })?;
+                    }
+                }
+            }
             for (worker, io) in self.workers.iter_mut().zip(&mut ios) {
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
                     let latency = self.config.uplink.latency;
@@ -389,7 +403,9 @@ impl Cluster {
                 let JobStatus::Failed(error) = failed.status() else { unreachable!() };
                 return Err(SimError::Failed { rank: failed.config().rank, reason: error.to_string() });
             }
-            if self.workers.iter().all(|w| *w.status() == JobStatus::Done) {
+            if specs.iter().all(Option::is_none)
+                && self.workers.iter().all(|w| *w.status() == JobStatus::Done)
+            {
                 break;
             }
             steps += 1;
@@ -399,7 +415,9 @@ impl Cluster {
             let next_delivery = self.in_flight.peek().map(|Reverse(p)| p.at);
             let next_timer = self.workers.iter_mut().filter_map(|w| w.poll_timeout()).min();
             let next_release = [self.uplink.next_release(), self.downlink.next_release()];
-            let events = [next_delivery, next_timer].into_iter().chain(next_release);
+            let next_start =
+                (0..specs.len()).filter(|&rank| specs[rank].is_some()).map(|rank| start_times[rank]).min();
+            let events = [next_delivery, next_timer, next_start].into_iter().chain(next_release);
             let Some(next) = events.flatten().min() else {
                 let rank = self.workers.iter().position(|w| *w.status() != JobStatus::Done).unwrap_or(0);
                 return Err(SimError::Stuck { rank: rank as u16 });

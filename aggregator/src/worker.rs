@@ -13,9 +13,18 @@
 //!   meanwhile it takes the results of the rounds others contribute to, and acknowledges
 //!   them in batches so the aggregator can free its sets.
 //!
-//! Loss is recovered by per-slot timers with exponential backoff: an outstanding
-//! contribution is sent again; a worker with nothing outstanding, or missing a result,
-//! asks for the first round it lacks. A job with no progress for `job_timeout` fails.
+//! Loss is recovered by per-slot timers with exponential backoff. When a slot's timer
+//! fires, the worker first asks whether anything points to a loss: a result of a packet
+//! sent *after* the slot's (the switch has moved on without it, as TCP's RACK reasons), or
+//! a gap in the slot's results. If so, an outstanding contribution is sent again, and a
+//! slot with nothing outstanding, or missing a result, asks for the first round it lacks.
+//! If not, the whole thread is waiting, most likely for a late peer: then one slot
+//! *probes* with a header-only request, and the other slots' timers wait for its answer
+//! rather than resend a window. The switch answers a request or a repeated contribution
+//! for a round still aggregating with a *pending* notice saying whether this worker's
+//! contribution is in; a slot known to be in is never sent again, and one the switch
+//! lacks is sent at once. Any result ends the wait, and the waiting slots' timers start
+//! afresh. A job with no progress for `job_timeout` fails.
 //!
 //! The timeout follows the measured round-trip time (RFC 6298's smoothed mean plus four
 //! deviations; one packet per round trip is timed, as TCP times one segment, and only
@@ -199,6 +208,8 @@ pub enum Delivery {
     Duplicate,
     /// A result of another job, or for a slot not in use.
     Stale,
+    /// A pending notice: the round is still aggregating.
+    Pending,
     /// Not a result for this worker.
     Rejected(RejectReason),
 }
@@ -208,7 +219,7 @@ pub enum Delivery {
 pub enum RejectReason {
     #[error("malformed packet: {0}")]
     Malformed(#[from] WireError),
-    #[error("not a result packet")]
+    #[error("neither a result nor a pending notice")]
     NotAResult,
     #[error("result of another session")]
     WrongSession,
@@ -235,12 +246,19 @@ counters! {
         pub data_sent: u64,
         pub acks_sent: u64,
         pub retransmissions: u64,
+        /// Header-only requests sent while the whole thread waited: one per timeout of the
+        /// probing slot, instead of a window of retransmissions.
+        pub probes: u64,
         pub results_received: u64,
         /// Bytes of the new results received, headers included.
         pub bytes_received: u64,
         pub duplicates: u64,
         pub stale: u64,
         pub rejected: u64,
+        /// Pending notices received: a round asked about is still aggregating.
+        pub pending: u64,
+        /// Slot timers that fired and sent a retransmission, a request or a probe (timers
+        /// that fired while a probe was out send nothing and are not counted).
         pub timeouts: u64,
         pub jobs_done: u64,
         pub jobs_failed: u64,
@@ -272,12 +290,12 @@ enum Send {
     /// The slot's outstanding contribution; a retransmission names the round it resends,
     /// and is dropped if that round was answered while it waited in the queue (the next
     /// contribution is then queued on its own, and is no retransmission).
-    Data {
-        retransmission: Option<u32>,
-    },
-    Ack {
-        want: bool,
-    },
+    Data { retransmission: Option<u32> },
+    /// An acknowledgement of the results held.
+    Ack,
+    /// An acknowledgement asking for the result of `round`; dropped if that round was
+    /// answered while the request waited in the queue.
+    Request { round: u32 },
 }
 
 #[derive(Debug)]
@@ -296,6 +314,17 @@ struct SlotState {
     end_round: Option<u32>,
     /// The last `have` sent to the aggregator.
     acked: u32,
+    /// When the slot's current wait began, as a count of the thread's transmissions: the
+    /// first sending of its contribution, or the transmissions before the result that left
+    /// it waiting.
+    /// A count rather than a time, since a burst of sends shares one clock reading.
+    waiting_since: u64,
+    /// The round whose contribution the switch said it holds: while it is the outstanding
+    /// one, it is never sent again, only asked after.
+    held: Option<u32>,
+    /// The slot's timer fired while another slot probed, and was put off until the probe
+    /// is answered.
+    deferred: bool,
     /// Consecutive timeouts of this slot; each doubles its timeout.
     backoff: u32,
     /// When this slot's retransmission timer fires; re-armed at every send.
@@ -332,6 +361,17 @@ struct TimedPacket {
     sent: Instant,
 }
 
+/// A header-only request sent while every slot of the thread waited.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// The slot the request went out on; its timer sends the next probe.
+    slot: u16,
+    /// The thread's transmissions before it.
+    sent: u64,
+    /// Probes sent in this wait; each doubles the timeout to the next.
+    count: u32,
+}
+
 /// The worker-side protocol core of one worker thread.
 #[derive(Debug)]
 pub struct WorkerProtocol {
@@ -353,6 +393,13 @@ pub struct WorkerProtocol {
     /// A slot's timeout before any backoff, from `rtt` and the configured floor: kept
     /// rather than worked out at every send.
     base_timeout: Duration,
+    /// Packets sent so far: the clock `waiting_since` is read on.
+    transmissions: u64,
+    /// The latest `waiting_since` of a slot whose wait a result answered, this job: a
+    /// slot waiting since earlier has evidence of a loss.
+    latest_answered: Option<u64>,
+    /// The probe out while the whole thread waits without evidence of a loss.
+    probe: Option<Probe>,
     counters: WorkerCounters,
 }
 
@@ -372,6 +419,9 @@ impl WorkerProtocol {
                 my_next: END_OF_STREAM,
                 end_round: None,
                 acked: u32::MAX,
+                waiting_since: 0,
+                held: None,
+                deferred: false,
                 backoff: 0,
                 deadline: None,
                 queued: None,
@@ -389,6 +439,9 @@ impl WorkerProtocol {
             last_progress: now,
             rtt: None,
             timed: None,
+            transmissions: 0,
+            latest_answered: None,
+            probe: None,
             counters: WorkerCounters::default(),
         }
     }
@@ -464,6 +517,8 @@ impl WorkerProtocol {
         self.clear_timers();
         self.last_progress = now;
         self.timed = None;
+        self.latest_answered = None;
+        self.probe = None;
         for (index, slot) in self.slots.iter_mut().enumerate().take(active_slots as usize) {
             let block = index as u32;
             let next = match &spec.layout {
@@ -475,6 +530,7 @@ impl WorkerProtocol {
             slot.ahead = 0;
             slot.my_next = next;
             slot.end_round = None;
+            slot.deferred = false;
             slot.backoff = 0;
             // In a block-floating-point job the first blocks wait for the exponent round.
             slot.outstanding = (!spec.exponents || index == 0).then_some(Contribution {
@@ -524,6 +580,13 @@ impl WorkerProtocol {
                     }
                     _ => {}
                 }
+                self.transmissions += 1;
+                // The wait starts with a contribution's first sending. An answer to a
+                // resent one or to a request may answer the first sending, so it must not
+                // count as the answer to a packet sent later than the others waiting.
+                if send == (Send::Data { retransmission: None }) {
+                    self.slots[index as usize].waiting_since = self.transmissions;
+                }
                 self.arm_timer(index, now);
                 return Some(len);
             }
@@ -556,15 +619,19 @@ impl WorkerProtocol {
             token: self.config.token,
         };
         match send {
-            Send::Ack { want } => {
-                if want {
-                    repr.flags = repr.flags | Flags::WANT_RESULT;
+            Send::Ack => self.counters.acks_sent += 1,
+            Send::Request { round } => {
+                if round != repr.round {
+                    return None;
                 }
+                repr.flags = repr.flags | Flags::WANT_RESULT;
                 self.counters.acks_sent += 1;
             }
             Send::Data { retransmission } => {
                 let contribution = slot.outstanding?;
-                if retransmission.is_some_and(|round| round != contribution.round) {
+                // Answered, or known to be at the switch, while it waited in the queue.
+                if retransmission.is_some_and(|round| round != contribution.round || slot.held == Some(round))
+                {
                     return None;
                 }
                 let carries_data = !contribution.exponent_round
@@ -671,6 +738,7 @@ impl WorkerProtocol {
                     }
                     Delivery::Duplicate => self.counters.duplicates += 1,
                     Delivery::Stale => self.counters.stale += 1,
+                    Delivery::Pending => self.counters.pending += 1,
                     Delivery::Rejected(_) => {}
                 }
                 delivery
@@ -690,16 +758,19 @@ impl WorkerProtocol {
     ) -> Result<Delivery, RejectReason> {
         let packet = Packet::new_checked(datagram)?;
         let repr = PacketRepr::parse(&packet);
-        if repr.message_type != MessageType::Result {
-            return Err(RejectReason::NotAResult);
-        }
+        let pending = match repr.message_type {
+            MessageType::Result => false,
+            MessageType::Pending => true,
+            MessageType::Data | MessageType::Ack => return Err(RejectReason::NotAResult),
+        };
         if repr.session != self.config.session {
             return Err(RejectReason::WrongSession);
         }
         if repr.token != self.config.token {
             return Err(RejectReason::WrongToken);
         }
-        if repr.rank != BROADCAST_RANK && repr.rank != self.config.rank {
+        // A pending notice answers one worker's question, so it is never broadcast.
+        if repr.rank != self.config.rank && (pending || repr.rank != BROADCAST_RANK) {
             return Err(RejectReason::WrongRank);
         }
         let index = repr.slot.wrapping_sub(self.config.slot_base);
@@ -712,6 +783,10 @@ impl WorkerProtocol {
         let slot = &mut self.slots[index as usize];
         if !slot.active || repr.job != job.spec.job || self.status != JobStatus::Running {
             return Ok(Delivery::Stale);
+        }
+        if pending {
+            self.take_pending(now, index, &repr);
+            return Ok(Delivery::Pending);
         }
         let offset = repr.round.wrapping_sub(slot.have);
         if offset == 0 || !is_after(repr.round, slot.have) {
@@ -763,6 +838,8 @@ impl WorkerProtocol {
         }
         slot.backoff = 0;
         self.last_progress = now;
+        let answered = slot.waiting_since;
+        self.latest_answered = Some(self.latest_answered.map_or(answered, |latest| latest.max(answered)));
 
         let stride = self.config.slots as u64;
         let pending_before = self.pending.len();
@@ -810,6 +887,9 @@ impl WorkerProtocol {
         if let Some(sample) = rtt_sample {
             self.sample_rtt(sample);
         }
+        if self.probe.is_some() {
+            self.end_wait(now);
+        }
         let slot = &mut self.slots[index as usize];
         if done {
             slot.next_round = slot.have.wrapping_add(1);
@@ -823,9 +903,10 @@ impl WorkerProtocol {
         // sets before a stream needs them again.
         let batch = (self.config.depth as u32 / 2).max(1);
         if slot.outstanding.is_none() && slot.have.wrapping_sub(slot.acked) >= batch {
-            self.pending.push_back((index, Send::Ack { want: false }));
+            self.pending.push_back((index, Send::Ack));
         }
         if self.pending.len() == pending_before {
+            slot.waiting_since = self.transmissions;
             self.arm_timer(index, now);
         } else {
             // The packet queued for the slot arms its timer when it is sent; until then
@@ -833,6 +914,74 @@ impl WorkerProtocol {
             slot.deadline = None;
         }
         Ok(Delivery::Accepted)
+    }
+
+    /// Takes the switch's word that round `notice.round` of a slot is still aggregating.
+    fn take_pending(&mut self, now: Instant, index: u16, notice: &PacketRepr) {
+        if let Some(probe) = self.probe.filter(|probe| probe.slot == index) {
+            self.take_lacking(now, probe, notice.lacking());
+        }
+        let slot = &mut self.slots[index as usize];
+        // About a round this slot is not contributing to: it waits for others, as it knew.
+        let Some(contribution) = slot.outstanding.filter(|c| c.round == notice.round) else {
+            return;
+        };
+        if notice.flags.contains(Flags::CONTRIBUTED) {
+            slot.held = Some(contribution.round);
+        } else if slot.held != Some(contribution.round) {
+            // Lost on the way: send it now. The thread was not (only) waiting for a late
+            // peer, so the slots put off behind a probe may have lost theirs too.
+            self.pending.push_back((index, Send::Data { retransmission: Some(contribution.round) }));
+            self.end_wait(now);
+        }
+    }
+
+    /// Acts on a probe's answer: the slots whose rounds wait for this worker's
+    /// contribution. Those that sent one before the probe lost it, or lost the result it
+    /// was answered with, so each sends it again or asks for the result.
+    fn take_lacking(&mut self, now: Instant, probe: Probe, mut lacking: u64) {
+        let mut resent = false;
+        while lacking != 0 {
+            let offset = lacking.trailing_zeros();
+            lacking &= lacking - 1;
+            let index = probe.slot as u32 + offset;
+            let Some(slot) = self.slots.get_mut(index as usize) else {
+                break;
+            };
+            if !slot.active || slot.waiting_since > probe.sent || index == probe.slot as u32 {
+                continue;
+            }
+            let send = match slot.outstanding {
+                Some(c) if slot.held != Some(c.round) => Send::Data { retransmission: Some(c.round) },
+                _ => Send::Request { round: slot.have.wrapping_add(1) },
+            };
+            slot.deferred = false;
+            self.pending.push_back((index as u16, send));
+            resent = true;
+        }
+        if resent {
+            // A loss, not (only) a late peer: the other slots may have lost theirs too.
+            self.end_wait(now);
+        }
+    }
+
+    /// The first active slot at or after `from`, wrapping around to slot 0.
+    fn active_slot_from(&self, from: usize) -> u16 {
+        let slots = self.slots.len();
+        let from = if from >= slots { 0 } else { from };
+        (from..slots).chain(0..from).find(|&index| self.slots[index].active).unwrap_or(0) as u16
+    }
+
+    /// Ends a wait without evidence of loss: the slots whose timers were put off behind the
+    /// probe get their timers back, from now.
+    fn end_wait(&mut self, now: Instant) {
+        self.probe = None;
+        for index in 0..self.slots.len() {
+            let slot = &mut self.slots[index];
+            if std::mem::take(&mut slot.deferred) && slot.active {
+                self.arm_timer(index as u16, now);
+            }
+        }
     }
 
     /// Fails the running job from outside, say because its transport broke. The slots'
@@ -884,14 +1033,52 @@ impl WorkerProtocol {
         while let Some(index) = self.due_timer(now) {
             let slot = &mut self.slots[index as usize];
             slot.deadline = None;
-            self.counters.timeouts += 1;
-            slot.backoff += 1;
-            if let Some(contribution) = slot.outstanding {
-                let resend = Send::Data { retransmission: Some(contribution.round) };
-                self.pending.push_back((index, resend));
+            // RACK's reasoning: a result for something sent after this slot's packet means
+            // the switch moved on without it; so does a gap in its results.
+            let loss_evident =
+                slot.ahead != 0 || self.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
+            if !loss_evident && self.probe.is_some_and(|probe| probe.slot != index) {
+                // The probe's answer speaks for this slot too: wait for it.
+                slot.deferred = true;
+                continue;
             }
-            if slot.outstanding.is_none() || slot.ahead != 0 {
-                self.pending.push_back((index, Send::Ack { want: true }));
+            if !loss_evident && now.saturating_duration_since(self.last_progress) < self.base_timeout {
+                // Results are still coming, in the order their packets went out: this
+                // slot's is queued behind them, not lost.
+                self.arm_timer(index, now);
+                continue;
+            }
+            self.counters.timeouts += 1;
+            if !loss_evident {
+                // Nothing answered since this slot sent: the thread waits, most likely for
+                // a late peer. One header-only request asks the switch, as TCP resends one
+                // segment on a timeout, not its window. Its answer maps 64 slots from the
+                // one it asks about; a thread of more slots asks about the next 64 each time.
+                let (asked, count) = match self.probe {
+                    None => (index, 1),
+                    Some(probe) => (self.active_slot_from(probe.slot as usize + 64), probe.count + 1),
+                };
+                if asked != index {
+                    self.slots[index as usize].deferred = true;
+                }
+                let probing = &mut self.slots[asked as usize];
+                probing.deferred = false;
+                probing.backoff = count;
+                self.probe = Some(Probe { slot: asked, sent: self.transmissions, count });
+                self.counters.probes += 1;
+                // The round trip under way measures the late peer, not the path.
+                self.timed = None;
+                let round = self.slots[asked as usize].have.wrapping_add(1);
+                self.pending.push_back((asked, Send::Request { round }));
+                continue;
+            }
+            slot.backoff += 1;
+            let resend = slot.outstanding.filter(|c| slot.held != Some(c.round));
+            if let Some(contribution) = resend {
+                self.pending.push_back((index, Send::Data { retransmission: Some(contribution.round) }));
+            }
+            if resend.is_none() || slot.ahead != 0 {
+                self.pending.push_back((index, Send::Request { round: slot.have.wrapping_add(1) }));
             }
         }
     }
@@ -1007,18 +1194,22 @@ mod tests {
     fn another_slots_retransmission_leaves_the_timed_packet_timed() {
         let start = Instant::now();
         let (ms, timeout) = (Duration::from_millis, Duration::from_millis(10));
-        let mut protocol = running(start, 2, 4, timeout);
+        let mut protocol = running(start, 3, 6, timeout);
         let first = sent(&mut protocol, start);
         protocol.handle_datagram(start + ms(1), &result_of(&first[0]), &mut Numbers);
         assert_eq!(protocol.smoothed_rtt(), Some(ms(1)));
-        // Slot 0's next block is timed; slot 1's first times out and goes again.
+        // Slot 0's next block is timed. Slot 2's result shows slot 1's packet, sent
+        // before slot 2's, lost: it times out and goes again.
+        protocol.handle_datagram(start + ms(1), &result_of(&first[2]), &mut Numbers);
         let timed = sent(&mut protocol, start + ms(1));
         protocol.handle_timeout(start + timeout);
         let again = sent(&mut protocol, start + timeout);
-        assert_eq!((timed.len(), again.len()), (1, 1));
-        protocol.handle_datagram(start + timeout + ms(2), &result_of(&timed[0]), &mut Numbers);
-        // (7 · 1 ms + 11 ms) / 8
-        assert_eq!(protocol.smoothed_rtt(), Some(Duration::from_micros(2250)));
+        assert_eq!((timed.len(), again.len()), (2, 1));
+        let resent = PacketRepr::parse(&Packet::new_checked(&again[0][..]).unwrap());
+        assert_eq!((resent.block, resent.flags), (1, Flags::RETRANSMISSION));
+        protocol.handle_datagram(start + timeout + ms(1), &result_of(&timed[0]), &mut Numbers);
+        // (7 · 1 ms + 10 ms) / 8
+        assert_eq!(protocol.smoothed_rtt(), Some(Duration::from_micros(2125)));
     }
 
     #[test]

@@ -354,3 +354,73 @@ fn sparse_allreduces_of_1m_int32_across_4_workers_stay_exact_with_1_and_5_percen
         }
     }
 }
+
+/// Every worker's packets, and the switch's duplicates, when the last rank starts each of
+/// three jobs `late` after the others, against the same jobs with every rank on time.
+fn late_rank_costs(workers: u16, sparse: bool, late: Duration) -> Vec<(u64, u64)> {
+    let config = ClusterConfig::new(workers, 16, 64);
+    let inputs = if sparse {
+        sparse_inputs(workers, 64 * 16 * 10, 64, 0.3, workers as u64)
+    } else {
+        int32_inputs(workers, 64 * 16 * 10, workers as u64)
+    };
+    let mut on_time = Cluster::new(config.clone()).unwrap();
+    let mut delays = vec![Duration::ZERO; workers as usize];
+    delays[workers as usize - 1] = late;
+    let mut straggling = Cluster::new(ClusterConfig { start_delays: delays, ..config }).unwrap();
+    let mut costs = vec![(0, 0); workers as usize];
+    for job in 0..3 {
+        let expected = on_time.allreduce(&inputs, sparse).unwrap();
+        let report = straggling.allreduce(&inputs, sparse).unwrap();
+        assert_int32_results(&report.outputs, &inputs);
+        assert!(report.elapsed >= late, "job {job} waited for the late rank");
+        assert_eq!(report.switch.duplicates, 0, "job {job}: nothing was contributed twice");
+        for (rank, (late, on_time)) in report.workers.iter().zip(&expected.workers).enumerate() {
+            assert_eq!(late.retransmissions, 0, "{workers} workers, rank {rank}, job {job}");
+            assert_eq!(late.data_sent, on_time.data_sent);
+            costs[rank].0 += late.packets_sent - on_time.packets_sent;
+            costs[rank].1 += late.probes;
+        }
+    }
+    costs
+}
+
+#[test]
+fn a_late_rank_costs_a_few_probes_not_a_window_of_retransmissions() {
+    let timeout = ClusterConfig::new(2, 1, 1).retransmit_timeout;
+    for workers in [2u16, 4, 8] {
+        for sparse in [false, true] {
+            // Late by several timeouts, and by more than the largest backoff.
+            for late in [timeout * 6, timeout * 60] {
+                let costs = late_rank_costs(workers, sparse, late);
+                for (rank, &(extra, probes)) in costs.iter().enumerate() {
+                    let case = format!("{workers} workers, sparse {sparse}, late {late:?}, rank {rank}");
+                    // Three jobs; each of the waiting ranks probes with one packet per
+                    // (doubling) timeout, up to the largest timeout.
+                    assert!(extra <= 3 * 8, "{case}: {extra} packets beyond the on-time jobs");
+                    assert_eq!(extra, probes, "{case}: the probes are the only extra packets");
+                    if rank == workers as usize - 1 {
+                        assert_eq!(probes, 0, "{case}: the late rank itself waits for nobody");
+                    } else {
+                        assert!(probes >= 3, "{case}: each waiting job probes");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_probe_that_finds_its_contribution_lost_sends_it_at_once() {
+    // Every packet of rank 0's first window is lost on the way up, and nothing answers
+    // anything until the probes learn so.
+    let mut config = ClusterConfig::new(2, 4, 16).with_faults(0.0);
+    config.uplink.drop = 0.3;
+    config.seed = 11;
+    let mut cluster = Cluster::new(config).unwrap();
+    for seed in 0..20 {
+        let inputs = int32_inputs(2, 16 * 4 * 8, seed);
+        let report = cluster.allreduce(&inputs, false).unwrap();
+        assert_int32_results(&report.outputs, &inputs);
+    }
+}

@@ -98,6 +98,16 @@ impl Switch {
             other => panic!("expected a result, got {other:?}"),
         }
     }
+    /// Feeds a packet that must be answered with a pending notice; returns whether it
+    /// says the sender's contribution is in.
+    fn pending(&mut self, packet: &Contribution) -> bool {
+        let (recipient, repr, values) = self.result(packet);
+        assert_eq!(repr.message_type, MessageType::Pending);
+        assert_eq!((recipient, repr.rank), (Recipient::Worker(packet.repr.rank), packet.repr.rank));
+        assert_eq!((repr.slot, repr.round, repr.job), (packet.repr.slot, packet.repr.round, packet.repr.job));
+        assert!(values.is_empty());
+        repr.flags.contains(Flags::CONTRIBUTED)
+    }
 }
 
 #[test]
@@ -147,11 +157,11 @@ fn float32_is_summed_natively() {
 }
 
 #[test]
-fn duplicate_to_an_aggregating_round_changes_nothing() {
+fn duplicate_to_an_aggregating_round_changes_nothing_and_is_told_it_is_in() {
     let mut switch = Switch::new();
     let session = switch.open(2, 1, 2);
     switch.feed(&data(session, 0, 0, 0, &[5]));
-    assert_eq!(switch.feed(&data(session, 0, 0, 0, &[5])), Verdict::Dropped(DropReason::DuplicateIncomplete));
+    assert!(switch.pending(&data(session, 0, 0, 0, &[5])), "rank 0's contribution is in");
     let (_, _, values) = switch.result(&data(session, 1, 0, 0, &[1]));
     assert_eq!(values, [6], "the duplicate was not added");
     assert_eq!(switch.engine.session(session).unwrap().1.duplicates, 1);
@@ -450,8 +460,8 @@ fn workers_that_did_not_contribute_can_ask_for_a_result() {
     let want = |round: u32| {
         ack(session, 1, 0, round.wrapping_sub(1)).with(|r| r.flags = Flags::WANT_RESULT | Flags::SPARSE)
     };
-    // Round 1 (block 4, rank 0 alone) has not completed.
-    assert_eq!(switch.feed(&want(1)), Verdict::Dropped(DropReason::NotReady));
+    // Round 1 (block 4, rank 0 alone) has not completed, and rank 1 is not in it.
+    assert!(!switch.pending(&want(1)));
     let (recipient, _, values) = switch.result(&data(session, 0, 0, 1, &[9]).sparse(4, END_OF_STREAM));
     assert_eq!((recipient, values), (Recipient::All, vec![9]));
     // Rank 1 contributed nothing to round 1 but may fetch it again; it may not claim it
@@ -461,6 +471,26 @@ fn workers_that_did_not_contribute_can_ask_for_a_result() {
     let claim = data(session, 1, 0, 1, &[9]).sparse(4, END_OF_STREAM);
     assert_eq!(switch.feed(&claim), Verdict::Dropped(DropReason::NotExpected));
     assert_eq!(switch.feed(&want(7)), Verdict::Dropped(DropReason::TooEarly));
+}
+
+#[test]
+fn a_request_for_an_aggregating_round_says_whose_contribution_is_in() {
+    let mut switch = Switch::new();
+    let session = switch.open(3, 2, 2);
+    let want =
+        |rank: u16, slot: u16| ack(session, rank, slot, u32::MAX).with(|r| r.flags = Flags::WANT_RESULT);
+    // Nothing has arrived for slot 1; rank 0's contribution to slot 0 is in.
+    assert!(!switch.pending(&want(0, 1)));
+    switch.feed(&data(session, 0, 0, 0, &[5]));
+    assert!(switch.pending(&want(0, 0)));
+    assert!(!switch.pending(&want(1, 0)), "rank 1's contribution is not");
+    let counters = switch.engine.session(session).unwrap().1;
+    assert_eq!((counters.not_ready, counters.duplicates, counters.contributions), (3, 0, 1));
+    // Once complete, the request is answered with the result.
+    switch.feed(&data(session, 1, 0, 0, &[1]));
+    switch.result(&data(session, 2, 0, 0, &[1]));
+    let (recipient, repr, values) = switch.result(&want(0, 0));
+    assert_eq!((recipient, repr.message_type, values), (Recipient::Worker(0), MessageType::Result, vec![7]));
 }
 
 #[test]

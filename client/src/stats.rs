@@ -79,8 +79,12 @@ thread_counters! {
         pub data_sent: u64,
         /// Acks sent: which results a slot holds, or a request for one it lacks.
         pub acks_sent: u64,
-        /// Data packets sent again after a timeout.
+        /// Data packets sent again: after a timeout with evidence of their loss, or when
+        /// the switch said it lacked them.
         pub retransmissions: u64,
+        /// Header-only requests sent while every slot of the thread waited (for a late
+        /// peer, most often), instead of resending the window.
+        pub probes: u64,
         /// Results received that were new.
         pub results_received: u64,
         /// Bytes of the new results received, headers included.
@@ -92,7 +96,9 @@ thread_counters! {
         /// Datagrams refused: malformed, or not a result for this thread (another session,
         /// rank, slot or block, or outside the slot's window of rounds).
         pub rejected: u64,
-        /// Slot timers that fired, each sending a retransmission or a request for a result.
+        /// Pending notices received: the switch held a round open, waiting for a peer.
+        pub pending: u64,
+        /// Slot timers that fired and sent a retransmission, a request or a probe.
         pub timeouts: u64,
         /// Slices of jobs completed.
         pub jobs_done: u64,
@@ -111,17 +117,19 @@ impl fmt::Display for Stats {
         for (thread, c) in self.threads.iter().enumerate() {
             writeln!(
                 f,
-                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted), received {} results, {} bytes ({} duplicates, {} stale, {} rejected), {} timeouts",
+                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} pending), {} timeouts",
                 c.packets_sent,
                 c.bytes_sent,
                 c.data_sent,
                 c.acks_sent,
                 c.retransmissions,
+                c.probes,
                 c.results_received,
                 c.bytes_received,
                 c.duplicates,
                 c.stale,
                 c.rejected,
+                c.pending,
                 c.timeouts
             )?;
         }

@@ -13,7 +13,7 @@ use netagg::backend::{SwitchTransport, Transport};
 use netagg::{Config, Context, Endpoint, Error};
 use netagg_switch::port::{MemoryNetwork, MemorySocket};
 use netagg_switch::Switch;
-use netagg_wire::{ControlMessage, RejectCode};
+use netagg_wire::{ControlMessage, RejectCode, CONTROL_VERSION};
 
 /// A worker thread's transport over a socket of a [`MemoryNetwork`].
 struct MemoryTransport {
@@ -170,17 +170,19 @@ fn a_transport_count_that_differs_from_the_threads_is_a_config_error() {
 
 #[test]
 fn a_switch_of_the_previous_control_version_is_named_as_such() {
-    // A switch of control protocol version 3: it refuses version 4's register with its
-    // own version's reject, as such a switch does.
+    // A switch of the previous control protocol version: it refuses this version's
+    // register with its own version's reject, as such a switch does.
+    let (ours, old) = (CONTROL_VERSION, CONTROL_VERSION - 1);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let control = listener.local_addr().unwrap();
     let old_switch = std::thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
         let mut header = [0u8; 8];
         stream.read_exact(&mut header).unwrap();
-        assert_eq!(header[0], 4, "the library speaks version 4");
-        let message = b"protocol version 4 is not supported (this side speaks 3)";
-        let mut reject = vec![3, 3];
+        assert_eq!(header[0], ours, "the library speaks version {ours}");
+        let message = format!("protocol version {ours} is not supported (this side speaks {old})");
+        let message = message.as_bytes();
+        let mut reject = vec![old, 3];
         reject.extend_from_slice(&(4 + message.len() as u16).to_le_bytes());
         reject.extend_from_slice(&[0; 4]);
         reject.extend_from_slice(&(RejectCode::Version as u16).to_le_bytes());
@@ -195,7 +197,7 @@ fn a_switch_of_the_previous_control_version_is_named_as_such() {
     assert_eq!(
         error.to_string(),
         format!(
-            "the switch at {control} speaks control protocol version 3, this library version 4: use a \
+            "the switch at {control} speaks control protocol version {old}, this library version {ours}: use a \
              switch and a library of the same release"
         )
     );

@@ -32,9 +32,10 @@ pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
 /// Version of the aggregation-packet format (2: the 48-byte header with the session
 /// token; 3: the block-floating-point exponent byte is the f32 exponent field less 128,
-/// with markers for zero and non-finite blocks). The control protocol has its own,
-/// [`CONTROL_VERSION`].
-pub const PACKET_VERSION: u8 = 3;
+/// with markers for zero and non-finite blocks; 4: the switch's *pending* notice, which
+/// answers a request or a repeated contribution for a round still aggregating). The
+/// control protocol has its own, [`CONTROL_VERSION`].
+pub const PACKET_VERSION: u8 = 4;
 
 /// The largest UDP payload over IPv4: the bound on any netagg datagram.
 pub const MAX_DATAGRAM_LEN: usize = 65_507;

@@ -1,6 +1,7 @@
-//! Aggregation packets: worker → switch *data* and *ack*, switch → worker *result*.
+//! Aggregation packets: worker → switch *data* and *ack*, switch → worker *result* and
+//! *pending*.
 //!
-//! All three share one 48-byte header (little-endian), followed by `element_count`
+//! All four share one 48-byte header (little-endian), followed by `element_count`
 //! 4-byte elements:
 //!
 //! | offset | size | field          | meaning |
@@ -70,7 +71,23 @@ pub enum MessageType {
     /// Worker → switch: a cumulative acknowledgement, optionally asking for a result
     /// again ([`Flags::WANT_RESULT`]); carries no payload.
     Ack = 3,
+    /// Switch → one worker: the round it asked about, or contributed to again, is still
+    /// aggregating; [`Flags::CONTRIBUTED`] says whether the worker's contribution is in.
+    /// Carries no payload. A worker waiting for a late peer learns so from one of these
+    /// rather than by resending its window.
+    Pending = 4,
 }
+
+impl MessageType {
+    /// Acks and pending notices carry no payload.
+    pub const fn is_header_only(self) -> bool {
+        matches!(self, MessageType::Ack | MessageType::Pending)
+    }
+}
+
+/// A payload on a message that carries none.
+const HEADER_ONLY: WireError =
+    WireError::InvalidField { field: "element count", reason: "acks and pending notices carry no payload" };
 
 impl TryFrom<u8> for MessageType {
     type Error = WireError;
@@ -79,6 +96,7 @@ impl TryFrom<u8> for MessageType {
             1 => Ok(Self::Data),
             2 => Ok(Self::Result),
             3 => Ok(Self::Ack),
+            4 => Ok(Self::Pending),
             other => Err(WireError::UnknownMessageType(other)),
         }
     }
@@ -119,7 +137,9 @@ impl Flags {
     pub const RETRANSMISSION: Flags = Flags(2);
     /// On an ack: send me the result of `round` again if you hold it.
     pub const WANT_RESULT: Flags = Flags(4);
-    const ALL: u8 = 0b111;
+    /// On a pending notice: the addressee's contribution to the round is in.
+    pub const CONTRIBUTED: Flags = Flags(8);
+    const ALL: u8 = 0b1111;
 
     pub const fn bits(self) -> u8 {
         self.0
@@ -181,11 +201,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(WireError::InvalidField { field: "reserved", reason: "must be zero" });
         }
         let count = self.element_count() as usize;
-        if message_type == MessageType::Ack && count != 0 {
-            return Err(WireError::InvalidField {
-                field: "element count",
-                reason: "an ack carries no payload",
-            });
+        if message_type.is_header_only() && count != 0 {
+            return Err(HEADER_ONLY);
         }
         let expected = HEADER_LEN + count * ELEMENT_LEN;
         if len != expected {
@@ -359,6 +376,20 @@ pub struct PacketRepr {
 }
 
 impl PacketRepr {
+    /// On a pending notice: bit `i` says that slot `slot + i`'s open round is under way
+    /// and expects a contribution from the addressee that has not arrived. Carried in
+    /// `block` (bits 0-31) and `next block` (bits 32-63), which a notice has no other use
+    /// for.
+    pub const fn lacking(&self) -> u64 {
+        self.block as u64 | (self.next_block as u64) << 32
+    }
+
+    /// Sets the map [`PacketRepr::lacking`] reads.
+    pub fn set_lacking(&mut self, map: u64) {
+        self.block = map as u32;
+        self.next_block = (map >> 32) as u32;
+    }
+
     /// A header of the given type, session, token and element count, with no flags and
     /// every other field 0 (job, rank, slot, round...); set the others by struct update:
     /// `PacketRepr { round: 3, ..PacketRepr::new(MessageType::Data, ElementType::Int32, session, token, 4) }`.
@@ -421,11 +452,8 @@ impl PacketRepr {
         if len > MAX_DATAGRAM_LEN {
             return Err(WireError::Oversized { len, max: MAX_DATAGRAM_LEN });
         }
-        if self.message_type == MessageType::Ack && self.element_count != 0 {
-            return Err(WireError::InvalidField {
-                field: "element count",
-                reason: "an ack carries no payload",
-            });
+        if self.message_type.is_header_only() && self.element_count != 0 {
+            return Err(HEADER_ONLY);
         }
         let available = buffer.len();
         let Some(target) = buffer.get_mut(..len) else {
@@ -479,7 +507,7 @@ mod tests {
 
     #[rustfmt::skip]
     const SAMPLE_BYTES: [u8; 56] = [
-        0x03, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
+        0x04, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
         0x04, 0x03, 0x02, 0x01,             // session
         0x07, 0x00, 0x00, 0x00,             // job
         0xDD, 0xCC, 0xBB, 0xAA,             // packet id
@@ -573,18 +601,41 @@ mod tests {
     }
 
     #[test]
-    fn ack_carries_no_payload() {
-        let mut bytes = SAMPLE_BYTES;
-        bytes[1] = MessageType::Ack as u8;
-        assert!(matches!(
-            Packet::new_checked(bytes).unwrap_err(),
-            WireError::InvalidField { field: "element count", .. }
-        ));
-        let ack = PacketRepr { message_type: MessageType::Ack, element_count: 0, ..sample() };
-        let mut buffer = [0u8; HEADER_LEN];
-        ack.emit(&mut buffer).unwrap();
-        let parsed = PacketRepr::parse(&Packet::new_checked(&buffer[..]).unwrap());
-        assert_eq!(parsed, ack);
+    fn acks_and_pending_notices_carry_no_payload() {
+        for message_type in [MessageType::Ack, MessageType::Pending] {
+            let mut bytes = SAMPLE_BYTES;
+            bytes[1] = message_type as u8;
+            assert!(matches!(
+                Packet::new_checked(bytes).unwrap_err(),
+                WireError::InvalidField { field: "element count", .. }
+            ));
+            let with_payload = PacketRepr { message_type, ..sample() };
+            assert!(with_payload.emit(&mut [0u8; 64]).is_err(), "{message_type:?}");
+            let header_only = PacketRepr { message_type, element_count: 0, ..sample() };
+            let mut buffer = [0u8; HEADER_LEN];
+            header_only.emit(&mut buffer).unwrap();
+            let parsed = PacketRepr::parse(&Packet::new_checked(&buffer[..]).unwrap());
+            assert_eq!(parsed, header_only);
+        }
+    }
+
+    #[test]
+    fn a_pending_notice_on_the_wire() {
+        let notice = PacketRepr {
+            flags: Flags::CONTRIBUTED,
+            ..PacketRepr::new(MessageType::Pending, ElementType::Int32, 7, 9, 0)
+        };
+        let mut bytes = [0u8; HEADER_LEN];
+        let mut notice = notice;
+        notice.set_lacking(0x8000_0000_0000_0005);
+        notice.emit(&mut bytes).unwrap();
+        assert_eq!(bytes[..4], [PACKET_VERSION, 4, 1, 8]);
+        assert_eq!(bytes[field::BLOCK], [5, 0, 0, 0]);
+        assert_eq!(bytes[field::NEXT_BLOCK], [0, 0, 0, 0x80]);
+        assert_eq!(
+            PacketRepr::parse(&Packet::new_checked(&bytes[..]).unwrap()).lacking(),
+            0x8000_0000_0000_0005
+        );
     }
 
     #[test]
