@@ -79,6 +79,16 @@ impl Context {
 
     fn start_with_links(config: Config, codec: Arc<dyn Codec>, links: Links) -> Result<Context, Error> {
         let general = &config.general;
+        // Every event of this rank, here, on its worker threads and on its control
+        // connection's watcher, carries the rank and the session: a span at the error
+        // level, so that it is enabled whenever any event is.
+        let span = tracing::error_span!(
+            "worker",
+            rank = general.rank,
+            name = %general.session,
+            session = tracing::field::Empty
+        );
+        let _entered = span.enter();
         let slots_per_thread = config.slots_per_thread();
         let (transports, session, token, control) = match links {
             Links::Emulated { transports, session, token } => (transports, session, token, None),
@@ -89,6 +99,7 @@ impl Context {
                 (transports, registration.session, registration.token, Some(registration.control))
             }
         };
+        span.record("session", tracing::field::display(format_args!("{session:#010x}")));
         let transports = with_faults(transports, &config);
         let shared = Arc::new(Shared::new(transports.len(), general.sparse));
         if let Some(stream) = &control {
@@ -117,20 +128,18 @@ impl Context {
             };
             let shared = Arc::clone(&shared);
             let codec = Arc::clone(&codec);
+            let span = span.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("netagg-worker-{thread}"))
-                .spawn(move || worker_thread(thread, protocol_config, transport, receiver, shared, codec))
+                .spawn(move || {
+                    let _entered = span.enter();
+                    worker_thread(thread, protocol_config, transport, receiver, shared, codec)
+                })
                 .map_err(|e| Error::io("starting a worker thread", e))?;
             senders.push(sender);
             handles.push(handle);
         }
-        tracing::info!(
-            rank = general.rank,
-            workers = general.num_workers,
-            threads = handles.len(),
-            session = format_args!("{session:#010x}"),
-            "context started"
-        );
+        tracing::info!(workers = general.num_workers, threads = handles.len(), "context started");
         Ok(Context {
             config,
             shared,

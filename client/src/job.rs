@@ -1,8 +1,15 @@
 //! Jobs: one allreduce each, shared by the worker threads that carry its slices.
+//!
+//! A job's end is signalled two ways, from the same place (its last slice): a condition
+//! variable for the blocking waits, and the wakers of the futures that await it, so that
+//! a handle can be awaited on any executor with no thread of its own and no polling.
 
 use std::any::Any;
+use std::future::Future;
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use netagg_wire::ElementType;
@@ -77,6 +84,21 @@ struct JobState {
     status: JobStatus,
     slices_left: usize,
     error: Option<Error>,
+    /// The tasks awaiting the job, woken when it ends: each once, however often it
+    /// polled. A future dropped before then leaves its waker here until then, which at
+    /// worst wakes a task for nothing.
+    wakers: Vec<Waker>,
+}
+
+impl JobState {
+    /// The job's outcome, once it has ended.
+    fn outcome(&self) -> Option<Result<(), Error>> {
+        match self.status {
+            JobStatus::Finished => Some(Ok(())),
+            JobStatus::Failed => Some(Err(self.error.clone().unwrap_or(Error::Stopped))),
+            JobStatus::Queued | JobStatus::Running => None,
+        }
+    }
 }
 
 impl JobShared {
@@ -97,7 +119,7 @@ impl JobShared {
             input,
             output,
             keepalive: Mutex::new(keepalive),
-            state: Mutex::new(JobState { status, slices_left: slices, error: None }),
+            state: Mutex::new(JobState { status, slices_left: slices, error: None, wakers: Vec::new() }),
             done: Condvar::new(),
         })
     }
@@ -132,19 +154,20 @@ impl JobShared {
         let failed = state.error.is_some();
         on_end(failed);
         state.status = if failed { JobStatus::Failed } else { JobStatus::Finished };
+        let wakers = std::mem::take(&mut state.wakers);
+        drop(state);
         self.done.notify_all();
+        for waker in wakers {
+            waker.wake();
+        }
     }
 
     /// Waits until the job ended, or `deadline` passed (then returns None).
     pub fn wait_until(&self, deadline: Option<Instant>) -> Option<Result<(), Error>> {
         let mut state = self.lock();
         loop {
-            match state.status {
-                JobStatus::Finished => return Some(Ok(())),
-                JobStatus::Failed => {
-                    return Some(Err(state.error.clone().unwrap_or(Error::Stopped)));
-                }
-                _ => {}
+            if let Some(outcome) = state.outcome() {
+                return Some(outcome);
             }
             match deadline {
                 None => state = self.done.wait(state).unwrap_or_else(|p| p.into_inner()),
@@ -159,12 +182,30 @@ impl JobShared {
         }
     }
 
+    /// The job's outcome if it has ended; otherwise registers `waker` to be woken when it
+    /// does.
+    fn poll_end(&self, waker: &Waker) -> Poll<Result<(), Error>> {
+        let mut state = self.lock();
+        if let Some(outcome) = state.outcome() {
+            return Poll::Ready(outcome);
+        }
+        if !state.wakers.iter().any(|registered| registered.will_wake(waker)) {
+            state.wakers.push(waker.clone());
+        }
+        Poll::Pending
+    }
+
     pub fn take_keepalive(&self) -> Option<Box<dyn Any + Send>> {
         self.keepalive.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
 
 /// A handle to a submitted allreduce.
+///
+/// [`Job::wait`] blocks until the job ends; awaiting the handle (it is a [`Future`])
+/// suspends the task instead, on any executor. Either gives the job's outcome: a stopped
+/// context, a lost session or a timeout ends it with an error, so neither waits for ever.
+/// Clones are handles to the same job, each of which may be waited for or awaited.
 #[derive(Clone)]
 pub struct Job {
     pub(crate) shared: Arc<JobShared>,
@@ -208,11 +249,23 @@ impl Job {
     }
 }
 
-/// An allreduce over a buffer the job owns; [`TensorJob::wait`] hands the sums back.
+/// Awaits the job's end: `Ok` once it has finished, the error it failed with otherwise.
+/// The task is woken when the job's last slice ends, from the worker thread that ran it.
+impl Future for Job {
+    type Output = Result<(), Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        self.shared.poll_end(cx.waker())
+    }
+}
+
+/// An allreduce over a buffer the job owns; [`TensorJob::wait`], or awaiting it (it is
+/// a [`Future`]), hands the sums back.
 #[derive(Debug)]
 pub struct TensorJob<T: Element> {
     job: Job,
-    element: PhantomData<T>,
+    /// `fn() -> T`: the handle holds no `T`, so it is `Unpin` and `Send` whatever `T` is.
+    element: PhantomData<fn() -> T>,
 }
 
 impl<T: Element> TensorJob<T> {
@@ -228,7 +281,22 @@ impl<T: Element> TensorJob<T> {
     /// Waits for the job and returns the buffer, now holding the sums.
     pub fn wait(self) -> Result<Vec<T>, Error> {
         self.job.wait()?;
+        self.take_buffer()
+    }
+
+    /// The buffer of a job that has finished; an error if it was taken already.
+    fn take_buffer(&self) -> Result<Vec<T>, Error> {
         let buffer = self.job.shared.take_keepalive().ok_or(Error::Stopped)?;
         buffer.downcast::<Vec<T>>().map(|b| *b).map_err(|_| Error::Stopped)
+    }
+}
+
+/// Awaits the job and gives the buffer back holding the sums, as [`TensorJob::wait`]
+/// does without blocking the thread.
+impl<T: Element> Future for TensorJob<T> {
+    type Output = Result<Vec<T>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        self.job.shared.poll_end(cx.waker()).map(|outcome| outcome.and_then(|()| self.take_buffer()))
     }
 }

@@ -14,8 +14,24 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! A job handle ([`Job`], [`TensorJob`]) is also a [`Future`](std::future::Future):
+//! awaiting it suspends the task, not the thread, until the job ends. The worker thread
+//! that ends the job wakes the task, so any executor will do; the library depends on
+//! none. Jobs must be submitted in the same order on every rank, and may be awaited in
+//! any order (`examples/rust/async_allreduce.rs` awaits several at once under tokio):
+//!
+//! ```no_run
+//! # async fn sums(context: &netagg::Context) -> Result<(), netagg::Error> {
+//! let integers = context.allreduce_async(vec![1i32; 1000])?;
+//! let floats = context.allreduce_async(vec![0.5f32; 1000])?;
+//! // Both run meanwhile; each await gives its buffer back holding the sums.
+//! let (floats, integers) = (floats.await?, integers.await?);
+//! # Ok(()) }
+//! ```
+//!
 //! Errors are returned, never raised as panics or aborts: a dead switch or worker fails
-//! jobs within `job_timeout`, and a session the switch closes fails them at once.
+//! jobs within `job_timeout`, and a session the switch closes fails them at once. A job
+//! awaited or waited for on a context that stops fails with [`Error::Stopped`].
 
 pub mod backend;
 pub mod codec;

@@ -116,7 +116,10 @@ fn version_mismatch(error: &io::Error) -> Option<(u8, u8)> {
 
 /// Watches the control connection: the switch says so there when the session ends.
 pub(crate) fn watch_session(mut stream: TcpStream, shared: Arc<Shared>) {
+    // The context's span, with the rank and the session, goes along.
+    let span = tracing::Span::current();
     std::thread::spawn(move || {
+        let _entered = span.enter();
         let reason = match ControlMessage::read_from(&mut stream) {
             Ok((_, ControlMessage::Reject { message, .. })) => message,
             Ok((_, other)) => format!("unexpected control message {other:?}"),

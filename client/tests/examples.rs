@@ -72,9 +72,12 @@ fn c_and_cpp_examples_build_against_the_installed_package_and_sum_across_two_wor
 }
 
 #[test]
-fn the_rust_example_sums_across_two_workers() {
-    common::cargo_build(&["--example", "hello_world"]);
+fn the_rust_examples_sum_across_two_workers() {
+    common::cargo_build(&["--example", "hello_world", "--example", "async_allreduce"]);
     let target = common::target_dir();
     let output = run_two_ranks(&target.join("netagg-run"), &target.join("examples/hello_world"));
     assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
+    let output = run_two_ranks(&target.join("netagg-run"), &target.join("examples/async_allreduce"));
+    assert_both_ranks_say(&output, "Tensor 2: 262144 sums verified");
+    assert_both_ranks_say(&output, "All 4 tensors summed concurrently and verified");
 }

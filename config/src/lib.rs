@@ -16,6 +16,8 @@
 //! Fault injection has the same keys in two sections: `[faults]` for a worker's
 //! transport and `[switch.faults]` for the switch's data path (also `netagg-switch
 //! --faults KEY=VALUE,...`).
+//!
+//! [`logging`] sets up the log output every netagg program shares.
 
 #![forbid(unsafe_code)]
 
@@ -36,6 +38,7 @@ pub const MAX_SESSION_NAME_LEN: usize = 64;
 
 mod keys;
 mod kind;
+pub mod logging;
 mod table;
 
 /// Which transport carries the packets.

@@ -2,9 +2,11 @@
 //!
 //! Workers register on the TCP control port; aggregation packets arrive on the UDP data
 //! port. Prints one line `netagg-switch: control <addr> data <addr>` once both are bound
-//! (launchers read it to learn ports chosen with port 0), logs through `tracing`
-//! (`--log-level` or `RUST_LOG`), prints counters every `--stats-interval` seconds and on
-//! exit, and shuts down cleanly on SIGINT or SIGTERM. The switch itself is the library's
+//! (launchers read it to learn ports chosen with port 0), logs to stderr through
+//! `tracing` (`--log-level` or `RUST_LOG`; one line per event, coloured only on a terminal
+//! without `NO_COLOR`: `netagg_config::logging`), prints counters to stdout every
+//! `--stats-interval` seconds and on exit, one line per group, and shuts down cleanly on
+//! SIGINT or SIGTERM. The switch itself is the library's
 //! [`Switch`]; this is its shell.
 
 #![forbid(unsafe_code)]
@@ -79,16 +81,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&settings.log_level));
-    let filter = match filter {
-        Ok(filter) => filter,
-        Err(error) => {
-            eprintln!("netagg-switch: log level '{}': {error}", settings.log_level);
-            return ExitCode::from(2);
-        }
-    };
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    if let Err(error) = netagg_config::logging::init(&settings.log_level) {
+        eprintln!("netagg-switch: {error}");
+        return ExitCode::from(2);
+    }
     match run(settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -218,3 +218,38 @@ fn a_flood_of_connections_under_a_small_descriptor_limit_neither_spins_nor_flood
     assert!(stderr.lines().count() < 20, "{} log lines:\n{stderr}", stderr.lines().count());
     assert!(stderr.contains("max_connections lowered"), "{stderr}");
 }
+
+#[test]
+fn a_log_into_a_file_is_plain_text_one_line_per_event() {
+    let log_path = temp_file("switch.log", "");
+    let mut child = Command::new(SWITCH)
+        .args(["--control", "127.0.0.1:0", "--data", "127.0.0.1:0", "--log-level", "info"])
+        .args(["--faults", "receive_drop=0.01"])
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait().unwrap().success());
+    let mut counters = String::new();
+    stdout.read_to_string(&mut counters).unwrap();
+    assert!(counters.lines().any(|l| l.starts_with("stats: faults injected:")), "{counters}");
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!log.contains("\x1b["), "coloured although written to a file:\n{log}");
+    for wanted in
+        [" WARN netagg_switch: injecting faults into the data path", " INFO netagg_switch: switch ready"]
+    {
+        assert_eq!(log.lines().filter(|l| l.contains(wanted)).count(), 1, "'{wanted}' in:\n{log}");
+    }
+    // Every line is an event: its timestamp, then its level.
+    let is_event = |line: &str| {
+        line.split_whitespace().nth(1).is_some_and(|level| ["ERROR", "WARN", "INFO"].contains(&level))
+    };
+    assert!(log.lines().all(is_event), "a line that is not an event in:\n{log}");
+}

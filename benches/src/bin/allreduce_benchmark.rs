@@ -129,6 +129,12 @@ struct Report {
 
 fn main() -> ExitCode {
     let options = Options::parse();
+    // The library's warnings (a lost session, injected faults; `RUST_LOG` for more), on
+    // stderr, each line with the rank and the session.
+    if let Err(error) = netagg::config::logging::init("warn") {
+        eprintln!("allreduce_benchmark: {error}");
+        return ExitCode::from(2);
+    }
     match run(&options) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

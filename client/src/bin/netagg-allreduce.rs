@@ -8,6 +8,8 @@
 //! Options: `--numel N[,N...]` (default 1000000; jobs cycle through the sizes),
 //! `--type int32|float32`, `--jobs N` (default 3),
 //! `--async` (submit all jobs, then wait), `--out-of-place`, `--config FILE`.
+//!
+//! Results go to stdout; the library's warnings (`RUST_LOG` for more) to stderr.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -71,6 +73,12 @@ fn value(rank: usize, i: usize, job: usize) -> i32 {
 }
 
 fn main() -> ExitCode {
+    // The library's warnings (a lost session, injected faults; `RUST_LOG` for more), on
+    // stderr, each line with the rank and the session.
+    if let Err(error) = netagg::config::logging::init("warn") {
+        eprintln!("netagg-allreduce: {error}");
+        return ExitCode::from(2);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let options = match parse(&args) {
         Ok(options) => options,

@@ -183,12 +183,33 @@ impl Switch {
 
     /// Starts a switch on the given addresses (those of a dead one, to restart it).
     pub fn start_at(control: SocketAddr, data: SocketAddr, extra: &[&str]) -> Switch {
-        let mut child = Command::new(binary("netagg-switch"))
-            .args(["--control", &control.to_string(), "--data", &data.to_string(), "--log-level", "error"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("netagg-switch starts");
+        let mut command = Command::new(binary("netagg-switch"));
+        command.args([
+            "--control",
+            &control.to_string(),
+            "--data",
+            &data.to_string(),
+            "--log-level",
+            "error",
+        ]);
+        Switch::spawn(command.args(extra))
+    }
+
+    /// Starts a switch on free loopback ports that logs at `level` into the file `log`,
+    /// with `NO_COLOR` unset.
+    pub fn start_logging(level: &str, log: &Path) -> Switch {
+        let log = std::fs::File::create(log).unwrap();
+        Switch::spawn(
+            Command::new(binary("netagg-switch"))
+                .args(["--control", "127.0.0.1:0", "--data", "127.0.0.1:0", "--log-level", level])
+                .env_remove("NO_COLOR")
+                .env_remove("RUST_LOG")
+                .stderr(log),
+        )
+    }
+
+    fn spawn(command: &mut Command) -> Switch {
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("netagg-switch starts");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
