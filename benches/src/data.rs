@@ -40,6 +40,17 @@ impl Contents {
         self.block_has_data(rank, index / self.block_numel.max(1))
     }
 
+    /// Elements of a tensor of `numel` in the blocks that hold data on at least one of
+    /// `ranks`: one rank's share of the payload it sends, or with every rank the union,
+    /// whose sums every rank receives.
+    pub fn elements_with_data(&self, numel: usize, ranks: impl Iterator<Item = u16> + Clone) -> usize {
+        let block_numel = self.block_numel.max(1);
+        (0..numel.div_ceil(block_numel))
+            .filter(|&block| ranks.clone().any(|rank| self.block_has_data(rank, block)))
+            .map(|block| block_numel.min(numel - block * block_numel))
+            .sum()
+    }
+
     /// Element `index` of `rank`'s int32 tensor: any int32 when random (sums wrap).
     pub fn int32(&self, rank: u16, index: usize) -> i32 {
         if !self.has_data(rank, index) {
@@ -94,5 +105,25 @@ mod tests {
         assert!((800..1200).contains(&blocks), "{blocks} of 4000 blocks hold data");
         let empty = (0..4000).find(|&b| !sparse.block_has_data(2, b)).unwrap();
         assert!((empty * 4..empty * 4 + 4).all(|i| sparse.int32(2, i) == 0));
+    }
+
+    #[test]
+    fn elements_with_data_count_whole_blocks_the_short_tail_and_the_union() {
+        let sparse = Contents { seed: 3, random: true, density: 0.25, block_numel: 4 };
+        // 10 elements: blocks of 4, 4 and a tail of 2.
+        let mine = sparse.elements_with_data(10, [1].into_iter());
+        let expected: usize = (0..10).filter(|&i| sparse.block_has_data(1, i / 4)).count();
+        assert_eq!(mine, expected);
+        let numel = 4 * 8000 + 3;
+        let nonzero = |rank: u16| (0..numel).filter(|&i| sparse.int32(rank, i) != 0).count();
+        assert_eq!(sparse.elements_with_data(numel, [0].into_iter()), nonzero(0));
+        let union = sparse.elements_with_data(numel, 0..2);
+        let both = (0..numel).filter(|&i| sparse.int32(0, i) != 0 || sparse.int32(1, i) != 0).count();
+        assert_eq!(union, both);
+        // 1 - (1 - 1/4)^2 = 7/16 of the blocks, give or take the sample's spread.
+        let fraction = union as f64 / numel as f64;
+        assert!((0.40..0.48).contains(&fraction), "{fraction}");
+        let dense = Contents { density: 1.0, ..sparse };
+        assert_eq!(dense.elements_with_data(10, [0].into_iter()), 10);
     }
 }

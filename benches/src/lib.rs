@@ -12,11 +12,13 @@
 //!   through a switch started in process against the UDP echo relay).
 //!
 //! The library holds what the binaries share and what is worth unit-testing: tensor
-//! contents every rank can recompute, verification, summaries and sizes.
+//! contents every rank can recompute, verification, summaries and sizes, and the traffic
+//! of sparse jobs against its model.
 
 pub mod data;
 pub mod relay;
 pub mod summary;
+pub mod traffic;
 pub mod verify;
 
 /// Parses an element count with an optional decimal or binary suffix: `1000`, `1M`

@@ -144,6 +144,74 @@ fn sparse_float_out_of_place_jobs_verify_and_send_only_their_blocks() {
 }
 
 #[test]
+fn sparse_in_place_jobs_each_run_at_the_stated_density() {
+    // In place, a job's sums hold data in the union of both ranks' blocks; were the
+    // input not restored, every job after the first would send the union's blocks.
+    let numel = 1 << 20;
+    let (output, ranks) = run_two_ranks(&[
+        "--tensor-numel",
+        "1Mi",
+        "--density",
+        "0.1",
+        "--num-jobs",
+        "4",
+        "--num-warmup-jobs",
+        "1",
+        "--verify",
+        "--random",
+        "--seed",
+        "11",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    for lines in &ranks {
+        let report: serde_json::Value =
+            serde_json::from_str(lines.last().unwrap()).expect("the last line is JSON");
+        assert_eq!(report["verified"], true, "{lines:?}");
+        let groups = report["traffic"].as_array().unwrap();
+        assert_eq!(groups.len(), 4, "one sync group per job: {groups:?}");
+        let packets: Vec<u64> = groups.iter().map(|g| g["data_packets"].as_u64().unwrap()).collect();
+        assert!(packets.iter().all(|&p| p == packets[0]), "data packets per job: {packets:?}");
+        // One packet per block with data, and an empty one for each slot (256 in all by
+        // default) whose first block has none.
+        let (upstream, downstream) = (&report["upstream"], &report["downstream"]);
+        let number = |fractions: &serde_json::Value, key: &str| fractions[key].as_f64().unwrap();
+        let blocks_with_data = number(upstream, "seed") * numel as f64 / 256.0;
+        let extra = packets[0] as f64 - blocks_with_data;
+        assert!((0.0..=256.0).contains(&extra), "{} packets for {blocks_with_data} blocks", packets[0]);
+        // Each job sends the payload of this rank's blocks with data, and retransmissions
+        // at most a full packet each; it receives the sums of the union's blocks.
+        let bytes = |fractions| (number(fractions, "seed") * (numel * 4) as f64).round() as u64;
+        for group in groups {
+            let field = |key: &str| group[key].as_u64().unwrap();
+            let resent = field("payload_sent")
+                .checked_sub(bytes(upstream))
+                .unwrap_or_else(|| panic!("{group}: less than this rank's blocks of {upstream}"));
+            assert!(resent <= field("retransmissions") * 1024, "{group} against {upstream}");
+            assert_eq!(field("payload_received"), bytes(downstream), "{group} against {downstream}");
+        }
+        // 4096 blocks drawn at random for each rank: near the model, 0.1 each way up and
+        // 1 - 0.9^2 down.
+        for (fractions, model) in [(upstream, 0.1), (downstream, 0.19)] {
+            assert!((number(fractions, "model") - model).abs() < 1e-9, "{fractions}");
+            let ratio = number(fractions, "seed") / model;
+            assert!((0.85..1.15).contains(&ratio), "{fractions}");
+        }
+    }
+}
+
+#[test]
+fn sparse_groups_in_place_are_refused() {
+    let output = Command::new(benchmark())
+        .args(["--tensor-numel", "1000", "--density", "0.5", "--num-jobs", "4", "--sync-every", "2"])
+        .output()
+        .expect("allreduce_benchmark starts");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--density 0.5 in place needs --sync-every 1"), "{stderr}");
+}
+
+#[test]
 fn results_that_are_not_sums_fail_verification() {
     // The dummy backend with process_packets = false returns each packet unsummed: every
     // result is this rank's input instead of the sum of 2.

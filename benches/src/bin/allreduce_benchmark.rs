@@ -5,7 +5,14 @@
 //! fixed (`--sync-every 0` waits only at the end instead of dividing by zero, and
 //! verification catches NaN and errors of either sign); and netagg's additions: sparse
 //! tensors (`--density`), a config file (`--config`), a JSON summary (`--json`),
-//! aggregated tensor elements per second and bytes on the wire.
+//! aggregated tensor elements per second, and bytes on the wire against what the
+//! density predicts.
+//!
+//! In place, SwitchML's benchmark reduces each job's result again in the next job. With
+//! sparse tensors that changes what is measured: a sum holds data wherever any rank's
+//! input does, so every job after the first would run at the union's density, not the
+//! stated one. Here each timed job starts from the original input, copied back before
+//! its timer starts.
 //!
 //! Configured like any netagg program, so it runs under `netagg-run -n N --` and under
 //! `mpirun` (with `NETAGG_GENERAL__CONTROLLER_IP` pointing at a running switch).
@@ -17,10 +24,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget};
-use netagg::{Config, Context, DataType, Element, Job, SparseMode};
+use netagg::{Config, Context, DataType, Element, Job, SparseMode, ThreadCounters};
 use netagg_benches::data::Contents;
 use netagg_benches::parse_count;
 use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
+use netagg_benches::traffic::{downstream_model, upstream_model, Fractions, Traffic};
 use netagg_benches::verify::Verification;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -67,7 +75,8 @@ struct Options {
     dump_stats: bool,
     /// Fraction of blocks (packet_numel elements) that hold data, from 0 to 1; the others
     /// are zero on this rank. Below 1 it sets `general.sparse = auto`, so zero blocks stay
-    /// off the wire.
+    /// off the wire, and in place every timed job starts from the original input (which
+    /// needs `--sync-every 1`).
     #[arg(long, default_value_t = 1.0, value_parser = parse_density)]
     density: f64,
     /// A netagg config file (otherwise the usual search: $NETAGG_CONFIG, ./netagg.cfg, ...).
@@ -124,6 +133,11 @@ struct Report {
     /// This worker's datagrams, headers included, per timed job.
     wire_bytes_sent_per_job: f64,
     wire_bytes_received_per_job: f64,
+    /// This worker's traffic in each sync group.
+    traffic: Vec<Traffic>,
+    /// Payload per timed job over the tensor's bytes, each way, against the model.
+    upstream: Fractions,
+    downstream: Fractions,
     verified: Option<bool>,
 }
 
@@ -145,8 +159,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// Refuses options whose figures would not mean what they say.
+fn check(options: &Options) -> Result<(), String> {
+    let group =
+        if options.sync_every == 0 { options.num_jobs } else { options.sync_every.min(options.num_jobs) };
+    if options.inplace && options.density < 1.0 && group > 1 {
+        return Err(format!(
+            "--density {} in place needs --sync-every 1 (or --inplace false): the jobs of a sync \
+             group share one buffer, so each job after a group's first would reduce the sums of \
+             the one before, which hold data wherever any rank's input does",
+            options.density
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the benchmark; `Ok(false)` when verification failed.
 fn run(options: &Options) -> Result<bool, String> {
+    check(options)?;
     let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("signal handler: {e}"))?;
     let signal_handle = signals.handle();
     let signal_thread = std::thread::spawn(move || {
@@ -265,6 +295,10 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         block_numel: general.packet_numel as usize,
     };
     let mut input: Vec<T> = (0..numel).map(|i| T::generate(&contents, rank, i)).collect();
+    // In place, a job leaves its sums in the input, and they hold data in the union of all
+    // ranks' blocks: each timed group starts from this copy instead (`check` makes every
+    // sparse group in place a single job).
+    let original = (options.inplace && options.density < 1.0).then(|| input.clone());
     let mut output: Vec<T> = if options.inplace { Vec::new() } else { vec![T::UNWRITTEN; numel] };
     let input_pointer = input.as_mut_ptr();
     let output_pointer = if options.inplace { input_pointer } else { output.as_mut_ptr() };
@@ -294,15 +328,27 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
     wait(&mut jobs)?;
     println!("Warmup finished.");
 
-    let before = context.stats().total();
-    let mut wire = None;
+    // Jobs the in-place buffer has been reduced by since it last held the input.
+    let mut reductions = options.num_warmup_jobs as u32;
+    let mut mark = context.stats().total();
+    let mut counted: Vec<ThreadCounters> = Vec::new();
     let group_size = if options.sync_every == 0 { options.num_jobs.max(1) } else { options.sync_every };
     let bar = progress_bar(options.num_jobs);
     let mut groups: Vec<(u64, Duration)> = Vec::new();
     println!("Submitting {} jobs.", options.num_jobs);
     let (mut first, mut started) = (0, Instant::now());
     for job in 0..options.num_jobs {
+        if job == first {
+            if let Some(original) = &original {
+                // SAFETY: no job is running (the previous group was waited for), the input
+                // holds `numel` elements, and `original` is another allocation as long.
+                unsafe { std::ptr::copy_nonoverlapping(original.as_ptr(), input_pointer, numel) };
+                reductions = 0;
+            }
+            started = Instant::now();
+        }
         jobs.push(submit()?);
+        reductions += 1;
         let last = job + 1 == options.num_jobs;
         if (job + 1) % group_size != 0 && !last {
             continue;
@@ -319,23 +365,23 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
             )
         });
         bar.inc((job + 1 - first) as u64);
-        if last {
-            wire = Some(context.stats().total().since(&before));
-        }
+        // Every slice reports its thread's counters before its job can end.
+        let total = context.stats().total();
+        counted.push(total.since(&mark));
+        mark = total;
         if options.dump_stats {
             bar.suspend(|| print!("{}", context.stats()));
             context.reset_stats();
+            mark = ThreadCounters::default();
         }
         groups.push((elements, duration));
         first = job + 1;
-        started = Instant::now();
     }
     bar.finish_and_clear();
     println!("All jobs finished.");
 
     let verified = options.verify.then(|| {
-        let reductions =
-            if options.inplace { (options.num_warmup_jobs + options.num_jobs) as u32 } else { 1 };
+        let reductions = if options.inplace { reductions } else { 1 };
         let results = if options.inplace { &input } else { &output };
         verify::<T>(
             &contents,
@@ -355,7 +401,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
             println!("{line}");
         }
     }
-    let wire = wire.unwrap_or_default();
+    let wire = counted.iter().fold(ThreadCounters::default(), |sum, group| sum + *group);
     let jobs_timed = options.num_jobs.max(1) as f64;
     let (sent, received) = (wire.bytes_sent as f64 / jobs_timed, wire.bytes_received as f64 / jobs_timed);
     if let Some(summary) = &summary {
@@ -370,6 +416,9 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         cpp_double(received / tensor_bytes.max(1.0)),
         numel * 4
     );
+    let (upstream, downstream) =
+        payload_fractions(&contents, numel, rank, workers, &Traffic::of(&wire), jobs_timed);
+    print_traffic(&Traffic::of(&wire), jobs_timed, options.density, workers, &upstream, &downstream);
     Ok(Report {
         rank,
         workers,
@@ -390,8 +439,67 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         summary,
         wire_bytes_sent_per_job: sent,
         wire_bytes_received_per_job: received,
+        traffic: counted.iter().map(Traffic::of).collect(),
+        upstream,
+        downstream,
         verified,
     })
+}
+
+/// This worker's payload per job each way as fractions of the tensor's bytes: the model's,
+/// this seed's blocks' and the measured.
+fn payload_fractions(
+    contents: &Contents,
+    numel: usize,
+    rank: u16,
+    workers: u16,
+    traffic: &Traffic,
+    jobs: f64,
+) -> (Fractions, Fractions) {
+    let elements = numel.max(1) as f64;
+    let tensor_bytes = elements * 4.0;
+    let upstream = Fractions {
+        model: upstream_model(contents.density),
+        seed: contents.elements_with_data(numel, std::iter::once(rank)) as f64 / elements,
+        measured: traffic.payload_sent as f64 / jobs / tensor_bytes,
+    };
+    let downstream = Fractions {
+        model: downstream_model(contents.density, workers),
+        seed: contents.elements_with_data(numel, 0..workers) as f64 / elements,
+        measured: traffic.payload_received as f64 / jobs / tensor_bytes,
+    };
+    (upstream, downstream)
+}
+
+fn print_traffic(
+    traffic: &Traffic,
+    jobs: f64,
+    density: f64,
+    workers: u16,
+    upstream: &Fractions,
+    downstream: &Fractions,
+) {
+    let per_job = |count: u64| cpp_double(count as f64 / jobs);
+    println!(
+        "Upstream per job (this worker): {} data packets ({} retransmitted), {} acks; payload {} of the tensor's bytes, model {} (this seed's blocks {}), measured / model {}",
+        per_job(traffic.data_packets),
+        per_job(traffic.retransmissions),
+        per_job(traffic.acks),
+        cpp_double(upstream.measured),
+        cpp_double(upstream.model),
+        cpp_double(upstream.seed),
+        cpp_double(upstream.ratio())
+    );
+    println!(
+        "Downstream per job (this worker): {} results; payload {} of the tensor's bytes, model 1 - (1 - {})^{} = {} (this seed's blocks {}), measured / model {}",
+        per_job(traffic.results),
+        cpp_double(downstream.measured),
+        cpp_double(density),
+        workers,
+        cpp_double(downstream.model),
+        cpp_double(downstream.seed),
+        cpp_double(downstream.ratio())
+    );
 }
 
 /// Checks the results (and, out of place, that the input is unchanged) and prints
