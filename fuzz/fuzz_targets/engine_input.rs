@@ -1,5 +1,5 @@
 //! A sequence of datagrams, waits and session restarts through the aggregation engine:
-//! no panic, and every packet it asks to send is a well-formed result.
+//! no panic, and every packet it asks to send is a well-formed result or pending notice.
 //!
 //! Raw datagrams alone rarely get past the header checks, so most steps describe a
 //! packet by a few small fields that index the open sessions, emitted with
@@ -14,7 +14,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use netagg_fuzz::Raw;
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
-use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM};
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
 
 /// The two sessions every input starts with: different shapes, so that rank, slot and
@@ -49,6 +49,7 @@ enum Kind {
     Data,
     Ack,
     Result,
+    Pending,
 }
 
 /// A worker → switch packet in a few bytes: small values where the engine compares.
@@ -170,6 +171,7 @@ impl Harness {
             Kind::Data => (MessageType::Data, SPECS[0].packet_elements as u8 + 1),
             Kind::Ack => (MessageType::Ack, 0),
             Kind::Result => (MessageType::Result, 1),
+            Kind::Pending => (MessageType::Pending, 0),
         };
         let round = h.round as i32 as u32;
         let block = h.block as u32 % BLOCKS;
@@ -178,7 +180,7 @@ impl Harness {
         let token = TOKENS[(h.session as usize + h.wrong_token as usize) % SPECS.len()];
         let elements = (h.elements % (max_elements + 1)) as u16;
         let repr = PacketRepr {
-            flags: Flags::from_bits(h.flags & 0b111).expect("masked to the known bits"),
+            flags: Flags::from_bits(h.flags & 0b1111).expect("masked to the known bits"),
             job: h.job as u32 % 2,
             packet_id: block + h.other_packet_id as u32,
             rank: h.rank as u16 % 4,
@@ -211,7 +213,15 @@ impl Harness {
             Err(error) => panic!("engine sent a malformed packet ({error}): {bytes:02x?}"),
         };
         let repr = PacketRepr::parse(&packet);
-        assert_eq!(repr.message_type, MessageType::Result, "{repr:?}");
+        match repr.message_type {
+            MessageType::Result => {}
+            // Answers one worker's question, with its header alone.
+            MessageType::Pending => {
+                assert!(matches!(transmit.recipient, Recipient::Worker(_)), "{repr:?}");
+                assert_eq!(transmit.len, HEADER_LEN, "{repr:?}");
+            }
+            MessageType::Data | MessageType::Ack => panic!("the engine sent a worker's packet: {repr:?}"),
+        }
         assert_eq!(repr.session, transmit.session.0, "{repr:?}");
         let rank = match transmit.recipient {
             Recipient::All => BROADCAST_RANK,

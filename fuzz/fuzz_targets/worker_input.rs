@@ -42,6 +42,8 @@ enum Step {
     Raw(Raw),
     Result(Header),
     Answer(Answer),
+    /// A pending notice about the round of a packet the worker sent lately.
+    Pending(Pending),
     /// Takes every packet the worker has to send.
     Transmit,
     /// Lets time pass, in 5 ms units, and fires the timers.
@@ -102,6 +104,17 @@ struct Header {
     elements: u8,
     /// Seed of the element values.
     value: i32,
+}
+
+/// The switch's word that a round the worker asked about is still aggregating.
+#[derive(Debug, Arbitrary)]
+struct Pending {
+    pick: u8,
+    contributed: bool,
+    /// Which of the 64 slots from the notice's own lack the worker's contribution.
+    lacking: u64,
+    /// Sent to every worker, which a notice never is.
+    broadcast: bool,
 }
 
 /// The result of the round of a packet the worker sent lately.
@@ -204,6 +217,20 @@ impl Harness {
                     self.deliver(&result_bytes(&repr, answer.value));
                 }
             }
+            Step::Pending(pending) => {
+                if let Some(sent) = self.sent.get(pending.pick as usize % SENT_KEPT) {
+                    let mut notice = PacketRepr {
+                        message_type: MessageType::Pending,
+                        flags: if pending.contributed { Flags::CONTRIBUTED } else { Flags::NONE },
+                        rank: if pending.broadcast { BROADCAST_RANK } else { sent.rank },
+                        element_count: 0,
+                        ack_round: 0,
+                        ..*sent
+                    };
+                    notice.set_lacking(pending.lacking);
+                    self.deliver(&result_bytes(&notice, 0));
+                }
+            }
             Step::Transmit => self.transmit(),
             Step::Wait(ticks) => {
                 self.now += Duration::from_millis(5 * ticks as u64);
@@ -237,7 +264,7 @@ impl Harness {
                 Err(error) => panic!("worker sent a malformed packet ({error}): {bytes:02x?}"),
             };
             let repr = PacketRepr::parse(&packet);
-            assert_ne!(repr.message_type, MessageType::Result, "{repr:?}");
+            assert!(matches!(repr.message_type, MessageType::Data | MessageType::Ack), "{repr:?}");
             assert_eq!((repr.session, repr.rank), (CONFIG.session, CONFIG.rank), "{repr:?}");
             let slots = CONFIG.slot_base..CONFIG.slot_base + CONFIG.slots;
             assert!(slots.contains(&repr.slot), "{repr:?}");
@@ -273,7 +300,7 @@ fn free_form(h: &Header) -> PacketRepr {
     // One more than a packet holds, to reach the length checks.
     let elements = h.elements as u16 % (CONFIG.packet_elements + 2);
     PacketRepr {
-        flags: Flags::from_bits(h.flags & 0b111).expect("masked to the known bits"),
+        flags: Flags::from_bits(h.flags & 0b1111).expect("masked to the known bits"),
         job: h.job as u32 % 3,
         packet_id: h.block as u32,
         rank: h.rank.map_or(BROADCAST_RANK, |r| r as u16 % 3),
