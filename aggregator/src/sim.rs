@@ -32,6 +32,46 @@ pub struct LinkFaults {
     pub latency: Duration,
     /// Uniform extra delay of up to this much.
     pub jitter: Duration,
+    /// Each worker's link in this direction carries at most this rate, behind a queue.
+    pub rate: Option<RateLimit>,
+}
+
+/// A link's bottleneck, as `tbf` makes one: packets leave one after another at
+/// `bits_per_second`, waiting in a queue of at most `queue_bytes`; a packet that finds
+/// the queue full is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    pub bits_per_second: u64,
+    pub queue_bytes: u64,
+}
+
+impl RateLimit {
+    /// How long `bytes` take to leave the link.
+    pub fn serialization(&self, bytes: u64) -> Duration {
+        Duration::from_nanos((bytes * 8 * 1_000_000_000).div_ceil(self.bits_per_second))
+    }
+}
+
+/// The state of one worker's link in one direction under a [`RateLimit`].
+#[derive(Debug, Clone)]
+struct Bottleneck {
+    limit: RateLimit,
+    /// When the last packet admitted has left the link.
+    free_at: Instant,
+}
+
+impl Bottleneck {
+    /// When a packet of `bytes` offered at `now` has left the link; `None` if the queue
+    /// ahead of it is full and it is dropped.
+    fn admit(&mut self, now: Instant, bytes: u64) -> Option<Instant> {
+        let start = self.free_at.max(now);
+        let backlog = (start - now).as_nanos() as u64 * self.limit.bits_per_second / 8 / 1_000_000_000;
+        if backlog + bytes > self.limit.queue_bytes {
+            return None;
+        }
+        self.free_at = start + self.limit.serialization(bytes);
+        Some(self.free_at)
+    }
 }
 
 impl LinkFaults {
@@ -50,12 +90,12 @@ impl LinkFaults {
 
     /// A link that delivers everything, in order, after `latency`.
     pub const fn perfect(latency: Duration) -> LinkFaults {
-        LinkFaults { drop: 0.0, duplicate: 0.0, reorder: 0.0, latency, jitter: Duration::ZERO }
+        LinkFaults { drop: 0.0, duplicate: 0.0, reorder: 0.0, latency, jitter: Duration::ZERO, rate: None }
     }
 
     /// A link that loses, duplicates and reorders the given fraction of packets each.
     pub const fn lossy(rate: f64, latency: Duration) -> LinkFaults {
-        LinkFaults { drop: rate, duplicate: rate, reorder: rate, latency, jitter: latency }
+        LinkFaults { drop: rate, duplicate: rate, reorder: rate, latency, jitter: latency, rate: None }
     }
 }
 
@@ -99,6 +139,13 @@ impl ClusterConfig {
             start_delays: Vec::new(),
             max_steps: 10_000_000,
         }
+    }
+
+    /// Every worker's link carries `limit` each way.
+    pub fn with_rate(mut self, limit: RateLimit) -> ClusterConfig {
+        self.uplink.rate = Some(limit);
+        self.downlink.rate = Some(limit);
+        self
     }
 
     /// Both directions lose, duplicate and reorder `rate` of the packets.
@@ -176,6 +223,8 @@ pub struct RunReport {
     /// The session's counters, for this allreduce alone.
     pub switch: SessionCounters,
     pub steps: u64,
+    /// Packets the links' full queues dropped.
+    pub queue_drops: u64,
     /// Virtual time the allreduce took.
     pub elapsed: Duration,
 }
@@ -201,12 +250,66 @@ pub struct Cluster {
     engine: Engine,
     session: SessionId,
     workers: Vec<WorkerProtocol>,
-    uplink: FaultInjector<Endpoint>,
-    downlink: FaultInjector<Endpoint>,
+    /// Faults of each direction, addressed by the worker whose link a packet takes.
+    uplink: FaultInjector<u16>,
+    downlink: FaultInjector<u16>,
     now: Instant,
+    wire: Wire,
+    next_job: u32,
+}
+
+/// The packets on their way, and the workers' links' bottlenecks.
+#[derive(Debug)]
+struct Wire {
     in_flight: BinaryHeap<Reverse<InFlight>>,
     sequence: u64,
-    next_job: u32,
+    uplinks: Vec<Option<Bottleneck>>,
+    downlinks: Vec<Option<Bottleneck>>,
+    /// Packets dropped by full queues at the bottlenecks.
+    queue_drops: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Direction {
+    Up,
+    Down,
+}
+
+impl Wire {
+    fn new(config: &ClusterConfig, now: Instant) -> Wire {
+        let links = |rate: Option<RateLimit>| {
+            (0..config.workers).map(|_| rate.map(|limit| Bottleneck { limit, free_at: now })).collect()
+        };
+        Wire {
+            in_flight: BinaryHeap::new(),
+            sequence: 0,
+            uplinks: links(config.uplink.rate),
+            downlinks: links(config.downlink.rate),
+            queue_drops: 0,
+        }
+    }
+
+    /// Puts a packet on worker `rank`'s link in `direction` at `now`: through the link's
+    /// bottleneck, if it has one, then `latency` to the far end.
+    fn carry(&mut self, now: Instant, latency: Duration, direction: Direction, rank: u16, bytes: &[u8]) {
+        let (bottleneck, to) = match direction {
+            Direction::Up => (&mut self.uplinks[rank as usize], Endpoint::Switch),
+            Direction::Down => (&mut self.downlinks[rank as usize], Endpoint::Worker(rank)),
+        };
+        let departure = match bottleneck {
+            Some(bottleneck) => match bottleneck.admit(now, bytes.len() as u64) {
+                Some(departure) => departure,
+                None => {
+                    self.queue_drops += 1;
+                    return;
+                }
+            },
+            None => now,
+        };
+        self.sequence += 1;
+        let packet = InFlight { at: departure + latency, sequence: self.sequence, to, bytes: bytes.to_vec() };
+        self.in_flight.push(Reverse(packet));
+    }
 }
 
 struct TensorIo {
@@ -299,13 +402,12 @@ impl Cluster {
         Ok(Cluster {
             uplink: FaultInjector::new(config.uplink.rates(), config.seed),
             downlink: FaultInjector::new(config.downlink.rates(), !config.seed),
+            wire: Wire::new(&config, now),
             config,
             engine,
             session,
             workers,
             now,
-            in_flight: BinaryHeap::new(),
-            sequence: 0,
             next_job: 1,
         })
     }
@@ -354,6 +456,7 @@ impl Cluster {
             .collect();
         let counters_before: Vec<WorkerCounters> = self.workers.iter().map(|w| *w.counters()).collect();
         let switch_before = self.switch_counters();
+        let queue_drops_before = self.wire.queue_drops;
         let started = self.now;
         let mut specs = Vec::with_capacity(ios.len());
         for io in &ios {
@@ -390,12 +493,11 @@ impl Cluster {
                     }
                 }
             }
-            for (worker, io) in self.workers.iter_mut().zip(&mut ios) {
+            for ((worker, io), rank) in self.workers.iter_mut().zip(&mut ios).zip(0..) {
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
-                    let latency = self.config.uplink.latency;
-                    let (in_flight, sequence, now) = (&mut self.in_flight, &mut self.sequence, self.now);
-                    self.uplink.push(self.now, Endpoint::Switch, &buf[..len], |to, bytes| {
-                        Self::transit(in_flight, sequence, now + latency, to, bytes)
+                    let (wire, now, latency) = (&mut self.wire, self.now, self.config.uplink.latency);
+                    self.uplink.push(now, rank, &buf[..len], |rank, bytes| {
+                        wire.carry(now, latency, Direction::Up, rank, bytes)
                     });
                 }
             }
@@ -412,7 +514,7 @@ impl Cluster {
             if steps > self.config.max_steps {
                 return Err(SimError::Livelock { steps });
             }
-            let next_delivery = self.in_flight.peek().map(|Reverse(p)| p.at);
+            let next_delivery = self.wire.in_flight.peek().map(|Reverse(p)| p.at);
             let next_timer = self.workers.iter_mut().filter_map(|w| w.poll_timeout()).min();
             let next_release = [self.uplink.next_release(), self.downlink.next_release()];
             let next_start =
@@ -441,6 +543,7 @@ impl Cluster {
                 .collect(),
             switch: switch_after.since(&switch_before),
             steps,
+            queue_drops: self.wire.queue_drops - queue_drops_before,
             elapsed: self.now - started,
         })
     }
@@ -451,15 +554,15 @@ impl Cluster {
 
     fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8]) {
         // Packets the links held back go on their way now, after the link's latency.
-        for (link, latency) in [
-            (&mut self.uplink, self.config.uplink.latency),
-            (&mut self.downlink, self.config.downlink.latency),
+        for (link, latency, direction) in [
+            (&mut self.uplink, self.config.uplink.latency, Direction::Up),
+            (&mut self.downlink, self.config.downlink.latency, Direction::Down),
         ] {
-            let (in_flight, sequence, at) = (&mut self.in_flight, &mut self.sequence, self.now + latency);
-            link.release(self.now, |to, bytes| Self::transit(in_flight, sequence, at, to, bytes));
+            let (wire, now) = (&mut self.wire, self.now);
+            link.release(now, |rank, bytes| wire.carry(now, latency, direction, rank, bytes));
         }
-        while self.in_flight.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
-            let Some(Reverse(packet)) = self.in_flight.pop() else {
+        while self.wire.in_flight.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
+            let Some(Reverse(packet)) = self.wire.in_flight.pop() else {
                 break;
             };
             match packet.to {
@@ -479,30 +582,14 @@ impl Cluster {
                         Recipient::All => (0..self.config.workers).collect(),
                         Recipient::Worker(rank) => vec![rank],
                     };
-                    let at = self.now + self.config.downlink.latency;
-                    let (in_flight, sequence) = (&mut self.in_flight, &mut self.sequence);
+                    let (wire, now, latency) = (&mut self.wire, self.now, self.config.downlink.latency);
                     for rank in recipients {
-                        self.downlink.push(
-                            self.now,
-                            Endpoint::Worker(rank),
-                            &buf[..transmit.len],
-                            |to, bytes| Self::transit(in_flight, sequence, at, to, bytes),
-                        );
+                        self.downlink.push(now, rank, &buf[..transmit.len], |rank, bytes| {
+                            wire.carry(now, latency, Direction::Down, rank, bytes)
+                        });
                     }
                 }
             }
         }
-    }
-
-    /// Puts a packet on the wire, to arrive at `at`.
-    fn transit(
-        in_flight: &mut BinaryHeap<Reverse<InFlight>>,
-        sequence: &mut u64,
-        at: Instant,
-        to: Endpoint,
-        bytes: &[u8],
-    ) {
-        *sequence += 1;
-        in_flight.push(Reverse(InFlight { at, sequence: *sequence, to, bytes: bytes.to_vec() }));
     }
 }

@@ -1,0 +1,70 @@
+//! Allreduces over rate-limited links, as `tbf` makes them: the time the link rate
+//! predicts, and nothing sent twice for a queue's delay.
+
+use std::time::Duration;
+
+use netagg_aggregator::sim::{Cluster, ClusterConfig, RateLimit, Tensor};
+
+/// Every worker's tensor: its rank mixed into the index, so that sums are checkable.
+fn inputs(workers: u16, len: usize) -> Vec<Tensor> {
+    (0..workers).map(|rank| Tensor::Int32((0..len as i32).map(|i| i ^ rank as i32).collect())).collect()
+}
+
+fn expected(workers: u16, len: usize) -> Tensor {
+    Tensor::Int32((0..len as i32).map(|i| (0..workers as i32).map(|rank| i ^ rank).sum()).collect())
+}
+
+/// A cluster of 4 workers with a window of 128 packets of 256 elements, behind links of
+/// `bits_per_second` with 50 µs of latency each way, whose queues hold a whole window:
+/// the links set the pace, as `tbf ... latency 100ms` sets it.
+fn behind_links(bits_per_second: u64) -> ClusterConfig {
+    let window_bytes = 128 * (256 * 4 + 48);
+    let mut config = ClusterConfig::new(4, 128, 256)
+        .with_rate(RateLimit { bits_per_second, queue_bytes: 2 * window_bytes });
+    config.uplink.latency = Duration::from_micros(50);
+    config.downlink.latency = Duration::from_micros(50);
+    // The library's defaults: a floor of 10 ms, doubling up to 64 times that.
+    config.retransmit_timeout = Duration::from_millis(10);
+    config.max_retransmit_timeout = Duration::from_millis(640);
+    config
+}
+
+#[test]
+fn queueing_delay_is_not_taken_for_loss_and_the_links_set_the_time() {
+    let len: usize = 1 << 20;
+    for rate in [200_000_000, 50_000_000] {
+        let config = behind_links(rate);
+        let limit = config.uplink.rate.unwrap();
+        // Each worker sends and receives every packet once, header included.
+        let packets = len.div_ceil(256) as u64;
+        let model = limit.serialization(packets * (256 * 4 + 48));
+        let mut cluster = Cluster::new(config).unwrap();
+        let (inputs, expected) = (inputs(4, len), expected(4, len));
+        for job in 0..3 {
+            let report = cluster.allreduce(&inputs, false).unwrap();
+            assert!(report.outputs.iter().all(|output| *output == expected), "job {job}: sums");
+            let ratio = report.elapsed.as_secs_f64() / model.as_secs_f64();
+            let case = format!("{rate} bit/s, job {job}: {:?} against {model:?}", report.elapsed);
+            assert!((1.0..1.01).contains(&ratio), "{case}");
+            assert_eq!((report.queue_drops, report.switch.duplicates), (0, 0), "{case}");
+            for counters in &report.workers {
+                assert_eq!((counters.retransmissions, counters.duplicates), (0, 0), "{case}");
+                assert_eq!(counters.data_sent, packets, "{case}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_full_queue_drops_what_exceeds_it() {
+    // A queue of four packets before a 1 Mbit/s link, offered a window of 16 at once.
+    let mut config = ClusterConfig::new(2, 16, 256)
+        .with_rate(RateLimit { bits_per_second: 1_000_000, queue_bytes: 4 * (256 * 4 + 48) });
+    config.retransmit_timeout = Duration::from_millis(50);
+    let mut cluster = Cluster::new(config).unwrap();
+    let len = 16 * 256;
+    let report = cluster.allreduce(&inputs(2, len), false).unwrap();
+    assert_eq!(report.outputs[0], expected(2, len), "the losses were recovered");
+    // Each worker's first window: the packet on the wire and four queued pass, eleven drop.
+    assert!(report.queue_drops >= 2 * 11, "{} dropped", report.queue_drops);
+}
