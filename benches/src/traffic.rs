@@ -18,9 +18,12 @@ pub struct Traffic {
     /// Data packets sent once each: one per slot's first block (empty when that block is
     /// zero), then one per non-zero block; a dense job sends one per block.
     pub data_packets: u64,
-    /// Data packets sent again after a timeout.
+    /// Data packets sent again, for evidence of their loss.
     pub retransmissions: u64,
+    /// Acks, the probes among them included.
     pub acks: u64,
+    /// Header-only requests sent while the thread waited as a whole (for a late rank).
+    pub probes: u64,
     /// Payload bytes sent, retransmissions included: datagrams less their headers.
     pub payload_sent: u64,
     /// New results received.
@@ -37,6 +40,7 @@ impl Traffic {
             data_packets: counted.data_sent - counted.retransmissions,
             retransmissions: counted.retransmissions,
             acks: counted.acks_sent,
+            probes: counted.probes,
             payload_sent: counted.bytes_sent - counted.packets_sent * header,
             results: counted.results_received,
             payload_received: counted.bytes_received - counted.results_received * header,
@@ -98,6 +102,7 @@ mod tests {
                 data_packets: 7,
                 retransmissions: 1,
                 acks: 2,
+                probes: 0,
                 payload_sent: 5 * 1024,
                 results: 6,
                 payload_received: 3 * 1024

@@ -79,12 +79,22 @@ struct Options {
     /// needs `--sync-every 1`).
     #[arg(long, default_value_t = 1.0, value_parser = parse_density)]
     density: f64,
+    /// A straggler, as RANK:MILLISECONDS: that rank submits each timed group this much
+    /// after the others (outside its own timing), and the others wait for it.
+    #[arg(long, value_parser = parse_late)]
+    late: Option<(u16, u64)>,
     /// A netagg config file (otherwise the usual search: $NETAGG_CONFIG, ./netagg.cfg, ...).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Also print the results as one line of JSON, last.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_late(text: &str) -> Result<(u16, u64), String> {
+    let error = || format!("'{text}': expected RANK:MILLISECONDS, such as 3:50");
+    let (rank, milliseconds) = text.split_once(':').ok_or_else(error)?;
+    Ok((rank.parse().map_err(|_| error())?, milliseconds.parse().map_err(|_| error())?))
 }
 
 fn parse_type(text: &str) -> Result<DataType, String> {
@@ -345,6 +355,9 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
                 unsafe { std::ptr::copy_nonoverlapping(original.as_ptr(), input_pointer, numel) };
                 reductions = 0;
             }
+            if let Some((_, delay)) = options.late.filter(|&(late, _)| late == rank) {
+                std::thread::sleep(Duration::from_millis(delay));
+            }
             started = Instant::now();
         }
         jobs.push(submit()?);
@@ -481,10 +494,11 @@ fn print_traffic(
 ) {
     let per_job = |count: u64| cpp_double(count as f64 / jobs);
     println!(
-        "Upstream per job (this worker): {} data packets ({} retransmitted), {} acks; payload {} of the tensor's bytes, model {} (this seed's blocks {}), measured / model {}",
+        "Upstream per job (this worker): {} data packets ({} retransmitted), {} acks ({} probes); payload {} of the tensor's bytes, model {} (this seed's blocks {}), measured / model {}",
         per_job(traffic.data_packets),
         per_job(traffic.retransmissions),
         per_job(traffic.acks),
+        per_job(traffic.probes),
         cpp_double(upstream.measured),
         cpp_double(upstream.model),
         cpp_double(upstream.seed),
