@@ -340,7 +340,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
 
     // Jobs the in-place buffer has been reduced by since it last held the input.
     let mut reductions = options.num_warmup_jobs as u32;
-    let mut mark = context.stats().total();
+    let mut mark = ThreadCounters::default();
     let mut counted: Vec<ThreadCounters> = Vec::new();
     let group_size = if options.sync_every == 0 { options.num_jobs.max(1) } else { options.sync_every };
     let bar = progress_bar(options.num_jobs);
@@ -354,10 +354,16 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
                 // holds `numel` elements, and `original` is another allocation as long.
                 unsafe { std::ptr::copy_nonoverlapping(original.as_ptr(), input_pointer, numel) };
                 reductions = 0;
+                // A barrier, so that no rank's timer runs while another still copies: the
+                // others' jobs would wait for its packets.
+                context
+                    .allreduce(&mut [0i32])
+                    .map_err(|e| format!("barrier after restoring the input: {e}"))?;
             }
             if let Some((_, delay)) = options.late.filter(|&(late, _)| late == rank) {
                 std::thread::sleep(Duration::from_millis(delay));
             }
+            mark = context.stats().total();
             started = Instant::now();
         }
         jobs.push(submit()?);
@@ -379,13 +385,10 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         });
         bar.inc((job + 1 - first) as u64);
         // Every slice reports its thread's counters before its job can end.
-        let total = context.stats().total();
-        counted.push(total.since(&mark));
-        mark = total;
+        counted.push(context.stats().total().since(&mark));
         if options.dump_stats {
             bar.suspend(|| print!("{}", context.stats()));
             context.reset_stats();
-            mark = ThreadCounters::default();
         }
         groups.push((elements, duration));
         first = job + 1;
