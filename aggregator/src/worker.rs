@@ -470,7 +470,8 @@ impl WorkerProtocol {
         };
         self.rtt = Some(rtt);
         let timeout = Duration::from_nanos(rtt.smoothed + rtt.deviation * 4);
-        self.base_timeout = timeout.max(self.config.retransmit_timeout);
+        let ceiling = self.config.max_retransmit_timeout.max(self.config.retransmit_timeout);
+        self.base_timeout = timeout.min(ceiling).max(self.config.retransmit_timeout);
     }
 
     /// The smoothed round-trip time measured so far.
@@ -531,6 +532,7 @@ impl WorkerProtocol {
             slot.my_next = next;
             slot.end_round = None;
             slot.deferred = false;
+            slot.held = None;
             slot.backoff = 0;
             // In a block-floating-point job the first blocks wait for the exponent round.
             slot.outstanding = (!spec.exponents || index == 0).then_some(Contribution {
@@ -972,8 +974,8 @@ impl WorkerProtocol {
         (from..slots).chain(0..from).find(|&index| self.slots[index].active).unwrap_or(0) as u16
     }
 
-    /// Ends a wait without evidence of loss: the slots whose timers were put off behind the
-    /// probe get their timers back, from now.
+    /// Ends the thread's wait behind a probe, on progress or on evidence of a loss: the
+    /// slots whose timers were put off behind the probe get their timers back, from now.
     fn end_wait(&mut self, now: Instant) {
         self.probe = None;
         for index in 0..self.slots.len() {
@@ -1031,6 +1033,11 @@ impl WorkerProtocol {
             return;
         }
         while let Some(index) = self.due_timer(now) {
+            // A packet still unanswered a timeout after it went out would time a wait for
+            // loss recovery or a peer, not the path: Karn's rule, widened to every timeout.
+            if self.timed.is_some_and(|timed| timed.slot == index) {
+                self.timed = None;
+            }
             let slot = &mut self.slots[index as usize];
             slot.deadline = None;
             // RACK's reasoning: a result for something sent after this slot's packet means
@@ -1073,6 +1080,12 @@ impl WorkerProtocol {
                 continue;
             }
             slot.backoff += 1;
+            if self.probe.is_some_and(|probe| probe.slot == index) {
+                // The probing slot itself has evidence now: the thread no longer waits as
+                // a whole, and the slots put off behind the probe must not wait for it.
+                self.end_wait(now);
+            }
+            let slot = &mut self.slots[index as usize];
             let resend = slot.outstanding.filter(|c| slot.held != Some(c.round));
             if let Some(contribution) = resend {
                 self.pending.push_back((index, Send::Data { retransmission: Some(contribution.round) }));
