@@ -764,7 +764,6 @@ impl Session {
         let last = (repr.slot as u32 + 64).min(self.spec.slots as u32) as u16;
         let lacking = (repr.slot..last).rev().fold(0u64, |map, slot| map << 1 | lacks(slot) as u64);
         let mut notice = PacketRepr {
-            message_type: MessageType::Pending,
             flags: if contributed(repr.slot) { Flags::CONTRIBUTED } else { Flags::NONE },
             job: repr.job,
             rank: repr.rank,

@@ -335,6 +335,17 @@ struct SlotState {
     queued: Option<Instant>,
 }
 
+impl SlotState {
+    /// What the slot sends to recover from a loss: its contribution again, unless it has
+    /// none or the switch said it holds it; then a request for the first result it lacks.
+    fn recovery(&self) -> Send {
+        match self.outstanding {
+            Some(c) if self.held != Some(c.round) => Send::Data { retransmission: Some(c.round) },
+            _ => Send::Request { round: self.have.wrapping_add(1) },
+        }
+    }
+}
+
 /// Timeouts beyond a year are taken as a year, so that no deadline can overflow the
 /// clock.
 const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -840,8 +851,7 @@ impl WorkerProtocol {
         }
         slot.backoff = 0;
         self.last_progress = now;
-        let answered = slot.waiting_since;
-        self.latest_answered = Some(self.latest_answered.map_or(answered, |latest| latest.max(answered)));
+        self.latest_answered = self.latest_answered.max(Some(slot.waiting_since));
 
         let stride = self.config.slots as u64;
         let pending_before = self.pending.len();
@@ -953,12 +963,8 @@ impl WorkerProtocol {
             if !slot.active || slot.waiting_since > probe.sent || index == probe.slot as u32 {
                 continue;
             }
-            let send = match slot.outstanding {
-                Some(c) if slot.held != Some(c.round) => Send::Data { retransmission: Some(c.round) },
-                _ => Send::Request { round: slot.have.wrapping_add(1) },
-            };
             slot.deferred = false;
-            self.pending.push_back((index as u16, send));
+            self.pending.push_back((index as u16, slot.recovery()));
             resent = true;
         }
         if resent {
@@ -1085,12 +1091,11 @@ impl WorkerProtocol {
                 // a whole, and the slots put off behind the probe must not wait for it.
                 self.end_wait(now);
             }
-            let slot = &mut self.slots[index as usize];
-            let resend = slot.outstanding.filter(|c| slot.held != Some(c.round));
-            if let Some(contribution) = resend {
-                self.pending.push_back((index, Send::Data { retransmission: Some(contribution.round) }));
-            }
-            if resend.is_none() || slot.ahead != 0 {
+            let slot = &self.slots[index as usize];
+            let recovery = slot.recovery();
+            self.pending.push_back((index, recovery));
+            if matches!(recovery, Send::Data { .. }) && slot.ahead != 0 {
+                // A gap in its results too: ask for the first it lacks.
                 self.pending.push_back((index, Send::Request { round: slot.have.wrapping_add(1) }));
             }
         }
