@@ -34,6 +34,9 @@ const EXPONENT_RUN: usize = 32;
 /// memory system takes to answer.
 const STORE_PREFETCH_DISTANCE: usize = 16;
 
+/// How many blocks ahead a load prefetches the input, as a store does the output.
+const LOAD_PREFETCH_DISTANCE: usize = 16;
+
 /// The longest block [`SliceIo`] prefetches: 1024 float32 elements.
 const PREFETCH_MAX_BLOCK_BYTES: usize = 4096;
 
@@ -113,6 +116,13 @@ impl BlockIo for SliceIo<'_> {
         let elements = self.input(block, payload.len());
         let len = elements.len();
         self.codec.encode(self.data_type, elements, &mut payload[..len], exponent);
+        // Blocks go out about in order: the input a later one reads is fetched now, unless
+        // the codec's exponent runs read ahead already.
+        let ahead = block as usize + LOAD_PREFETCH_DISTANCE;
+        if exponent.is_none() && self.prefetches() && self.has_block(ahead) {
+            let ahead = self.input(ahead as u32, self.block_bytes);
+            prefetch(ahead.as_ptr(), ahead.len());
+        }
     }
 
     fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>) {
