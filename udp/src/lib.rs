@@ -52,7 +52,7 @@ fn allow_fragmentation(socket: &UdpSocket, address: SocketAddr) -> io::Result<()
 pub struct BatchSocket {
     socket: UdpSocket,
     state: UdpSocketState,
-    buffers: Vec<Vec<u8>>,
+    buffers: [Vec<u8>; RECV_BUFFERS],
     /// Cleared when the kernel refuses a GSO batch: segmentation never fragments, so
     /// segments larger than the path MTU must go one by one.
     coalesce: AtomicBool,
@@ -74,7 +74,7 @@ impl BatchSocket {
         Ok(BatchSocket {
             socket,
             state,
-            buffers: vec![vec![0u8; MAX_DATAGRAM_LEN]; RECV_BUFFERS],
+            buffers: std::array::from_fn(|_| vec![0u8; MAX_DATAGRAM_LEN]),
             coalesce: AtomicBool::new(true),
         })
     }
@@ -110,7 +110,8 @@ impl BatchSocket {
     fn try_recv(&mut self, sink: &mut impl FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         let mut meta = [RecvMeta::default(); RECV_BUFFERS];
         let received = {
-            let mut slices: Vec<IoSliceMut> = self.buffers.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+            // On the stack: this runs once per receive call.
+            let mut slices = self.buffers.each_mut().map(|buffer| IoSliceMut::new(buffer));
             match self.state.recv((&self.socket).into(), &mut slices, &mut meta) {
                 Ok(count) => count,
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => 0,

@@ -25,6 +25,9 @@ pub struct UdpPort {
     outgoing: FxHashMap<SocketAddr, SegmentBatch>,
     /// Batches that filled up since the last flush, sent first.
     full: Vec<(SocketAddr, SegmentBatch)>,
+    /// Sent batches kept for reuse: a new one would grow its buffer a datagram at a time,
+    /// copying and faulting in pages, for every batch a burst of results fills.
+    spare: Vec<SegmentBatch>,
 }
 
 impl UdpPort {
@@ -32,7 +35,7 @@ impl UdpPort {
     pub fn bind(address: SocketAddr) -> io::Result<UdpPort> {
         let socket = BatchSocket::bind(address, SOCKET_BUFFER)?;
         let local = socket.local_addr()?;
-        Ok(UdpPort { socket, local, outgoing: FxHashMap::default(), full: Vec::new() })
+        Ok(UdpPort { socket, local, outgoing: FxHashMap::default(), full: Vec::new(), spare: Vec::new() })
     }
 
     /// The address bound, with the port actually chosen.
@@ -66,14 +69,17 @@ impl DataPort for UdpPort {
         let max_segments = self.socket.max_segments();
         let batch = self.outgoing.entry(destination).or_insert_with(|| SegmentBatch::new(max_segments));
         if !batch.accepts(datagram.len()) {
-            self.full.push((destination, std::mem::replace(batch, SegmentBatch::new(max_segments))));
+            let next = self.spare.pop().unwrap_or_else(|| SegmentBatch::new(max_segments));
+            self.full.push((destination, std::mem::replace(batch, next)));
         }
         batch.push(datagram);
     }
 
     fn flush(&mut self) {
-        for (destination, batch) in self.full.drain(..) {
+        for (destination, mut batch) in self.full.drain(..) {
             send_batch(&self.socket, destination, &batch);
+            batch.clear();
+            self.spare.push(batch);
         }
         for (destination, batch) in self.outgoing.iter_mut().filter(|(_, batch)| !batch.is_empty()) {
             send_batch(&self.socket, *destination, batch);
