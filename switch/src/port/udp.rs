@@ -3,7 +3,8 @@
 //! Datagrams arrive through recvmmsg, with GRO where the kernel coalesces them; results
 //! wait in one [`SegmentBatch`] per destination and leave together at
 //! [`DataPort::flush`], one GSO send each, so that a receive call's worth of results
-//! costs a system call per worker thread rather than one per datagram.
+//! costs a system call per worker thread rather than one per datagram. A result for
+//! every rank is written once, into a batch shared by its destinations and sent to each.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -21,13 +22,28 @@ pub const SOCKET_BUFFER: usize = 16 << 20;
 pub struct UdpPort {
     socket: BatchSocket,
     local: SocketAddr,
-    /// Results queued since the last flush, by destination.
-    outgoing: FxHashMap<SocketAddr, SegmentBatch>,
-    /// Batches that filled up since the last flush, sent first.
-    full: Vec<(SocketAddr, SegmentBatch)>,
-    /// Sent batches kept for reuse: a new one would grow its buffer a datagram at a time,
-    /// copying and faulting in pages, for every batch a burst of results fills.
-    spare: Vec<SegmentBatch>,
+    /// Results queued since the last flush, by destinations: keyed by the first and how
+    /// many there are, since a session's broadcasts for one worker thread's slots all go
+    /// to the same threads, first rank 0's.
+    queues: FxHashMap<(SocketAddr, usize), Queue>,
+}
+
+/// Datagrams for the same destinations, sent to each as one GSO batch.
+struct Queue {
+    destinations: Vec<SocketAddr>,
+    batch: SegmentBatch,
+}
+
+impl Queue {
+    /// Sends the batch to every destination, and empties it.
+    fn send(&mut self, socket: &BatchSocket) {
+        for &destination in &self.destinations {
+            if let Err(error) = socket.send(destination, &self.batch) {
+                tracing::debug!(%error, %destination, "send failed");
+            }
+        }
+        self.batch.clear();
+    }
 }
 
 impl UdpPort {
@@ -35,18 +51,12 @@ impl UdpPort {
     pub fn bind(address: SocketAddr) -> io::Result<UdpPort> {
         let socket = BatchSocket::bind(address, SOCKET_BUFFER)?;
         let local = socket.local_addr()?;
-        Ok(UdpPort { socket, local, outgoing: FxHashMap::default(), full: Vec::new(), spare: Vec::new() })
+        Ok(UdpPort { socket, local, queues: FxHashMap::default() })
     }
 
     /// The address bound, with the port actually chosen.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
-    }
-}
-
-fn send_batch(socket: &BatchSocket, destination: SocketAddr, batch: &SegmentBatch) {
-    if let Err(error) = socket.send(destination, batch) {
-        tracing::debug!(%error, %destination, "send failed");
     }
 }
 
@@ -66,28 +76,36 @@ impl DataPort for UdpPort {
     }
 
     fn send(&mut self, destination: SocketAddr, datagram: &[u8]) {
+        self.broadcast(&[destination], datagram);
+    }
+
+    fn broadcast(&mut self, destinations: &[SocketAddr], datagram: &[u8]) {
+        let Some(&first) = destinations.first() else { return };
         let max_segments = self.socket.max_segments();
-        let batch = self.outgoing.entry(destination).or_insert_with(|| SegmentBatch::new(max_segments));
-        if !batch.accepts(datagram.len()) {
-            let next = self.spare.pop().unwrap_or_else(|| SegmentBatch::new(max_segments));
-            self.full.push((destination, std::mem::replace(batch, next)));
+        let queue = self.queues.entry((first, destinations.len())).or_insert_with(|| Queue {
+            destinations: destinations.to_vec(),
+            batch: SegmentBatch::new(max_segments),
+        });
+        if queue.destinations != destinations {
+            // Another group led by the same thread: not a session's broadcast, and rare.
+            for &destination in destinations {
+                self.broadcast(&[destination], datagram);
+            }
+            return;
         }
-        batch.push(datagram);
+        if !queue.batch.accepts(datagram.len()) {
+            queue.send(&self.socket);
+        }
+        queue.batch.push(datagram);
     }
 
     fn flush(&mut self) {
-        for (destination, mut batch) in self.full.drain(..) {
-            send_batch(&self.socket, destination, &batch);
-            batch.clear();
-            self.spare.push(batch);
-        }
-        for (destination, batch) in self.outgoing.iter_mut().filter(|(_, batch)| !batch.is_empty()) {
-            send_batch(&self.socket, *destination, batch);
-            batch.clear();
+        for queue in self.queues.values_mut().filter(|queue| !queue.batch.is_empty()) {
+            queue.send(&self.socket);
         }
     }
 
     fn forget(&mut self, address: SocketAddr) {
-        self.outgoing.remove(&address);
+        self.queues.retain(|_, queue| !queue.destinations.contains(&address));
     }
 }
