@@ -152,8 +152,10 @@ fn dummy_backend_sums_as_if_every_worker_sent_the_same_data() {
     assert!(sums.iter().zip(&floats).all(|(&s, &x)| s.to_bits() == in_order(x).to_bits()));
     context.stop();
 
-    // An emulated 1 Gbit/s link: 8 Mbit of payload take at least 8 ms.
+    // An emulated 1 Gbit/s link, shared by the worker's threads: 8 Mbit of payload take
+    // at least 8 ms however many threads send them.
     config.dummy.bandwidth = 1000.0;
+    config.general.num_worker_threads = 4;
     let context = Context::start(config).unwrap();
     let started = Instant::now();
     context.allreduce(&mut vec![1i32; 250_000]).unwrap();

@@ -1,5 +1,6 @@
 //! The dummy backend: no network. An in-process engine answers every packet as if all
-//! workers had sent the same data, and the thread sleeps to emulate a link's bandwidth.
+//! workers had sent the same data, and the thread sleeps to emulate a link's bandwidth:
+//! one link per worker, shared by its threads as a network interface would be.
 //!
 //! The private engine holds a session of one worker, and each data packet reaches it
 //! with its payload already summed as many times as the session has ranks, as the
@@ -10,6 +11,8 @@
 //! number of ranks (SwitchML's dummy multiplies instead, and keeps no state).
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::sum::{add, add_assign};
@@ -31,11 +34,12 @@ pub fn links(config: &Config) -> Result<Links, Error> {
         depth: general.depth,
     };
     let token = DummyTransport::new_token();
+    let link = Arc::new(EmulatedLink::new(config.dummy.bandwidth));
     let mut transports: Vec<Box<dyn Transport>> = Vec::new();
     let mut session = 0;
     for _ in 0..general.num_worker_threads {
         let (transport, id) =
-            DummyTransport::new(spec, token, config.dummy.bandwidth, config.dummy.process_packets)
+            DummyTransport::new(spec, token, Arc::clone(&link), config.dummy.process_packets)
                 .map_err(Error::InvalidConfig)?;
         session = id.0;
         transports.push(Box::new(transport));
@@ -43,14 +47,48 @@ pub fn links(config: &Config) -> Result<Links, Error> {
     Ok(Links::Emulated { transports, session, token })
 }
 
+/// A worker's emulated link, which its threads' datagrams cross one after another.
+pub struct EmulatedLink {
+    /// Bits per second, 0 for an unlimited link.
+    bits_per_second: f64,
+    /// The time `busy_until` counts from.
+    epoch: Instant,
+    /// Nanoseconds after `epoch` at which the link has carried everything sent so far.
+    busy_until: AtomicU64,
+}
+
+impl EmulatedLink {
+    pub fn new(bandwidth_mbps: f64) -> EmulatedLink {
+        EmulatedLink {
+            bits_per_second: bandwidth_mbps * 1e6,
+            epoch: Instant::now(),
+            busy_until: AtomicU64::new(0),
+        }
+    }
+
+    /// Puts `bytes` on the link behind what is already on it; returns when they will
+    /// have crossed it, or `None` for an unlimited link.
+    fn carry(&self, bytes: usize) -> Option<Instant> {
+        if self.bits_per_second <= 0.0 {
+            return None;
+        }
+        let wire_nanos = (bytes as f64 * 8.0 / self.bits_per_second * 1e9) as u64;
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let previous = self
+            .busy_until
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |busy| Some(busy.max(now) + wire_nanos))
+            .expect("the update always succeeds");
+        Some(self.epoch + Duration::from_nanos(previous.max(now) + wire_nanos))
+    }
+}
+
 pub struct DummyTransport {
     engine: Engine,
     workers: u16,
     process_packets: bool,
-    /// Emulated link: bits per second, 0 for none.
-    bits_per_second: f64,
-    /// When the emulated link has delivered everything sent so far.
-    link_free_at: Instant,
+    link: Arc<EmulatedLink>,
+    /// When the emulated link has delivered everything this thread sent so far.
+    delivered_at: Instant,
     /// The engine's clock: read once per batch of results, not per packet (the engine
     /// needs it only for idle sessions, which this one never is).
     engine_now: Instant,
@@ -75,7 +113,7 @@ impl DummyTransport {
     pub fn new(
         spec: SessionSpec,
         token: u64,
-        bandwidth_mbps: f64,
+        link: Arc<EmulatedLink>,
         process_packets: bool,
     ) -> Result<(DummyTransport, SessionId), String> {
         let limits = EngineLimits { session_idle_timeout: Duration::MAX, ..EngineLimits::default() };
@@ -93,8 +131,8 @@ impl DummyTransport {
             engine,
             workers: spec.workers,
             process_packets,
-            bits_per_second: bandwidth_mbps * 1e6,
-            link_free_at: Instant::now(),
+            link,
+            delivered_at: Instant::now(),
             engine_now: Instant::now(),
             results: PendingResults::default(),
             max_result_len: HEADER_LEN + spec.packet_elements as usize * ELEMENT_LEN,
@@ -115,9 +153,8 @@ impl Transport for DummyTransport {
 
     fn send(&mut self, len: usize) -> io::Result<()> {
         let datagram = &self.outgoing[..len];
-        if self.bits_per_second > 0.0 {
-            let wire_time = Duration::from_secs_f64(datagram.len() as f64 * 8.0 / self.bits_per_second);
-            self.link_free_at = self.link_free_at.max(Instant::now()) + wire_time;
+        if let Some(delivered_at) = self.link.carry(datagram.len()) {
+            self.delivered_at = delivered_at;
         }
         let packet = match Packet::new_checked(datagram) {
             Ok(packet) => packet,
@@ -179,13 +216,11 @@ impl Transport for DummyTransport {
             std::thread::sleep(timeout.min(Duration::from_millis(1)));
             return Ok(0);
         }
-        if self.bits_per_second > 0.0 {
-            let wait = self.link_free_at.saturating_duration_since(Instant::now());
-            if !wait.is_zero() {
-                std::thread::sleep(wait.min(timeout));
-                if Instant::now() < self.link_free_at {
-                    return Ok(0);
-                }
+        let wait = self.delivered_at.saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            std::thread::sleep(wait.min(timeout));
+            if Instant::now() < self.delivered_at {
+                return Ok(0);
             }
         }
         let delivered = self.results.drain(sink);
@@ -242,9 +277,25 @@ mod tests {
         SessionSpec { workers, slots: 4, packet_elements: 8, depth: 2 }
     }
 
+    fn unlimited() -> Arc<EmulatedLink> {
+        Arc::new(EmulatedLink::new(0.0))
+    }
+
+    #[test]
+    fn a_worker_s_threads_queue_on_one_link() {
+        // 8 Mbit/s: a 1000-byte datagram takes a millisecond on the wire.
+        let link = EmulatedLink::new(8.0);
+        let sent = Instant::now();
+        let first = link.carry(1000).unwrap();
+        let second = std::thread::scope(|scope| scope.spawn(|| link.carry(1000).unwrap()).join().unwrap());
+        assert!(first >= sent + Duration::from_millis(1), "{:?}", first - sent);
+        assert!(second >= first + Duration::from_millis(1), "{:?}", second - first);
+        assert_eq!(unlimited().carry(1000), None);
+    }
+
     #[test]
     fn a_malformed_datagram_is_dropped_as_a_switch_drops_it() {
-        let (mut transport, _) = DummyTransport::new(spec(2), 7, 0.0, true).unwrap();
+        let (mut transport, _) = DummyTransport::new(spec(2), 7, unlimited(), true).unwrap();
         for garbage in [&[][..], &[0xFF; 10][..], &[0; 60][..]] {
             transport.send_copy(garbage).unwrap();
         }
@@ -256,8 +307,8 @@ mod tests {
     #[test]
     fn sessions_beyond_a_switch_s_worker_limit_are_refused() {
         let max = EngineLimits::default().max_workers;
-        assert!(DummyTransport::new(spec(max), 7, 0.0, true).is_ok());
-        let error = DummyTransport::new(spec(max + 1), 7, 0.0, true).err().unwrap();
+        assert!(DummyTransport::new(spec(max), 7, unlimited(), true).is_ok());
+        let error = DummyTransport::new(spec(max + 1), 7, unlimited(), true).err().unwrap();
         assert_eq!(error, format!("{} workers requested, a session holds 1 to {max}", max + 1));
     }
 }
