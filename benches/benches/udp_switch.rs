@@ -1,7 +1,9 @@
 //! Allreduce through a switch against a UDP echo relay that moves the same datagrams: what
 //! aggregation, sessions and loss recovery cost on top of the kernel's price per datagram.
 //!
-//! Groups `udp_switch/2_workers` and `udp_switch/4_workers`, each measuring in one run:
+//! Groups `udp_switch/2_workers` and `udp_switch/4_workers`, with the default
+//! configuration, and `udp_switch/2_workers_large_packets` and `..._4_workers_large_packets`
+//! with `configs/large-packets.cfg`, each measuring in one run:
 //! - `allreduce`: N contexts with the UDP backend, each driven from a thread of its own,
 //!   allreduce the same int32 tensor through a switch started in this process on
 //!   loopback;
@@ -12,11 +14,11 @@
 //!
 //! Everything is in one process, unlike `bench_compare`'s rows under `netagg-run`, so
 //! the two compete for the same cores alike. Throughput is in bytes of the tensor per
-//! worker: both functions report each worker's goodput. The configuration is the default
-//! but for what a session needs.
+//! worker: both functions report each worker's goodput.
 
 use std::hint::black_box;
 use std::ops::Range;
+use std::path::Path;
 use std::time::Duration;
 
 use criterion::measurement::WallTime;
@@ -31,19 +33,24 @@ const ELEMENTS: usize = 4 << 20;
 
 fn udp_switch(c: &mut Criterion) {
     let input: Vec<i32> = (0..ELEMENTS).map(|i| (i % 1000) as i32 - 500).collect();
-    for workers in [2u16, 4] {
-        let mut group = c.benchmark_group(format!("udp_switch/{workers}_workers"));
-        group.throughput(Throughput::Bytes((ELEMENTS * 4) as u64));
-        group.sample_size(10).measurement_time(Duration::from_secs(5));
-        allreduce(&mut group, workers, &input);
-        echo_relay(&mut group, workers, &input);
-        group.finish();
+    let large_packets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/large-packets.cfg");
+    let large_packets =
+        Config::load_with_environment(Some(&large_packets), &[]).expect("the config file loads");
+    for (suffix, config) in [("", Config::default()), ("_large_packets", large_packets)] {
+        for workers in [2u16, 4] {
+            let mut group = c.benchmark_group(format!("udp_switch/{workers}_workers{suffix}"));
+            group.throughput(Throughput::Bytes((ELEMENTS * 4) as u64));
+            group.sample_size(10).measurement_time(Duration::from_secs(5));
+            allreduce(&mut group, &config, workers, &input);
+            echo_relay(&mut group, &config, workers, &input);
+            group.finish();
+        }
     }
 }
 
-/// The configuration of one rank of `session` on `switch`: the default but for that.
-fn rank_config(switch: &Switch, session: &str, rank: u16, workers: u16) -> Config {
-    let mut config = Config::default();
+/// `config` for one rank of `session` on `switch`.
+fn rank_config(config: &Config, switch: &Switch, session: &str, rank: u16, workers: u16) -> Config {
+    let mut config = config.clone();
     config.general.backend = BackendKind::Udp;
     config.general.controller_ip = switch.control_addr().ip().to_string();
     config.general.controller_port = switch.control_addr().port();
@@ -53,7 +60,7 @@ fn rank_config(switch: &Switch, session: &str, rank: u16, workers: u16) -> Confi
     config
 }
 
-fn allreduce(group: &mut BenchmarkGroup<'_, WallTime>, workers: u16, input: &[i32]) {
+fn allreduce(group: &mut BenchmarkGroup<'_, WallTime>, config: &Config, workers: u16, input: &[i32]) {
     let mut settings = Config::default().switch;
     settings.control = "127.0.0.1:0".parse().expect("a socket address");
     settings.data = "127.0.0.1:0".parse().expect("a socket address");
@@ -64,7 +71,7 @@ fn allreduce(group: &mut BenchmarkGroup<'_, WallTime>, workers: u16, input: &[i3
         // Concurrently: each start returns only once every rank has registered.
         let starts: Vec<_> = (0..workers)
             .map(|rank| {
-                let config = rank_config(&switch, &session, rank, workers);
+                let config = rank_config(config, &switch, &session, rank, workers);
                 scope.spawn(move || Context::start(config).expect("a rank joins the in-process switch"))
             })
             .collect();
@@ -100,9 +107,9 @@ struct RelayClient {
     output: Vec<u8>,
 }
 
-fn echo_relay(group: &mut BenchmarkGroup<'_, WallTime>, workers: u16, input: &[i32]) {
-    // The settings the contexts above ran with.
-    let config = Config::default();
+/// The relay with the datagram size, window and threads of `config`, which the contexts
+/// above ran with.
+fn echo_relay(group: &mut BenchmarkGroup<'_, WallTime>, config: &Config, workers: u16, input: &[i32]) {
     let packet_bytes = config.general.packet_numel as usize * 4;
     let window = config.slots_per_thread() as usize;
     let bytes: Vec<u8> = input.iter().flat_map(|value| value.to_le_bytes()).collect();

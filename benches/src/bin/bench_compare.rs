@@ -7,15 +7,20 @@
 //! together mean anything. Rows:
 //! - the client path with the dummy backend, float32 as block floating point, 2 worker
 //!   threads / a 2-thread memcpy (criterion bench `client_dummy`), with the default
-//!   packets and, in the last row, with `configs/large-packets.cfg`;
+//!   packets and with `configs/large-packets.cfg`;
+//! - the client path's int32 (native) / its float32 (block floating point), each
+//!   `allreduce_benchmark` with the dummy backend: int32 has less to do, so should be
+//!   at least as fast;
 //! - the sum kernels / a plain `a[i] += b[i]` (criterion bench `sum`, 1 Mi elements);
 //! - 2- and 4-worker allreduce of 64 MiB of int32 through netagg-switch on loopback / the
 //!   UDP echo relay at the same datagram size and window (`allreduce_benchmark` under
-//!   `netagg-run`, `udp_echo_relay`);
-//! - the same pair within one process: contexts and a switch started in process / the
+//!   `netagg-run`, `udp_echo_relay`), with the default packets and with large ones;
+//! - the same pairs within one process: contexts and a switch started in process / the
 //!   relay on a thread, 16 MiB of int32 (criterion bench `udp_switch`);
 //! - netagg float32 allreduce / `MPI_Allreduce` over TCP loopback, same ranks and size,
-//!   when `mpirun` and the MPI baseline program are there.
+//!   when `mpirun` and the MPI baseline program are there; then the same per byte
+//!   through the kernel, which on one machine carries every tensor netagg moves (2N per
+//!   job: each rank's up, the sum down to each) and every one the ring moves (2(N-1)).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -70,145 +75,184 @@ fn target_dir() -> PathBuf {
 
 fn run(options: &Options) -> Result<(), String> {
     let release = target_dir().join("release");
-    let mpirun = which("mpirun");
-    let mut rows = vec![
-        Row {
-            name: "client path, dummy backend, float32 BFP, 2 threads / 2-thread memcpy".into(),
-            unit: "GB/s",
-            target: Some(0.5),
-            runs: vec![],
-        },
-        Row {
-            name: "sum kernel int32, 1 Mi elements / plain add".into(),
-            unit: "G elements/s",
-            target: Some(0.8),
-            runs: vec![],
-        },
-        Row {
-            name: "sum kernel float32, 1 Mi elements / plain add".into(),
-            unit: "G elements/s",
-            target: Some(0.8),
-            runs: vec![],
-        },
-    ];
+    let large_packets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/large-packets.cfg");
     let numel = options.tensor_numel;
     let mib = (numel * 4) >> 20;
-    let switch_rows = rows.len();
-    for workers in [2, 4] {
-        rows.push(Row {
-            name: format!("{workers}-worker allreduce, {mib} MiB int32, via netagg-switch / UDP echo relay"),
-            unit: "Gbit/s",
-            target: Some(0.6),
-            runs: vec![],
-        });
-    }
-    let in_process_rows = rows.len();
-    for workers in [2, 4] {
-        rows.push(Row {
-            name: format!(
-                "{workers}-worker allreduce, int32, in one process: switch / UDP echo relay (criterion udp_switch)"
-            ),
-            unit: "Gbit/s",
-            target: Some(0.6),
-            runs: vec![],
-        });
-    }
-    let mpi_rows = rows.len();
-    let mpi = mpirun.is_some() && options.mpi_program.as_ref().is_some_and(|p| p.is_file());
-    if mpi {
+    let mut table = Table::default();
+    let client =
+        table.row("client path, dummy backend, float32 BFP, 2 threads / 2-thread memcpy", "GB/s", 0.5);
+    let client_large = table.row(
+        "client path as above, with configs/large-packets.cfg (4096-element packets, 16 in flight)",
+        "GB/s",
+        0.5,
+    );
+    let client_int32 = table.row(
+        "client path, dummy backend, 4 workers, 2 threads, 64 Mi elements: int32 native / float32 BFP \
+         (allreduce_benchmark)",
+        "Gbit/s",
+        1.0,
+    );
+    let sum_int32 = table.row("sum kernel int32, 1 Mi elements / plain add", "G elements/s", 0.8);
+    let sum_float32 = table.row("sum kernel float32, 1 Mi elements / plain add", "G elements/s", 0.8);
+    let mut via_switch = Vec::new();
+    for (packets, config) in [("default packets", None), ("large packets", Some(large_packets.as_path()))] {
         for workers in [2, 4] {
-            rows.push(Row {
-                name: format!(
+            let row = table.row(
+                &format!("{workers}-worker allreduce, {mib} MiB int32, {packets}: via netagg-switch / UDP echo relay"),
+                "Gbit/s",
+                0.8,
+            );
+            via_switch.push((row, workers, config));
+        }
+    }
+    let mut in_process = Vec::new();
+    for (packets, suffix) in [("default packets", ""), ("large packets", "_large_packets")] {
+        for workers in [2, 4] {
+            let row = table.row(
+                &format!(
+                    "{workers}-worker allreduce, 16 MiB int32, {packets}, in one process: switch / UDP echo \
+                     relay (criterion udp_switch)"
+                ),
+                "Gbit/s",
+                0.8,
+            );
+            in_process.push((row, format!("udp_switch_{workers}_workers{suffix}")));
+        }
+    }
+    let mpi = match (which("mpirun"), &options.mpi_program) {
+        (Some(mpirun), Some(program)) if program.is_file() => Some((mpirun, program)),
+        _ => {
+            eprintln!(
+                "bench_compare: no mpirun or MPI baseline program: skipping the MPI rows \
+                 (scripts/bench-compare --install-mpi)"
+            );
+            None
+        }
+    };
+    let mut against_mpi = Vec::new();
+    if mpi.is_some() {
+        for workers in [2, 4] {
+            let goodput = table.untargeted(
+                &format!(
                     "{workers}-rank allreduce, {mib} MiB float32, netagg / MPI_Allreduce over TCP loopback"
                 ),
-                unit: "Gbit/s",
-                target: None,
-                runs: vec![],
-            });
+                "Gbit/s",
+            );
+            let kernel = table.untargeted(
+                &format!(
+                    "the same, per byte through the kernel: netagg moves 2·{workers} tensors per job, the ring \
+                     2·{}",
+                    workers - 1
+                ),
+                "Gbit/s",
+            );
+            against_mpi.push((goodput, kernel, workers));
         }
-    } else {
-        eprintln!("bench_compare: no mpirun or MPI baseline program: skipping the MPI rows (scripts/bench-compare --install-mpi)");
     }
-
-    // Last in the table, beside no other row's index.
-    let client_large_packets = rows.len();
-    rows.push(Row {
-        name: "client path as in the first row, with configs/large-packets.cfg (4096-element packets, 16 in flight)"
-            .into(),
-        unit: "GB/s",
-        target: Some(0.5),
-        runs: vec![],
-    });
 
     for run in 1..=options.runs {
         eprintln!("== run {run} of {}", options.runs);
         // Both groups: `client_dummy_float32_bfp` and `..._large_packets`.
         criterion("client_dummy", "client_dummy/float32_bfp")?;
-        for (row, group) in [
-            (0, "client_dummy_float32_bfp"),
-            (client_large_packets, "client_dummy_float32_bfp_large_packets"),
-        ] {
-            rows[row]
-                .runs
-                .push((bytes_per_ns(group, "allreduce")?, bytes_per_ns(group, "memcpy_2_threads")?));
+        for (row, group) in
+            [(client, "client_dummy_float32_bfp"), (client_large, "client_dummy_float32_bfp_large_packets")]
+        {
+            table.push(row, bytes_per_ns(group, "allreduce")?, bytes_per_ns(group, "memcpy_2_threads")?);
         }
+        table.push(client_int32, dummy_allreduce(&release, "int32", "native")?, {
+            dummy_allreduce(&release, "float", "cpu_exponent_quantizer")?
+        });
         criterion("sum", "sum_(i32|f32)/1048576")?;
-        for (row, group) in [(1, "sum_i32_1048576"), (2, "sum_f32_1048576")] {
+        for (row, group) in [(sum_int32, "sum_i32_1048576"), (sum_float32, "sum_f32_1048576")] {
             let elements = 1048576.0;
-            rows[row].runs.push((
+            table.push(
+                row,
                 elements / criterion_median_ns(group, "engine")?,
                 elements / criterion_median_ns(group, "plain_add")?,
-            ));
+            );
         }
-        let mut netagg_float = Vec::new();
-        for (index, workers) in [2usize, 4].into_iter().enumerate() {
-            let ours = netagg_allreduce(&release, workers, numel, options.num_jobs, "int32")?;
-            let relay = json_line(Command::new(release.join("udp_echo_relay")).args([
-                "--workers",
-                &workers.to_string(),
-                "--tensor-numel",
-                &numel.to_string(),
-                "--num-jobs",
-                &options.num_jobs.to_string(),
-                "--num-warmup-jobs",
-                "1",
-                "--json",
-            ]))?;
-            let baseline = relay[0]["summary"]["median_gbps"].as_f64().ok_or("udp_echo_relay: no median")?;
-            rows[switch_rows + index].runs.push((ours, baseline));
-            if mpi {
-                netagg_float.push(netagg_allreduce(&release, workers, numel, options.num_jobs, "float")?);
-            }
+        for &(row, workers, config) in &via_switch {
+            let ours = netagg_allreduce(&release, config, workers, numel, options.num_jobs, "int32")?;
+            table.push(row, ours, relay(&release, config, workers, numel, options.num_jobs)?);
         }
-        if let (true, Some(mpirun), Some(program)) = (mpi, &mpirun, &options.mpi_program) {
-            for (index, workers) in [2usize, 4].into_iter().enumerate() {
+        if let Some((mpirun, program)) = &mpi {
+            for &(goodput, kernel, workers) in &against_mpi {
+                let ours = netagg_allreduce(&release, None, workers, numel, options.num_jobs, "float")?;
                 let output = json_line(
                     Command::new(mpirun)
-                        .args([
-                            "--oversubscribe",
-                            "--allow-run-as-root",
-                            "--mca",
-                            "btl",
-                            "tcp,self",
-                            "-n",
-                            &workers.to_string(),
-                        ])
+                        .args(["--oversubscribe", "--allow-run-as-root", "--mca", "btl", "tcp,self"])
+                        .args(["-n", &workers.to_string()])
                         .arg(program)
                         .args([numel.to_string(), options.num_jobs.to_string(), "1".into()]),
                 )?;
                 let baseline = output[0]["median_gbps"].as_f64().ok_or("MPI baseline: no median")?;
-                rows[mpi_rows + index].runs.push((netagg_float[index], baseline));
+                table.push(goodput, ours, baseline);
+                // Every rank's goodput times the tensors that cross the kernel per
+                // tensor reduced: up and down through the switch for each of N ranks,
+                // against the ring's 2(N-1)/N per rank, N ranks.
+                let tensors = workers as f64;
+                table.push(kernel, ours * 2.0 * tensors, baseline * 2.0 * (tensors - 1.0));
             }
         }
         criterion("udp_switch", "udp_switch/")?;
-        for (index, workers) in [2usize, 4].into_iter().enumerate() {
-            let group = format!("udp_switch_{workers}_workers");
-            let gbps = |function| bytes_per_ns(&group, function).map(|rate| rate * 8.0);
-            rows[in_process_rows + index].runs.push((gbps("allreduce")?, gbps("udp_echo_relay")?));
+        for (row, group) in &in_process {
+            let gbps = |function| bytes_per_ns(group, function).map(|rate| rate * 8.0);
+            table.push(*row, gbps("allreduce")?, gbps("udp_echo_relay")?);
         }
     }
-    print_table(&rows, options.runs);
+    table.print(options.runs);
     Ok(())
+}
+
+/// The comparisons, in the order printed.
+#[derive(Default)]
+struct Table {
+    rows: Vec<Row>,
+}
+
+impl Table {
+    /// Adds a row whose ratio should reach `target`; returns its index.
+    fn row(&mut self, name: &str, unit: &'static str, target: f64) -> usize {
+        self.rows.push(Row { name: name.into(), unit, target: Some(target), runs: vec![] });
+        self.rows.len() - 1
+    }
+
+    /// Adds a row reported without a target; returns its index.
+    fn untargeted(&mut self, name: &str, unit: &'static str) -> usize {
+        self.rows.push(Row { name: name.into(), unit, target: None, runs: vec![] });
+        self.rows.len() - 1
+    }
+
+    /// One run's figures of row `row`.
+    fn push(&mut self, row: usize, ours: f64, baseline: f64) {
+        self.rows[row].runs.push((ours, baseline));
+    }
+
+    fn print(&self, runs: usize) {
+        println!("| comparison | ours (median) | baseline (median) | ratio, median of {runs} runs (each run's) | target |");
+        println!("|---|---|---|---|---|");
+        for row in self.rows.iter().filter(|r| !r.runs.is_empty()) {
+            let mut ours: Vec<f64> = row.runs.iter().map(|r| r.0).collect();
+            let mut baseline: Vec<f64> = row.runs.iter().map(|r| r.1).collect();
+            let mut ratios: Vec<f64> = row.runs.iter().map(|(o, b)| o / b).collect();
+            let each = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
+            for values in [&mut ours, &mut baseline, &mut ratios] {
+                values.sort_by(f64::total_cmp);
+            }
+            let ratio = median(&ratios);
+            let target = row.target.map_or("—".to_string(), |t| {
+                format!("≥ {t} {}", if ratio >= t { "met" } else { "**missed**" })
+            });
+            println!(
+                "| {} | {:.3} {} | {:.3} {} | **{ratio:.2}** ({each}) | {target} |",
+                row.name,
+                median(&ours),
+                row.unit,
+                median(&baseline),
+                row.unit
+            );
+        }
+    }
 }
 
 /// Bytes per nanosecond (GB/s) of a criterion benchmark's last run: the bytes its group
@@ -252,13 +296,18 @@ fn criterion_record(group: &str, function: &str, file: &str) -> Result<Value, St
 /// over the ranks.
 fn netagg_allreduce(
     release: &Path,
+    config: Option<&Path>,
     workers: usize,
     numel: usize,
     jobs: usize,
     kind: &str,
 ) -> Result<f64, String> {
+    let mut command = Command::new(release.join("netagg-run"));
+    if let Some(config) = config {
+        command.env("NETAGG_CONFIG", config);
+    }
     let reports = json_line(
-        Command::new(release.join("netagg-run"))
+        command
             .args(["-n", &workers.to_string(), "--"])
             .arg(release.join("allreduce_benchmark"))
             .args(["--tensor-numel", &numel.to_string(), "--tensor-type", kind])
@@ -269,6 +318,48 @@ fn netagg_allreduce(
         return Err(format!("allreduce_benchmark: {} of {workers} ranks reported", medians.len()));
     }
     Ok(medians.iter().sum::<f64>() / workers as f64)
+}
+
+/// Median goodput (Gbit/s) of `udp_echo_relay` moving what `netagg_allreduce` moves, with
+/// the same configuration.
+fn relay(
+    release: &Path,
+    config: Option<&Path>,
+    workers: usize,
+    numel: usize,
+    jobs: usize,
+) -> Result<f64, String> {
+    let mut command = Command::new(release.join("udp_echo_relay"));
+    if let Some(config) = config {
+        command.env("NETAGG_CONFIG", config);
+    }
+    let reports = json_line(
+        command.args(["--workers", &workers.to_string(), "--tensor-numel", &numel.to_string()]).args([
+            "--num-jobs",
+            &jobs.to_string(),
+            "--num-warmup-jobs",
+            "1",
+            "--json",
+        ]),
+    )?;
+    reports[0]["summary"]["median_gbps"].as_f64().ok_or("udp_echo_relay: no median".into())
+}
+
+/// Median goodput (Gbit/s) of `allreduce_benchmark` on the dummy backend at unlimited
+/// bandwidth: 4 emulated workers, 2 threads, 64 Mi elements of `kind` encoded by
+/// `prepostprocessor`.
+fn dummy_allreduce(release: &Path, kind: &str, prepostprocessor: &str) -> Result<f64, String> {
+    let reports = json_line(
+        Command::new(release.join("allreduce_benchmark"))
+            .env("NETAGG_GENERAL__BACKEND", "dummy")
+            .env("NETAGG_GENERAL__NUM_WORKERS", "4")
+            .env("NETAGG_GENERAL__NUM_WORKER_THREADS", "2")
+            .env("NETAGG_GENERAL__PREPOSTPROCESSOR", prepostprocessor)
+            .env("NETAGG_BACKEND_DUMMY__BANDWIDTH", "0")
+            .args(["--tensor-numel", "64Mi", "--tensor-type", kind])
+            .args(["--num-jobs", "5", "--num-warmup-jobs", "1", "--json"]),
+    )?;
+    reports[0]["summary"]["median_gbps"].as_f64().ok_or("allreduce_benchmark: no median".into())
 }
 
 /// Runs a command and returns every line of its output that is a JSON object, with a
@@ -297,30 +388,4 @@ fn which(program: &str) -> Option<PathBuf> {
         .split(':')
         .map(|dir| Path::new(dir).join(program))
         .find(|path| path.is_file())
-}
-
-fn print_table(rows: &[Row], runs: usize) {
-    println!("| comparison | ours (median) | baseline (median) | ratio, median of {runs} runs (each run's) | target |");
-    println!("|---|---|---|---|---|");
-    for row in rows.iter().filter(|r| !r.runs.is_empty()) {
-        let mut ours: Vec<f64> = row.runs.iter().map(|r| r.0).collect();
-        let mut baseline: Vec<f64> = row.runs.iter().map(|r| r.1).collect();
-        let mut ratios: Vec<f64> = row.runs.iter().map(|(o, b)| o / b).collect();
-        let each = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
-        for values in [&mut ours, &mut baseline, &mut ratios] {
-            values.sort_by(f64::total_cmp);
-        }
-        let ratio = median(&ratios);
-        let target = row.target.map_or("—".to_string(), |t| {
-            format!("≥ {t} {}", if ratio >= t { "met" } else { "**missed**" })
-        });
-        println!(
-            "| {} | {:.3} {} | {:.3} {} | **{ratio:.2}** ({each}) | {target} |",
-            row.name,
-            median(&ours),
-            row.unit,
-            median(&baseline),
-            row.unit
-        );
-    }
 }
