@@ -28,6 +28,14 @@ impl DataType {
         4
     }
 
+    /// The type's name as NumPy and PyTorch spell it: `int32`, `float32`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DataType::Int32 => "int32",
+            DataType::Float32 => "float32",
+        }
+    }
+
     pub(crate) fn element_type(self) -> ElementType {
         match self {
             DataType::Int32 => ElementType::Int32,

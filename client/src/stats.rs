@@ -51,6 +51,11 @@ macro_rules! thread_counters {
             pub fn since(&self, earlier: &ThreadCounters) -> ThreadCounters {
                 ThreadCounters { $($field: self.$field - earlier.$field,)* }
             }
+
+            /// Each counter with its field's name, in declaration order.
+            pub fn named(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($field), self.$field),)*].into_iter()
+            }
         }
 
         impl Add for ThreadCounters {

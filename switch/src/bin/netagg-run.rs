@@ -4,7 +4,10 @@
 //!
 //! Without `--switch` it starts `netagg-switch` (found beside this program, else on the
 //! PATH) on free loopback ports. Each worker gets `RANK`/`WORLD_SIZE`, the switch's
-//! control address and a session name of its own, so any netagg program runs unchanged.
+//! control address and a session name of its own, so any netagg program runs unchanged;
+//! and, as torchrun sets them, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and
+//! `MASTER_PORT` (a free loopback port), so that a PyTorch program's process group
+//! (`init_process_group` from the environment) forms beside netagg's session.
 //! Output lines are prefixed with the rank. The exit code is that of the first worker
 //! to fail (the others are then stopped), or 0.
 
@@ -123,11 +126,21 @@ fn run(options: Options) -> Result<u8, String> {
     result
 }
 
+/// A TCP port free on loopback now, for rank 0 of a PyTorch process group to listen on
+/// (as torchrun picks one, it may be taken before then, rarely).
+fn free_loopback_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(|e| format!("cannot find a free loopback port: {e}"))
+}
+
 /// Starts the ranks and waits for them; the first failure stops the others.
 fn run_workers(options: &Options, control: &str) -> Result<u8, String> {
     let (host, port) =
         control.rsplit_once(':').ok_or(format!("switch address '{control}' is not HOST:PORT"))?;
     let session = format!("netagg-run-{}", std::process::id());
+    let rendezvous_port = free_loopback_port()?.to_string();
     let (exits, exited) = mpsc::channel();
     let mut workers = Vec::new();
     for rank in 0..options.workers {
@@ -135,6 +148,10 @@ fn run_workers(options: &Options, control: &str) -> Result<u8, String> {
             .args(&options.program[1..])
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", options.workers.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", options.workers.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &rendezvous_port)
             .env("NETAGG_GENERAL__CONTROLLER_IP", host)
             .env("NETAGG_GENERAL__CONTROLLER_PORT", port)
             .env("NETAGG_GENERAL__SESSION", &session)

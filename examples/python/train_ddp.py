@@ -1,0 +1,148 @@
+"""Trains a small CNN with DistributedDataParallel, its gradients averaged through netagg.
+
+    netagg-run -n 4 -- python3 examples/python/train_ddp.py
+    netagg-run -n 4 -- python3 examples/python/train_ddp.py --baseline gloo
+
+netagg-run starts a switch and the ranks, and sets what both netagg and PyTorch read
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); under torchrun, point netagg at a running
+netagg-switch with NETAGG_GENERAL__CONTROLLER_IP and NETAGG_GENERAL__CONTROLLER_PORT.
+The images are synthetic, labelled by a fixed random teacher network so that the loss
+falls; nothing is downloaded. With ``--baseline gloo`` the same model trains with
+PyTorch's own allreduce (DDP's built-in path over gloo) in place of netagg. Each rank
+prints its loss per step; rank 0 then prints throughput and what communication costs a
+step: the median step against the median of as many steps again without gradient
+synchronisation (forward and backward under ``model.no_sync()``, parameters untouched),
+measured alike for both; and, for netagg, how long buckets were in flight.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+import netagg
+from netagg.ddp import NetaggState, allreduce_hook
+
+
+class SmallCnn(nn.Module):
+    """Two convolutions and two dense layers over 32x32 RGB images, 10 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 8 * 8, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(torch.flatten(x, 1)))
+        return self.fc2(x)
+
+
+def synthetic_batches(rank, batch_size, seed):
+    """This rank's endless stream of (images, labels): a generator of its own, labels
+    from a teacher every rank shares."""
+    teacher = torch.Generator().manual_seed(seed)
+    projection = torch.randn(3 * 32 * 32, 10, generator=teacher)
+    data = torch.Generator().manual_seed(seed * 1000 + rank + 1)
+    while True:
+        images = torch.randn(batch_size, 3, 32, 32, generator=data)
+        yield images, (images.flatten(1) @ projection).argmax(1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--baseline", choices=["gloo"], help="train with PyTorch's allreduce instead")
+    parser.add_argument("--bucket-mb", type=float, default=25, help="DDP's bucket size (its default: 25)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
+    parser.add_argument("--config", help="a netagg config file (otherwise the usual search)")
+    parser.add_argument("--save", help="rank 0 saves the trained parameters here (torch.save)")
+    parser.add_argument("--json", action="store_true", help="rank 0 also prints its figures as JSON")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")  # DDP broadcasts the initial parameters through it
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
+    torch.manual_seed(args.seed)  # the same initial model on every rank
+    model = DistributedDataParallel(SmallCnn(), bucket_cap_mb=args.bucket_mb)
+
+    context = state = None
+    if args.baseline is None:
+        context = netagg.Context(args.config)
+        if (context.rank, context.num_workers) != (rank, world):
+            raise SystemExit(f"netagg sees rank {context.rank} of {context.num_workers}, PyTorch {rank} of {world}")
+        state = NetaggState(context)
+        model.register_comm_hook(state, allreduce_hook)
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    batches = synthetic_batches(rank, args.batch_size, args.seed)
+    step_seconds = []
+    for step in range(args.steps):
+        images, labels = next(batches)
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()  # returns once every bucket's gradients are averaged
+        optimizer.step()
+        step_seconds.append(time.perf_counter() - started)
+        print(f"step {step} loss {loss.item():.4f}", flush=True)
+    in_flight = state.comm_seconds if state else None
+
+    # The same work without synchronising gradients: what a step costs without the network.
+    compute_seconds = []
+    for _ in range(args.steps):
+        images, labels = next(batches)
+        started = time.perf_counter()
+        with model.no_sync():
+            F.cross_entropy(model(images), labels).backward()
+        compute_seconds.append(time.perf_counter() - started)
+        model.zero_grad()
+
+    # The first steps warm up (allocations, the session's first packets).
+    warm = min(5, args.steps - 1)
+    timed, compute = step_seconds[warm:], compute_seconds[warm:]
+    figures = {
+        "allreduce": args.baseline or "netagg",
+        "ranks": world,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "median_step_ms": statistics.median(timed) * 1e3,
+        "median_compute_ms": statistics.median(compute) * 1e3,
+        "images_per_second": world * args.batch_size * len(timed) / sum(timed),
+        "in_flight_seconds": in_flight,
+        "train_seconds": sum(step_seconds),
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
+    if rank == 0:
+        communication = figures["median_step_ms"] - figures["median_compute_ms"]
+        print(
+            f"{figures['allreduce']}: {world} ranks, median step {figures['median_step_ms']:.1f} ms "
+            f"({figures['median_compute_ms']:.1f} ms without synchronising: communication adds "
+            f"{communication:.1f} ms), {figures['images_per_second']:.0f} images/s, "
+            f"{figures['gradient_bytes']} bytes of gradients per step"
+            + (f", buckets in flight {in_flight:.2f} s of {figures['train_seconds']:.2f} s" if state else "")
+        )
+        if args.json:
+            print(json.dumps(figures))
+        if args.save:
+            torch.save(model.module.state_dict(), args.save)
+    if context is not None:
+        context.stop()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

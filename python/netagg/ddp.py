@@ -1,0 +1,81 @@
+"""A DistributedDataParallel communication hook that reduces gradients through netagg.
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    import netagg
+    from netagg.ddp import NetaggState, allreduce_hook
+
+    dist.init_process_group("gloo")        # DDP still wants a group for its setup
+    model = DistributedDataParallel(model)
+    model.register_comm_hook(NetaggState(netagg.Context()), allreduce_hook)
+
+For every gradient bucket, DDP calls the hook during the backward pass; the hook divides
+the bucket by the number of ranks (DDP averages gradients), submits it to netagg as an
+asynchronous in-place allreduce and returns a ``torch.futures.Future`` that the job
+completes. Buckets thus travel while backward computes the next ones, as they do with
+PyTorch's own allreduce. Rank and world size come from the same variables as ever
+(torchrun's ``RANK``/``WORLD_SIZE``, mpirun's, Slurm's), read by the context.
+"""
+
+import threading
+import time
+
+import torch
+
+from . import Context
+
+
+class CommTimer:
+    """How long gradient buckets were in flight: ``comm_seconds`` counts the time at
+    least one bucket was outstanding, overlapping buckets once. Any hook can keep one."""
+
+    def __init__(self):
+        self.comm_seconds = 0.0
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._busy_since = 0.0
+
+    def bucket_started(self):
+        with self._lock:
+            if self._in_flight == 0:
+                self._busy_since = time.perf_counter()
+            self._in_flight += 1
+
+    def bucket_ended(self):
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self.comm_seconds += time.perf_counter() - self._busy_since
+
+
+class NetaggState(CommTimer):
+    """What the hook needs: the context every bucket goes through; and, as a
+    ``CommTimer``, how long buckets were in flight."""
+
+    def __init__(self, context: Context):
+        super().__init__()
+        self.context = context
+        self.world_size = context.num_workers
+
+
+def allreduce_hook(state: NetaggState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Averages the bucket's gradients over the ranks through netagg."""
+    tensor = bucket.buffer()
+    if tensor.dtype != torch.float32:
+        raise TypeError(f"the netagg hook averages float32 gradients, not {tensor.dtype}")
+    # DDP hands the hook sums to average; dividing first, as DDP's own path does, keeps
+    # the sum in the gradients' range.
+    tensor.div_(state.world_size)
+    future = torch.futures.Future()
+    state.bucket_started()
+    job = state.context.allreduce_async(tensor)
+
+    def done(error):
+        state.bucket_ended()
+        if error is None:
+            future.set_result(tensor)
+        else:
+            future.set_exception(error)
+
+    job.add_done_callback(done)
+    return future

@@ -1,0 +1,211 @@
+"""The Python API against a real switch: sums, zero copies, asynchronous jobs, errors."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import netagg
+
+
+def float_bound(inputs):
+    """Float32 sums of N terms in any order differ from the exact sum by at most about
+    N·ε·Σ|x|; twice that, per element."""
+    return 2 * len(inputs) * np.finfo(np.float32).eps * np.sum(np.abs(np.stack(inputs).astype(np.float64)), axis=0)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_numpy_int32_sums_are_exact_in_place_and_out_of_place(switch, on_every_rank, workers):
+    contexts = switch.contexts(workers)
+    rng = np.random.default_rng(7)
+    # 100003 elements: not a multiple of a packet's 256.
+    inputs = [rng.integers(-(2**20), 2**20, size=100_003, dtype=np.int32) for _ in range(workers)]
+    expected = np.sum(np.stack(inputs).astype(np.int64), axis=0)
+
+    in_place = [x.copy() for x in inputs]
+    returned = on_every_rank(contexts, lambda rank, c: c.allreduce(in_place[rank]))
+    outputs = [np.zeros_like(x) for x in inputs]
+    on_every_rank(contexts, lambda rank, c: c.allreduce(inputs[rank], out=outputs[rank]))
+    for rank in range(workers):
+        assert returned[rank] is in_place[rank]
+        np.testing.assert_array_equal(in_place[rank], expected)
+        np.testing.assert_array_equal(outputs[rank], expected)
+    for context in contexts:
+        stats = context.stop()
+        assert stats["jobs_finished"] == 2 and stats["jobs_failed"] == 0
+        assert stats["total"]["data_sent"] > 0
+
+
+def test_numpy_float32_sums_are_within_the_rounding_bound(switch, on_every_rank):
+    contexts = switch.contexts(3)
+    rng = np.random.default_rng(11)
+    inputs = [rng.standard_normal(50_000).astype(np.float32) * 1e3 for _ in range(3)]
+    sums = on_every_rank(contexts, lambda rank, c: c.allreduce(inputs[rank].copy()))
+    exact = np.sum(np.stack(inputs).astype(np.float64), axis=0)
+    for result in sums:
+        assert result.dtype == np.float32
+        assert np.all(np.abs(result - exact) <= float_bound(inputs))
+    for context in contexts:
+        context.stop()
+
+
+def test_torch_tensors_are_reduced_where_they_are(switch, on_every_rank):
+    contexts = switch.contexts(2)
+    ints = [torch.arange(10_000, dtype=torch.int32) * (rank + 1) for rank in range(2)]
+    pointers = [t.data_ptr() for t in ints]
+    floats = [torch.full((4096,), 0.25 * (rank + 1)) for rank in range(2)]
+    outs = [torch.empty(4096) for _ in range(2)]
+    # A tensor that requires grad, as parameters do: its memory is reduced all the same.
+    weights = [torch.ones(300, requires_grad=True) for _ in range(2)]
+
+    def run(rank, context):
+        context.allreduce(ints[rank])
+        context.allreduce(floats[rank], out=outs[rank])
+        with torch.no_grad():
+            context.allreduce(weights[rank])
+
+    on_every_rank(contexts, run)
+    for rank in range(2):
+        assert ints[rank].data_ptr() == pointers[rank]
+        assert torch.equal(ints[rank], torch.arange(10_000, dtype=torch.int32) * 3)
+        assert torch.equal(outs[rank], torch.full((4096,), 0.75))
+        assert torch.equal(floats[rank], torch.full((4096,), 0.25 * (rank + 1)))  # input untouched
+        assert torch.equal(weights[rank].detach(), torch.full((300,), 2.0))
+    for context in contexts:
+        context.stop()
+
+
+def test_async_jobs_overlap_and_call_back_once_done(switch, on_every_rank):
+    contexts = switch.contexts(2)
+    tensors = [[np.full(20_000, job + rank, dtype=np.int32) for job in range(8)] for rank in range(2)]
+    called = [[] for _ in range(2)]
+    all_called = [threading.Event() for _ in range(2)]
+
+    def run(rank, context):
+        jobs = [context.allreduce_async(t) for t in tensors[rank]]
+        for job in jobs:
+            job.add_done_callback(lambda error, job=job: on_done(rank, job, error))
+        for job in jobs:
+            assert job.wait(timeout=30.0)
+        assert all(job.done() for job in jobs)
+        return [job.id for job in jobs]
+
+    def on_done(rank, job, error):
+        called[rank].append((job.id, error, threading.current_thread() is threading.main_thread()))
+        if len(called[rank]) == 8:
+            all_called[rank].set()
+
+    ids = on_every_rank(contexts, run)
+    assert ids[0] == ids[1]  # jobs are numbered alike on every rank
+    for rank in range(2):
+        assert all_called[rank].wait(10)
+        assert sorted(id for id, _, _ in called[rank]) == ids[rank]
+        assert all(error is None and not on_main for _, error, on_main in called[rank])
+        for job, tensor in enumerate(tensors[rank]):
+            np.testing.assert_array_equal(tensor, np.full(20_000, 2 * job + 1, dtype=np.int32))
+    # A callback added after the job ended is called too.
+    job = contexts[0].allreduce_async(np.zeros(0, dtype=np.float32))
+    late = threading.Event()
+    job.wait()
+    job.add_done_callback(lambda error: late.set())
+    assert late.wait(10)
+    for context in contexts:
+        context.stop()
+
+
+def test_a_job_keeps_its_buffers_alive_when_python_drops_them(switch, on_every_rank):
+    contexts = switch.contexts(2)
+    results = []
+
+    def run(rank, context):
+        data = np.full(200_000, rank + 1, dtype=np.int32)
+        job = context.allreduce_async(data)
+        done = threading.Event()
+        job.add_done_callback(lambda error: done.set())
+        output = job.output
+        del data, job  # the job runs on; its buffer stays exported
+        assert done.wait(30)
+        results.append(output)
+
+    on_every_rank(contexts, run)
+    for output in results:
+        np.testing.assert_array_equal(output, np.full(200_000, 3, dtype=np.int32))
+    for context in contexts:
+        context.stop()
+
+
+def dummy(**settings):
+    return netagg.Context(
+        settings={"general.backend": "dummy", "general.num_workers": 2, "backend.dummy.bandwidth": 0, **settings}
+    )
+
+
+def test_bad_tensors_raise_clear_errors():
+    with dummy() as context:
+        with pytest.raises(TypeError, match="format 'd'.*float32 and int32"):
+            context.allreduce(np.zeros(8))
+        with pytest.raises(TypeError, match="must be a NumPy array, a PyTorch CPU tensor .* not list"):
+            context.allreduce([1, 2, 3])
+        with pytest.raises(ValueError, match="tensor is not contiguous"):
+            context.allreduce(np.zeros(16, dtype=np.int32)[::2])
+        with pytest.raises(ValueError, match="tensor is not contiguous"):
+            context.allreduce(torch.zeros(4, 4).t())
+        read_only = np.zeros(8, dtype=np.int32)
+        read_only.flags.writeable = False
+        with pytest.raises(ValueError, match="tensor is read-only"):
+            context.allreduce(read_only)
+        context.allreduce(read_only, out=np.zeros(8, dtype=np.int32))  # read-only input is fine
+        with pytest.raises(ValueError, match="out holds 7 int32 elements, tensor 8 int32"):
+            context.allreduce(np.zeros(8, dtype=np.int32), out=np.zeros(7, dtype=np.int32))
+        with pytest.raises(ValueError, match="out holds 8 float32 elements, tensor 8 int32"):
+            context.allreduce(np.zeros(8, dtype=np.int32), out=np.zeros(8, dtype=np.float32))
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0, not -1"):
+            context.allreduce_async(np.zeros(8, dtype=np.int32)).wait(timeout=-1)
+        with pytest.raises(TypeError, match="callback must be callable"):
+            context.allreduce_async(np.zeros(8, dtype=np.int32)).add_done_callback(3)
+    with pytest.raises(netagg.StoppedError, match="the context is stopped"):
+        context.allreduce(np.zeros(8, dtype=np.int32))
+
+
+def test_bad_configuration_raises_config_error_with_the_library_s_message(tmp_path):
+    with pytest.raises(netagg.ConfigError, match="key 'general.num_workers' = 'many': expected an integer"):
+        netagg.Context(settings={"general.num_workers": "many"})
+    with pytest.raises(netagg.ConfigError, match="unknown key 'general.colour'"):
+        netagg.Context(settings={"general.colour": "blue"})
+    bad_file = tmp_path / "bad.cfg"
+    bad_file.write_text("[general]\nnum_worker_threads = 0\n")
+    with pytest.raises(netagg.ConfigError, match=f"{bad_file}: key 'general.num_worker_threads' = '0'"):
+        netagg.Context(str(bad_file))
+    with pytest.raises(netagg.ConfigError, match="missing.cfg"):
+        netagg.Context(str(tmp_path / "missing.cfg"))
+    assert issubclass(netagg.ConfigError, netagg.Error)
+
+
+def test_a_switch_that_is_not_there_raises_within_the_connect_timeout(switch):
+    settings = switch.settings(0, 2, "nobody-listens", **{"general.connect_timeout": 2})
+    switch.kill()
+    started = time.monotonic()
+    with pytest.raises(netagg.SwitchError, match="cannot reach the switch"):
+        netagg.Context(settings=settings)
+    assert time.monotonic() - started < 10
+
+
+def test_a_switch_that_dies_fails_the_job_without_hanging(switch, on_every_rank):
+    contexts = switch.contexts(2, general__job_timeout=2)
+    on_every_rank(contexts, lambda rank, c: c.allreduce(np.ones(1000, dtype=np.int32)))
+    # In flight: rank 1 never contributes, so the job waits at the switch until it dies.
+    job = contexts[0].allreduce_async(np.ones(100_000, dtype=np.float32))
+    assert not job.wait(timeout=0.5)
+    switch.kill()
+    started = time.monotonic()
+    with pytest.raises(netagg.Error) as failure:
+        job.wait(timeout=30)
+    assert isinstance(failure.value, (netagg.JobError, netagg.SwitchError)), failure.value
+    assert time.monotonic() - started < 20
+    # And a job submitted after: refused at once, or failed by its timeout.
+    with pytest.raises((netagg.JobError, netagg.SwitchError)):
+        contexts[1].allreduce_async(np.ones(10, dtype=np.int32)).wait(timeout=30)
+    for context in contexts:
+        context.stop()

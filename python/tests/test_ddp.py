@@ -1,0 +1,63 @@
+"""The DDP hook end to end: the example trains the same model under netagg-run with the
+netagg hook and with PyTorch's gloo allreduce; the parameters must agree."""
+
+import json
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+EXAMPLE = ROOT / "examples" / "python" / "train_ddp.py"
+
+
+def train(bin_dir, ranks, save, *extra):
+    command = [bin_dir / "netagg-run", "-n", str(ranks), "--", sys.executable, EXAMPLE]
+    command += ["--steps", "8", "--threads", "1", "--bucket-mb", "0.25", "--save", save, "--json", *extra]
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as timeout:
+        pytest.fail(f"{command} timed out\nstdout:\n{timeout.stdout}\nstderr:\n{timeout.stderr}")
+    assert run.returncode == 0, f"{command}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}"
+    figures = [json.loads(line.split("] ", 1)[1]) for line in run.stdout.splitlines() if line.startswith("[0] {")]
+    assert len(figures) == 1, run.stdout
+    return run.stdout, figures[0]
+
+
+def losses(output):
+    """Rank 0's loss at each step."""
+    return [float(line.split()[-1]) for line in output.splitlines() if line.startswith("[0] step ")]
+
+
+def initial_parameters():
+    """The example's model as every rank builds it before training."""
+    example = runpy.run_path(str(EXAMPLE))
+    torch.manual_seed(1)
+    return example["SmallCnn"]().state_dict()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_training_with_the_netagg_hook_matches_gloo(bin_dir, tmp_path, ranks):
+    netagg_out, netagg_figures = train(bin_dir, ranks, tmp_path / "netagg.pt")
+    gloo_out, gloo_figures = train(bin_dir, ranks, tmp_path / "gloo.pt", "--baseline", "gloo")
+    assert (netagg_figures["allreduce"], gloo_figures["allreduce"]) == ("netagg", "gloo")
+    # Several buckets of 0.25 MB, each its own netagg job, in flight for some of the time.
+    assert netagg_figures["gradient_bytes"] > 4 * 250_000
+    assert 0 < netagg_figures["in_flight_seconds"] < netagg_figures["train_seconds"]
+    # One session, closed cleanly: every rank stopped its context.
+    assert "sessions opened 1 closed 1 expired 0" in netagg_out
+    netagg_params = torch.load(tmp_path / "netagg.pt")
+    gloo_params = torch.load(tmp_path / "gloo.pt")
+    initial = initial_parameters()
+    assert netagg_params.keys() == gloo_params.keys() == initial.keys()
+    for name, value in netagg_params.items():
+        # Training moved them...
+        assert not torch.allclose(value, initial[name], rtol=0, atol=1e-4), name
+        # ...to where gloo did: the same sums up to the order of float32 additions.
+        torch.testing.assert_close(value, gloo_params[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert len(losses(netagg_out)) == 8
+    for ours, theirs in zip(losses(netagg_out), losses(gloo_out), strict=True):
+        assert abs(ours - theirs) < 1e-3
