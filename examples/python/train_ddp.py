@@ -61,7 +61,7 @@ def synthetic_batches(rank, batch_size, seed):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=50, help="training steps, at least 2")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
@@ -72,6 +72,8 @@ def main():
     parser.add_argument("--save", help="rank 0 saves the trained parameters here (torch.save)")
     parser.add_argument("--json", action="store_true", help="rank 0 also prints its figures as JSON")
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2")
 
     dist.init_process_group("gloo")  # DDP broadcasts the initial parameters through it
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -86,22 +88,52 @@ def main():
             raise SystemExit(f"netagg sees rank {context.rank} of {context.num_workers}, PyTorch {rank} of {world}")
         state = NetaggState(context)
         model.register_comm_hook(state, allreduce_hook)
+    try:
+        figures = train(args, model, rank, world, state)
+    finally:
+        if context is not None:
+            context.stop()
+    if rank == 0:
+        print(
+            f"{figures['allreduce']}: {world} ranks, median step {figures['median_step_ms']:.1f} ms, "
+            f"forward and backward {figures['median_sync_ms']:.1f} ms against "
+            f"{figures['median_compute_ms']:.1f} ms without synchronising gradients (communication adds "
+            f"{figures['median_sync_ms'] - figures['median_compute_ms']:.1f} ms), "
+            f"{figures['images_per_second']:.0f} images/s, {figures['gradient_bytes']} bytes of gradients per step"
+            + (
+                f", {figures['netagg_jobs']} netagg jobs, buckets in flight {figures['in_flight_seconds']:.2f} s "
+                f"of {figures['train_seconds']:.2f} s"
+                if state
+                else ""
+            )
+        )
+        if args.json:
+            print(json.dumps(figures))
+        if args.save:
+            torch.save(model.module.state_dict(), args.save)
+    dist.destroy_process_group()
 
+
+def train(args, model, rank, world, state):
+    """Trains, then times the same work without synchronisation; returns the figures."""
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     batches = synthetic_batches(rank, args.batch_size, args.seed)
-    step_seconds = []
+    step_seconds, sync_seconds = [], []
     for step in range(args.steps):
         images, labels = next(batches)
         started = time.perf_counter()
         optimizer.zero_grad()
+        forward = time.perf_counter()
         loss = F.cross_entropy(model(images), labels)
         loss.backward()  # returns once every bucket's gradients are averaged
+        sync_seconds.append(time.perf_counter() - forward)
         optimizer.step()
         step_seconds.append(time.perf_counter() - started)
         print(f"step {step} loss {loss.item():.4f}", flush=True)
     in_flight = state.comm_seconds if state else None
 
-    # The same work without synchronising gradients: what a step costs without the network.
+    # The same forward and backward without synchronising gradients: what they cost
+    # without the network. The parameters stay as trained.
     compute_seconds = []
     for _ in range(args.steps):
         images, labels = next(batches)
@@ -112,36 +144,22 @@ def main():
         model.zero_grad()
 
     # The first steps warm up (allocations, the session's first packets).
-    warm = min(5, args.steps - 1)
-    timed, compute = step_seconds[warm:], compute_seconds[warm:]
-    figures = {
+    warm = min(5, args.steps // 2)
+    timed = step_seconds[warm:]
+    return {
         "allreduce": args.baseline or "netagg",
         "ranks": world,
         "steps": args.steps,
         "batch_size": args.batch_size,
         "median_step_ms": statistics.median(timed) * 1e3,
-        "median_compute_ms": statistics.median(compute) * 1e3,
+        "median_sync_ms": statistics.median(sync_seconds[warm:]) * 1e3,
+        "median_compute_ms": statistics.median(compute_seconds[warm:]) * 1e3,
         "images_per_second": world * args.batch_size * len(timed) / sum(timed),
         "in_flight_seconds": in_flight,
+        "netagg_jobs": state.context.stats()["jobs_finished"] if state else None,
         "train_seconds": sum(step_seconds),
         "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
     }
-    if rank == 0:
-        communication = figures["median_step_ms"] - figures["median_compute_ms"]
-        print(
-            f"{figures['allreduce']}: {world} ranks, median step {figures['median_step_ms']:.1f} ms "
-            f"({figures['median_compute_ms']:.1f} ms without synchronising: communication adds "
-            f"{communication:.1f} ms), {figures['images_per_second']:.0f} images/s, "
-            f"{figures['gradient_bytes']} bytes of gradients per step"
-            + (f", buckets in flight {in_flight:.2f} s of {figures['train_seconds']:.2f} s" if state else "")
-        )
-        if args.json:
-            print(json.dumps(figures))
-        if args.save:
-            torch.save(model.module.state_dict(), args.save)
-    if context is not None:
-        context.stop()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -15,12 +15,17 @@ asynchronous in-place allreduce and returns a ``torch.futures.Future`` that the 
 completes. Buckets thus travel while backward computes the next ones, as they do with
 PyTorch's own allreduce. Rank and world size come from the same variables as ever
 (torchrun's ``RANK``/``WORLD_SIZE``, mpirun's, Slurm's), read by the context.
+
+The future is completed on netagg's callback thread, where DDP's own continuations then
+run too; callbacks there run one at a time, so anything chained on the future should
+not block.
 """
 
 import threading
 import time
 
 import torch
+import torch.distributed as dist
 
 from . import Context
 
@@ -56,6 +61,11 @@ class NetaggState(CommTimer):
         super().__init__()
         self.context = context
         self.world_size = context.num_workers
+        if dist.is_initialized() and dist.get_world_size() != self.world_size:
+            raise ValueError(
+                f"netagg's session has {self.world_size} ranks, the process group "
+                f"{dist.get_world_size()}: the hook would average wrongly"
+            )
 
 
 def allreduce_hook(state: NetaggState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -67,11 +77,12 @@ def allreduce_hook(state: NetaggState, bucket) -> torch.futures.Future[torch.Ten
     # the sum in the gradients' range.
     tensor.div_(state.world_size)
     future = torch.futures.Future()
-    state.bucket_started()
     job = state.context.allreduce_async(tensor)
+    state.bucket_started()
 
-    def done(error):
+    def done(job):
         state.bucket_ended()
+        error = job.exception()
         if error is None:
             future.set_result(tensor)
         else:

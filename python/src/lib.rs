@@ -4,24 +4,29 @@
 //! for PyTorch CPU tensors, through the array view `Tensor.numpy()` gives of the same
 //! memory: the library reads and writes the caller's memory, and nothing is copied on
 //! the way in or out. A job keeps the buffers it uses exported until it has ended, even
-//! if Python drops every reference to them or to the job.
+//! if Python drops every reference to them or to the job; whoever first sees it ended
+//! with the interpreter at hand (a wait, `done()`, the callback thread) releases them.
 //!
-//! Blocking calls wait with the interpreter released, a slice at a time, so that other
-//! Python threads run and Ctrl-C interrupts the wait (the job itself ends by its own
-//! timeouts). Callbacks of finished jobs run on one thread of this module's own, never
-//! on the library's worker threads, which therefore never wait for the interpreter.
+//! A job's waits release the interpreter, a slice at a time, so that other Python
+//! threads run and Ctrl-C interrupts the wait (the job itself ends by its own timeouts).
+//! Callbacks of finished jobs run on one thread of this module's own, never on the
+//! library's worker threads, which therefore never wait for the interpreter. At exit
+//! (`atexit`) that thread is stopped, and from then on nothing waits for the
+//! interpreter: what would need it is left for the process's end.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Wake, Waker};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use netagg::{Config, DataType, JobStatus, ThreadCounters};
-use pyo3::buffer::{ElementType, PyUntypedBuffer};
-use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyException, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList};
 
@@ -138,7 +143,9 @@ impl Context {
         out: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let job = self.submit(tensor, out)?;
-        job.wait_for(py, None)?;
+        if let Some(Err(error)) = job.wait_for(py, None)? {
+            return Err(to_py(error));
+        }
         Ok(job.output.into_bound(py))
     }
 
@@ -208,6 +215,17 @@ impl Context {
     }
 }
 
+impl Drop for Context {
+    /// A context dropped unstopped stops here, with the interpreter released: its worker
+    /// threads are joined, which may take a moment. At exit, nothing waits for the
+    /// interpreter any more, and the context stops as it is dropped.
+    fn drop(&mut self) {
+        if !self.inner.is_stopped() && !FINALIZING.load(Ordering::Acquire) {
+            Python::attach(|py| py.detach(|| self.inner.stop()));
+        }
+    }
+}
+
 impl Context {
     fn submit<'py>(&self, tensor: Bound<'py, PyAny>, out: Option<Bound<'py, PyAny>>) -> PyResult<Job> {
         let input = Tensor::export(&tensor, "tensor")?;
@@ -233,16 +251,30 @@ impl Context {
         }
         let (source, destination) =
             (input.buffer.buf_ptr() as *const u8, written.buffer.buf_ptr() as *mut u8);
+        let bytes = input.buffer.len_bytes();
+        // Either the same memory (in place) or apart: a result block written over input
+        // that another thread, or a retransmission, still reads would corrupt the sums.
+        if source != destination.cast_const()
+            && source < destination.wrapping_add(bytes)
+            && destination.cast_const() < source.wrapping_add(bytes)
+        {
+            return Err(PyValueError::new_err(
+                "out overlaps tensor without being the same memory: reduce in place (no out) or into memory of its own",
+            ));
+        }
         let (numel, data_type) = (input.numel, input.data_type);
-        let exported = Exported(Some([Some(input.buffer), output.map(|o| o.buffer)]));
-        // SAFETY: the buffers stay exported (their memory valid, and not resizable) until
-        // the job's keepalive is dropped, after the job has ended; that the caller does not
-        // touch them meanwhile is the contract of allreduce_async, and of allreduce, which
-        // waits (a Ctrl-C in the wait leaves the job running, its buffers exported).
-        let job =
-            unsafe { self.inner.submit_raw(source, destination, numel, data_type, Some(Box::new(exported))) }
-                .map_err(to_py)?;
-        Ok(Job { job, output: target.unbind() })
+        let exported = Arc::new(Exported(Mutex::new(Some([Some(input.buffer), output.map(|o| o.buffer)]))));
+        let keepalive = Box::new(KeepAlive(Arc::clone(&exported)));
+        // SAFETY: the buffers stay exported, their memory valid, until the job has ended
+        // (all its slices: no worker thread touches them after) and someone releases them
+        // then, or until the library drops the keepalive, which it does only after that.
+        // That the caller neither touches nor resizes them meanwhile (a PyTorch tensor's
+        // `resize_` or `set_` would free the memory under the export) is the contract of
+        // allreduce_async, and of allreduce, which waits (a Ctrl-C in its wait leaves the
+        // job running, its buffers exported).
+        let job = unsafe { self.inner.submit_raw(source, destination, numel, data_type, Some(keepalive)) }
+            .map_err(to_py)?;
+        Ok(Job { job, exported, output: target.unbind() })
     }
 }
 
@@ -260,6 +292,12 @@ impl Tensor {
         let buffer = match PyUntypedBuffer::get(object) {
             Ok(buffer) => buffer,
             Err(_) if object.hasattr("numpy")? && object.hasattr("is_contiguous")? => {
+                let dtype = object.getattr("dtype")?.str()?.to_string();
+                if dtype != "torch.float32" && dtype != "torch.int32" {
+                    return Err(PyTypeError::new_err(format!(
+                        "{name} is a {dtype} tensor: netagg sums float32 and int32"
+                    )));
+                }
                 let device = object.getattr("device")?.getattr("type")?.extract::<String>()?;
                 if device != "cpu" {
                     return Err(PyValueError::new_err(format!(
@@ -273,10 +311,10 @@ impl Tensor {
                 }
                 PyUntypedBuffer::get(&object.call_method0("detach")?.call_method0("numpy")?)?
             }
-            Err(_) => {
+            Err(error) => {
                 return Err(PyTypeError::new_err(format!(
                     "{name} must be a NumPy array, a PyTorch CPU tensor or another buffer of float32 or \
-                     int32, not {}",
+                     int32; this {} is not ({error})",
                     object.get_type().name()?
                 )))
             }
@@ -286,13 +324,27 @@ impl Tensor {
                 "{name} is not contiguous (make it so with numpy.ascontiguousarray)"
             )));
         }
-        let data_type = match (ElementType::from_format(buffer.format()), buffer.item_size()) {
-            (ElementType::Float { bytes: 4 }, 4) => DataType::Float32,
-            (ElementType::SignedInteger { bytes: 4 }, 4) => DataType::Int32,
+        // struct-module format codes: an optional byte order, then the type.
+        let format = buffer.format().to_bytes();
+        let (order, code) = match format {
+            [order @ (b'@' | b'=' | b'<' | b'>' | b'!'), code @ ..] => (*order, code),
+            code => (b'@', code),
+        };
+        let big_endian = matches!(order, b'>' | b'!') || (cfg!(target_endian = "big") && order == b'<');
+        let data_type = match (code, buffer.item_size()) {
+            _ if big_endian => {
+                return Err(PyTypeError::new_err(format!(
+                    "{name} holds elements in the other byte order ('{}'): convert them to native \
+                     order first (NumPy: .astype('=f4') or '=i4')",
+                    String::from_utf8_lossy(format)
+                )))
+            }
+            (b"f", 4) => DataType::Float32,
+            (b"i" | b"l", 4) => DataType::Int32,
             _ => {
                 return Err(PyTypeError::new_err(format!(
                     "{name} holds elements of format '{}' ({} bytes): netagg sums float32 and int32",
-                    buffer.format().to_string_lossy(),
+                    String::from_utf8_lossy(format),
                     buffer.item_size()
                 )))
             }
@@ -302,12 +354,43 @@ impl Tensor {
     }
 }
 
-/// A job's exported buffers: input, then output if not in place. They are released on
-/// the callback thread rather than where the job drops them, which may be a worker
-/// thread of the library that must not wait for the interpreter.
-struct Exported(Option<[Option<PyUntypedBuffer>; 2]>);
+/// Set by the `atexit` hook: the interpreter is finalizing, and no thread may wait for
+/// it any more.
+static FINALIZING: AtomicBool = AtomicBool::new(false);
 
-impl Drop for Exported {
+/// Input, then output if not in place.
+type Buffers = [Option<PyUntypedBuffer>; 2];
+
+fn release(py: Python<'_>, buffers: Buffers) {
+    for buffer in buffers.into_iter().flatten() {
+        buffer.release(py);
+    }
+}
+
+/// A job's exported buffers, shared by its Python handle, its callbacks and the
+/// library's keepalive: the first to see the job ended with the interpreter at hand
+/// releases them.
+struct Exported(Mutex<Option<Buffers>>);
+
+impl Exported {
+    fn take(&self) -> Option<Buffers> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+
+    /// Releases the buffers of a job that has ended.
+    fn release(&self, py: Python<'_>) {
+        if let Some(buffers) = self.take() {
+            release(py, buffers);
+        }
+    }
+}
+
+/// What the library keeps alive for the job and drops once it has ended, on whichever
+/// thread ends it last: a worker thread of the library, which must not wait for the
+/// interpreter, so buffers still exported then are released on the callback thread.
+struct KeepAlive(Arc<Exported>);
+
+impl Drop for KeepAlive {
     fn drop(&mut self) {
         if let Some(buffers) = self.0.take() {
             callback_thread().send(Completion::Release(buffers));
@@ -316,11 +399,12 @@ impl Drop for Exported {
 }
 
 /// A submitted allreduce. `wait()` blocks until it ends; `done()` tells whether it has;
-/// `add_done_callback(fn)` calls `fn(None)`, or `fn(exception)` if it failed, once it
-/// has; `output` is the tensor the sums are written to.
+/// `exception()` gives the error it failed with; `add_done_callback(fn)` calls `fn(job)`
+/// once it has ended; `output` is the tensor the sums are written to.
 #[pyclass(module = "netagg", frozen)]
 struct Job {
     job: netagg::Job,
+    exported: Arc<Exported>,
     output: Py<PyAny>,
 }
 
@@ -331,21 +415,29 @@ impl Job {
     /// failed.
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
-        let timeout = match timeout {
-            Some(seconds) if !(seconds >= 0.0 && seconds.is_finite()) => {
-                return Err(PyValueError::new_err(format!(
-                    "timeout must be a number of seconds >= 0, not {seconds}"
-                )))
-            }
-            Some(seconds) => Some(Duration::from_secs_f64(seconds)),
-            None => None,
-        };
-        self.wait_for(py, timeout)
+        match self.wait_for(py, seconds(timeout)?)? {
+            None => Ok(false),
+            Some(outcome) => outcome.map(|()| true).map_err(to_py),
+        }
+    }
+
+    /// Waits as `wait` does, and returns the exception the job failed with, or None if
+    /// it finished; raises TimeoutError if `timeout` passed first.
+    #[pyo3(signature = (timeout=None))]
+    fn exception(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
+        match self.wait_for(py, seconds(timeout)?)? {
+            None => Err(PyTimeoutError::new_err(format!("job {} has not ended", self.job.id()))),
+            Some(outcome) => Ok(outcome.err().map(|error| to_py(error).into_value(py).into_any())),
+        }
     }
 
     /// Whether the job has ended, finished or failed.
-    fn done(&self) -> bool {
-        matches!(self.job.status(), JobStatus::Finished | JobStatus::Failed)
+    fn done(&self, py: Python<'_>) -> bool {
+        let ended = matches!(self.job.status(), JobStatus::Finished | JobStatus::Failed);
+        if ended {
+            self.exported.release(py);
+        }
+        ended
     }
 
     /// The job's number, the same on every rank.
@@ -360,17 +452,17 @@ impl Job {
         self.output.clone_ref(py)
     }
 
-    /// Calls `callback` once the job has ended, with None if it finished or the
-    /// exception it failed with, on a thread of netagg's (an exception the callback
-    /// raises is reported as unraisable). Called at once, on that thread, if the job has
-    /// ended already.
-    fn add_done_callback(&self, callback: Bound<'_, PyAny>) -> PyResult<()> {
+    /// Calls `callback(job)` once the job has ended, on a thread of netagg's, where
+    /// `job.exception()` then gives its outcome at once (an exception the callback raises
+    /// is reported as unraisable). Called at once, on that thread, if the job has ended
+    /// already. Callbacks run one at a time: one that blocks delays the others.
+    fn add_done_callback(slf: &Bound<'_, Self>, callback: Bound<'_, PyAny>) -> PyResult<()> {
         if !callback.is_callable() {
             return Err(PyTypeError::new_err("callback must be callable"));
         }
-        let notice = Arc::new(DoneNotice(Mutex::new(Some((self.job.clone(), callback.unbind())))));
+        let notice = Arc::new(DoneNotice(Mutex::new(Some((slf.clone().unbind(), callback.unbind())))));
         let waker = Waker::from(Arc::clone(&notice));
-        let mut job = self.job.clone();
+        let mut job = slf.get().job.clone();
         if Pin::new(&mut job).poll(&mut std::task::Context::from_waker(&waker)).is_ready() {
             notice.wake_by_ref();
         }
@@ -382,9 +474,24 @@ impl Job {
     }
 }
 
+/// A timeout in seconds from Python, checked.
+fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        Some(seconds) if !(seconds >= 0.0 && seconds.is_finite()) => {
+            Err(PyValueError::new_err(format!("timeout must be a number of seconds >= 0, not {seconds}")))
+        }
+        timeout => Ok(timeout.map(Duration::from_secs_f64)),
+    }
+}
+
 impl Job {
-    /// Waits with the interpreter released, looking at signals between slices.
-    fn wait_for(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<bool> {
+    /// Waits with the interpreter released, looking at signals between slices; the
+    /// job's outcome once it has ended (its buffers then released), None at `timeout`.
+    fn wait_for(
+        &self,
+        py: Python<'_>,
+        timeout: Option<Duration>,
+    ) -> PyResult<Option<Result<(), netagg::Error>>> {
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
         loop {
             let slice = match deadline {
@@ -393,11 +500,17 @@ impl Job {
                 }
                 None => SIGNAL_CHECK_INTERVAL,
             };
-            if py.detach(|| self.job.wait_timeout(slice)).map_err(to_py)? {
-                return Ok(true);
+            let outcome = match py.detach(|| self.job.wait_timeout(slice)) {
+                Ok(false) => None,
+                Ok(true) => Some(Ok(())),
+                Err(error) => Some(Err(error)),
+            };
+            if outcome.is_some() {
+                self.exported.release(py);
+                return Ok(outcome);
             }
             if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                return Ok(false);
+                return Ok(None);
             }
             py.check_signals()?;
         }
@@ -406,7 +519,7 @@ impl Job {
 
 /// A callback waiting for its job: the waker the job wakes when it ends, which hands the
 /// callback to the callback thread.
-struct DoneNotice(Mutex<Option<(netagg::Job, Py<PyAny>)>>);
+struct DoneNotice(Mutex<Option<(Py<Job>, Py<PyAny>)>>);
 
 impl Wake for DoneNotice {
     fn wake(self: Arc<Self>) {
@@ -423,57 +536,71 @@ impl Wake for DoneNotice {
 
 /// Work for the callback thread.
 enum Completion {
-    /// A job has ended: call its callback.
-    Callback { job: netagg::Job, callback: Py<PyAny> },
+    /// A job has ended: release its buffers and call its callback.
+    Callback { job: Py<Job>, callback: Py<PyAny> },
     /// A job no longer needs these buffers.
-    Release([Option<PyUntypedBuffer>; 2]),
+    Release(Buffers),
+    /// The interpreter is finalizing: end.
+    Stop,
 }
 
 /// The thread that runs callbacks and releases buffers, with the interpreter attached.
-struct CallbackThread(crossbeam_channel::Sender<Completion>);
+struct CallbackThread {
+    sender: crossbeam_channel::Sender<Completion>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
 
 impl CallbackThread {
+    /// Hands the thread work; once the interpreter is finalizing, drops it without
+    /// touching Python (its references and buffers are left for the process's end).
     fn send(&self, completion: Completion) {
-        // Fails only once the thread has ended, as the interpreter shuts down: what it
-        // would have done no longer matters then.
-        let _ = self.0.send(completion);
+        if FINALIZING.load(Ordering::Acquire) {
+            std::mem::forget(completion);
+        } else if let Err(crossbeam_channel::SendError(completion)) = self.sender.send(completion) {
+            std::mem::forget(completion);
+        }
+    }
+
+    fn start() -> std::io::Result<CallbackThread> {
+        let (sender, receiver) = crossbeam_channel::unbounded::<Completion>();
+        let handle = std::thread::Builder::new().name("netagg-callbacks".into()).spawn(move || {
+            for completion in receiver {
+                match completion {
+                    Completion::Stop => break,
+                    Completion::Release(buffers) => Python::attach(|py| release(py, buffers)),
+                    Completion::Callback { job, callback } => Python::attach(|py| {
+                        job.get().exported.release(py);
+                        if let Err(error) = callback.call1(py, (job.clone_ref(py),)) {
+                            error.write_unraisable(py, Some(callback.bind(py)));
+                        }
+                    }),
+                }
+            }
+        })?;
+        Ok(CallbackThread { sender, handle: Mutex::new(Some(handle)) })
     }
 }
 
+static CALLBACK_THREAD: OnceLock<CallbackThread> = OnceLock::new();
+
+/// Started when the module is imported.
 fn callback_thread() -> &'static CallbackThread {
-    static THREAD: OnceLock<CallbackThread> = OnceLock::new();
-    THREAD.get_or_init(|| {
-        let (sender, receiver) = crossbeam_channel::unbounded::<Completion>();
-        let spawned = std::thread::Builder::new().name("netagg-callbacks".into()).spawn(move || {
-            for completion in receiver {
-                let attached = Python::try_attach(|py| match completion {
-                    Completion::Callback { job, callback } => {
-                        let argument = match job.wait() {
-                            Ok(()) => py.None(),
-                            Err(error) => to_py(error).into_value(py).into_any(),
-                        };
-                        if let Err(error) = callback.call1(py, (argument,)) {
-                            error.write_unraisable(py, Some(callback.bind(py)));
-                        }
-                    }
-                    Completion::Release(buffers) => {
-                        for buffer in buffers.into_iter().flatten() {
-                            buffer.release(py);
-                        }
-                    }
-                });
-                if attached.is_none() {
-                    // The interpreter is shutting down.
-                    break;
-                }
-            }
+    CALLBACK_THREAD.get().expect("the callback thread starts with the module")
+}
+
+/// Registered with `atexit`: stops the callback thread, letting it finish what it has
+/// (with the interpreter released, so that it can), before the interpreter finalizes.
+#[pyfunction]
+fn _stop_callbacks(py: Python<'_>) {
+    let thread = callback_thread();
+    let _ = thread.sender.send(Completion::Stop);
+    let handle = thread.handle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    if let Some(handle) = handle {
+        py.detach(|| {
+            let _ = handle.join();
         });
-        if let Err(error) = spawned {
-            // Without the thread, callbacks never run and buffers stay exported; say so.
-            eprintln!("netagg: cannot start the callback thread: {error}");
-        }
-        CallbackThread(sender)
-    })
+    }
+    FINALIZING.store(true, Ordering::Release);
 }
 
 fn counters_dict<'py>(py: Python<'py>, counters: &ThreadCounters) -> PyResult<Bound<'py, PyDict>> {
@@ -502,6 +629,13 @@ fn stats_dict<'py>(py: Python<'py>, stats: &netagg::Stats) -> PyResult<Bound<'py
 #[pymodule]
 fn _netagg(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
+    if CALLBACK_THREAD.get().is_none() {
+        let thread = CallbackThread::start().map_err(|error| {
+            PyRuntimeError::new_err(format!("netagg: cannot start its callback thread: {error}"))
+        })?;
+        let _ = CALLBACK_THREAD.set(thread);
+        py.import("atexit")?.call_method1("register", (wrap_pyfunction!(_stop_callbacks, module)?,))?;
+    }
     module.add_class::<Context>()?;
     module.add_class::<Job>()?;
     module.add("Error", py.get_type::<Error>())?;

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def bin_dir():
-    """Where netagg-switch and netagg-run are: $NETAGG_BIN_DIR, else target/release."""
-    directory = Path(os.environ.get("NETAGG_BIN_DIR", ROOT / "target" / "release"))
+    """Where cargo built netagg-switch and netagg-run: the release profile's folder."""
+    directory = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
     if not (directory / "netagg-switch").is_file():
         pytest.fail(f"{directory}/netagg-switch is missing: cargo build --release -p netagg-switch")
     return directory

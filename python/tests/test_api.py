@@ -1,7 +1,11 @@
 """The Python API against a real switch: sums, zero copies, asynchronous jobs, errors."""
 
+import os
+import signal
 import threading
 import time
+import tracemalloc
+import weakref
 
 import numpy as np
 import pytest
@@ -47,6 +51,15 @@ def test_numpy_float32_sums_are_within_the_rounding_bound(switch, on_every_rank)
     for result in sums:
         assert result.dtype == np.float32
         assert np.all(np.abs(result - exact) <= float_bound(inputs))
+        # Every rank gets the same bits, as data-parallel training needs.
+        assert result.tobytes() == sums[0].tobytes()
+    # PyTorch tensors, out of place.
+    tensors = [torch.from_numpy(x) for x in inputs]
+    outs = [torch.empty(50_000) for _ in range(3)]
+    on_every_rank(contexts, lambda rank, c: c.allreduce(tensors[rank], out=outs[rank]))
+    for out in outs:
+        assert np.all(np.abs(out.numpy() - exact) <= float_bound(inputs))
+        assert torch.equal(out, outs[0])
     for context in contexts:
         context.stop()
 
@@ -86,14 +99,14 @@ def test_async_jobs_overlap_and_call_back_once_done(switch, on_every_rank):
     def run(rank, context):
         jobs = [context.allreduce_async(t) for t in tensors[rank]]
         for job in jobs:
-            job.add_done_callback(lambda error, job=job: on_done(rank, job, error))
+            job.add_done_callback(lambda job: on_done(rank, job))
         for job in jobs:
             assert job.wait(timeout=30.0)
         assert all(job.done() for job in jobs)
         return [job.id for job in jobs]
 
-    def on_done(rank, job, error):
-        called[rank].append((job.id, error, threading.current_thread() is threading.main_thread()))
+    def on_done(rank, job):
+        called[rank].append((job.id, job.exception(), threading.current_thread() is threading.main_thread()))
         if len(called[rank]) == 8:
             all_called[rank].set()
 
@@ -109,7 +122,7 @@ def test_async_jobs_overlap_and_call_back_once_done(switch, on_every_rank):
     job = contexts[0].allreduce_async(np.zeros(0, dtype=np.float32))
     late = threading.Event()
     job.wait()
-    job.add_done_callback(lambda error: late.set())
+    job.add_done_callback(lambda job: late.set())
     assert late.wait(10)
     for context in contexts:
         context.stop()
@@ -117,23 +130,42 @@ def test_async_jobs_overlap_and_call_back_once_done(switch, on_every_rank):
 
 def test_a_job_keeps_its_buffers_alive_when_python_drops_them(switch, on_every_rank):
     contexts = switch.contexts(2)
-    results = []
+    outputs = [np.zeros(200_000, dtype=np.int32) for _ in range(2)]
 
     def run(rank, context):
         data = np.full(200_000, rank + 1, dtype=np.int32)
-        job = context.allreduce_async(data)
-        done = threading.Event()
-        job.add_done_callback(lambda error: done.set())
-        output = job.output
-        del data, job  # the job runs on; its buffer stays exported
-        assert done.wait(30)
-        results.append(output)
+        freed = weakref.finalize(data, lambda: None)
+        if rank == 1:
+            time.sleep(0.5)  # rank 0's job waits at the switch meanwhile
+        job = context.allreduce_async(data, out=outputs[rank])
+        ended = threading.Event()
+        job.add_done_callback(lambda job: ended.set())
+        del data, job  # the job alone holds the input now
+        assert freed.alive, "the input was freed under a running job"
+        assert ended.wait(30)
+        # Released once the job ended: nothing holds the input any more.
+        deadline = time.monotonic() + 10
+        while freed.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not freed.alive, "the job kept its input after it ended"
 
     on_every_rank(contexts, run)
-    for output in results:
+    for output in outputs:
         np.testing.assert_array_equal(output, np.full(200_000, 3, dtype=np.int32))
     for context in contexts:
         context.stop()
+
+
+def test_nothing_is_copied_on_the_way_in_or_out():
+    with dummy() as context:
+        tensor = np.ones(4 << 20, dtype=np.float32)  # 16 MiB
+        tracemalloc.start()
+        context.allreduce(tensor)
+        context.allreduce_async(tensor).wait()
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 64 << 10, f"{peak} bytes allocated by Python for a 16 MiB tensor"
+        assert tensor[0] == 4.0 and tensor[-1] == 4.0
 
 
 def dummy(**settings):
@@ -146,8 +178,22 @@ def test_bad_tensors_raise_clear_errors():
     with dummy() as context:
         with pytest.raises(TypeError, match="format 'd'.*float32 and int32"):
             context.allreduce(np.zeros(8))
-        with pytest.raises(TypeError, match="must be a NumPy array, a PyTorch CPU tensor .* not list"):
+        with pytest.raises(TypeError, match="must be a NumPy array, a PyTorch CPU tensor .* this list is not"):
             context.allreduce([1, 2, 3])
+        with pytest.raises(TypeError, match="format 'O' \\(8 bytes\\): netagg sums float32 and int32"):
+            context.allreduce(np.array([object()] * 4))
+        with pytest.raises(TypeError, match="this datetime is not"):
+            context.allreduce(__import__("datetime").datetime.now())
+        with pytest.raises(TypeError, match="other byte order \\('>f'\\)"):
+            context.allreduce(np.zeros(8, dtype=">f4"))
+        with pytest.raises(TypeError, match="tensor is a torch.float64 tensor: netagg sums float32 and int32"):
+            context.allreduce(torch.zeros(8, dtype=torch.float64))
+        with pytest.raises(TypeError, match="tensor is a torch.bfloat16 tensor"):
+            context.allreduce(torch.zeros(8, dtype=torch.bfloat16))
+        shared = np.zeros(64, dtype=np.int32)
+        with pytest.raises(ValueError, match="out overlaps tensor without being the same memory"):
+            context.allreduce(shared[:-1], out=shared[1:])
+        np.testing.assert_array_equal(context.allreduce(shared, out=shared), np.zeros(64, dtype=np.int32))
         with pytest.raises(ValueError, match="tensor is not contiguous"):
             context.allreduce(np.zeros(16, dtype=np.int32)[::2])
         with pytest.raises(ValueError, match="tensor is not contiguous"):
@@ -207,5 +253,37 @@ def test_a_switch_that_dies_fails_the_job_without_hanging(switch, on_every_rank)
     # And a job submitted after: refused at once, or failed by its timeout.
     with pytest.raises((netagg.JobError, netagg.SwitchError)):
         contexts[1].allreduce_async(np.ones(10, dtype=np.int32)).wait(timeout=30)
+    for context in contexts:
+        context.stop()
+
+
+def test_a_switch_that_stops_answering_fails_the_job_by_its_timeout(switch, on_every_rank):
+    contexts = switch.contexts(2, general__job_timeout=2)
+    on_every_rank(contexts, lambda rank, c: c.allreduce(np.ones(1000, dtype=np.int32)))
+    os.kill(switch.process.pid, signal.SIGSTOP)  # alive, connections open, silent
+    try:
+        started = time.monotonic()
+        jobs = on_every_rank(contexts, lambda rank, c: c.allreduce_async(np.ones(50_000, dtype=np.int32)))
+        assert not jobs[0].wait(timeout=0.5)
+        error = jobs[0].exception(timeout=30)
+        assert isinstance(error, netagg.JobError), error
+        assert "job failed" in str(error)
+        assert time.monotonic() - started < 20
+        with pytest.raises(netagg.JobError):
+            jobs[1].wait(timeout=30)
+        assert jobs[0].done() and jobs[1].done()
+    finally:
+        os.kill(switch.process.pid, signal.SIGCONT)
+    for context in contexts:
+        context.stop()
+
+
+def test_exception_times_out_on_a_running_job(switch):
+    contexts = switch.contexts(2)
+    job = contexts[0].allreduce_async(np.ones(10, dtype=np.int32))  # rank 1 never joins in
+    with pytest.raises(TimeoutError, match="has not ended"):
+        job.exception(timeout=0.2)
+    contexts[1].allreduce(np.ones(10, dtype=np.int32))
+    assert job.exception(timeout=30) is None
     for context in contexts:
         context.stop()

@@ -2,7 +2,9 @@
 netagg hook and with PyTorch's gloo allreduce; the parameters must agree."""
 
 import json
+import os
 import runpy
+import signal
 import subprocess
 import sys
 
@@ -17,14 +19,18 @@ EXAMPLE = ROOT / "examples" / "python" / "train_ddp.py"
 def train(bin_dir, ranks, save, *extra):
     command = [bin_dir / "netagg-run", "-n", str(ranks), "--", sys.executable, EXAMPLE]
     command += ["--steps", "8", "--threads", "1", "--bucket-mb", "0.25", "--save", save, "--json", *extra]
+    # A session of its own, so that a timeout stops the ranks and the switch too.
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"{command} timed out\nstdout:\n{timeout.stdout}\nstderr:\n{timeout.stderr}")
-    assert run.returncode == 0, f"{command}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}"
-    figures = [json.loads(line.split("] ", 1)[1]) for line in run.stdout.splitlines() if line.startswith("[0] {")]
-    assert len(figures) == 1, run.stdout
-    return run.stdout, figures[0]
+        stdout, stderr = run.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        stdout, stderr = run.communicate()
+        pytest.fail(f"{command} timed out\nstdout:\n{stdout}\nstderr:\n{stderr}")
+    assert run.returncode == 0, f"{command}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    figures = [json.loads(line.split("] ", 1)[1]) for line in stdout.splitlines() if line.startswith("[0] {")]
+    assert len(figures) == 1, stdout
+    return stdout, figures[0]
 
 
 def losses(output):
@@ -44,8 +50,9 @@ def test_training_with_the_netagg_hook_matches_gloo(bin_dir, tmp_path, ranks):
     netagg_out, netagg_figures = train(bin_dir, ranks, tmp_path / "netagg.pt")
     gloo_out, gloo_figures = train(bin_dir, ranks, tmp_path / "gloo.pt", "--baseline", "gloo")
     assert (netagg_figures["allreduce"], gloo_figures["allreduce"]) == ("netagg", "gloo")
-    # Several buckets of 0.25 MB, each its own netagg job, in flight for some of the time.
-    assert netagg_figures["gradient_bytes"] > 4 * 250_000
+    # Several buckets a step (0.25 MB each, but a parameter is never split, and the
+    # largest, fc1's weights, holds 1 MB), each its own netagg job.
+    assert netagg_figures["netagg_jobs"] > 8
     assert 0 < netagg_figures["in_flight_seconds"] < netagg_figures["train_seconds"]
     # One session, closed cleanly: every rank stopped its context.
     assert "sessions opened 1 closed 1 expired 0" in netagg_out

@@ -37,6 +37,32 @@ fn runs_a_switch_and_every_rank_with_prefixed_output() {
 }
 
 #[test]
+fn sets_the_rank_variables_of_netagg_and_of_pytorch() {
+    let output = Command::new(RUN)
+        .args(["-n", "2", "--", "sh", "-c"])
+        .arg("echo $RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT $NETAGG_GENERAL__SESSION")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let lines: Vec<Vec<&str>> = (0..2)
+        .map(|rank| {
+            let prefix = format!("[{rank}] ");
+            let line = stdout.lines().find_map(|line| line.strip_prefix(&prefix)).expect("a line per rank");
+            line.split(' ').collect()
+        })
+        .collect();
+    for (rank, fields) in lines.iter().enumerate() {
+        assert_eq!(fields[..2], [format!("{rank}/2"), format!("{rank}/2")], "{stdout}");
+        let port = fields[2].strip_prefix("127.0.0.1:").and_then(|port| port.parse::<u16>().ok());
+        assert!(port.is_some_and(|port| port > 0), "MASTER_ADDR:MASTER_PORT in {stdout}");
+    }
+    // One rendezvous and one session for both ranks.
+    assert_eq!(lines[0][2..], lines[1][2..], "{stdout}");
+    assert!(lines[0][3].starts_with("netagg-run-"), "{stdout}");
+}
+
+#[test]
 fn exits_with_the_first_failure_and_stops_the_other_ranks() {
     let started = Instant::now();
     let status = Command::new(RUN)

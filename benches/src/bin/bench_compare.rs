@@ -20,7 +20,9 @@
 //! - netagg float32 allreduce / `MPI_Allreduce` over TCP loopback, same ranks and size,
 //!   when `mpirun` and the MPI baseline program are there; then the same per byte
 //!   through the kernel, which on one machine carries every tensor netagg moves (2N per
-//!   job: each rank's up, the sum down to each) and every one the ring moves (2(N-1)).
+//!   job: each rank's up, the sum down to each) and every one the ring moves (2(N-1));
+//! - DDP training of `examples/python/train_ddp.py` with the netagg hook / with DDP's
+//!   own allreduce over gloo, images per second, when `--python` is given.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -45,6 +47,10 @@ struct Options {
     /// or without mpirun, the MPI rows are skipped.
     #[arg(long)]
     mpi_program: Option<PathBuf>,
+    /// A Python with the netagg package and PyTorch (scripts/bench-compare sets one up
+    /// when Debian's python3-torch is installed); without it, the DDP rows are skipped.
+    #[arg(long)]
+    python: Option<PathBuf>,
 }
 
 /// One row: what is compared, its target, and each run's (ours, baseline) in a unit
@@ -150,6 +156,20 @@ fn run(options: &Options) -> Result<(), String> {
         }
     }
 
+    let mut ddp_rows = Vec::new();
+    if let Some(python) = &options.python {
+        for ranks in [2, 4] {
+            let row = table.untargeted(
+                &format!(
+                    "{ranks}-rank DDP training, small CNN, 1 MiB of gradients a step: netagg hook / gloo \
+                     (examples/python/train_ddp.py)"
+                ),
+                "images/s",
+            );
+            ddp_rows.push((row, ranks, python));
+        }
+    }
+
     for run in 1..=options.runs {
         eprintln!("== run {run} of {}", options.runs);
         // Both groups: `client_dummy_float32_bfp` and `..._large_packets`.
@@ -193,6 +213,10 @@ fn run(options: &Options) -> Result<(), String> {
                 let tensors = workers as f64;
                 table.push(kernel, ours * 2.0 * tensors, baseline * 2.0 * (tensors - 1.0));
             }
+        }
+        for &(row, ranks, python) in &ddp_rows {
+            let ours = ddp_training(&release, python, ranks, None)?;
+            table.push(row, ours, ddp_training(&release, python, ranks, Some("gloo"))?);
         }
         criterion("udp_switch", "udp_switch/")?;
         for (row, group) in &in_process {
@@ -360,6 +384,19 @@ fn dummy_allreduce(release: &Path, kind: &str, prepostprocessor: &str) -> Result
             .args(["--num-jobs", "5", "--num-warmup-jobs", "1", "--json"]),
     )?;
     reports[0]["summary"]["median_gbps"].as_f64().ok_or("allreduce_benchmark: no median".into())
+}
+
+/// Images per second of `examples/python/train_ddp.py` on `ranks` ranks under netagg-run,
+/// with the netagg hook or the `baseline` allreduce.
+fn ddp_training(release: &Path, python: &Path, ranks: usize, baseline: Option<&str>) -> Result<f64, String> {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/python/train_ddp.py");
+    let mut command = Command::new(release.join("netagg-run"));
+    command.args(["-n", &ranks.to_string(), "--"]).arg(python).arg(example).args(["--steps", "60", "--json"]);
+    if let Some(baseline) = baseline {
+        command.args(["--baseline", baseline]);
+    }
+    let reports = json_line(&mut command)?;
+    reports[0]["images_per_second"].as_f64().ok_or("train_ddp.py: no images_per_second".into())
 }
 
 /// Runs a command and returns every line of its output that is a JSON object, with a

@@ -87,8 +87,9 @@ pub struct DummyTransport {
     workers: u16,
     process_packets: bool,
     link: Arc<EmulatedLink>,
-    /// When the emulated link has delivered everything this thread sent so far.
-    delivered_at: Instant,
+    /// When the emulated link has delivered everything this thread sent so far; None on
+    /// an unlimited link.
+    delivered_at: Option<Instant>,
     /// The engine's clock: read once per batch of results, not per packet (the engine
     /// needs it only for idle sessions, which this one never is).
     engine_now: Instant,
@@ -132,7 +133,7 @@ impl DummyTransport {
             workers: spec.workers,
             process_packets,
             link,
-            delivered_at: Instant::now(),
+            delivered_at: None,
             engine_now: Instant::now(),
             results: PendingResults::default(),
             max_result_len: HEADER_LEN + spec.packet_elements as usize * ELEMENT_LEN,
@@ -154,7 +155,7 @@ impl Transport for DummyTransport {
     fn send(&mut self, len: usize) -> io::Result<()> {
         let datagram = &self.outgoing[..len];
         if let Some(delivered_at) = self.link.carry(datagram.len()) {
-            self.delivered_at = delivered_at;
+            self.delivered_at = Some(delivered_at);
         }
         let packet = match Packet::new_checked(datagram) {
             Ok(packet) => packet,
@@ -216,11 +217,13 @@ impl Transport for DummyTransport {
             std::thread::sleep(timeout.min(Duration::from_millis(1)));
             return Ok(0);
         }
-        let wait = self.delivered_at.saturating_duration_since(Instant::now());
-        if !wait.is_zero() {
-            std::thread::sleep(wait.min(timeout));
-            if Instant::now() < self.delivered_at {
-                return Ok(0);
+        if let Some(delivered_at) = self.delivered_at {
+            let wait = delivered_at.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                std::thread::sleep(wait.min(timeout));
+                if Instant::now() < delivered_at {
+                    return Ok(0);
+                }
             }
         }
         let delivered = self.results.drain(sink);
