@@ -103,9 +103,7 @@ impl Context {
             };
             config.set(&key, &text).map_err(|e| to_py(e.into()))?;
         }
-        config
-            .validate()
-            .map_err(|message| ConfigError::new_err(format!("invalid configuration: {message}")))?;
+        // The start validates the whole.
         let inner = py.detach(|| netagg::Context::start(config)).map_err(to_py)?;
         Ok(Context { inner })
     }

@@ -220,6 +220,11 @@ def test_bad_configuration_raises_config_error_with_the_library_s_message(tmp_pa
         netagg.Context(settings={"general.num_workers": "many"})
     with pytest.raises(netagg.ConfigError, match="unknown key 'general.colour'"):
         netagg.Context(settings={"general.colour": "blue"})
+    with pytest.raises(
+        netagg.ConfigError,
+        match=r"general.rank 5 \(set by the program\) must be below general.num_workers 2 \(set by the program\)",
+    ):
+        netagg.Context(settings={"general.backend": "dummy", "general.rank": 5, "general.num_workers": 2})
     bad_file = tmp_path / "bad.cfg"
     bad_file.write_text("[general]\nnum_worker_threads = 0\n")
     with pytest.raises(netagg.ConfigError, match=f"{bad_file}: key 'general.num_worker_threads' = '0'"):
