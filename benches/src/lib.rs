@@ -13,9 +13,10 @@
 //!
 //! The library holds what the binaries share and what is worth unit-testing: tensor
 //! contents every rank can recompute, verification, summaries and sizes, and the traffic
-//! of sparse jobs against its model.
+//! of sparse jobs against its model, and the cost model of allreduce on given links.
 
 pub mod data;
+pub mod model;
 pub mod relay;
 pub mod summary;
 pub mod traffic;

@@ -257,3 +257,44 @@ fn results_that_are_not_sums_fail_verification() {
     );
     assert!(stdout.contains("4999 of 5000 elements are wrong."), "{stdout}");
 }
+
+/// One rank of a dummy session of `workers`, run alone: the backend needs no switch.
+fn run_dummy(workers: &str, args: &[&str]) -> Output {
+    Command::new(benchmark())
+        .args(["--tensor-numel", "65536", "--num-jobs", "2", "--num-warmup-jobs", "0"])
+        .args(args)
+        .env("NETAGG_GENERAL__BACKEND", "dummy")
+        .env("NETAGG_GENERAL__NUM_WORKERS", workers)
+        .env("NETAGG_GENERAL__RANK", "0")
+        .env("NETAGG_BACKEND_DUMMY__BANDWIDTH", "0")
+        .output()
+        .expect("allreduce_benchmark starts")
+}
+
+#[test]
+fn on_given_links_the_model_s_times_are_printed_beside_the_measured_one() {
+    let output = run_dummy("4", &["--link-rate", "100mbit", "--link-delay", "1ms", "--json"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    // 256 KiB in 256 packets of 1 KiB: (262144 + 256 · 90) · 8 bits at 100 Mbit/s, plus a
+    // round trip of 2 ms and two packets' serialisation.
+    let expected_ns = ((262144.0 + 256.0 * 90.0) * 8.0 / 100e6 + 0.002 + 2.0 * 1114.0 * 8.0 / 100e6) * 1e9;
+    let line =
+        stdout.lines().find(|line| line.starts_with("Model on these links: netagg ")).expect("a model line");
+    assert!(line.contains("(bound by the link rate), a ring "), "{line}");
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("the last line is JSON");
+    let model = &report["model"];
+    assert!((model["netagg_ns"].as_f64().unwrap() - expected_ns).abs() < 2.0, "{model}");
+    assert_eq!(model["netagg_bound"], "link rate");
+    let measured = report["summary"]["median_ns"].as_f64().unwrap();
+    let ratio = model["measured_over_model"].as_f64().unwrap();
+    assert!((ratio - measured / model["netagg_ns"].as_f64().unwrap()).abs() < 1e-9, "{model}");
+
+    let output = run_dummy("4", &["--link-rate", "100mbit,200mbit"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--link-rate has 2 rates for 4 workers"), "{stderr}");
+    let output = run_dummy("4", &["--link-delay", "1ms"]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--link-delay needs --link-rate"));
+}

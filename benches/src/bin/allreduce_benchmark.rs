@@ -5,8 +5,9 @@
 //! fixed (`--sync-every 0` waits only at the end instead of dividing by zero, and
 //! verification catches NaN and errors of either sign); and netagg's additions: sparse
 //! tensors (`--density`), a config file (`--config`), a JSON summary (`--json`),
-//! aggregated tensor elements per second, and bytes on the wire against what the
-//! density predicts.
+//! aggregated tensor elements per second, bytes on the wire against what the density
+//! predicts, and, on emulated links (`--link-rate`, `--link-delay`), the time the cost
+//! model of `netagg_benches::model` predicts for netagg and for a ring.
 //!
 //! In place, SwitchML's benchmark reduces each job's result again in the next job. With
 //! sparse tensors that changes what is measured: a sum holds data wherever any rank's
@@ -26,6 +27,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use netagg::{Config, Context, DataType, Element, Job, SparseMode, ThreadCounters};
 use netagg_benches::data::Contents;
+use netagg_benches::model::{self, Bound, Link, Scenario};
 use netagg_benches::parse_count;
 use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
 use netagg_benches::traffic::{downstream_model, upstream_model, Fractions, Traffic};
@@ -86,9 +88,39 @@ struct Options {
     /// A netagg config file (otherwise the usual search: $NETAGG_CONFIG, ./netagg.cfg, ...).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// The workers' link rate each way, when they run on emulated links, in tc's units:
+    /// one for every rank (200mbit) or one per rank (200mbit,200mbit,20mbit). Prints the
+    /// time the cost model predicts for netagg and for a ring beside the measured one.
+    #[arg(long, value_parser = parse_rates)]
+    link_rate: Option<Rates>,
+    /// The links' one-way delay, with --link-rate: 5ms, 250us.
+    #[arg(long, default_value = "0", value_parser = model::parse_delay)]
+    link_delay: Duration,
     /// Also print the results as one line of JSON, last.
     #[arg(long)]
     json: bool,
+}
+
+/// Link rates in bits per second: one for every rank, or one per rank.
+#[derive(Debug, Clone)]
+struct Rates(Vec<f64>);
+
+impl Rates {
+    /// Every worker's link.
+    fn links(&self, delay: Duration, workers: u16) -> Result<Vec<Link>, String> {
+        let workers = usize::from(workers);
+        match self.0[..] {
+            [rate] => Ok(vec![Link { bits_per_second: rate, delay }; workers]),
+            _ if self.0.len() == workers => {
+                Ok(self.0.iter().map(|&rate| Link { bits_per_second: rate, delay }).collect())
+            }
+            _ => Err(format!("--link-rate has {} rates for {workers} workers", self.0.len())),
+        }
+    }
+}
+
+fn parse_rates(text: &str) -> Result<Rates, String> {
+    text.split(',').map(model::parse_rate).collect::<Result<_, _>>().map(Rates)
 }
 
 fn parse_late(text: &str) -> Result<(u16, u64), String> {
@@ -149,6 +181,18 @@ struct Report {
     upstream: Fractions,
     downstream: Fractions,
     verified: Option<bool>,
+    /// The cost model's prediction on the links of --link-rate, if given.
+    model: Option<ModelReport>,
+}
+
+/// The cost model's times for a sync group, and the measured median against netagg's.
+#[derive(Debug, serde::Serialize)]
+struct ModelReport {
+    netagg_ns: u64,
+    /// What bounds netagg: "link rate" or "window".
+    netagg_bound: &'static str,
+    ring_ns: u64,
+    measured_over_model: f64,
 }
 
 fn main() -> ExitCode {
@@ -171,6 +215,9 @@ fn main() -> ExitCode {
 
 /// Refuses options whose figures would not mean what they say.
 fn check(options: &Options) -> Result<(), String> {
+    if options.link_rate.is_none() && !options.link_delay.is_zero() {
+        return Err("--link-delay needs --link-rate: the model needs both".into());
+    }
     let group =
         if options.sync_every == 0 { options.num_jobs } else { options.sync_every.min(options.num_jobs) };
     if options.inplace && options.density < 1.0 && group > 1 {
@@ -206,6 +253,10 @@ fn run(options: &Options) -> Result<bool, String> {
         config.general.sparse = SparseMode::Auto;
     }
     let context = Context::start(config).map_err(|e| e.to_string())?;
+    if let Some(rates) = &options.link_rate {
+        // Refused before the jobs rather than after.
+        rates.links(options.link_delay, context.config().general.num_workers)?;
+    }
     let seed = agree_on_seed(&context, options.seed)?;
     let outcome = match options.tensor_type {
         DataType::Int32 => benchmark::<i32>(&context, options, seed),
@@ -435,6 +486,22 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
     let (upstream, downstream) =
         payload_fractions(&contents, numel, rank, workers, &Traffic::of(&wire), jobs_timed);
     print_traffic(&Traffic::of(&wire), jobs_timed, options.density, workers, &upstream, &downstream);
+    let model = match (&options.link_rate, &summary) {
+        (Some(rates), Some(summary)) => {
+            let elements = groups.first().map_or(0, |(elements, _)| *elements);
+            let window = u64::from(general.max_outstanding_packets);
+            Some(predict(
+                rates,
+                options.link_delay,
+                workers,
+                elements * 4,
+                general.packet_numel,
+                window,
+                summary,
+            )?)
+        }
+        _ => None,
+    };
     Ok(Report {
         rank,
         workers,
@@ -459,6 +526,46 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         upstream,
         downstream,
         verified,
+        model,
+    })
+}
+
+/// Prints, and returns, what the cost model predicts for a sync group of `group_bytes`
+/// on links of `rates` and `delay`, beside the measured median.
+fn predict(
+    rates: &Rates,
+    delay: Duration,
+    workers: u16,
+    group_bytes: u64,
+    packet_numel: u16,
+    window: u64,
+    summary: &Summary,
+) -> Result<ModelReport, String> {
+    let links = rates.links(delay, workers)?;
+    let scenario = Scenario {
+        links,
+        tensor_bytes: group_bytes,
+        packet_payload_bytes: u64::from(packet_numel) * 4,
+        window_packets: window,
+    };
+    let (netagg, ring) = (scenario.netagg(), scenario.ring());
+    let bound = match netagg.bound {
+        Bound::LinkRate => "link rate",
+        Bound::Window => "window",
+    };
+    let measured_over_model = summary.median_ns as f64 / netagg.time.as_nanos().max(1) as f64;
+    println!(
+        "Model on these links: netagg {} s (bound by the {bound}), a ring {} s; measured median {} s, measured / model {}",
+        cpp_double(netagg.time.as_secs_f64()),
+        cpp_double(ring.as_secs_f64()),
+        cpp_double(summary.median_ns as f64 / 1e9),
+        cpp_double(measured_over_model)
+    );
+    Ok(ModelReport {
+        netagg_ns: netagg.time.as_nanos() as u64,
+        netagg_bound: bound,
+        ring_ns: ring.as_nanos() as u64,
+        measured_over_model,
     })
 }
 

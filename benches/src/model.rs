@@ -1,0 +1,234 @@
+//! What an allreduce should take on given links: netagg through its switch, and the ring
+//! that MPI and NCCL run, so that a time measured on emulated links can be read against
+//! what the links allow.
+//!
+//! Each worker has a link of its own to the fabric, full duplex, at some rate each way
+//! and with some one-way delay; the switch's link is not the bottleneck (a switch's
+//! ports run at line rate). Both models count every byte the link carries: payload,
+//! the transport's headers and Ethernet's.
+//!
+//! - **netagg**: each worker sends its tensor once, in packets, and receives the sum
+//!   once. The slowest link sets the pace, since every slot waits for every worker. A
+//!   worker keeps at most its window of packets in flight, so it moves at most a window
+//!   per round trip; the job takes the longer of the two bounds, plus one round trip to
+//!   fill and drain the pipeline.
+//! - **ring** (bandwidth-optimal, as MPI runs it for large tensors): 2(N−1) steps, in
+//!   each of which every rank sends 1/N of the tensor to the next rank and receives 1/N
+//!   from the previous one, over TCP. A step cannot start before the previous one's
+//!   chunk has arrived, so each costs its chunk's time on the slowest link plus the
+//!   chunk's path delay (its sender's link and its receiver's).
+
+use std::time::Duration;
+
+/// Bytes Ethernet (14), IPv4 (20) and UDP (8) add to every netagg datagram, as a
+/// shaping queue counts them.
+pub const UDP_OVERHEAD_BYTES: u64 = 14 + 20 + 8;
+/// netagg's own header.
+pub const NETAGG_HEADER_BYTES: u64 = 48;
+/// A TCP segment's payload on a 1500-byte MTU with timestamps, and what Ethernet, IPv4
+/// and TCP (with timestamps) add to it.
+pub const TCP_SEGMENT_BYTES: u64 = 1448;
+pub const TCP_OVERHEAD_BYTES: u64 = 14 + 20 + 32;
+
+/// One worker's link: rate each way, and one-way delay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    pub bits_per_second: f64,
+    pub delay: Duration,
+}
+
+impl Link {
+    fn seconds_for(&self, bytes: f64) -> f64 {
+        bytes * 8.0 / self.bits_per_second
+    }
+}
+
+/// An allreduce and the network it runs on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// Every worker's link, by rank.
+    pub links: Vec<Link>,
+    pub tensor_bytes: u64,
+    /// Payload bytes of one netagg packet (`packet_numel` × 4).
+    pub packet_payload_bytes: u64,
+    /// Packets one worker keeps in flight, over all its threads
+    /// (`max_outstanding_packets`).
+    pub window_packets: u64,
+}
+
+/// What bounded a predicted netagg allreduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// The slowest link's rate.
+    LinkRate,
+    /// The window: a round trip's worth of packets in flight was less than the link
+    /// could carry in that time.
+    Window,
+}
+
+/// A predicted time, and what set it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prediction {
+    pub time: Duration,
+    pub bound: Bound,
+}
+
+impl Scenario {
+    /// The same links for `workers` workers.
+    pub fn uniform(
+        workers: usize,
+        link: Link,
+        tensor_bytes: u64,
+        packet_payload_bytes: u64,
+        window_packets: u64,
+    ) -> Scenario {
+        Scenario { links: vec![link; workers], tensor_bytes, packet_payload_bytes, window_packets }
+    }
+
+    fn slowest_rate(&self) -> f64 {
+        self.links.iter().map(|link| link.bits_per_second).fold(f64::INFINITY, f64::min)
+    }
+
+    fn longest_delay(&self) -> Duration {
+        self.links.iter().map(|link| link.delay).max().unwrap_or_default()
+    }
+
+    /// netagg through its switch.
+    pub fn netagg(&self) -> Prediction {
+        let packets = self.tensor_bytes.div_ceil(self.packet_payload_bytes.max(1));
+        let packet_bytes = (self.packet_payload_bytes + NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES) as f64;
+        let wire_bytes = (self.tensor_bytes + packets * (NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES)) as f64;
+        let rate = self.slowest_rate();
+        let slowest = Link { bits_per_second: rate, delay: self.longest_delay() };
+        // A packet's round trip: up and down the worker's link, each with its delay and
+        // its own serialisation.
+        let round_trip = 2.0 * slowest.delay.as_secs_f64() + 2.0 * slowest.seconds_for(packet_bytes);
+        let at_link_rate = slowest.seconds_for(wire_bytes);
+        let rounds = packets.div_ceil(self.window_packets.max(1)) as f64;
+        let at_window = rounds * round_trip;
+        let (seconds, bound) = if at_window > at_link_rate {
+            (at_window, Bound::Window)
+        } else {
+            (at_link_rate, Bound::LinkRate)
+        };
+        Prediction { time: Duration::from_secs_f64(seconds + round_trip), bound }
+    }
+
+    /// A bandwidth-optimal ring over TCP.
+    pub fn ring(&self) -> Duration {
+        let workers = self.links.len() as u64;
+        if workers < 2 {
+            return Duration::ZERO;
+        }
+        let chunk = self.tensor_bytes.div_ceil(workers);
+        let segments = chunk.div_ceil(TCP_SEGMENT_BYTES);
+        let chunk_wire_bytes = (chunk + segments * TCP_OVERHEAD_BYTES) as f64;
+        let slowest = Link { bits_per_second: self.slowest_rate(), delay: self.longest_delay() };
+        let step = slowest.seconds_for(chunk_wire_bytes) + 2.0 * slowest.delay.as_secs_f64();
+        Duration::from_secs_f64(2.0 * (workers - 1) as f64 * step)
+    }
+}
+
+/// Parses a rate in tc's units: `200mbit`, `1gbit`, `500kbit`, `100bit`, or a plain
+/// number of bits per second.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (number, multiplier) = [("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)]
+        .iter()
+        .find_map(|(unit, multiplier)| lower.strip_suffix(unit).map(|number| (number, *multiplier)))
+        .unwrap_or((lower.as_str(), 1.0));
+    match number.parse::<f64>() {
+        Ok(value) if value > 0.0 && value.is_finite() => Ok(value * multiplier),
+        _ => Err(format!("'{text}': expected a rate such as 200mbit, 1gbit or 500kbit")),
+    }
+}
+
+/// Parses a delay: `5ms`, `250us`, `1s`, or a plain number of milliseconds.
+pub fn parse_delay(text: &str) -> Result<Duration, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (number, seconds) = [("ms", 1e-3), ("us", 1e-6), ("s", 1.0)]
+        .iter()
+        .find_map(|(unit, seconds)| lower.strip_suffix(unit).map(|number| (number, *seconds)))
+        .unwrap_or((lower.as_str(), 1e-3));
+    match number.parse::<f64>() {
+        Ok(value) if value >= 0.0 && value.is_finite() => Ok(Duration::from_secs_f64(value * seconds)),
+        _ => Err(format!("'{text}': expected a delay such as 5ms, 250us or 0")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(mbit: f64, delay_ms: u64) -> Link {
+        Link { bits_per_second: mbit * 1e6, delay: Duration::from_millis(delay_ms) }
+    }
+
+    fn close(actual: Duration, expected_seconds: f64) -> bool {
+        (actual.as_secs_f64() - expected_seconds).abs() < 1e-9 * expected_seconds.max(1.0)
+    }
+
+    #[test]
+    fn netagg_at_the_link_rate_counts_every_header() {
+        // 16 MiB in 1 KiB packets at 200 Mbit/s, no delay, a window that never binds:
+        // 16384 packets of 1024 + 48 + 42 bytes.
+        let scenario = Scenario::uniform(4, link(200.0, 0), 16 << 20, 1024, 1 << 20);
+        let prediction = scenario.netagg();
+        let packet = 1024.0 + 90.0;
+        let expected = 16384.0 * packet * 8.0 / 200e6 + 2.0 * packet * 8.0 / 200e6;
+        assert_eq!(prediction.bound, Bound::LinkRate);
+        assert!(close(prediction.time, expected), "{:?} against {expected}", prediction.time);
+    }
+
+    #[test]
+    fn a_small_window_on_a_long_path_binds_netagg() {
+        // 256 packets in flight, 10 ms each way: at most 256 packets per 20 ms round
+        // trip, about 110 Mbit/s of 1 KiB packets, below the 1 Gbit/s link.
+        let scenario = Scenario::uniform(4, link(1000.0, 10), 16 << 20, 1024, 256);
+        let prediction = scenario.netagg();
+        assert_eq!(prediction.bound, Bound::Window);
+        let round_trip = 0.020 + 2.0 * 1114.0 * 8.0 / 1e9;
+        assert!(close(prediction.time, 64.0 * round_trip + round_trip), "{:?}", prediction.time);
+    }
+
+    #[test]
+    fn the_slowest_link_sets_both_paces() {
+        let mut scenario = Scenario::uniform(4, link(200.0, 1), 16 << 20, 1024, 1 << 20);
+        let even = (scenario.netagg().time, scenario.ring());
+        scenario.links[3] = link(20.0, 1);
+        let uneven = (scenario.netagg().time, scenario.ring());
+        assert!(uneven.0.as_secs_f64() > 9.0 * even.0.as_secs_f64());
+        assert!(uneven.1.as_secs_f64() > 9.0 * even.1.as_secs_f64());
+    }
+
+    #[test]
+    fn the_ring_moves_two_n_minus_one_nths_of_the_tensor_and_pays_a_delay_per_step() {
+        // 4 workers, 16 MiB at 200 Mbit/s, 1 ms each way: 6 steps of 4 MiB (in 2897
+        // segments) plus 2 ms each.
+        let scenario = Scenario::uniform(4, link(200.0, 1), 16 << 20, 1024, 256);
+        let chunk_bytes = (4u64 << 20) as f64 + 2897.0 * 66.0;
+        let expected = 6.0 * (chunk_bytes * 8.0 / 200e6 + 0.002);
+        assert!(close(scenario.ring(), expected), "{:?} against {expected}", scenario.ring());
+        // Against netagg on the same links, without delay: 2(N-1)/N = 1.5 times the
+        // bytes per worker, less the difference in headers.
+        let no_delay = Scenario::uniform(4, link(200.0, 0), 16 << 20, 1024, 1 << 20);
+        let ratio = no_delay.ring().as_secs_f64() / no_delay.netagg().time.as_secs_f64();
+        assert!((1.4..1.5).contains(&ratio), "{ratio}");
+        assert_eq!(Scenario::uniform(1, link(200.0, 1), 1 << 20, 1024, 256).ring(), Duration::ZERO);
+    }
+
+    #[test]
+    fn rates_and_delays_parse_in_tc_s_units() {
+        assert_eq!(parse_rate("200mbit"), Ok(200e6));
+        assert_eq!(parse_rate("1Gbit"), Ok(1e9));
+        assert_eq!(parse_rate("500kbit"), Ok(500e3));
+        assert_eq!(parse_rate("64000"), Ok(64000.0));
+        assert!(parse_rate("fast").unwrap_err().contains("expected a rate such as 200mbit"));
+        assert!(parse_rate("0mbit").is_err());
+        assert_eq!(parse_delay("5ms"), Ok(Duration::from_millis(5)));
+        assert_eq!(parse_delay("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_delay("2"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_delay("0"), Ok(Duration::ZERO));
+        assert!(parse_delay("-1ms").unwrap_err().contains("expected a delay"));
+    }
+}
