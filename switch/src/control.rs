@@ -635,10 +635,78 @@ fn send(stream: &TcpStream, request_id: u32, message: &ControlMessage) {
     if message.emit(request_id, &mut bytes).is_err() {
         return;
     }
-    let written =
-        socket2::SockRef::from(stream).send_with_flags(&bytes, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
-    if !matches!(written, Ok(n) if n == bytes.len()) {
-        tracing::info!(peer = ?stream.peer_addr().ok(), "control connection closed: its client does not read");
-        let _ = stream.shutdown(Shutdown::Both);
+    match write_now(stream, &bytes) {
+        Delivery::Sent => return,
+        // The client left first, as a rank that finished does: nothing to report.
+        Delivery::Gone(error) => {
+            tracing::debug!(peer = ?stream.peer_addr().ok(), %error, "control connection closed by its client")
+        }
+        Delivery::Stalled => {
+            tracing::info!(peer = ?stream.peer_addr().ok(), "control connection closed: its client does not read")
+        }
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// What became of a message written without waiting.
+#[derive(Debug)]
+enum Delivery {
+    Sent,
+    /// The client had closed the connection.
+    Gone(std::io::Error),
+    /// The socket could not take the whole message: its client does not read.
+    Stalled,
+}
+
+fn write_now(stream: &TcpStream, bytes: &[u8]) -> Delivery {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, NotConnected};
+    match socket2::SockRef::from(stream).send_with_flags(bytes, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+        Ok(n) if n == bytes.len() => Delivery::Sent,
+        Err(error)
+            if matches!(error.kind(), BrokenPipe | ConnectionReset | ConnectionAborted | NotConnected) =>
+        {
+            Delivery::Gone(error)
+        }
+        _ => Delivery::Stalled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A connected pair on loopback: (the switch's end, the client's end).
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (listener.accept().unwrap().0, client)
+    }
+
+    #[test]
+    fn a_client_that_left_is_gone_not_stalled() {
+        let (switch_end, client) = pair();
+        // Closed with a reset, as a process that exits with unread data closes.
+        socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO)).unwrap();
+        drop(client);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(matches!(write_now(&switch_end, b"notice"), Delivery::Gone(_)));
+    }
+
+    #[test]
+    fn a_client_that_does_not_read_stalls_once_its_buffers_are_full() {
+        let (switch_end, _client) = pair();
+        let message = [0u8; 4096];
+        let mut sent = 0;
+        let last = loop {
+            match write_now(&switch_end, &message) {
+                Delivery::Sent if sent < 100_000 => sent += 1,
+                other => break other,
+            }
+        };
+        assert!(matches!(last, Delivery::Stalled), "{last:?} after {sent} messages");
+        assert!(sent > 0);
     }
 }
