@@ -6,8 +6,8 @@
 netagg-run starts a switch and the ranks, and sets what both netagg and PyTorch read
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); under torchrun, point netagg at a running
 netagg-switch with NETAGG_GENERAL__CONTROLLER_IP and NETAGG_GENERAL__CONTROLLER_PORT.
-The images are synthetic, labelled by a fixed random teacher network so that the loss
-falls; nothing is downloaded. With ``--baseline gloo`` the same model trains with
+The images are synthetic, each a random pattern of its class under noise, so that the
+loss falls; nothing is downloaded. With ``--baseline gloo`` the same model trains with
 PyTorch's own allreduce (DDP's built-in path over gloo) in place of netagg. Each rank
 prints its loss per step; rank 0 then prints throughput and what communication costs a
 step: the median step against the median of as many steps again without gradient
@@ -49,14 +49,13 @@ class SmallCnn(nn.Module):
 
 
 def synthetic_batches(rank, batch_size, seed):
-    """This rank's endless stream of (images, labels): a generator of its own, labels
-    from a teacher every rank shares."""
-    teacher = torch.Generator().manual_seed(seed)
-    projection = torch.randn(3 * 32 * 32, 10, generator=teacher)
+    """This rank's endless stream of (images, labels): each image its class's pattern,
+    which every rank shares, under noise from a generator of the rank's own."""
+    patterns = torch.randn(10, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
     data = torch.Generator().manual_seed(seed * 1000 + rank + 1)
     while True:
-        images = torch.randn(batch_size, 3, 32, 32, generator=data)
-        yield images, (images.flatten(1) @ projection).argmax(1)
+        labels = torch.randint(0, 10, (batch_size,), generator=data)
+        yield patterns[labels] + 3.0 * torch.randn(batch_size, 3, 32, 32, generator=data), labels
 
 
 def main():
