@@ -30,11 +30,19 @@ import torch.distributed as dist
 from . import Context
 
 
-class CommTimer:
-    """How long gradient buckets were in flight: ``comm_seconds`` counts the time at
-    least one bucket was outstanding, overlapping buckets once. Any hook can keep one."""
+class NetaggState:
+    """What the hook needs: the context every bucket goes through. It also counts how
+    long buckets were in flight: ``comm_seconds``, the time at least one bucket was
+    outstanding, overlapping buckets counted once."""
 
-    def __init__(self):
+    def __init__(self, context: Context):
+        self.context = context
+        self.world_size = context.num_workers
+        if dist.is_initialized() and dist.get_world_size() != self.world_size:
+            raise ValueError(
+                f"netagg's session has {self.world_size} ranks, the process group "
+                f"{dist.get_world_size()}: the hook would average wrongly"
+            )
         self.comm_seconds = 0.0
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -51,21 +59,6 @@ class CommTimer:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self.comm_seconds += time.perf_counter() - self._busy_since
-
-
-class NetaggState(CommTimer):
-    """What the hook needs: the context every bucket goes through; and, as a
-    ``CommTimer``, how long buckets were in flight."""
-
-    def __init__(self, context: Context):
-        super().__init__()
-        self.context = context
-        self.world_size = context.num_workers
-        if dist.is_initialized() and dist.get_world_size() != self.world_size:
-            raise ValueError(
-                f"netagg's session has {self.world_size} ranks, the process group "
-                f"{dist.get_world_size()}: the hook would average wrongly"
-            )
 
 
 def allreduce_hook(state: NetaggState, bucket) -> torch.futures.Future[torch.Tensor]:

@@ -252,11 +252,11 @@ fn run(options: &Options) -> Result<bool, String> {
         // Every rank runs with the same options, so all agree on the layout.
         config.general.sparse = SparseMode::Auto;
     }
-    let context = Context::start(config).map_err(|e| e.to_string())?;
     if let Some(rates) = &options.link_rate {
-        // Refused before the jobs rather than after.
-        rates.links(options.link_delay, context.config().general.num_workers)?;
+        // Refused before the session rather than after the jobs.
+        rates.links(options.link_delay, config.general.num_workers)?;
     }
+    let context = Context::start(config).map_err(|e| e.to_string())?;
     let seed = agree_on_seed(&context, options.seed)?;
     let outcome = match options.tensor_type {
         DataType::Int32 => benchmark::<i32>(&context, options, seed),
