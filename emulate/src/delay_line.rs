@@ -1,0 +1,1 @@
+//! Delay, jitter and loss in user space (to be written).

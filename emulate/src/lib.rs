@@ -1,0 +1,10 @@
+//! Emulated networks: a switch and N workers, each in a network namespace of its own,
+//! joined to a bridge by veth pairs whose two directions are shaped (rate, delay,
+//! jitter, loss), so that an allreduce crosses links like a real network's.
+//!
+//! - [`link`]: what a link is (rate, delay, jitter, loss, queue), from the command line
+//!   or a topology file, with per-rank overrides;
+//! - [`delay_line`]: delay, jitter and loss in user space, for kernels without `netem`;
+
+pub mod delay_line;
+pub mod link;
