@@ -193,6 +193,22 @@ pub enum DropReason {
     Stalled,
     #[error("output buffer cannot hold a result of this session")]
     OutputTooSmall,
+    #[error("the round needs rank {0}, which has left the session")]
+    Departed(u16),
+}
+
+/// What a rank's leaving means for its session ([`Engine::depart`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// Every round the rank contributes to is complete: the session stays open, so that
+    /// the other ranks can still recover the results they lost, until they leave too or
+    /// a round needs the rank (then [`Engine::take_orphaned`] names the session).
+    Lingers,
+    /// A round in progress waits for the rank's contribution: the session cannot
+    /// complete it and must close.
+    Needed,
+    /// Every rank has left: the session may close.
+    AllGone,
 }
 
 counters! {
@@ -245,6 +261,9 @@ pub struct Engine {
     generations: Vec<u16>,
     bytes_in_use: usize,
     counters: EngineCounters,
+    /// Sessions that received a contribution to a round a departed rank must complete,
+    /// with that rank, each once, until taken.
+    orphaned: Vec<(SessionId, u16)>,
 }
 
 impl Engine {
@@ -255,6 +274,7 @@ impl Engine {
             generations: Vec::new(),
             bytes_in_use: 0,
             counters: EngineCounters::default(),
+            orphaned: Vec::new(),
         }
     }
 
@@ -327,6 +347,37 @@ impl Engine {
         Ok(session.counters)
     }
 
+    /// Records that `rank` left the session after its last job. Its results stay
+    /// retained for the others; a round that would need its contribution later is
+    /// dropped, and the session named by [`Engine::take_orphaned`].
+    pub fn depart(&mut self, id: SessionId, rank: u16) -> Result<Departure, SessionError> {
+        let session = self.session_mut(id).ok_or(SessionError::Unknown(id.0))?;
+        if rank >= session.spec.workers {
+            return Err(SessionError::Unknown(id.0));
+        }
+        if session.awaits(rank) {
+            return Ok(Departure::Needed);
+        }
+        session.departed.insert(rank);
+        Ok(if session.departed.len() == session.spec.workers as usize {
+            Departure::AllGone
+        } else {
+            Departure::Lingers
+        })
+    }
+
+    /// Sessions that a round needing a departed rank has made unable to progress since
+    /// the last call, with that rank: the caller closes them and tells their ranks.
+    pub fn take_orphaned(&mut self) -> Vec<(SessionId, u16)> {
+        std::mem::take(&mut self.orphaned)
+    }
+
+    /// Whether [`Engine::take_orphaned`] has anything: cheap, for a loop that asks after
+    /// every batch.
+    pub fn has_orphaned(&self) -> bool {
+        !self.orphaned.is_empty()
+    }
+
     fn take_session(&mut self, id: SessionId) -> Option<Session> {
         let entry = self.sessions.get_mut(id.index())?;
         if entry.as_ref().is_none_or(|s| s.id != id) {
@@ -390,7 +441,14 @@ impl Engine {
             self.counters.unknown_session += 1;
             return Verdict::Dropped(DropReason::UnknownSession);
         };
-        session.handle(now, &repr, packet.payload(), out, from_its_rank)
+        let verdict = session.handle(now, &repr, packet.payload(), out, from_its_rank);
+        if let Verdict::Dropped(DropReason::Departed(rank)) = verdict {
+            let id = SessionId(repr.session);
+            if !self.orphaned.iter().any(|(orphaned, _)| *orphaned == id) {
+                self.orphaned.push((id, rank));
+            }
+        }
+        verdict
     }
 
     /// When [`Engine::handle_timeout`] next has something to do.
@@ -431,6 +489,8 @@ struct Session {
     /// allocation, whose pages a set touches only once a round uses it.
     payloads: Box<[u8]>,
     payload_len: usize,
+    /// Ranks that left after their last job ([`Engine::depart`]).
+    departed: WorkerSet,
 }
 
 #[derive(Debug)]
@@ -512,6 +572,30 @@ impl Session {
             sets,
             payloads: vec![0; set_count * payload_len].into_boxed_slice(),
             payload_len,
+            departed: WorkerSet::new(spec.workers),
+        }
+    }
+
+    /// Whether a round in progress waits for `rank`'s contribution.
+    fn awaits(&self, rank: u16) -> bool {
+        self.slots.iter().enumerate().any(|(slot, state)| {
+            state.open_set.is_some_and(|set| {
+                let set = &self.sets[self.set_index(slot as u16, set as u32)];
+                !set.contributed.contains(rank)
+                    && (state.continuation.is_none() || state.expected.contains(rank))
+            })
+        })
+    }
+
+    /// A departed rank the open round of `slot` expects, if any.
+    fn departed_expected(&self, slot: usize) -> Option<u16> {
+        if self.departed.is_empty() {
+            return None;
+        }
+        let state = &self.slots[slot];
+        match state.continuation {
+            None => self.departed.iter().next(),
+            Some(_) => self.departed.iter().find(|&rank| state.expected.contains(rank)),
         }
     }
 
@@ -639,6 +723,9 @@ impl Session {
         }
         if let Err(reason) = self.check_contribution(repr) {
             return self.reject(reason);
+        }
+        if let Some(rank) = self.departed_expected(slot_index) {
+            return self.reject(DropReason::Departed(rank));
         }
 
         let own_set = match self.slots[slot_index].open_set {
@@ -924,5 +1011,42 @@ mod tests {
         // Rank 1 acknowledges rounds 0 and 1: sets 0 and 1 free, and round 4 takes set 0.
         engine.handle_datagram(now, &contribution(session, 1, 4, 1), &mut out);
         assert_eq!(sets_in_use(&mut engine, session), [2, 3, 0]);
+    }
+
+    #[test]
+    fn a_rank_that_left_after_its_last_round_leaves_its_results_to_the_others() {
+        let (mut engine, session, now, mut out) = one_slot(4);
+        // Rounds 0 and 1 complete; rank 1 holds both results and leaves; rank 0 lost
+        // round 1's result.
+        for round in 0..2u32 {
+            engine.handle_datagram(now, &contribution(session, 0, round, round.wrapping_sub(1)), &mut out);
+            engine.handle_datagram(now, &contribution(session, 1, round, round.wrapping_sub(1)), &mut out);
+        }
+        assert_eq!(engine.depart(session, 1), Ok(Departure::Lingers));
+        // Rank 0's retransmission still gets the result back.
+        let resent = engine.handle_datagram(now, &contribution(session, 0, 1, 0), &mut out);
+        assert!(
+            matches!(resent, Verdict::Send(Transmit { recipient: Recipient::Worker(0), .. })),
+            "{resent:?}"
+        );
+        assert!(!engine.has_orphaned());
+        // A new round would need rank 1: dropped, and the session named once.
+        for _ in 0..2 {
+            let verdict = engine.handle_datagram(now, &contribution(session, 0, 2, 1), &mut out);
+            assert_eq!(verdict, Verdict::Dropped(DropReason::Departed(1)));
+        }
+        assert_eq!(engine.take_orphaned(), [(session, 1)]);
+        assert!(!engine.has_orphaned());
+        assert_eq!(engine.depart(session, 0), Ok(Departure::AllGone));
+    }
+
+    #[test]
+    fn a_rank_that_leaves_while_a_round_waits_for_it_is_needed() {
+        let (mut engine, session, now, mut out) = one_slot(4);
+        engine.handle_datagram(now, &contribution(session, 0, 0, u32::MAX), &mut out);
+        assert_eq!(engine.depart(session, 1), Ok(Departure::Needed));
+        // Rank 0 has contributed to the open round: its leaving would not be.
+        assert_eq!(engine.depart(session, 0), Ok(Departure::Lingers));
+        assert_eq!(engine.depart(SessionId(99), 0), Err(SessionError::Unknown(99)));
     }
 }

@@ -49,7 +49,8 @@ pub mod worker;
 pub mod workers;
 
 pub use engine::{
-    DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit, Verdict,
+    Departure, DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit,
+    Verdict,
 };
 pub use faults::{FaultCounters, FaultInjector, FaultRates};
 pub use worker::{BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerProtocol};

@@ -30,6 +30,16 @@ pub fn parse_count(text: &str) -> Result<usize, String> {
     usize::try_from(count).map_err(|_| format!("'{text}' is too large for this machine"))
 }
 
+/// Every line of a program's output that is a JSON object, with a launcher's prefix
+/// (`[rank] `) removed.
+pub fn json_objects(output: &str) -> Vec<serde_json::Value> {
+    output
+        .lines()
+        .filter_map(|line| line.find('{').map(|start| &line[start..]))
+        .filter_map(|json| serde_json::from_str(json).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

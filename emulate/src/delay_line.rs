@@ -1,1 +1,363 @@
-//! Delay, jitter and loss in user space (to be written).
+//! Delay, jitter and loss in user space, for kernels without `netem`.
+//!
+//! A [`DelayLine`] sits between two devices of one network namespace and forwards every
+//! Ethernet frame arriving on one out of the other, after a delay, in both directions,
+//! like a wire with a queue in it. Each direction has a thread: it reads frames from a
+//! packet socket on its input device, decides each one's fate in a [`Schedule`] (the part
+//! without I/O, tested on its own) and writes the frames whose time has come to a packet
+//! socket on its output device.
+//!
+//! Unlike `netem`, jitter never reorders frames: a frame is never due before the one ahead
+//! of it. Reordering makes TCP retransmit, which is not what one emulating a path wants by
+//! default; the price is that jitter larger than the gap between frames delays a burst as a
+//! whole. Segmentation-offload super-frames (up to 64 KB that TCP hands a veth) are one
+//! frame to the line, so loss drops them whole, as `netem` does.
+
+mod lateness;
+mod packet_socket;
+mod schedule;
+
+use std::fs::File;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use lateness::LatenessHistogram;
+use packet_socket::{PacketSocket, VNET_HDR_LEN};
+use schedule::{Arrival, HoldLimit, Schedule};
+
+/// What one direction of a link does to each frame besides limiting its rate.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Impairment {
+    pub delay: Duration,
+    /// Each frame's delay varies uniformly within plus or minus this, never below zero.
+    pub jitter: Duration,
+    /// The probability, in 0..=1, that a frame is dropped.
+    pub loss: f64,
+}
+
+/// Counters of one direction of a [`DelayLine`], updated about every 10 ms.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DirectionStats {
+    /// Frames forwarded (a segmentation-offload super-frame counts once).
+    pub frames: u64,
+    /// Bytes of the Ethernet frames forwarded.
+    pub bytes: u64,
+    /// Frames dropped on purpose, as the impairment's loss says.
+    pub lost: u64,
+    /// Frames dropped because the line held its limit of frames or bytes.
+    pub overflowed: u64,
+    /// Frames the kernel dropped before we read them, our receive buffer being full.
+    pub receive_dropped: u64,
+    /// Frames the kernel would not hand over whole: longer than 64 KiB, or a kind of
+    /// segmentation offload that a `virtio_net_hdr` cannot describe.
+    pub unreadable: u64,
+    /// Frames the output device would not take: its queue (a rate limiter's) full, the device
+    /// down, the frame too long.
+    pub send_failed: u64,
+    /// How much later than its due time a frame was sent: median, 99th percentile (both to
+    /// within an eighth) and maximum.
+    pub lateness_median: Duration,
+    pub lateness_p99: Duration,
+    pub lateness_max: Duration,
+    /// Why the direction's thread ended before the line was dropped (such as a device
+    /// removed); `None` while it runs.
+    pub ended_by: Option<String>,
+}
+
+/// Forwards frames between two devices of a network namespace, each direction with its
+/// impairment; its threads stop when it is dropped.
+pub struct DelayLine {
+    stop: Arc<AtomicBool>,
+    /// [a to b, b to a]
+    directions: [DirectionHandle; 2],
+}
+
+struct DirectionHandle {
+    counters: Arc<Mutex<Counters>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The most a direction holds; a 100 ms delay at 10 Gbit/s holds about 125 MB.
+const HOLD_LIMIT: HoldLimit = HoldLimit { frames: 100_000, bytes: 256 << 20 };
+/// The longest a thread waits before looking at the stop flag.
+const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+/// How often a thread copies its counters where `stats` reads them.
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(10);
+/// Frames read in a row before sending those due, so that a flood cannot starve sending.
+const RECEIVE_BATCH: usize = 256;
+/// Room for a 64 KiB segmentation-offload super-frame, its Ethernet header and its
+/// `virtio_net_hdr`.
+const RECEIVE_BUFFER_BYTES: usize = VNET_HDR_LEN + (64 << 10) + 256;
+
+impl DelayLine {
+    /// Starts forwarding between devices `a` and `b` of the network namespace `netns` (a
+    /// name as `ip netns` knows it, whose file is /run/netns/NAME); needs root.
+    pub fn start(
+        netns: &str,
+        a: &str,
+        b: &str,
+        a_to_b: Impairment,
+        b_to_a: Impairment,
+    ) -> io::Result<DelayLine> {
+        let context = |what: &str, error| with_context(netns, what, error);
+        for (name, impairment) in [("a to b", a_to_b), ("b to a", b_to_a)] {
+            if !(0.0..=1.0).contains(&impairment.loss) {
+                let message = format!("loss {} is not a probability in 0..=1", impairment.loss);
+                return Err(context(name, io::Error::new(io::ErrorKind::InvalidInput, message)));
+            }
+        }
+        let namespace_path = format!("/run/netns/{netns}");
+        let namespace = File::open(&namespace_path).map_err(|error| context(&namespace_path, error))?;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_sender, ready) = mpsc::channel();
+        let spawn = |input: &str, output: &str, impairment: Impairment| -> io::Result<DirectionHandle> {
+            let counters = Arc::new(Mutex::new(Counters::default()));
+            let namespace = namespace.try_clone().map_err(|error| context(&namespace_path, error))?;
+            let (input, output) = (input.to_owned(), output.to_owned());
+            let (stop, thread_counters, ready) = (stop.clone(), counters.clone(), ready_sender.clone());
+            let netns = netns.to_owned();
+            let thread = thread::Builder::new()
+                .name(format!("delay {input}>{output}"))
+                .spawn(move || {
+                    let opened = Direction::open(&namespace, &input, &output, impairment, thread_counters);
+                    let opened = opened.map_err(|(what, error)| with_context(&netns, &what, error));
+                    match opened {
+                        Ok(direction) => {
+                            let _ = ready.send(Ok(()));
+                            direction.run(&stop);
+                        }
+                        Err(error) => {
+                            let _ = ready.send(Err(error));
+                        }
+                    }
+                })
+                .map_err(|error| context("starting a thread", error))?;
+            Ok(DirectionHandle { counters, thread: Some(thread) })
+        };
+        let a_to_b = spawn(a, b, a_to_b)?;
+        // Built now so that dropping it on an error below stops and joins the first thread.
+        let mut line = DelayLine { stop: stop.clone(), directions: [a_to_b, DirectionHandle::finished()] };
+        line.directions[1] = spawn(b, a, b_to_a)?;
+        drop(ready_sender);
+        for _ in 0..2 {
+            // A thread that panicked drops its sender, which ends recv with an error.
+            match ready.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => return Err(error),
+                Err(_) => return Err(context("starting", io::Error::other("a thread panicked"))),
+            }
+        }
+        Ok(line)
+    }
+
+    /// Counters of each direction so far: [a to b, b to a].
+    pub fn stats(&self) -> [DirectionStats; 2] {
+        self.directions
+            .each_ref()
+            .map(|direction| direction.counters.lock().unwrap_or_else(PoisonError::into_inner).to_stats())
+    }
+}
+
+/// An error that says which namespace, and what in it (a device, a file), it concerns.
+fn with_context(netns: &str, what: &str, error: io::Error) -> io::Error {
+    io::Error::new(error.kind(), format!("delay line in namespace {netns}: {what}: {error}"))
+}
+
+impl Drop for DelayLine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for direction in &mut self.directions {
+            if let Some(thread) = direction.thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl DirectionHandle {
+    fn finished() -> Self {
+        DirectionHandle { counters: Arc::default(), thread: None }
+    }
+}
+
+/// What a direction's thread counts, copied out for `stats` every `PUBLISH_INTERVAL`.
+#[derive(Debug, Clone, Default)]
+struct Counters {
+    frames: u64,
+    bytes: u64,
+    lost: u64,
+    overflowed: u64,
+    receive_dropped: u64,
+    unreadable: u64,
+    send_failed: u64,
+    lateness: LatenessHistogram,
+    ended_by: Option<String>,
+}
+
+impl Counters {
+    fn to_stats(&self) -> DirectionStats {
+        DirectionStats {
+            frames: self.frames,
+            bytes: self.bytes,
+            lost: self.lost,
+            overflowed: self.overflowed,
+            receive_dropped: self.receive_dropped,
+            unreadable: self.unreadable,
+            send_failed: self.send_failed,
+            lateness_median: self.lateness.quantile(0.5),
+            lateness_p99: self.lateness.quantile(0.99),
+            lateness_max: self.lateness.max(),
+            ended_by: self.ended_by.clone(),
+        }
+    }
+}
+
+/// One direction's sockets and schedule, owned by its thread.
+struct Direction {
+    input_name: String,
+    input_index: libc::c_int,
+    input: PacketSocket,
+    output: PacketSocket,
+    schedule: Schedule<Vec<u8>>,
+    counters: Counters,
+    published: Arc<Mutex<Counters>>,
+}
+
+impl Direction {
+    /// Enters the namespace and opens the sockets; an error names what it concerns.
+    fn open(
+        namespace: &File,
+        input: &str,
+        output: &str,
+        impairment: Impairment,
+        published: Arc<Mutex<Counters>>,
+    ) -> Result<Direction, (String, io::Error)> {
+        crate::netns::enter(namespace).map_err(|error| ("entering it".to_owned(), error))?;
+        packet_socket::tighten_timer_slack();
+        packet_socket::run_before_ordinary_threads();
+        let on = |name: &str| {
+            let what = format!("device {name}");
+            move |error| (what, error)
+        };
+        let input_index = packet_socket::interface_index(input).map_err(on(input))?;
+        let output_index = packet_socket::interface_index(output).map_err(on(output))?;
+        Ok(Direction {
+            input_name: input.to_owned(),
+            input_index,
+            input: PacketSocket::receiver(input_index).map_err(on(input))?,
+            output: PacketSocket::sender(output_index).map_err(on(output))?,
+            schedule: Schedule::new(impairment, HOLD_LIMIT, SmallRng::from_entropy()),
+            counters: Counters::default(),
+            published,
+        })
+    }
+
+    /// Forwards until `stop` is set or a socket fails for good (its device removed).
+    fn run(mut self, stop: &AtomicBool) {
+        let mut buffer = vec![0; RECEIVE_BUFFER_BYTES];
+        let mut last_publish = Instant::now();
+        let mut ended = Ok(());
+        while ended.is_ok() && !stop.load(Ordering::Relaxed) {
+            ended = self.forward_once(&mut buffer);
+            if last_publish.elapsed() >= PUBLISH_INTERVAL {
+                self.publish();
+                last_publish = Instant::now();
+            }
+        }
+        if let Err(error) = ended {
+            self.counters.ended_by = Some(error.to_string());
+        }
+        self.publish();
+    }
+
+    /// Sends what is due, then waits until a frame arrives or the next is due, and reads.
+    fn forward_once(&mut self, buffer: &mut [u8]) -> io::Result<()> {
+        self.send_due()?;
+        let wait = match self.schedule.next_due() {
+            Some(due) => due.saturating_duration_since(Instant::now()).min(STOP_CHECK_INTERVAL),
+            None => STOP_CHECK_INTERVAL,
+        };
+        if self.input.wait_readable(wait)? {
+            self.receive_waiting(buffer)?;
+        }
+        Ok(())
+    }
+
+    fn send_due(&mut self) -> io::Result<()> {
+        let mut now = Instant::now();
+        while let Some(due) = self.schedule.pop_due(now) {
+            match self.output.send(&due.frame) {
+                Ok(()) => {
+                    self.counters.frames += 1;
+                    self.counters.bytes += (due.frame.len() - VNET_HDR_LEN) as u64;
+                }
+                // Gone for good: the device was removed (its index is no longer valid).
+                Err(error) if matches!(error.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => {
+                    return Err(io::Error::new(error.kind(), format!("sending: {error}")));
+                }
+                // The rest concern this frame or a passing state (queue full, device down).
+                Err(_) => self.counters.send_failed += 1,
+            }
+            now = Instant::now();
+            self.counters.lateness.record(now.saturating_duration_since(due.due));
+        }
+        Ok(())
+    }
+
+    fn receive_waiting(&mut self, buffer: &mut [u8]) -> io::Result<()> {
+        for _ in 0..RECEIVE_BATCH {
+            let received = match self.input.receive(buffer) {
+                Ok(Some(received)) => received,
+                Ok(None) => return Ok(()),
+                // The kernel could not describe the frame in a virtio_net_hdr and dropped it.
+                Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+                    self.counters.unreadable += 1;
+                    continue;
+                }
+                // Reported once when the device goes down, and when it is removed.
+                Err(error) if error.raw_os_error() == Some(libc::ENETDOWN) => {
+                    return self.check_input_present();
+                }
+                Err(error) => return Err(io::Error::new(error.kind(), format!("receiving: {error}"))),
+            };
+            if received.outgoing {
+                continue;
+            }
+            if received.truncated {
+                self.counters.unreadable += 1;
+                continue;
+            }
+            match self.schedule.arrive(Instant::now(), buffer[..received.len].to_vec()) {
+                Arrival::Held => {}
+                Arrival::Lost => self.counters.lost += 1,
+                Arrival::Overflowed => self.counters.overflowed += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// An error if the input device was removed (a device merely down comes back up).
+    fn check_input_present(&self) -> io::Result<()> {
+        match packet_socket::interface_index(&self.input_name) {
+            Ok(index) if index == self.input_index => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("receiving: device {} was removed", self.input_name),
+            )),
+        }
+    }
+
+    fn publish(&mut self) {
+        if let Ok(dropped) = self.input.take_kernel_drops() {
+            self.counters.receive_dropped += dropped;
+        }
+        *self.published.lock().unwrap_or_else(PoisonError::into_inner) = self.counters.clone();
+    }
+}

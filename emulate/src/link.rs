@@ -1,1 +1,410 @@
-//! Links (to be written).
+//! What each worker's link does: its rate each way, its one-way delay and jitter, the
+//! share of frames it loses, and how long its queue is; the same for every rank unless
+//! a rank overrides some of it (a straggler, an uneven network).
+//!
+//! Links come from the command line (`rate=200mbit,delay=5ms,loss=1%`, and
+//! `3:rate=20mbit` for rank 3) or from a topology file in the INI format of netagg's
+//! config files:
+//!
+//! ```ini
+//! [link]          # every worker's link
+//! rate = 200mbit
+//! delay = 5ms
+//! loss = 1%
+//!
+//! [rank.3]        # rank 3's, over [link]
+//! rate = 20mbit
+//! ```
+//!
+//! Links are symmetric: each direction gets the rate, the delay, the jitter and the
+//! loss (so a round trip pays the delay twice and a packet survives it with
+//! probability (1 − loss)²).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+/// One worker's link, resolved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    /// Bits per second each way; `None`: as fast as the host carries it.
+    pub rate: Option<u64>,
+    pub delay: Duration,
+    /// Each frame's delay varies uniformly within ±jitter (never below zero).
+    pub jitter: Duration,
+    /// The probability that a frame is lost, each way.
+    pub loss: f64,
+    /// The longest a frame may wait in the rate limiter's queue, which sets the queue's
+    /// length (rate × queue bytes beyond the burst): a sender that overfills it loses
+    /// frames, as at a real bottleneck.
+    pub queue: Duration,
+    /// The rate limiter's bucket: how many bytes may leave back to back at line rate.
+    pub burst: u64,
+}
+
+impl Default for Link {
+    fn default() -> Link {
+        Link {
+            rate: None,
+            delay: Duration::ZERO,
+            jitter: Duration::ZERO,
+            loss: 0.0,
+            queue: Duration::from_millis(100),
+            burst: 64 * 1024,
+        }
+    }
+}
+
+impl Link {
+    /// Whether the link delays or loses frames, which a rate limiter alone cannot do.
+    pub fn is_impaired(&self) -> bool {
+        !self.delay.is_zero() || !self.jitter.is_zero() || self.loss > 0.0
+    }
+}
+
+impl fmt::Display for Link {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self.rate {
+            Some(rate) => write!(f, "{}", format_rate(rate))?,
+            None => write!(f, "unlimited")?,
+        }
+        write!(f, ", delay {:?}", self.delay)?;
+        if !self.jitter.is_zero() {
+            write!(f, " ± {:?}", self.jitter)?;
+        }
+        if self.loss > 0.0 {
+            write!(f, ", loss {}%", self.loss * 100.0)?;
+        }
+        Ok(())
+    }
+}
+
+/// A rate as tc writes it: 200mbit, 1gbit, 64kbit.
+pub fn format_rate(bits_per_second: u64) -> String {
+    for (unit, scale) in [("gbit", 1_000_000_000), ("mbit", 1_000_000), ("kbit", 1_000)] {
+        if bits_per_second >= scale && bits_per_second % scale == 0 {
+            return format!("{}{unit}", bits_per_second / scale);
+        }
+    }
+    format!("{bits_per_second}bit")
+}
+
+/// Some of a link's settings: those a `[link]` section, a `--link` option or a rank's
+/// override gives; the rest come from below.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LinkSettings {
+    pub rate: Option<u64>,
+    pub delay: Option<Duration>,
+    pub jitter: Option<Duration>,
+    pub loss: Option<f64>,
+    pub queue: Option<Duration>,
+    pub burst: Option<u64>,
+}
+
+/// The keys a link takes, with what each expects, for error messages.
+pub const KEYS: &[(&str, &str)] = &[
+    ("rate", "a rate such as 200mbit, 1gbit or 500kbit"),
+    ("delay", "a delay such as 5ms, 250us or 0"),
+    ("jitter", "a delay such as 1ms, 100us or 0"),
+    ("loss", "a share of frames such as 1%, 0.5% or 0.01"),
+    ("queue", "a time such as 100ms (how long a frame may wait in the rate limiter)"),
+    ("burst", "a size such as 64kb, 1mb or 16000 (bytes)"),
+];
+
+impl LinkSettings {
+    /// Sets `key` from its text; the error names the key and what it expects.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let expected =
+            KEYS.iter().find(|(name, _)| *name == key).map(|(_, expected)| *expected).ok_or_else(|| {
+                let keys: Vec<&str> = KEYS.iter().map(|(name, _)| *name).collect();
+                format!("unknown link setting '{key}' (expected one of {})", keys.join(", "))
+            })?;
+        let invalid = || format!("{key} = '{value}': expected {expected}");
+        match key {
+            "rate" => self.rate = Some(parse_rate(value).map_err(|_| invalid())?.round() as u64),
+            "delay" => self.delay = Some(parse_duration(value).map_err(|_| invalid())?),
+            "jitter" => self.jitter = Some(parse_duration(value).map_err(|_| invalid())?),
+            "loss" => self.loss = Some(parse_share(value).ok_or_else(invalid)?),
+            "queue" => {
+                self.queue =
+                    Some(parse_duration(value).ok().filter(|queue| !queue.is_zero()).ok_or_else(invalid)?)
+            }
+            "burst" => self.burst = Some(parse_size(value).ok_or_else(invalid)?),
+            _ => unreachable!("every key of KEYS is handled"),
+        }
+        Ok(())
+    }
+
+    /// `rate=200mbit,delay=5ms,loss=1%`.
+    pub fn parse(text: &str) -> Result<LinkSettings, String> {
+        let mut settings = LinkSettings::default();
+        for item in text.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("'{item}': expected KEY=VALUE, such as rate=200mbit"))?;
+            settings.set(key.trim(), value.trim())?;
+        }
+        Ok(settings)
+    }
+
+    /// These settings over `below`'s.
+    pub fn over(&self, below: &LinkSettings) -> LinkSettings {
+        LinkSettings {
+            rate: self.rate.or(below.rate),
+            delay: self.delay.or(below.delay),
+            jitter: self.jitter.or(below.jitter),
+            loss: self.loss.or(below.loss),
+            queue: self.queue.or(below.queue),
+            burst: self.burst.or(below.burst),
+        }
+    }
+
+    fn resolve(&self) -> Link {
+        let default = Link::default();
+        Link {
+            rate: self.rate,
+            delay: self.delay.unwrap_or(default.delay),
+            jitter: self.jitter.unwrap_or(default.jitter),
+            loss: self.loss.unwrap_or(default.loss),
+            queue: self.queue.unwrap_or(default.queue),
+            burst: self.burst.unwrap_or(default.burst),
+        }
+    }
+}
+
+/// Every worker's link: one for all, and per-rank overrides.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Topology {
+    pub every: LinkSettings,
+    pub ranks: BTreeMap<u32, LinkSettings>,
+}
+
+impl Topology {
+    /// Reads a topology file (see the module's documentation). Errors name the file,
+    /// the section and the key.
+    pub fn from_file(path: &Path) -> Result<Topology, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Topology::from_ini(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn from_ini(text: &str) -> Result<Topology, String> {
+        use config::{Config, File, FileFormat, Value};
+        let tree: BTreeMap<String, Value> = Config::builder()
+            .add_source(File::from_str(text, FileFormat::Ini))
+            .build()
+            .and_then(|config| config.try_deserialize())
+            .map_err(|e| e.to_string())?;
+        // The INI reader nests `[rank.3]` as rank → 3.
+        let section = |name: &str, value: Value| -> Result<LinkSettings, String> {
+            let table = value.into_table().map_err(|_| format!("'{name}' must be a section"))?;
+            let mut settings = LinkSettings::default();
+            for (key, value) in table {
+                settings.set(&key, &value.to_string()).map_err(|e| format!("[{name}] {e}"))?;
+            }
+            Ok(settings)
+        };
+        let mut topology = Topology::default();
+        for (name, value) in tree {
+            match name.as_str() {
+                "link" => topology.every = section("link", value)?,
+                "rank" => {
+                    let ranks =
+                        value.into_table().map_err(|_| "'rank' must be sections [rank.N]".to_string())?;
+                    for (rank, value) in ranks {
+                        let number =
+                            rank.parse().map_err(|_| format!("[rank.{rank}]: expected a rank number"))?;
+                        topology.ranks.insert(number, section(&format!("rank.{rank}"), value)?);
+                    }
+                }
+                other => {
+                    return Err(format!("unknown section [{other}] (expected [link] and [rank.N])"));
+                }
+            }
+        }
+        Ok(topology)
+    }
+
+    /// Overrides from the command line: `--link` over the file's `[link]`, and `N:...`
+    /// over rank N's.
+    pub fn apply(&mut self, every: &LinkSettings, ranks: &[(u32, LinkSettings)]) {
+        self.every = every.over(&self.every);
+        for (rank, settings) in ranks {
+            let below = self.ranks.get(rank).copied().unwrap_or_default();
+            self.ranks.insert(*rank, settings.over(&below));
+        }
+    }
+
+    /// Every rank's link, for `workers` workers.
+    pub fn links(&self, workers: u32) -> Result<Vec<Link>, String> {
+        if let Some((rank, _)) = self.ranks.range(workers..).next() {
+            return Err(format!("a link is set for rank {rank}, but the ranks are 0 to {}", workers - 1));
+        }
+        Ok((0..workers)
+            .map(|rank| self.ranks.get(&rank).copied().unwrap_or_default().over(&self.every).resolve())
+            .collect())
+    }
+}
+
+/// `3:rate=20mbit`: rank 3's link settings.
+pub fn parse_rank_settings(text: &str) -> Result<(u32, LinkSettings), String> {
+    let (rank, settings) = text
+        .split_once(':')
+        .ok_or_else(|| format!("'{text}': expected RANK:SETTINGS, such as 3:rate=20mbit"))?;
+    let rank = rank.trim().parse().map_err(|_| format!("'{text}': '{rank}' is not a rank number"))?;
+    Ok((rank, LinkSettings::parse(settings)?))
+}
+
+/// Parses a rate in tc's units: `200mbit`, `1gbit`, `500kbit`, `100bit`, or a plain
+/// number of bits per second.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (number, multiplier) = [("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)]
+        .iter()
+        .find_map(|(unit, multiplier)| lower.strip_suffix(unit).map(|number| (number, *multiplier)))
+        .unwrap_or((lower.as_str(), 1.0));
+    match number.parse::<f64>() {
+        Ok(value) if value > 0.0 && value.is_finite() => Ok(value * multiplier),
+        _ => Err(format!("'{text}': expected a rate such as 200mbit, 1gbit or 500kbit")),
+    }
+}
+
+/// Parses a delay: `5ms`, `250us`, `1s`, or a plain number of milliseconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (number, seconds) = [("ms", 1e-3), ("us", 1e-6), ("s", 1.0)]
+        .iter()
+        .find_map(|(unit, seconds)| lower.strip_suffix(unit).map(|number| (number, *seconds)))
+        .unwrap_or((lower.as_str(), 1e-3));
+    match number.parse::<f64>() {
+        Ok(value) if value >= 0.0 && value.is_finite() => Ok(Duration::from_secs_f64(value * seconds)),
+        _ => Err(format!("'{text}': expected a delay such as 5ms, 250us or 0")),
+    }
+}
+
+/// `1%` or `0.01`: a probability.
+fn parse_share(text: &str) -> Option<f64> {
+    let share = match text.trim().strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().ok()? / 100.0,
+        None => text.trim().parse::<f64>().ok()?,
+    };
+    (0.0..=1.0).contains(&share).then_some(share)
+}
+
+/// `64kb`, `1mb` or a number of bytes, as tc reads sizes (k = 1024).
+fn parse_size(text: &str) -> Option<u64> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (number, scale) = [("kb", 1024), ("mb", 1024 * 1024), ("b", 1)]
+        .iter()
+        .find_map(|(unit, scale)| lower.strip_suffix(unit).map(|number| (number, *scale)))
+        .unwrap_or((lower.as_str(), 1));
+    number.trim().parse::<u64>().ok().filter(|&size| size > 0).map(|size| size * scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_delays_parse_in_tc_s_units() {
+        assert_eq!(parse_rate("200mbit"), Ok(200e6));
+        assert_eq!(parse_rate("1Gbit"), Ok(1e9));
+        assert_eq!(parse_rate("500kbit"), Ok(500e3));
+        assert_eq!(parse_rate("64000"), Ok(64000.0));
+        assert!(parse_rate("fast").unwrap_err().contains("expected a rate such as 200mbit"));
+        assert!(parse_rate("0mbit").is_err());
+        assert_eq!(parse_duration("5ms"), Ok(Duration::from_millis(5)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("-1ms").unwrap_err().contains("expected a delay"));
+        assert_eq!(format_rate(200_000_000), "200mbit");
+        assert_eq!(format_rate(1_500_000), "1500kbit");
+        assert_eq!(format_rate(123), "123bit");
+    }
+
+    #[test]
+    fn settings_parse_from_the_command_line_with_clear_errors() {
+        let settings =
+            LinkSettings::parse("rate=200mbit, delay=5ms,jitter=1ms,loss=1%,queue=50ms,burst=32kb").unwrap();
+        assert_eq!(
+            settings,
+            LinkSettings {
+                rate: Some(200_000_000),
+                delay: Some(Duration::from_millis(5)),
+                jitter: Some(Duration::from_millis(1)),
+                loss: Some(0.01),
+                queue: Some(Duration::from_millis(50)),
+                burst: Some(32 * 1024),
+            }
+        );
+        assert_eq!(LinkSettings::parse("loss=0.25").unwrap().loss, Some(0.25));
+        assert_eq!(
+            LinkSettings::parse("speed=1gbit").unwrap_err(),
+            "unknown link setting 'speed' (expected one of rate, delay, jitter, loss, queue, burst)"
+        );
+        assert_eq!(
+            LinkSettings::parse("loss=150%").unwrap_err(),
+            "loss = '150%': expected a share of frames such as 1%, 0.5% or 0.01"
+        );
+        assert_eq!(
+            LinkSettings::parse("rate").unwrap_err(),
+            "'rate': expected KEY=VALUE, such as rate=200mbit"
+        );
+        assert!(LinkSettings::parse("queue=0").unwrap_err().starts_with("queue = '0': expected a time"));
+        assert_eq!(
+            parse_rank_settings("x:rate=1mbit").unwrap_err(),
+            "'x:rate=1mbit': 'x' is not a rank number"
+        );
+    }
+
+    #[test]
+    fn a_rank_overrides_only_what_it_sets() {
+        let mut topology = Topology::default();
+        topology.apply(
+            &LinkSettings::parse("rate=200mbit,delay=5ms").unwrap(),
+            &[parse_rank_settings("3:rate=20mbit").unwrap()],
+        );
+        let links = topology.links(4).unwrap();
+        assert_eq!(links[0].rate, Some(200_000_000));
+        assert_eq!(links[3].rate, Some(20_000_000));
+        assert_eq!(links[3].delay, Duration::from_millis(5));
+        assert_eq!(links[3].queue, Duration::from_millis(100));
+        assert!(links[3].is_impaired());
+        assert_eq!(topology.links(3).unwrap_err(), "a link is set for rank 3, but the ranks are 0 to 2");
+        assert!(!Link { rate: Some(1), ..Link::default() }.is_impaired());
+    }
+
+    #[test]
+    fn a_topology_file_gives_the_same_and_the_command_line_wins() {
+        let mut topology = Topology::from_ini(
+            "[link]\nrate = 200mbit\ndelay = 2ms\nloss = 1%\n\n[rank.1]\nrate = 50mbit\njitter = 1ms\n",
+        )
+        .unwrap();
+        topology
+            .apply(&LinkSettings::parse("delay=3ms").unwrap(), &[parse_rank_settings("1:loss=0").unwrap()]);
+        let links = topology.links(2).unwrap();
+        assert_eq!(links[0].to_string(), "200mbit, delay 3ms, loss 1%");
+        assert_eq!(links[1].to_string(), "50mbit, delay 3ms ± 1ms");
+        assert_eq!(
+            Topology::from_ini("[link]\nrat = 1mbit\n").unwrap_err(),
+            "[link] unknown link setting 'rat' (expected one of rate, delay, jitter, loss, queue, burst)"
+        );
+        assert_eq!(
+            Topology::from_ini("[links]\nrate = 1mbit\n").unwrap_err(),
+            "unknown section [links] (expected [link] and [rank.N])"
+        );
+        assert_eq!(
+            Topology::from_ini("[rank.x]\nrate = 1mbit\n").unwrap_err(),
+            "[rank.x]: expected a rank number"
+        );
+    }
+
+    #[test]
+    fn the_shipped_topology_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/topology-straggler.cfg");
+        let links = Topology::from_file(&path).unwrap().links(4).unwrap();
+        assert_eq!(links[0].to_string(), "100mbit, delay 2ms, loss 1%");
+        assert_eq!(links[3].to_string(), "20mbit, delay 2ms, loss 1%");
+    }
+}

@@ -2,9 +2,13 @@
 //! registered, the session opens in the engine and every rank gets an `accept`.
 //!
 //! Each worker keeps its connection open for the life of the session. When one closes
-//! (a worker exits or is killed) or leaves, the session is closed at once, its slots are
-//! freed, and the remaining ranks are told, so their jobs fail fast instead of timing
-//! out, and a new set of workers can register under the same name right away.
+//! (a worker exits or is killed) or leaves while a round waits for it, the session is
+//! closed at once, its slots are freed, and the remaining ranks are told, so their jobs
+//! fail fast instead of timing out, and a new set of workers can register under the
+//! same name right away. A rank that leaves after its last job, with no round waiting
+//! for it, ends nothing: the others may still be recovering the last results lost on
+//! their way, which the switch retains. The session closes when every rank has left, or
+//! as soon as a round needs one that has (the data path says so).
 //!
 //! No client can stall another. The registry's lock is never held while a socket is
 //! written: what to send is decided under the lock and sent after it. Every write is
@@ -22,7 +26,7 @@
 //! The plane keeps every connection's stream and thread, so that a switch stopped in
 //! process closes them all and joins their threads instead of leaving them behind.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,7 +35,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use netagg_aggregator::{SessionId, SessionSpec};
+use netagg_aggregator::engine::SessionCounters;
+use netagg_aggregator::{Departure, SessionId, SessionSpec};
 use netagg_wire::{ControlMessage, Endpoint, RejectCode, ValueEncoding, WireError};
 use rand::RngCore;
 
@@ -73,6 +78,9 @@ struct Open {
     id: SessionId,
     /// Per rank: its connection's number and stream.
     members: BTreeMap<u16, (u64, Stream)>,
+    /// Ranks that left after their last job while the others still recover theirs: their
+    /// connections' closing ends nothing.
+    departed: BTreeSet<u16>,
 }
 
 #[derive(Default)]
@@ -221,21 +229,26 @@ impl ControlPlane {
         }
     }
 
-    /// Tells the ranks of sessions the data path expired, and forgets those sessions.
+    /// Tells the ranks of sessions the data path closed why, and forgets those sessions.
     pub fn handle_events(self: &Arc<Self>, events: crossbeam_channel::Receiver<Event>) {
-        for Event::Expired(id) in events {
+        for event in events {
+            let id = match event {
+                Event::Expired(id) | Event::Orphaned { id, .. } => id,
+            };
             let open = {
                 let mut registry = self.lock();
                 let name = registry.open.iter().find(|(_, open)| open.id == id).map(|(name, _)| name.clone());
                 name.and_then(|name| Some((registry.open.remove(&name)?, name)))
             };
             let Some((open, name)) = open else { continue };
-            let message = format!("session '{name}' expired: no packets for the idle timeout");
-            for (_, stream) in open.members.into_values() {
-                let reject =
-                    ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() };
-                send(&stream, 0, &reject);
-            }
+            let message = match event {
+                Event::Expired(_) => format!("session '{name}' expired: no packets for the idle timeout"),
+                Event::Orphaned { departed, counters, .. } => {
+                    tracing::info!(%name, rank = departed, ?counters, "session closed: a round needs a rank that left");
+                    departed_message(departed, &name)
+                }
+            };
+            tell_remaining(open, &message);
         }
     }
 
@@ -332,6 +345,7 @@ impl ControlPlane {
                     };
                     let registered = Registered { peer: peer.ip(), endpoints };
                     let member = Member { connection, stream: Arc::clone(&stream), request_id, registered };
+                    self.supersede_finished(&name);
                     match self.register(&name, rank, shape, member) {
                         Ok(outgoing) => {
                             // The session must assemble within the timeout from now on;
@@ -349,7 +363,12 @@ impl ControlPlane {
                         }
                     }
                 }
-                ControlMessage::Leave { .. } => break,
+                ControlMessage::Leave { .. } => {
+                    if let Some((name, rank, _)) = &membership {
+                        self.leave(name, *rank, connection);
+                    }
+                    break;
+                }
                 _ => {
                     let message = "expected one register, then nothing until leave".to_string();
                     send(
@@ -493,7 +512,9 @@ impl ControlPlane {
         match outcome {
             Ok(id) => {
                 tracing::info!(%name, session = format_args!("{:#010x}", id.0), workers = shape.world_size, "session open");
-                registry.open.insert(name.to_string(), Open { id, members: streams });
+                registry
+                    .open
+                    .insert(name.to_string(), Open { id, members: streams, departed: BTreeSet::new() });
             }
             Err((_, message)) => tracing::warn!(%name, %message, "session could not open"),
         }
@@ -543,31 +564,113 @@ impl ControlPlane {
                 }
                 return;
             }
-            let ours = registry
-                .open
-                .get(name)
-                .is_some_and(|o| o.members.get(&rank).is_some_and(|(c, _)| *c == connection));
+            // A rank that left after its last job ended nothing by closing.
+            let ours = registry.open.get(name).is_some_and(|o| {
+                o.members.get(&rank).is_some_and(|(c, _)| *c == connection) && !o.departed.contains(&rank)
+            });
             if !ours {
                 return;
             }
             let Some(open) = registry.open.remove(name) else { return };
             open
         };
-        let (reply, result) = crossbeam_channel::bounded(1);
-        let counters = self
+        let counters = self.close_in_data_path(open.id);
+        tracing::info!(%name, rank, ?counters, "session closed: a rank left");
+        let mut open = open;
+        open.departed.insert(rank);
+        tell_remaining(open, &departed_message(rank, name));
+    }
+
+    /// A rank said it leaves, its jobs done. If no round waits for it, the session stays
+    /// open for the others, who may still be recovering the last results lost on the
+    /// way to them, until they leave too (or a round needs the rank: the data path then
+    /// closes the session, [`Event::Orphaned`]). Otherwise its connection's closing
+    /// closes the session, as any rank's that leaves mid-job.
+    fn leave(&self, name: &str, rank: u16, connection: u64) {
+        let id = {
+            let registry = self.lock();
+            match registry.open.get(name) {
+                Some(open) if open.members.get(&rank).is_some_and(|(c, _)| *c == connection) => open.id,
+                _ => return,
+            }
+        };
+        let (reply, departure) = crossbeam_channel::bounded(1);
+        let departure = self
             .commands
-            .send(Command::Close { id: open.id, reply })
+            .send(Command::Depart { id, rank, reply })
+            .ok()
+            .and_then(|()| departure.recv_timeout(Duration::from_secs(5)).ok())
+            .flatten();
+        match departure {
+            Some(Departure::Lingers) => {
+                if let Some(open) = self.lock().open.get_mut(name).filter(|open| open.id == id) {
+                    open.departed.insert(rank);
+                }
+                tracing::debug!(%name, rank, "rank left after its last job; the session serves the others");
+            }
+            Some(Departure::AllGone) => {
+                let closed = {
+                    let mut registry = self.lock();
+                    let ours = registry.open.get(name).is_some_and(|open| open.id == id);
+                    if ours {
+                        registry.open.remove(name)
+                    } else {
+                        None
+                    }
+                };
+                if closed.is_some() {
+                    let counters = self.close_in_data_path(id);
+                    tracing::info!(%name, ?counters, "session closed: every rank left");
+                }
+            }
+            // Needed mid-job, or the session is gone: the connection's closing decides.
+            Some(Departure::Needed) | None => {}
+        }
+    }
+
+    /// Closes a session in the data path; its final counters, if it was open there.
+    fn close_in_data_path(&self, id: SessionId) -> Option<SessionCounters> {
+        let (reply, result) = crossbeam_channel::bounded(1);
+        self.commands
+            .send(Command::Close { id, reply })
             .ok()
             .and_then(|()| result.recv_timeout(Duration::from_secs(5)).ok())
-            .flatten();
-        tracing::info!(%name, rank, ?counters, "session closed: a rank left");
-        let message = format!("rank {rank} left session '{name}'; the session is closed");
-        for (other, (_, stream)) in open.members {
-            if other != rank {
-                let reject =
-                    ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.clone() };
-                send(&stream, 0, &reject);
+            .flatten()
+    }
+
+    /// A registration under the name of an open session some rank has left after its
+    /// last job: that session's program has ended or is starting again, so the session
+    /// closes, its remaining ranks are told why, and the name is free to assemble anew.
+    fn supersede_finished(&self, name: &str) {
+        let finished = {
+            let mut registry = self.lock();
+            let finished = registry.open.get(name).is_some_and(|open| !open.departed.is_empty());
+            if finished {
+                registry.open.remove(name)
+            } else {
+                None
             }
+        };
+        let Some(open) = finished else { return };
+        let counters = self.close_in_data_path(open.id);
+        let Some(&departed) = open.departed.iter().next() else { return };
+        tracing::info!(%name, rank = departed, ?counters, "session closed: registered anew after a rank left");
+        tell_remaining(open, &departed_message(departed, name));
+    }
+}
+
+/// Why a session closed when a rank left.
+fn departed_message(rank: u16, name: &str) -> String {
+    format!("rank {rank} left session '{name}'; the session is closed")
+}
+
+/// Tells the ranks of a closed session that have not left why it closed.
+fn tell_remaining(open: Open, message: &str) {
+    for (rank, (_, stream)) in open.members {
+        if !open.departed.contains(&rank) {
+            let reject =
+                ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.to_string() };
+            send(&stream, 0, &reject);
         }
     }
 }

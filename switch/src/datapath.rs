@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::faults::FaultCounters;
-use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Verdict};
+use netagg_aggregator::{
+    Departure, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Verdict,
+};
 use netagg_wire::{Endpoint, MAX_DATAGRAM_LEN};
 use rustc_hash::FxHashMap;
 
@@ -91,6 +93,13 @@ pub enum Command {
         id: SessionId,
         reply: Sender<Option<SessionCounters>>,
     },
+    /// A rank left after its last job ([`Engine::depart`]); `None` if the session is
+    /// gone.
+    Depart {
+        id: SessionId,
+        rank: u16,
+        reply: Sender<Option<Departure>>,
+    },
     Counters {
         reply: Sender<Counters>,
     },
@@ -110,6 +119,9 @@ pub struct Counters {
 pub enum Event {
     /// The session received nothing for the idle timeout and was closed.
     Expired(SessionId),
+    /// A round needed a rank that had left, so the session could not go on and was
+    /// closed (with its counters).
+    Orphaned { id: SessionId, departed: u16, counters: Option<SessionCounters> },
 }
 
 pub struct DataPath<P: DataPort> {
@@ -202,6 +214,13 @@ impl<P: DataPort> DataPath<P> {
             })?;
             self.board.results.send(&mut self.port);
             self.port.flush();
+            if self.board.engine.has_orphaned() {
+                for (id, departed) in self.board.engine.take_orphaned() {
+                    self.forget(id);
+                    let counters = self.board.engine.close_session(id).ok();
+                    let _ = self.events.send(Event::Orphaned { id, departed, counters });
+                }
+            }
             let now = Instant::now();
             if now >= next_timer_check {
                 for id in self.board.engine.handle_timeout(now) {
@@ -229,6 +248,9 @@ impl<P: DataPort> DataPath<P> {
                 Command::Close { id, reply } => {
                     self.forget(id);
                     let _ = reply.send(self.board.engine.close_session(id).ok());
+                }
+                Command::Depart { id, rank, reply } => {
+                    let _ = reply.send(self.board.engine.depart(id, rank).ok());
                 }
                 Command::Counters { reply } => {
                     let engine = &self.board.engine;

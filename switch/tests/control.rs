@@ -208,7 +208,7 @@ fn registrations_and_sessions_that_take_too_long_are_refused_and_closed() {
 #[test]
 fn connections_over_the_cap_are_refused_and_the_sessions_within_it_go_on() {
     let switch = start(|settings| settings.max_connections = 4);
-    let (_first, mut second) = open_pair(&switch, "within", Duration::from_secs(2));
+    let (mut first, mut second) = open_pair(&switch, "within", Duration::from_secs(2));
     let _idle = [connect(&switch), connect(&switch)];
     // Lets the acceptor take the idle ones in.
     std::thread::sleep(Duration::from_millis(100));
@@ -223,9 +223,12 @@ fn connections_over_the_cap_are_refused_and_the_sessions_within_it_go_on() {
         );
         assert!(closed(&mut over));
     }
-    // The session within the cap is still served: its leave is heard.
+    // The session within the cap is still served: its ranks' leaves are heard, and
+    // the session closes with the last.
     ControlMessage::Leave { session: 0, rank: 1 }.write_to(0, &mut second).unwrap();
     assert!(closed(&mut second));
+    ControlMessage::Leave { session: 0, rank: 0 }.write_to(0, &mut first).unwrap();
+    assert!(closed(&mut first));
     let deadline = Instant::now() + Duration::from_secs(2);
     while switch.counters().unwrap().engine.sessions_closed == 0 {
         assert!(Instant::now() < deadline, "the session did not close");

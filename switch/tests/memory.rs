@@ -168,3 +168,52 @@ fn a_udp_endpoint_elsewhere_than_its_registration_is_refused_with_the_session() 
     );
     assert_eq!(switch.counters().unwrap().engine.sessions_opened, 0);
 }
+
+fn data_in_round(session: u32, token: u64, rank: u16, round: u32, values: [i32; 4]) -> Vec<u8> {
+    let mut bytes = data(session, token, rank, values);
+    let mut packet = Packet::new_checked(&mut bytes[..]).unwrap();
+    packet.set_round(round);
+    bytes
+}
+
+/// The end of a program on a lossy network: rank 1 has every result and leaves, while
+/// rank 0 lost its last one. The session stays: rank 0's retransmission gets the result
+/// back. Only a round that needs rank 1 closes it, and rank 0 is told why.
+#[test]
+fn a_rank_that_leaves_after_its_last_round_does_not_end_the_others_recovery() {
+    let network = MemoryNetwork::new();
+    let switch = start(&network, None);
+    let mut workers: Vec<MemorySocket> =
+        (0..2).map(|_| network.bind("127.0.0.1:0".parse().unwrap()).unwrap()).collect();
+    let (mut control, session, token) = open_session(&switch, "leave", &workers.iter().collect::<Vec<_>>());
+    let switch_data: SocketAddr = SWITCH_DATA.parse().unwrap();
+    for (rank, worker) in (0..).zip(workers.iter_mut()) {
+        worker.send_to(switch_data, &data_in_round(session, token, rank, 0, [rank as i32 + 1; 4]));
+    }
+    for worker in &mut workers {
+        assert_eq!(received(worker, Duration::from_secs(5)).len(), 1);
+    }
+    // Rank 1 leaves and closes its connection, as a finished worker does.
+    let mut leaver = control.pop().unwrap();
+    ControlMessage::Leave { session, rank: 1 }.write_to(0, &mut leaver).unwrap();
+    drop(leaver);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 0, "the session lives on");
+    // Rank 0 resends its contribution, as after losing the result: the result comes back.
+    workers[0].send_to(switch_data, &data_in_round(session, token, 0, 0, [1; 4]));
+    let resent = received(&mut workers[0], Duration::from_secs(5));
+    assert_eq!(resent.len(), 1);
+    assert_eq!(sums(&resent[0].1), [3; 4]);
+    // A new round needs rank 1: the session closes and rank 0 hears why.
+    workers[0].send_to(switch_data, &data_in_round(session, token, 0, 1, [1; 4]));
+    let mut remaining = control.pop().unwrap();
+    remaining.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(
+        ControlMessage::read_from(&mut remaining).unwrap().1,
+        ControlMessage::Reject {
+            code: RejectCode::UnknownSession,
+            message: "rank 1 left session 'leave'; the session is closed".into()
+        }
+    );
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 1);
+}

@@ -27,11 +27,12 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use netagg::{Config, Context, DataType, Element, Job, SparseMode, ThreadCounters};
 use netagg_benches::data::Contents;
-use netagg_benches::model::{self, Bound, Link, Scenario};
+use netagg_benches::model::{Bound, Link, Scenario};
 use netagg_benches::parse_count;
 use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
 use netagg_benches::traffic::{downstream_model, upstream_model, Fractions, Traffic};
 use netagg_benches::verify::Verification;
+use netagg_emulate::link::{parse_duration, parse_rate};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -91,10 +92,11 @@ struct Options {
     /// The workers' link rate each way, when they run on emulated links, in tc's units:
     /// one for every rank (200mbit) or one per rank (200mbit,200mbit,20mbit). Prints the
     /// time the cost model predicts for netagg and for a ring beside the measured one.
-    #[arg(long, value_parser = parse_rates)]
+    /// `netagg-run` sets it on the networks it emulates.
+    #[arg(long, env = "EMULATED_LINK_RATES", value_parser = parse_rates)]
     link_rate: Option<Rates>,
     /// The links' one-way delay, with --link-rate: 5ms, 250us.
-    #[arg(long, default_value = "0", value_parser = model::parse_delay)]
+    #[arg(long, env = "EMULATED_LINK_DELAY", default_value = "0", value_parser = parse_duration)]
     link_delay: Duration,
     /// Also print the results as one line of JSON, last.
     #[arg(long)]
@@ -120,7 +122,7 @@ impl Rates {
 }
 
 fn parse_rates(text: &str) -> Result<Rates, String> {
-    text.split(',').map(model::parse_rate).collect::<Result<_, _>>().map(Rates)
+    text.split(',').map(parse_rate).collect::<Result<_, _>>().map(Rates)
 }
 
 fn parse_late(text: &str) -> Result<(u16, u64), String> {

@@ -407,12 +407,7 @@ fn json_line(command: &mut Command) -> Result<Vec<Value>, String> {
     if !output.status.success() {
         return Err(format!("{command:?} failed ({})", output.status));
     }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let values: Vec<Value> = text
-        .lines()
-        .filter_map(|line| line.find('{').map(|start| &line[start..]))
-        .filter_map(|json| serde_json::from_str(json).ok())
-        .collect();
+    let values = netagg_benches::json_objects(&String::from_utf8_lossy(&output.stdout));
     if values.is_empty() {
         return Err(format!("{command:?} printed no JSON"));
     }

@@ -1,0 +1,239 @@
+//! `emulated_compare`: netagg against MPI's ring on identical emulated networks, beside
+//! the cost model of each (`netagg_benches::model`), as a Markdown table.
+//!
+//! For every worker count, link rate and delay asked, each run starts
+//! `netagg-run -n N --link rate=R,delay=D -- allreduce_benchmark ...` (a switch and N
+//! workers in network namespaces behind shaped links) and then
+//! `netagg-run ... --mpi -- allreduce_mpi ...` on the same links; a row gives the
+//! medians over the runs of each side's median job time, the model's prediction for
+//! each, the ratios, and what set the pace of the netagg runs (the links, the CPU, or
+//! round trips and losses: netagg-run's verdict). Extra rows: every link losing 1 %
+//! of its frames, and a sparse tensor with 10 % of its blocks non-zero. Needs root,
+//! iproute2 and OpenMPI (scripts/emulated-compare sets it up).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::Parser;
+use netagg_benches::summary::median;
+
+#[derive(Debug, Parser)]
+#[command(name = "emulated_compare")]
+struct Options {
+    /// Worker counts.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    workers: Vec<usize>,
+    /// Link rates, in tc's units.
+    #[arg(long, value_delimiter = ',', default_value = "50mbit,100mbit")]
+    rates: Vec<String>,
+    /// One-way link delays.
+    #[arg(long, value_delimiter = ',', default_value = "1ms,5ms")]
+    delays: Vec<String>,
+    /// Float32 elements of the tensor.
+    #[arg(long, default_value = "1Mi", value_parser = netagg_benches::parse_count)]
+    tensor_numel: usize,
+    /// Timed jobs per run (after one warmup job).
+    #[arg(long, default_value_t = 3)]
+    num_jobs: usize,
+    /// Runs of each row; the table shows medians.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// The MPI baseline program (benches/mpi/allreduce.c built with mpicc).
+    #[arg(long)]
+    mpi_program: PathBuf,
+    /// Where netagg-run and allreduce_benchmark are.
+    #[arg(long)]
+    bin_dir: PathBuf,
+    /// Skip the extra rows (1 % loss, sparse at 10 % density).
+    #[arg(long)]
+    no_extra_rows: bool,
+}
+
+/// One row's network and workload.
+#[derive(Debug, Clone)]
+struct Case {
+    workers: usize,
+    link: String,
+    /// allreduce_benchmark's extra options (a density), and a note for the table.
+    netagg_options: Vec<String>,
+    note: &'static str,
+}
+
+/// One run of netagg: the slowest rank's median, the model's netagg and ring times,
+/// and the launcher's verdict on the pace.
+struct NetaggRun {
+    median_s: f64,
+    model_s: f64,
+    ring_model_s: f64,
+    pace: String,
+}
+
+fn main() -> std::process::ExitCode {
+    let options = Options::parse();
+    match run(&options) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("emulated_compare: {message}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(options: &Options) -> Result<(), String> {
+    let mut cases = Vec::new();
+    for &workers in &options.workers {
+        for rate in &options.rates {
+            for delay in &options.delays {
+                cases.push(Case {
+                    workers,
+                    link: format!("rate={rate},delay={delay}"),
+                    netagg_options: vec![],
+                    note: "",
+                });
+            }
+        }
+    }
+    if !options.no_extra_rows {
+        let (rate, delay) = (&options.rates[0], &options.delays[0]);
+        cases.push(Case {
+            workers: 4,
+            link: format!("rate={rate},delay={delay},loss=1%"),
+            netagg_options: vec![],
+            note: "1 % loss each way on every link",
+        });
+        cases.push(Case {
+            workers: 4,
+            link: format!("rate={rate},delay={delay}"),
+            netagg_options: vec!["--density".into(), "0.1".into()],
+            note: "sparse: 10 % of blocks non-zero (MPI sums the dense tensor)",
+        });
+    }
+    println!(
+        "{} MiB float32, {} timed jobs after a warmup, medians of {} runs\n",
+        (options.tensor_numel * 4) >> 20,
+        options.num_jobs,
+        options.runs
+    );
+    println!(
+        "| N | link | netagg s | model s | meas/model | MPI ring s | ring model s | meas/model | netagg / ring | pace (netagg runs) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for case in &cases {
+        let mut netagg = Vec::new();
+        let mut ring = Vec::new();
+        for _ in 0..options.runs {
+            netagg.push(netagg_run(options, case)?);
+            ring.push(mpi_run(options, case)?);
+        }
+        let sorted = |values: Vec<f64>| {
+            let mut values = values;
+            values.sort_by(f64::total_cmp);
+            median(&values)
+        };
+        let netagg_s = sorted(netagg.iter().map(|run| run.median_s).collect());
+        let model_s = sorted(netagg.iter().map(|run| run.model_s).collect());
+        let ring_model_s = sorted(netagg.iter().map(|run| run.ring_model_s).collect());
+        let ring_s = sorted(ring.clone());
+        let mut paces: Vec<&str> = netagg.iter().map(|run| run.pace.as_str()).collect();
+        paces.dedup();
+        let link =
+            if case.note.is_empty() { case.link.clone() } else { format!("{} ({})", case.link, case.note) };
+        println!(
+            "| {} | {link} | {netagg_s:.3} | {model_s:.3} | {:.2} | {ring_s:.3} | {ring_model_s:.3} | {:.2} | **{:.2}** | {} |",
+            case.workers,
+            netagg_s / model_s,
+            ring_s / ring_model_s,
+            netagg_s / ring_s,
+            paces.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn launcher(options: &Options, case: &Case) -> Command {
+    let mut command = Command::new(options.bin_dir.join("netagg-run"));
+    command.args(["-n", &case.workers.to_string(), "--link", &case.link]);
+    command
+}
+
+/// Runs a command and returns its standard output, or an error with the end of both
+/// outputs.
+fn output_of(command: &mut Command) -> Result<String, String> {
+    let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    if !output.status.success() {
+        let tail = |text: &str| {
+            text.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+        };
+        return Err(format!(
+            "{command:?} failed ({}):\n{}\n{}",
+            output.status,
+            tail(&stdout),
+            tail(&String::from_utf8_lossy(&output.stderr))
+        ));
+    }
+    Ok(stdout)
+}
+
+fn netagg_run(options: &Options, case: &Case) -> Result<NetaggRun, String> {
+    let mut command = launcher(options, case);
+    command.arg("--").arg(options.bin_dir.join("allreduce_benchmark"));
+    command.args(["--tensor-type", "float32", "--tensor-numel", &options.tensor_numel.to_string()]);
+    command.args(["--num-jobs", &options.num_jobs.to_string(), "--num-warmup-jobs", "1", "--json"]);
+    command.args(&case.netagg_options);
+    let stdout = output_of(&mut command)?;
+    let reports = netagg_benches::json_objects(&stdout);
+    if reports.len() != case.workers {
+        return Err(format!("{} of {} ranks reported:\n{stdout}", reports.len(), case.workers));
+    }
+    let field = |report: &serde_json::Value, path: &[&str]| {
+        path.iter().try_fold(report, |value, key| value.get(key)).and_then(serde_json::Value::as_f64)
+    };
+    // Every rank waits for the slowest: the session's time is the largest median.
+    let mut run = NetaggRun { median_s: 0.0, model_s: 0.0, ring_model_s: 0.0, pace: String::new() };
+    for report in &reports {
+        let median_ns = field(report, &["median_ns"]).ok_or("a rank's report has no median_ns")?;
+        let model_ns = field(report, &["model", "netagg_ns"]).ok_or("no model in a rank's report")?;
+        let ring_ns = field(report, &["model", "ring_ns"]).ok_or("no ring model in a rank's report")?;
+        run.median_s = run.median_s.max(median_ns / 1e9);
+        run.model_s = model_ns / 1e9;
+        run.ring_model_s = ring_ns / 1e9;
+    }
+    run.pace = pace(&stdout);
+    Ok(run)
+}
+
+/// netagg-run's verdict, in a word.
+fn pace(stdout: &str) -> String {
+    let verdict = stdout.lines().find_map(|line| line.strip_prefix("netagg-run: pace: ")).unwrap_or("");
+    let delay_held = !stdout.contains("DELAY NOT HELD");
+    let word = if verdict.starts_with("the links") {
+        "links"
+    } else if verdict.starts_with("CPU-BOUND") {
+        "**CPU**"
+    } else if verdict.starts_with("neither") {
+        "round trips"
+    } else {
+        "?"
+    };
+    if delay_held {
+        word.to_string()
+    } else {
+        format!("{word}, **delay not held**")
+    }
+}
+
+fn mpi_run(options: &Options, case: &Case) -> Result<f64, String> {
+    let mut command = launcher(options, case);
+    command.args(["--mpi", "--"]).arg(absolute(&options.mpi_program)?);
+    command.args([options.tensor_numel.to_string(), options.num_jobs.to_string(), "1".into()]);
+    let stdout = output_of(&mut command)?;
+    let report = netagg_benches::json_objects(&stdout).into_iter().next().ok_or("MPI printed no JSON")?;
+    report["median_ns"].as_f64().map(|ns| ns / 1e9).ok_or_else(|| "MPI's report has no median_ns".into())
+}
+
+/// mpirun starts the program in other namespaces, from their working directory: it
+/// needs an absolute path.
+fn absolute(path: &Path) -> Result<PathBuf, String> {
+    std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))
+}

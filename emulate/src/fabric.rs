@@ -1,0 +1,379 @@
+//! The network of an emulated run: a namespace holding a bridge (the fabric), one
+//! namespace for the switch and one per worker, each joined to the bridge by a veth
+//! pair. Every worker's pair is shaped both ways: `tbf` for the rate (on the worker's
+//! end for what it sends, on the fabric's end for what it receives), and, when the
+//! link delays or loses frames, `netem` where the kernel has it, else a user-space
+//! [`DelayLine`] spliced into the link inside the fabric namespace:
+//!
+//! ```text
+//! worker ns            fabric ns                                       switch ns
+//! eth0 (tbf up) ─── w<r> (tbf down) ═ delay line ═ d<r> ─── b<r> ─ br0 ─ sw ─── eth0
+//! ```
+//!
+//! Everything is named `<prefix>-...`, the prefix holding the launcher's process id, so
+//! that concurrent runs never meet; dropping the [`Fabric`] ends every process left in
+//! its namespaces and removes them, which removes their devices with them.
+
+use crate::delay_line::{DelayLine, DirectionStats, Impairment};
+use crate::link::{format_rate, Link};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+
+/// How delay, jitter and loss are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Impairer {
+    /// The kernel's `netem` qdisc.
+    Netem,
+    /// A user-space delay line per link, for kernels without netem.
+    UserSpace,
+}
+
+impl std::fmt::Display for Impairer {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            Impairer::Netem => "netem",
+            Impairer::UserSpace => "user-space delay line",
+        })
+    }
+}
+
+/// Which impairer to use: `auto` takes netem where the kernel has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImpairerChoice {
+    #[default]
+    Auto,
+    Only(Impairer),
+}
+
+impl std::str::FromStr for ImpairerChoice {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(ImpairerChoice::Auto),
+            "netem" => Ok(ImpairerChoice::Only(Impairer::Netem)),
+            "user-space" | "userspace" => Ok(ImpairerChoice::Only(Impairer::UserSpace)),
+            _ => Err(format!("'{text}': expected auto, netem or user-space")),
+        }
+    }
+}
+
+/// The first three bytes of every address: a private /24 that exists only inside the
+/// run's namespaces, so it cannot clash with the host's networks.
+const SUBNET: [u8; 3] = [10, 213, 7];
+/// The most workers one /24 addresses (.1 to .200), beside the switch (.254).
+pub const MAX_WORKERS: usize = 200;
+
+/// A run's namespaces, links and delay lines; removed on drop.
+pub struct Fabric {
+    prefix: String,
+    links: Vec<Link>,
+    /// What makes delay and loss, if any link has them.
+    impairer: Option<Impairer>,
+    delay_lines: Vec<(usize, DelayLine)>,
+}
+
+impl Fabric {
+    /// Builds the namespaces and links for one worker per link. Fails, having removed
+    /// whatever it made, if something it needs is missing or a command fails.
+    pub fn create(prefix: &str, links: Vec<Link>, choice: ImpairerChoice) -> Result<Fabric, String> {
+        check_prerequisites()?;
+        if links.is_empty() || links.len() > MAX_WORKERS {
+            return Err(format!("{} workers: an emulated network holds 1 to {MAX_WORKERS}", links.len()));
+        }
+        remove_abandoned();
+        let mut fabric =
+            Fabric { prefix: prefix.to_string(), links, impairer: None, delay_lines: Vec::new() };
+        // On an error, dropping `fabric` removes what was made so far.
+        fabric.build(choice)?;
+        Ok(fabric)
+    }
+
+    pub fn switch_namespace(&self) -> String {
+        format!("{}-switch", self.prefix)
+    }
+
+    pub fn worker_namespace(&self, rank: usize) -> String {
+        format!("{}-w{rank}", self.prefix)
+    }
+
+    /// The namespace of the bridge and of the fabric's ends of the links.
+    pub fn fabric_namespace(&self) -> String {
+        format!("{}-fabric", self.prefix)
+    }
+
+    pub fn switch_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], 254)
+    }
+
+    pub fn worker_ip(&self, rank: usize) -> Ipv4Addr {
+        Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], rank as u8 + 1)
+    }
+
+    /// The subnet, as `10.213.7.0/24`.
+    pub fn subnet(&self) -> String {
+        format!("{}.{}.{}.0/24", SUBNET[0], SUBNET[1], SUBNET[2])
+    }
+
+    pub fn links(&self) -> &[Link] {
+        &self.links
+    }
+
+    pub fn impairer(&self) -> Option<Impairer> {
+        self.impairer
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn build(&mut self, choice: ImpairerChoice) -> Result<(), String> {
+        let fabric = self.fabric_namespace();
+        ip(&["netns", "add", &fabric])?;
+        ip(&["-n", &fabric, "link", "set", "lo", "up"])?;
+        ip(&["-n", &fabric, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &fabric, "link", "set", "br0", "up"])?;
+        if self.links.iter().any(Link::is_impaired) {
+            self.impairer = Some(match choice {
+                ImpairerChoice::Only(impairer) => impairer,
+                ImpairerChoice::Auto if has_netem(&fabric) => Impairer::Netem,
+                ImpairerChoice::Auto => Impairer::UserSpace,
+            });
+        }
+        self.attach(&self.switch_namespace(), "sw", self.switch_ip())?;
+        for rank in 0..self.links.len() {
+            self.attach_worker(rank)?;
+        }
+        Ok(())
+    }
+
+    /// A namespace joined to the bridge by a veth pair: `port` on the bridge, `eth0`
+    /// with `address` inside.
+    fn attach(&self, namespace: &str, port: &str, address: Ipv4Addr) -> Result<(), String> {
+        let fabric = self.fabric_namespace();
+        ip(&["netns", "add", namespace])?;
+        ip(&["-n", namespace, "link", "set", "lo", "up"])?;
+        veth(&fabric, port, "eth0", Some(namespace))?;
+        ip(&["-n", &fabric, "link", "set", port, "master", "br0", "up"])?;
+        ip(&["-n", namespace, "addr", "add", &format!("{address}/24"), "dev", "eth0"])?;
+        ip(&["-n", namespace, "link", "set", "eth0", "up"])
+    }
+
+    fn attach_worker(&mut self, rank: usize) -> Result<(), String> {
+        let link = self.links[rank];
+        let fabric = self.fabric_namespace();
+        let namespace = self.worker_namespace(rank);
+        let port = format!("w{rank}");
+        let user_space = link.is_impaired() && self.impairer == Some(Impairer::UserSpace);
+        if user_space {
+            // The worker's veth ends unbridged in the fabric, and a second pair takes
+            // the bridge's side; the delay line carries frames between the two.
+            ip(&["netns", "add", &namespace])?;
+            ip(&["-n", &namespace, "link", "set", "lo", "up"])?;
+            veth(&fabric, &port, "eth0", Some(&namespace))?;
+            ip(&["-n", &fabric, "link", "set", &port, "up"])?;
+            let (line_end, bridge_port) = (format!("d{rank}"), format!("b{rank}"));
+            veth(&fabric, &line_end, &bridge_port, None)?;
+            ip(&["-n", &fabric, "link", "set", &bridge_port, "master", "br0", "up"])?;
+            ip(&["-n", &fabric, "link", "set", &line_end, "up"])?;
+            let address = format!("{}/24", self.worker_ip(rank));
+            ip(&["-n", &namespace, "addr", "add", &address, "dev", "eth0"])?;
+            ip(&["-n", &namespace, "link", "set", "eth0", "up"])?;
+            let impairment = Impairment { delay: link.delay, jitter: link.jitter, loss: link.loss };
+            let line = DelayLine::start(&fabric, &port, &line_end, impairment, impairment)
+                .map_err(|e| format!("rank {rank}'s link: {e}"))?;
+            self.delay_lines.push((rank, line));
+        } else {
+            self.attach(&namespace, &port, self.worker_ip(rank))?;
+        }
+        // Up on the worker's end, down on the fabric's.
+        let netem = link.is_impaired() && self.impairer == Some(Impairer::Netem);
+        for (ns, device) in [(namespace.as_str(), "eth0"), (fabric.as_str(), port.as_str())] {
+            shape(ns, device, &link, netem)?;
+        }
+        Ok(())
+    }
+
+    /// Every link's frames through its delay line so far, by rank: [up, down].
+    pub fn delay_line_stats(&self) -> Vec<(usize, [DirectionStats; 2])> {
+        self.delay_lines.iter().map(|(rank, line)| (*rank, line.stats())).collect()
+    }
+
+    /// Frames each rate limiter dropped because its queue was full: by rank, (up, down).
+    pub fn queue_drops(&self) -> Vec<(u64, u64)> {
+        (0..self.links.len())
+            .map(|rank| {
+                let up = tbf_drops(&self.worker_namespace(rank), "eth0");
+                let down = tbf_drops(&self.fabric_namespace(), &format!("w{rank}"));
+                (up, down)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        // The delay lines first: their threads hold sockets in the fabric namespace.
+        self.delay_lines.clear();
+        remove_namespaces(&format!("{}-", self.prefix));
+    }
+}
+
+/// Root, `ip` and `tc`: all of them checked before anything is made.
+fn check_prerequisites() -> Result<(), String> {
+    let mut missing = Vec::new();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        missing.push("root (network namespaces and qdiscs need it: run with sudo)");
+    }
+    for (program, package) in
+        [("ip", "ip (apt-get install iproute2)"), ("tc", "tc (apt-get install iproute2)")]
+    {
+        if Command::new(program).arg("-V").output().is_err() {
+            missing.push(package);
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("an emulated network needs {}", missing.join(", ")))
+    }
+}
+
+/// A veth pair: `name` in `namespace`, its peer in `peer_namespace` (or beside it).
+///
+/// Neither end takes segmentation-offload super-frames (`gso_max_segs 1`): a TCP or UDP
+/// stack's 64 KB batch is cut into frames before it leaves the sender, as on a real
+/// link, so that the rate limiter paces frames, and a lost frame, by netem or the delay
+/// line, is one frame and not a whole batch.
+fn veth(namespace: &str, name: &str, peer: &str, peer_namespace: Option<&str>) -> Result<(), String> {
+    let mut args = vec!["-n", namespace, "link", "add", "name", name, "gso_max_segs", "1", "type", "veth"];
+    args.extend(["peer", "name", peer, "gso_max_segs", "1"]);
+    if let Some(peer_namespace) = peer_namespace {
+        args.extend(["netns", peer_namespace]);
+    }
+    ip(&args)
+}
+
+/// Runs `ip ARGS`; the error carries the command and what ip printed.
+fn ip(args: &[&str]) -> Result<(), String> {
+    command("ip", args)
+}
+
+fn command(program: &str, args: &[&str]) -> Result<(), String> {
+    let output =
+        Command::new(program).args(args).output().map_err(|e| format!("cannot run {program}: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{program} {}' failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// Whether the kernel has netem: a trial qdisc on the fabric's loopback.
+fn has_netem(namespace: &str) -> bool {
+    let added =
+        command("tc", &["-n", namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]);
+    let _ = command("tc", &["-n", namespace, "qdisc", "del", "dev", "lo", "root"]);
+    added.is_ok()
+}
+
+/// The qdiscs of one end of a link: tbf for the rate; with netem, netem at the root
+/// and tbf beneath it, so that a frame is delayed and then paced.
+fn shape(namespace: &str, device: &str, link: &Link, netem: bool) -> Result<(), String> {
+    let tc = |args: &[&str]| {
+        let mut full = vec!["-n", namespace, "qdisc", "add", "dev", device];
+        full.extend_from_slice(args);
+        command("tc", &full)
+    };
+    let rate = link.rate.map(format_rate);
+    let tbf = |parent: &[&'static str]| -> Result<(), String> {
+        let Some(rate) = &rate else { return Ok(()) };
+        let burst = link.burst.to_string();
+        let latency = format!("{}us", link.queue.as_micros());
+        let mut args = parent.to_vec();
+        args.extend(["tbf", "rate", rate, "burst", &burst, "latency", &latency]);
+        tc(&args)
+    };
+    if !netem {
+        return tbf(&["root"]);
+    }
+    let delay = format!("{}us", link.delay.as_micros());
+    let jitter = format!("{}us", link.jitter.as_micros());
+    let loss = format!("{}%", link.loss * 100.0);
+    // A limit far above any window, so that netem's own queue never drops.
+    tc(&["root", "handle", "1:", "netem", "delay", &delay, &jitter, "loss", &loss, "limit", "100000"])?;
+    tbf(&["parent", "1:", "handle", "2:"])
+}
+
+/// Frames a device's tbf dropped (0 if it has none or tc cannot say).
+fn tbf_drops(namespace: &str, device: &str) -> u64 {
+    let Ok(output) =
+        Command::new("tc").args(["-n", namespace, "-s", "qdisc", "show", "dev", device]).output()
+    else {
+        return 0;
+    };
+    // "qdisc tbf 2: ... \n Sent 123 bytes 4 pkt (dropped 5, overlimits ...)"
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut in_tbf = false;
+    for line in text.lines() {
+        if line.starts_with("qdisc ") {
+            in_tbf = line.starts_with("qdisc tbf");
+        } else if in_tbf {
+            if let Some(rest) = line.split("(dropped ").nth(1) {
+                return rest.split(',').next().and_then(|n| n.trim().parse().ok()).unwrap_or(0);
+            }
+        }
+    }
+    0
+}
+
+/// Ends every process in the namespaces whose names start with `prefix`, and removes
+/// the namespaces.
+fn remove_namespaces(prefix: &str) {
+    for namespace in namespaces().into_iter().filter(|name| name.starts_with(prefix)) {
+        if let Ok(output) = Command::new("ip").args(["netns", "pids", &namespace]).output() {
+            for pid in String::from_utf8_lossy(&output.stdout).split_whitespace() {
+                if let Ok(pid) = pid.parse::<libc::pid_t>() {
+                    // SAFETY: kill has no memory preconditions; a pid that has exited
+                    // meanwhile gives ESRCH, which is fine.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
+        let _ = ip(&["netns", "del", &namespace]);
+    }
+}
+
+/// The network namespaces `ip netns` knows.
+fn namespaces() -> Vec<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|entries| entries.filter_map(|entry| entry.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Removes the namespaces of runs whose launcher died without removing them (killed
+/// with SIGKILL): `netagg-<pid>-...` where no process `pid` lives.
+fn remove_abandoned() {
+    let mut dead = std::collections::BTreeSet::new();
+    for namespace in namespaces() {
+        let Some(pid) = namespace.strip_prefix("netagg-").and_then(|rest| rest.split('-').next()) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new(&format!("/proc/{pid}")).exists() {
+            dead.insert(format!("netagg-{pid}-"));
+        }
+    }
+    for prefix in dead {
+        remove_namespaces(&prefix);
+    }
+}
+
+/// The prefix of this process's namespaces.
+pub fn default_prefix() -> String {
+    format!("netagg-{}", std::process::id())
+}

@@ -1,0 +1,222 @@
+//! `netagg-run` on an emulated network: the switch and every worker in network
+//! namespaces of their own behind shaped links ([`netagg_emulate::fabric`]), watched
+//! by a [`Monitor`] that says afterwards whether the links or this machine's CPU set
+//! the pace, and removed on every exit, Ctrl-C included.
+//!
+//! Each rank also gets `EMULATED_LINK_RATES` (its world's rates, by rank) and
+//! `EMULATED_LINK_DELAY` (the longest one-way delay), from which `allreduce_benchmark`
+//! prints the cost model's prediction beside its measured time.
+
+use super::{run_ranks, set_rank_environment, start_switch, stop_switch, switch_program, Options};
+use netagg_emulate::fabric::{Fabric, Impairer};
+use netagg_emulate::link::{format_rate, Link};
+use netagg_emulate::monitor::{judge, Monitor};
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+
+/// PyTorch's rendezvous port on rank 0's address: the namespaces are this run's alone.
+const RENDEZVOUS_PORT: u16 = 29500;
+
+pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, String> {
+    let mut topology = match &options.topology {
+        Some(path) => netagg_emulate::link::Topology::from_file(path)?,
+        None => Default::default(),
+    };
+    topology.apply(&options.link.unwrap_or_default(), &options.rank_links);
+    let links = topology.links(u32::from(options.workers))?;
+    let fabric = Fabric::create(&netagg_emulate::fabric::default_prefix(), links, options.impairer)?;
+    describe(&fabric);
+    let monitor = Monitor::start(&fabric.fabric_namespace(), fabric.links().len())
+        .map_err(|e| format!("cannot watch the links: {e}"))?;
+    let code = if options.mpi {
+        run_mpi(options, &fabric, interrupted)
+    } else {
+        run_netagg(options, &fabric, interrupted)
+    };
+    match monitor.finish() {
+        Ok(samples) => report(&fabric, &samples),
+        Err(error) => eprintln!("netagg-run: {error}"),
+    }
+    // Dropping the fabric removes the namespaces, whatever happened above.
+    drop(fabric);
+    code
+}
+
+fn describe(fabric: &Fabric) {
+    println!(
+        "netagg-run: emulated network: namespaces {}-*, subnet {}, switch {}",
+        fabric.prefix(),
+        fabric.subnet(),
+        fabric.switch_ip()
+    );
+    for (rank, link) in fabric.links().iter().enumerate() {
+        println!("netagg-run: rank {rank} at {}: {link}", fabric.worker_ip(rank));
+    }
+    match fabric.impairer() {
+        Some(Impairer::Netem) => println!("netagg-run: delay, jitter and loss by netem"),
+        Some(Impairer::UserSpace) => println!(
+            "netagg-run: delay, jitter and loss by a user-space delay line on each impaired link \
+             (no netem in this kernel, or --impairer user-space); rates by tbf"
+        ),
+        None => println!("netagg-run: rates by tbf; no delay or loss"),
+    }
+}
+
+fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Result<u8, String> {
+    let mut switch_command = Command::new("ip");
+    switch_command.args(["netns", "exec", &fabric.switch_namespace()]).arg(switch_program());
+    let (switch, control) =
+        start_switch(switch_command, &fabric.switch_ip().to_string(), &options.switch_args)?;
+    let session = format!("{}-session", fabric.prefix());
+    let master = fabric.worker_ip(0).to_string();
+    let links = fabric.links();
+    let rates: Option<Vec<String>> = links.iter().map(|link| link.rate.map(format_rate)).collect();
+    let longest_delay = links.iter().map(|link| link.delay).max().unwrap_or_default();
+    let ranks = (0..options.workers)
+        .map(|rank| {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", &fabric.worker_namespace(usize::from(rank))]);
+            command.args(&options.program);
+            set_rank_environment(
+                &mut command,
+                rank,
+                options.workers,
+                (&master, RENDEZVOUS_PORT),
+                &control,
+                &session,
+            )?;
+            if let Some(rates) = &rates {
+                command
+                    .env("EMULATED_LINK_RATES", rates.join(","))
+                    .env("EMULATED_LINK_DELAY", format!("{}us", longest_delay.as_micros()));
+            }
+            Ok((rank.to_string(), command))
+        })
+        .collect::<Result<Vec<_>, String>>();
+    let result = ranks.and_then(|ranks| run_ranks(ranks, interrupted));
+    stop_switch(switch);
+    result
+}
+
+/// `mpirun` in the switch's namespace (joined to the bridge, its own link unshaped),
+/// treating each worker namespace as a host: the hostfile lists the workers'
+/// addresses, and the remote-shell agent mpirun starts each host's daemon with enters
+/// that host's namespace. MPI's traffic then crosses the workers' shaped links.
+fn run_mpi(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Result<u8, String> {
+    let folder = std::env::temp_dir().join(fabric.prefix());
+    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+    let result = (|| {
+        let hostfile = folder.join("hostfile");
+        let agent = folder.join("rsh-agent");
+        let workers = usize::from(options.workers);
+        let hosts: String =
+            (0..workers).map(|rank| format!("{} slots=1\n", fabric.worker_ip(rank))).collect();
+        let cases: String = (0..workers)
+            .map(|rank| {
+                format!("  {}) namespace={} ;;\n", fabric.worker_ip(rank), fabric.worker_namespace(rank))
+            })
+            .collect();
+        let script = format!(
+            "#!/bin/sh\n# mpirun's remote shell for this run: HOST COMMAND... runs COMMAND in HOST's namespace.\n\
+             host=$1\nshift\ncase $host in\n{cases}  *) echo \"rsh-agent: no namespace for $host\" >&2; exit 1 ;;\nesac\n\
+             exec ip netns exec \"$namespace\" sh -c \"$*\"\n"
+        );
+        std::fs::write(&hostfile, hosts).map_err(|e| format!("{}: {e}", hostfile.display()))?;
+        std::fs::write(&agent, script).map_err(|e| format!("{}: {e}", agent.display()))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("{}: {e}", agent.display()))?;
+        let subnet = fabric.subnet();
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &fabric.switch_namespace(), "mpirun", "-np", &workers.to_string()]);
+        command.arg("--hostfile").arg(&hostfile).arg("--mca").arg("plm_rsh_agent").arg(&agent);
+        command.args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", &subnet]);
+        command.args(["--mca", "oob_tcp_if_include", &subnet, "--allow-run-as-root", "--bind-to", "none"]);
+        // A rank waiting for data yields its core rather than spin on it: the ranks of
+        // an emulated network share this machine's cores with each other and with the links.
+        command.args(["--mca", "mpi_yield_when_idle", "1"]);
+        command.args(&options.program);
+        run_ranks(vec![("mpirun".into(), command)], interrupted)
+    })();
+    let _ = std::fs::remove_dir_all(&folder);
+    result
+}
+
+/// Each link's traffic, its queues' drops, its delay line's losses and lateness, and
+/// whether the links or the CPU set the pace.
+fn report(fabric: &Fabric, samples: &[netagg_emulate::monitor::Sample]) {
+    let judgement = judge(samples, fabric.links());
+    let drops = fabric.queue_drops();
+    let lines: std::collections::BTreeMap<usize, _> = fabric.delay_line_stats().into_iter().collect();
+    println!(
+        "netagg-run: {:<4} {:>9} {:>19} {:>21} {:>13} {:>13} {:>19}",
+        "rank",
+        "link",
+        "carried MB up/down",
+        "Mbit/s in use up/down",
+        "queue drops",
+        "lost",
+        "late med/p99 us"
+    );
+    for (rank, link) in fabric.links().iter().enumerate() {
+        let (up, down) = judgement.bytes[rank];
+        let (rate_up, rate_down) = judgement.mean_rates[rank];
+        let (lost, late) = match lines.get(&rank) {
+            Some([up_line, down_line]) => (
+                format!("{}/{}", up_line.lost, down_line.lost),
+                format!(
+                    "{}/{}",
+                    up_line.lateness_median.max(down_line.lateness_median).as_micros(),
+                    up_line.lateness_p99.max(down_line.lateness_p99).as_micros()
+                ),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "netagg-run: {:<4} {:>9} {:>19} {:>21} {:>13} {:>13} {:>19}",
+            rank,
+            link.rate.map(format_rate).unwrap_or_else(|| "unlimited".into()),
+            format!("{:.1}/{:.1}", up as f64 / 1e6, down as f64 / 1e6),
+            format!("{:.1}/{:.1}", rate_up / 1e6, rate_down / 1e6),
+            format!("{}/{}", drops[rank].0, drops[rank].1),
+            lost,
+            late
+        );
+    }
+    if let Some(lagging) = lagging_delay_line(fabric, &lines) {
+        println!("netagg-run: {lagging}");
+    }
+    println!("netagg-run: pace: {}", judgement.verdict());
+}
+
+/// Whether each delay line held its delay: a frame sent later than due by more than a
+/// tenth of the delay (and 100 us) at the median, or a quarter of it (and 500 us) at the
+/// 99th percentile, means the host could not keep up. Judged on 1000 frames or more
+/// each way.
+fn lagging_delay_line(
+    fabric: &Fabric,
+    lines: &std::collections::BTreeMap<usize, [netagg_emulate::delay_line::DirectionStats; 2]>,
+) -> Option<String> {
+    use std::time::Duration;
+    let lagging: Vec<String> = lines
+        .iter()
+        .filter(|(rank, directions)| {
+            let link: &Link = &fabric.links()[**rank];
+            let median_allowed = link.delay / 10 + Duration::from_micros(100);
+            let tail_allowed = link.delay / 4 + Duration::from_micros(500);
+            directions.iter().any(|direction| {
+                direction.frames >= 1000
+                    && (direction.lateness_median > median_allowed || direction.lateness_p99 > tail_allowed)
+            })
+        })
+        .map(|(rank, _)| rank.to_string())
+        .collect();
+    (!lagging.is_empty()).then(|| {
+        format!(
+            "DELAY NOT HELD on the links of ranks {}: their delay lines sent frames later than due by more \
+             than a tenth of the delay (+100 us) at the median or a quarter (+500 us) at the 99th \
+             percentile; the host could not keep up, and those links' delays were longer than set",
+            lagging.join(", ")
+        )
+    })
+}
