@@ -355,7 +355,7 @@ impl Engine {
         if rank >= session.spec.workers {
             return Err(SessionError::Unknown(id.0));
         }
-        if session.awaits(rank) {
+        if (0..session.spec.slots).any(|slot| session.waits_for(slot, rank)) {
             return Ok(Departure::Needed);
         }
         session.departed.insert(rank);
@@ -576,27 +576,35 @@ impl Session {
         }
     }
 
-    /// Whether a round in progress waits for `rank`'s contribution.
-    fn awaits(&self, rank: u16) -> bool {
-        self.slots.iter().enumerate().any(|(slot, state)| {
-            state.open_set.is_some_and(|set| {
-                let set = &self.sets[self.set_index(slot as u16, set as u32)];
-                !set.contributed.contains(rank)
-                    && (state.continuation.is_none() || state.expected.contains(rank))
-            })
-        })
+    /// Whether the open round of `slot`, begun or not, cannot complete without
+    /// `rank`'s contribution: it expects the rank (a start round expects every rank, a
+    /// sparse continuation those whose streams have its block) and has not had it.
+    fn round_needs(&self, slot: u16, rank: u16) -> bool {
+        let state = &self.slots[slot as usize];
+        let expects = state.continuation.is_none() || state.expected.contains(rank);
+        expects && !self.contributed(slot, rank)
     }
 
-    /// A departed rank the open round of `slot` expects, if any.
-    fn departed_expected(&self, slot: usize) -> Option<u16> {
+    /// Whether `rank` has contributed to the open round of `slot`.
+    fn contributed(&self, slot: u16, rank: u16) -> bool {
+        let open_set = self.slots[slot as usize].open_set;
+        open_set.is_some_and(|set| self.sets[self.set_index(slot, set as u32)].contributed.contains(rank))
+    }
+
+    /// Whether the open round of `slot` is under way (a contribution is in, or a sparse
+    /// stream has scheduled it) and waits for `rank`.
+    fn waits_for(&self, slot: u16, rank: u16) -> bool {
+        let state = &self.slots[slot as usize];
+        let under_way = state.continuation.is_some() || state.open_set.is_some();
+        under_way && self.round_needs(slot, rank)
+    }
+
+    /// A rank that has left and that the open round of `slot` needs, if any.
+    fn departed_needed(&self, slot: u16) -> Option<u16> {
         if self.departed.is_empty() {
             return None;
         }
-        let state = &self.slots[slot];
-        match state.continuation {
-            None => self.departed.iter().next(),
-            Some(_) => self.departed.iter().find(|&rank| state.expected.contains(rank)),
-        }
+        self.departed.iter().find(|&rank| self.round_needs(slot, rank))
     }
 
     /// The index in `sets` of the slot's own set `set`.
@@ -656,6 +664,14 @@ impl Session {
                 self.apply_ack(repr.slot, repr.rank, repr.ack_round);
                 if !repr.flags.contains(Flags::WANT_RESULT) {
                     return Verdict::Consumed;
+                }
+                // A probe for a round under way that a departed rank must complete: the
+                // session cannot go on, and the prober must hear so, not wait.
+                if repr.round == self.slots[repr.slot as usize].open_round {
+                    let departed = self.departed.iter().find(|&rank| self.waits_for(repr.slot, rank));
+                    if let Some(rank) = departed {
+                        return self.reject(DropReason::Departed(rank));
+                    }
                 }
                 self.resend_result(repr, false, out)
             }
@@ -724,7 +740,7 @@ impl Session {
         if let Err(reason) = self.check_contribution(repr) {
             return self.reject(reason);
         }
-        if let Some(rank) = self.departed_expected(slot_index) {
+        if let Some(rank) = self.departed_needed(repr.slot) {
             return self.reject(DropReason::Departed(rank));
         }
 
@@ -836,22 +852,11 @@ impl Session {
     /// The notice also maps which of the next 64 slots' rounds wait for this worker, so
     /// that one probe finds the contributions it lost anywhere in its window.
     fn emit_pending(&self, repr: &PacketRepr, out: &mut [u8]) -> Verdict {
-        let contributed = |slot: u16| {
-            let open_set = self.slots[slot as usize].open_set;
-            open_set.is_some_and(|set| {
-                self.sets[self.set_index(slot, set as u32)].contributed.contains(repr.rank)
-            })
-        };
-        let lacks = |slot: u16| {
-            let state = &self.slots[slot as usize];
-            let under_way = state.continuation.is_some() || state.open_set.is_some();
-            let expects = state.continuation.is_none() || state.expected.contains(repr.rank);
-            under_way && expects && !contributed(slot)
-        };
         let last = (repr.slot as u32 + 64).min(self.spec.slots as u32) as u16;
-        let lacking = (repr.slot..last).rev().fold(0u64, |map, slot| map << 1 | lacks(slot) as u64);
+        let lacking =
+            (repr.slot..last).rev().fold(0u64, |map, slot| map << 1 | self.waits_for(slot, repr.rank) as u64);
         let mut notice = PacketRepr {
-            flags: if contributed(repr.slot) { Flags::CONTRIBUTED } else { Flags::NONE },
+            flags: if self.contributed(repr.slot, repr.rank) { Flags::CONTRIBUTED } else { Flags::NONE },
             job: repr.job,
             rank: repr.rank,
             slot: repr.slot,
@@ -1048,5 +1053,39 @@ mod tests {
         // Rank 0 has contributed to the open round: its leaving would not be.
         assert_eq!(engine.depart(session, 0), Ok(Departure::Lingers));
         assert_eq!(engine.depart(SessionId(99), 0), Err(SessionError::Unknown(99)));
+    }
+
+    /// A sparse contribution to `block` of slot 0, whose stream goes on at `next`.
+    fn sparse(session: SessionId, rank: u16, round: u32, block: u32, next: u32) -> Vec<u8> {
+        let repr = PacketRepr {
+            rank,
+            round,
+            ack_round: round.wrapping_sub(1),
+            flags: Flags::SPARSE,
+            block,
+            next_block: next,
+            ..PacketRepr::new(MessageType::Data, ElementType::Int32, session.0, 7, 1)
+        };
+        let mut buffer = vec![0; repr.buffer_len()];
+        repr.emit(&mut buffer).unwrap();
+        buffer
+    }
+
+    #[test]
+    fn a_sparse_continuation_needs_only_the_ranks_whose_streams_have_its_block() {
+        // Rank 0's stream ends after block 0; rank 1's goes on at block 5, so the next
+        // round of the slot is a continuation only rank 1 contributes to.
+        let (mut engine, session, now, mut out) = one_slot(4);
+        engine.handle_datagram(now, &sparse(session, 0, 0, 0, END_OF_STREAM), &mut out);
+        engine.handle_datagram(now, &sparse(session, 1, 0, 0, 5), &mut out);
+        // Rank 0 may leave; rank 1 may not, though nothing of block 5 has arrived yet.
+        assert_eq!(engine.depart(session, 1), Ok(Departure::Needed));
+        assert_eq!(engine.depart(session, 0), Ok(Departure::Lingers));
+        let completed = engine.handle_datagram(now, &sparse(session, 1, 1, 5, END_OF_STREAM), &mut out);
+        assert!(matches!(completed, Verdict::Send(_)), "{completed:?}");
+        assert!(!engine.has_orphaned());
+        // The next start round needs rank 0: the session cannot go on.
+        engine.handle_datagram(now, &sparse(session, 1, 2, 0, END_OF_STREAM), &mut out);
+        assert_eq!(engine.take_orphaned(), [(session, 0)]);
     }
 }

@@ -10,8 +10,9 @@
 //! Unlike `netem`, jitter never reorders frames: a frame is never due before the one ahead
 //! of it. Reordering makes TCP retransmit, which is not what one emulating a path wants by
 //! default; the price is that jitter larger than the gap between frames delays a burst as a
-//! whole. Segmentation-offload super-frames (up to 64 KB that TCP hands a veth) are one
-//! frame to the line, so loss drops them whole, as `netem` does.
+//! whole. A segmentation-offload super-frame (up to 64 KB that TCP or UDP hands a veth)
+//! would be one frame to the line, and lost whole; the fabric's veths take none
+//! (`gso_max_segs 1`, see `fabric`), so every frame here is one a real link would carry.
 
 mod lateness;
 mod packet_socket;
@@ -112,7 +113,7 @@ impl DelayLine {
                 return Err(context(name, io::Error::new(io::ErrorKind::InvalidInput, message)));
             }
         }
-        let namespace_path = format!("/run/netns/{netns}");
+        let namespace_path = crate::netns::path(netns);
         let namespace = File::open(&namespace_path).map_err(|error| context(&namespace_path, error))?;
 
         let stop = Arc::new(AtomicBool::new(false));

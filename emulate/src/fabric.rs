@@ -312,13 +312,13 @@ fn shape(namespace: &str, device: &str, link: &Link, netem: bool) -> Result<(), 
 
 /// Frames a device's tbf dropped (0 if it has none or tc cannot say).
 fn tbf_drops(namespace: &str, device: &str) -> u64 {
-    let Ok(output) =
-        Command::new("tc").args(["-n", namespace, "-s", "qdisc", "show", "dev", device]).output()
-    else {
-        return 0;
-    };
-    // "qdisc tbf 2: ... \n Sent 123 bytes 4 pkt (dropped 5, overlimits ...)"
-    let text = String::from_utf8_lossy(&output.stdout);
+    let output = Command::new("tc").args(["-n", namespace, "-s", "qdisc", "show", "dev", device]).output();
+    output.map_or(0, |output| tbf_drops_of(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// The drops of the tbf in `tc -s qdisc show`'s output: "qdisc tbf 2: ... \n Sent 123
+/// bytes 4 pkt (dropped 5, overlimits ...)"; a netem above it has its own line.
+fn tbf_drops_of(text: &str) -> u64 {
     let mut in_tbf = false;
     for line in text.lines() {
         if line.starts_with("qdisc ") {
@@ -351,7 +351,7 @@ fn remove_namespaces(prefix: &str) {
 
 /// The network namespaces `ip netns` knows.
 fn namespaces() -> Vec<String> {
-    std::fs::read_dir("/run/netns")
+    std::fs::read_dir(crate::netns::FOLDER)
         .map(|entries| entries.filter_map(|entry| entry.ok()?.file_name().into_string().ok()).collect())
         .unwrap_or_default()
 }
@@ -376,4 +376,22 @@ fn remove_abandoned() {
 /// The prefix of this process's namespaces.
 pub fn default_prefix() -> String {
     format!("netagg-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tbf_s_drops_are_read_beneath_a_netem() {
+        let shown = "qdisc netem 1: root refcnt 2 limit 100000 delay 2ms\n \
+                     Sent 1000 bytes 10 pkt (dropped 7, overlimits 0 requeues 0)\n\
+                     qdisc tbf 2: parent 1: rate 100Mbit burst 64Kb lat 100ms\n \
+                     Sent 900 bytes 9 pkt (dropped 3, overlimits 12 requeues 0)\n";
+        assert_eq!(tbf_drops_of(shown), 3);
+        assert_eq!(
+            tbf_drops_of("qdisc noqueue 0: root refcnt 2\n Sent 0 bytes 0 pkt (dropped 0, overlimits 0)\n"),
+            0
+        );
+    }
 }

@@ -237,6 +237,9 @@ impl Topology {
 
     /// Every rank's link, for `workers` workers.
     pub fn links(&self, workers: u32) -> Result<Vec<Link>, String> {
+        if workers == 0 {
+            return Err("an emulated network needs at least one worker".into());
+        }
         if let Some((rank, _)) = self.ranks.range(workers..).next() {
             return Err(format!("a link is set for rank {rank}, but the ranks are 0 to {}", workers - 1));
         }
@@ -276,10 +279,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .iter()
         .find_map(|(unit, seconds)| lower.strip_suffix(unit).map(|number| (number, *seconds)))
         .unwrap_or((lower.as_str(), 1e-3));
-    match number.parse::<f64>() {
-        Ok(value) if value >= 0.0 && value.is_finite() => Ok(Duration::from_secs_f64(value * seconds)),
-        _ => Err(format!("'{text}': expected a delay such as 5ms, 250us or 0")),
-    }
+    let delay =
+        number.parse::<f64>().ok().and_then(|value| Duration::try_from_secs_f64(value * seconds).ok());
+    delay.ok_or_else(|| format!("'{text}': expected a delay such as 5ms, 250us or 0"))
 }
 
 /// `1%` or `0.01`: a probability.
@@ -298,7 +300,7 @@ fn parse_size(text: &str) -> Option<u64> {
         .iter()
         .find_map(|(unit, scale)| lower.strip_suffix(unit).map(|number| (number, *scale)))
         .unwrap_or((lower.as_str(), 1));
-    number.trim().parse::<u64>().ok().filter(|&size| size > 0).map(|size| size * scale)
+    number.trim().parse::<u64>().ok().filter(|&size| size > 0).and_then(|size| size.checked_mul(scale))
 }
 
 #[cfg(test)]
@@ -318,6 +320,9 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_millis(2)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert!(parse_duration("-1ms").unwrap_err().contains("expected a delay"));
+        assert!(parse_duration("1e300s").unwrap_err().contains("expected a delay"));
+        assert!(LinkSettings::parse("burst=99999999999999999999mb").is_err());
+        assert!(LinkSettings::parse("burst=18014398509481984mb").is_err());
         assert_eq!(format_rate(200_000_000), "200mbit");
         assert_eq!(format_rate(1_500_000), "1500kbit");
         assert_eq!(format_rate(123), "123bit");

@@ -107,7 +107,8 @@ pub fn link_bytes(proc_net_dev: &str, workers: usize) -> Vec<(u64, u64)> {
 }
 
 /// The machine's CPU ticks (busy, all) from `/proc/stat`'s first line; iowait counts
-/// as idle.
+/// as idle. Of its fields (user nice system idle iowait irq softirq steal guest
+/// guest_nice), the last two are already counted in user and nice.
 pub fn cpu_ticks(proc_stat: &str) -> (u64, u64) {
     let fields: Vec<u64> = proc_stat
         .lines()
@@ -115,6 +116,7 @@ pub fn cpu_ticks(proc_stat: &str) -> (u64, u64) {
         .unwrap_or_default()
         .split_whitespace()
         .skip(1)
+        .take(8)
         .filter_map(|field| field.parse().ok())
         .collect();
     let all: u64 = fields.iter().sum();
@@ -335,5 +337,7 @@ mod tests {
                    \x20   w0: 7 1 0 0 0 0 0 0 8 1 0 0 0 0 0 0\n";
         assert_eq!(link_bytes(dev, 2), vec![(7, 8), (1000, 2000)]);
         assert_eq!(cpu_ticks("cpu  10 1 5 80 4 0 0 0 0 0\ncpu0 1 2 3\n"), (16, 100));
+        // Guest time is in user time already.
+        assert_eq!(cpu_ticks("cpu  10 1 5 80 4 0 0 0 7 1\n"), (16, 100));
     }
 }

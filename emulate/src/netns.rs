@@ -16,10 +16,17 @@ pub(crate) fn enter(namespace: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// Where `ip netns` keeps its namespaces, by name.
+pub(crate) const FOLDER: &str = "/run/netns";
+
+/// The file of the namespace `ip netns` calls `name`.
+pub(crate) fn path(name: &str) -> String {
+    format!("{FOLDER}/{name}")
+}
+
 /// Moves the calling thread into the namespace `ip netns` calls `name`.
 pub(crate) fn enter_by_name(name: &str) -> io::Result<()> {
-    let path = format!("/run/netns/{name}");
     let in_context =
         |error: io::Error| io::Error::new(error.kind(), format!("network namespace {name}: {error}"));
-    enter(&File::open(path).map_err(in_context)?).map_err(in_context)
+    enter(&File::open(path(name)).map_err(in_context)?).map_err(in_context)
 }

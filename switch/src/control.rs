@@ -345,7 +345,6 @@ impl ControlPlane {
                     };
                     let registered = Registered { peer: peer.ip(), endpoints };
                     let member = Member { connection, stream: Arc::clone(&stream), request_id, registered };
-                    self.supersede_finished(&name);
                     match self.register(&name, rank, shape, member) {
                         Ok(outgoing) => {
                             // The session must assemble within the timeout from now on;
@@ -419,7 +418,9 @@ impl ControlPlane {
             ));
         }
         let mut registry = self.lock();
-        if registry.open.contains_key(name) {
+        // A session some rank has left after its last job is ending: the same program's
+        // next context (or its restart) may assemble under its name beside it.
+        if registry.open.get(name).is_some_and(|open| open.departed.is_empty()) {
             return Err((
                 RejectCode::DuplicateRank,
                 format!("session '{name}' is already running with all its ranks"),
@@ -460,7 +461,17 @@ impl ControlPlane {
             return Ok(Vec::new());
         }
         let Some(pending) = registry.pending.remove(name) else { return Ok(Vec::new()) };
-        Ok(self.open(&mut registry, name, pending))
+        // The session it supersedes, whose ranks have not all left: closed, and those
+        // ranks told (they were still recovering results, or are a program's stale half).
+        let superseded = registry.open.remove(name);
+        let mut outgoing = self.open(&mut registry, name, pending);
+        if let Some(old) = superseded {
+            let counters = self.close_in_data_path(old.id);
+            let Some(&departed) = old.departed.iter().next() else { return Ok(outgoing) };
+            tracing::info!(%name, rank = departed, ?counters, "session closed: a new one assembled under its name");
+            outgoing.extend(notices(old, &departed_message(departed, name)));
+        }
+        Ok(outgoing)
     }
 
     /// Opens a session whose every rank has registered; returns the answers to them all.
@@ -637,26 +648,6 @@ impl ControlPlane {
             .and_then(|()| result.recv_timeout(Duration::from_secs(5)).ok())
             .flatten()
     }
-
-    /// A registration under the name of an open session some rank has left after its
-    /// last job: that session's program has ended or is starting again, so the session
-    /// closes, its remaining ranks are told why, and the name is free to assemble anew.
-    fn supersede_finished(&self, name: &str) {
-        let finished = {
-            let mut registry = self.lock();
-            let finished = registry.open.get(name).is_some_and(|open| !open.departed.is_empty());
-            if finished {
-                registry.open.remove(name)
-            } else {
-                None
-            }
-        };
-        let Some(open) = finished else { return };
-        let counters = self.close_in_data_path(open.id);
-        let Some(&departed) = open.departed.iter().next() else { return };
-        tracing::info!(%name, rank = departed, ?counters, "session closed: registered anew after a rank left");
-        tell_remaining(open, &departed_message(departed, name));
-    }
 }
 
 /// Why a session closed when a rank left.
@@ -666,13 +657,14 @@ fn departed_message(rank: u16, name: &str) -> String {
 
 /// Tells the ranks of a closed session that have not left why it closed.
 fn tell_remaining(open: Open, message: &str) {
-    for (rank, (_, stream)) in open.members {
-        if !open.departed.contains(&rank) {
-            let reject =
-                ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.to_string() };
-            send(&stream, 0, &reject);
-        }
-    }
+    deliver(notices(open, message));
+}
+
+/// What tells the ranks of a closed session that have not left why it closed.
+fn notices(open: Open, message: &str) -> Outgoing {
+    let remaining = open.members.into_iter().filter(|(rank, _)| !open.departed.contains(rank));
+    let reject = ControlMessage::Reject { code: RejectCode::UnknownSession, message: message.to_string() };
+    remaining.map(|(_, (_, stream))| (stream, 0, reject.clone())).collect()
 }
 
 /// Events that a flood could repeat thousands of times a second, logged once per

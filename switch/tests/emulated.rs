@@ -1,6 +1,10 @@
 //! `netagg-run` on emulated networks: namespaces, shaped links with delay and loss, a
 //! straggler, MPI across the same links, and nothing left behind, Ctrl-C included.
-//! These need root and iproute2, as CI has; they fail, not skip, without them.
+//! These need root and iproute2, as CI has, and fail, not skip, without them; they are
+//! ignored in a plain `cargo test`, and `scripts/test` runs them one at a time with the
+//! release binaries (`--ignored --test-threads 1`): several emulated networks at once on
+//! two cores would measure the machine, and a debug build spends more CPU than the
+//! links allow.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -53,10 +57,7 @@ fn pair(text: &str) -> (f64, f64) {
 }
 
 #[test]
-#[cfg_attr(
-    debug_assertions,
-    ignore = "a debug switch and workers spend more CPU than the links allow, which is not what this tests: scripts/test runs this file with cargo test --release"
-)]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn a_straggler_behind_delayed_lossy_links_gets_exact_sums_and_nothing_is_left() {
     // 100 Mbit/s, 2 ms and 1 % loss each way; rank 3 at 20 Mbit/s.
     let topology = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/topology-straggler.cfg");
@@ -108,10 +109,7 @@ fn a_straggler_behind_delayed_lossy_links_gets_exact_sums_and_nothing_is_left() 
 /// OpenMPI's allreduce, one rank per worker namespace: its traffic crosses the same
 /// shaped links.
 #[test]
-#[cfg_attr(
-    debug_assertions,
-    ignore = "with a debug delay line beside OpenMPI's polling ranks, the machine is the bottleneck: scripts/test runs this file with cargo test --release"
-)]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn mpi_runs_across_the_worker_namespaces_over_their_links() {
     let folder = std::env::temp_dir().join(format!("netagg-emulated-mpi-{}", std::process::id()));
     std::fs::create_dir_all(&folder).unwrap();
@@ -139,6 +137,7 @@ fn mpi_runs_across_the_worker_namespaces_over_their_links() {
 }
 
 #[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn ctrl_c_stops_the_ranks_and_removes_the_namespaces() {
     let mut run = Command::new(RUN)
         .args(["-n", "2", "--link", "rate=10mbit,delay=5ms,loss=1%", "--", "sleep", "60"])
@@ -169,6 +168,7 @@ fn ctrl_c_stops_the_ranks_and_removes_the_namespaces() {
 }
 
 #[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn bad_links_and_missing_privileges_are_clear_errors() {
     let error = |args: &[&str]| {
         let output = Command::new(RUN).args(args).output().unwrap();
@@ -200,4 +200,44 @@ fn bad_links_and_missing_privileges_are_clear_errors() {
         "{}",
         text(&output)
     );
+}
+
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn a_failing_rank_ends_the_run_with_its_code_and_nothing_is_left() {
+    let output = Command::new(RUN)
+        .args(["-n", "2", "--link", "rate=10mbit,delay=1ms", "--"])
+        .args(["sh", "-c", r#"if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60"#])
+        .output()
+        .unwrap();
+    let all = text(&output);
+    assert_eq!(output.status.code(), Some(3), "{all}");
+    assert!(all.contains("netagg-run: rank 1 failed"), "{all}");
+    assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind after:\n{all}");
+}
+
+/// A launcher killed outright cannot clean up: the next one removes what it left, and
+/// ends the processes still running in it.
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn the_next_run_removes_what_a_killed_launcher_left() {
+    let mut killed = Command::new(RUN)
+        .args(["-n", "2", "--link", "rate=10mbit", "--", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let prefix = format!("netagg-{}", killed.id());
+    let started = Instant::now();
+    while namespaces_of(&prefix).len() < 4 {
+        assert!(started.elapsed() < Duration::from_secs(30), "no namespaces of {prefix}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert_eq!(namespaces_of(&prefix).len(), 4, "a killed launcher leaves its namespaces");
+    let next = Command::new(RUN).args(["-n", "1", "--link", "rate=10mbit", "--", "true"]).output().unwrap();
+    assert!(next.status.success(), "{}", text(&next));
+    assert_eq!(namespaces_of(&prefix), Vec::<String>::new());
 }

@@ -4,9 +4,10 @@
 //! For every worker count, link rate and delay asked, each run starts
 //! `netagg-run -n N --link rate=R,delay=D -- allreduce_benchmark ...` (a switch and N
 //! workers in network namespaces behind shaped links) and then
-//! `netagg-run ... --mpi -- allreduce_mpi ...` on the same links; a row gives the
+//! `netagg-run ... --mpi -- allreduce_mpi ...` on the same links, with OpenMPI's ring
+//! algorithm (as the model, and as large allreduces use); a row gives the
 //! medians over the runs of each side's median job time, the model's prediction for
-//! each, the ratios, and what set the pace of the netagg runs (the links, the CPU, or
+//! each, the ratios, and what set the pace of each side's runs (the links, the CPU, or
 //! round trips and losses: netagg-run's verdict). Extra rows: every link losing 1 %
 //! of its frames, and a sparse tensor with 10 % of its blocks non-zero. Needs root,
 //! iproute2 and OpenMPI (scripts/emulated-compare sets it up).
@@ -115,7 +116,7 @@ fn run(options: &Options) -> Result<(), String> {
         options.runs
     );
     println!(
-        "| N | link | netagg s | model s | meas/model | MPI ring s | ring model s | meas/model | netagg / ring | pace (netagg runs) |"
+        "| N | link | netagg s | model s | meas/model | MPI ring s | ring model s | meas/model | netagg / ring | pace: netagg / MPI |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for case in &cases {
@@ -133,18 +134,23 @@ fn run(options: &Options) -> Result<(), String> {
         let netagg_s = sorted(netagg.iter().map(|run| run.median_s).collect());
         let model_s = sorted(netagg.iter().map(|run| run.model_s).collect());
         let ring_model_s = sorted(netagg.iter().map(|run| run.ring_model_s).collect());
-        let ring_s = sorted(ring.clone());
-        let mut paces: Vec<&str> = netagg.iter().map(|run| run.pace.as_str()).collect();
-        paces.dedup();
+        let ring_s = sorted(ring.iter().map(|run| run.0).collect());
+        let paces = |paces: Vec<&str>| {
+            let mut paces = paces;
+            paces.sort();
+            paces.dedup();
+            paces.join(", ")
+        };
+        let netagg_pace = paces(netagg.iter().map(|run| run.pace.as_str()).collect());
+        let ring_pace = paces(ring.iter().map(|run| run.1.as_str()).collect());
         let link =
             if case.note.is_empty() { case.link.clone() } else { format!("{} ({})", case.link, case.note) };
         println!(
-            "| {} | {link} | {netagg_s:.3} | {model_s:.3} | {:.2} | {ring_s:.3} | {ring_model_s:.3} | {:.2} | **{:.2}** | {} |",
+            "| {} | {link} | {netagg_s:.3} | {model_s:.3} | {:.2} | {ring_s:.3} | {ring_model_s:.3} | {:.2} | **{:.2}** | {netagg_pace} / {ring_pace} |",
             case.workers,
             netagg_s / model_s,
             ring_s / ring_model_s,
             netagg_s / ring_s,
-            paces.join(", ")
         );
     }
     Ok(())
@@ -192,7 +198,7 @@ fn netagg_run(options: &Options, case: &Case) -> Result<NetaggRun, String> {
     // Every rank waits for the slowest: the session's time is the largest median.
     let mut run = NetaggRun { median_s: 0.0, model_s: 0.0, ring_model_s: 0.0, pace: String::new() };
     for report in &reports {
-        let median_ns = field(report, &["median_ns"]).ok_or("a rank's report has no median_ns")?;
+        let median_ns = field(report, &["summary", "median_ns"]).ok_or("a rank's report has no median")?;
         let model_ns = field(report, &["model", "netagg_ns"]).ok_or("no model in a rank's report")?;
         let ring_ns = field(report, &["model", "ring_ns"]).ok_or("no ring model in a rank's report")?;
         run.median_s = run.median_s.max(median_ns / 1e9);
@@ -223,13 +229,20 @@ fn pace(stdout: &str) -> String {
     }
 }
 
-fn mpi_run(options: &Options, case: &Case) -> Result<f64, String> {
+/// One run of MPI: rank 0's median, and the launcher's verdict on the pace.
+fn mpi_run(options: &Options, case: &Case) -> Result<(f64, String), String> {
     let mut command = launcher(options, case);
+    // The ring, which the model describes and large allreduces use: OpenMPI's tuned
+    // component would otherwise pick by size and rank count (algorithm 4 is its ring).
+    command
+        .env("OMPI_MCA_coll_tuned_use_dynamic_rules", "1")
+        .env("OMPI_MCA_coll_tuned_allreduce_algorithm", "4");
     command.args(["--mpi", "--"]).arg(absolute(&options.mpi_program)?);
     command.args([options.tensor_numel.to_string(), options.num_jobs.to_string(), "1".into()]);
     let stdout = output_of(&mut command)?;
     let report = netagg_benches::json_objects(&stdout).into_iter().next().ok_or("MPI printed no JSON")?;
-    report["median_ns"].as_f64().map(|ns| ns / 1e9).ok_or_else(|| "MPI's report has no median_ns".into())
+    let median_s = report["median_ns"].as_f64().map(|ns| ns / 1e9).ok_or("MPI's report has no median_ns")?;
+    Ok((median_s, pace(&stdout)))
 }
 
 /// mpirun starts the program in other namespaces, from their working directory: it

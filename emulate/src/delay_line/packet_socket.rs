@@ -58,10 +58,12 @@ impl PacketSocket {
         Ok(socket)
     }
 
+    /// A packet socket that takes frames of `protocol_be` from the device `ifindex` only.
     fn open(protocol_be: u16, ifindex: libc::c_int) -> io::Result<Self> {
+        // Protocol 0 at first, and the protocol only in `bind`: a socket opened with one
+        // takes every device's frames until it is bound, and would forward other links'.
         // SAFETY: socket() takes no pointers.
-        let fd =
-            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol_be.into()) };
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -24,7 +24,17 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
     };
     topology.apply(&options.link.unwrap_or_default(), &options.rank_links);
     let links = topology.links(u32::from(options.workers))?;
-    let fabric = Fabric::create(&netagg_emulate::fabric::default_prefix(), links, options.impairer)?;
+    // An interrupt while the network is built reaches the ip and tc it runs too: it
+    // ends the run as an interrupt, not as their failure.
+    let interrupted_exit = || interrupted.load(std::sync::atomic::Ordering::Relaxed);
+    let fabric = match Fabric::create(&netagg_emulate::fabric::default_prefix(), links, options.impairer) {
+        Ok(fabric) => fabric,
+        Err(_) if interrupted_exit() => return Ok(130),
+        Err(error) => return Err(error),
+    };
+    if interrupted_exit() {
+        return Ok(130);
+    }
     describe(&fabric);
     let monitor = Monitor::start(&fabric.fabric_namespace(), fabric.links().len())
         .map_err(|e| format!("cannot watch the links: {e}"))?;
@@ -103,43 +113,48 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
 /// addresses, and the remote-shell agent mpirun starts each host's daemon with enters
 /// that host's namespace. MPI's traffic then crosses the workers' shaped links.
 fn run_mpi(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Result<u8, String> {
-    let folder = std::env::temp_dir().join(fabric.prefix());
-    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
-    let result = (|| {
-        let hostfile = folder.join("hostfile");
-        let agent = folder.join("rsh-agent");
-        let workers = usize::from(options.workers);
-        let hosts: String =
-            (0..workers).map(|rank| format!("{} slots=1\n", fabric.worker_ip(rank))).collect();
-        let cases: String = (0..workers)
-            .map(|rank| {
-                format!("  {}) namespace={} ;;\n", fabric.worker_ip(rank), fabric.worker_namespace(rank))
-            })
-            .collect();
-        let script = format!(
-            "#!/bin/sh\n# mpirun's remote shell for this run: HOST COMMAND... runs COMMAND in HOST's namespace.\n\
-             host=$1\nshift\ncase $host in\n{cases}  *) echo \"rsh-agent: no namespace for $host\" >&2; exit 1 ;;\nesac\n\
-             exec ip netns exec \"$namespace\" sh -c \"$*\"\n"
-        );
-        std::fs::write(&hostfile, hosts).map_err(|e| format!("{}: {e}", hostfile.display()))?;
-        std::fs::write(&agent, script).map_err(|e| format!("{}: {e}", agent.display()))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| format!("{}: {e}", agent.display()))?;
-        let subnet = fabric.subnet();
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", &fabric.switch_namespace(), "mpirun", "-np", &workers.to_string()]);
-        command.arg("--hostfile").arg(&hostfile).arg("--mca").arg("plm_rsh_agent").arg(&agent);
-        command.args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", &subnet]);
-        command.args(["--mca", "oob_tcp_if_include", &subnet, "--allow-run-as-root", "--bind-to", "none"]);
-        // A rank waiting for data yields its core rather than spin on it: the ranks of
-        // an emulated network share this machine's cores with each other and with the links.
-        command.args(["--mca", "mpi_yield_when_idle", "1"]);
-        command.args(&options.program);
-        run_ranks(vec![("mpirun".into(), command)], interrupted)
-    })();
-    let _ = std::fs::remove_dir_all(&folder);
-    result
+    // A folder of this run's own (mode 0700, a fresh random name): root runs the script
+    // in it, so nobody else may have put or changed anything there.
+    let folder = tempfile::Builder::new()
+        .prefix(&format!("{}-mpi-", fabric.prefix()))
+        .tempdir()
+        .map_err(|e| format!("cannot make a folder for mpirun's files: {e}"))?;
+    let hostfile = folder.path().join("hostfile");
+    let agent = folder.path().join("rsh-agent");
+    let workers = usize::from(options.workers);
+    let hosts: String = (0..workers).map(|rank| format!("{} slots=1\n", fabric.worker_ip(rank))).collect();
+    let cases: String = (0..workers)
+        .map(|rank| format!("  {}) namespace={} ;;\n", fabric.worker_ip(rank), fabric.worker_namespace(rank)))
+        .collect();
+    let script = format!(
+        "#!/bin/sh\n# mpirun's remote shell for this run: HOST COMMAND... runs COMMAND in HOST's namespace.\n\
+         host=$1\nshift\ncase $host in\n{cases}  *) echo \"rsh-agent: no namespace for $host\" >&2; exit 1 ;;\nesac\n\
+         exec ip netns exec \"$namespace\" sh -c \"$*\"\n"
+    );
+    std::fs::write(&hostfile, hosts).map_err(|e| format!("{}: {e}", hostfile.display()))?;
+    std::fs::write(&agent, script).map_err(|e| format!("{}: {e}", agent.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{}: {e}", agent.display()))?;
+    let subnet = fabric.subnet();
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", &fabric.switch_namespace(), "mpirun", "-np", &workers.to_string()]);
+    command.arg("--hostfile").arg(&hostfile).arg("--mca").arg("plm_rsh_agent").arg(&agent);
+    command.args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", &subnet]);
+    command.args(["--mca", "oob_tcp_if_include", &subnet, "--allow-run-as-root", "--bind-to", "none"]);
+    // A rank waiting for data yields its core rather than spin on it: the ranks of
+    // an emulated network share this machine's cores with each other and with the links.
+    command.args(["--mca", "mpi_yield_when_idle", "1"]);
+    // Every namespace has this machine's host name, which confuses the daemons'
+    // routing tree ("does not know how to route a message to the specified
+    // daemon"): each daemon talks to mpirun directly.
+    command.args(["--mca", "routed", "direct"]);
+    // hwloc's probe of the machine through /sys crashed a daemon (a segmentation fault
+    // in hwloc_alloc_setup_object) in about one run in ten inside these namespaces.
+    // The ranks are not bound to cores, so its generic topology serves as well.
+    command.env("HWLOC_COMPONENTS", "-linux");
+    command.args(&options.program);
+    run_ranks(vec![("mpirun".into(), command)], interrupted)
 }
 
 /// Each link's traffic, its queues' drops, its delay line's losses and lateness, and

@@ -143,9 +143,12 @@ fn main() -> ExitCode {
 fn run(options: Options) -> Result<u8, String> {
     // Ctrl-C and SIGTERM stop the ranks and the switch, and (on an emulated network)
     // remove the namespaces, instead of killing this process before it can.
+    // A second one ends this process at once, leaving the namespaces to the next run.
     let interrupted = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&interrupted)).map_err(|e| e.to_string())?;
+        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&interrupted))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&interrupted)))
+            .map_err(|e| e.to_string())?;
     }
     if options.emulated() {
         return emulated::run(&options, &interrupted);
@@ -299,17 +302,18 @@ fn run_ranks(commands: Vec<(String, Command)>, interrupted: &AtomicBool) -> Resu
             Ok(None) => true,
             Err(_) => false,
         });
+        // An interrupt first: the ranks it reached too then exit, and are no failures.
+        if interrupted.load(Ordering::Relaxed) && code != 130 {
+            eprintln!("netagg-run: interrupted; stopping the ranks");
+            code = 130;
+            stop_by = Some(Instant::now());
+        }
         while let Ok((label, status)) = exited.try_recv() {
             if !status.success() && code == 0 {
                 code = status.code().map_or(1, |c| c.clamp(1, 255) as u8);
                 eprintln!("netagg-run: rank {label} failed ({status}); stopping the others");
                 stop_by = Some(Instant::now() + Duration::from_secs(5));
             }
-        }
-        if interrupted.load(Ordering::Relaxed) && code != 130 {
-            eprintln!("netagg-run: interrupted; stopping the ranks");
-            code = 130;
-            stop_by = Some(Instant::now());
         }
         if stop_by.is_some_and(|deadline| Instant::now() >= deadline) {
             stop_all(&mut running);
