@@ -144,6 +144,37 @@ impl Fabric {
         for rank in 0..self.links.len() {
             self.attach_worker(rank)?;
         }
+        self.wait_until_up()
+    }
+
+    /// Waits until every veth of the run is up. A device set up is not up at once: until
+    /// the kernel sees its carrier (within a second) it drops what is sent through it,
+    /// and a program started meanwhile (OpenMPI's daemons connecting to mpirun) fails.
+    fn wait_until_up(&self) -> Result<(), String> {
+        let mut namespaces = vec![self.fabric_namespace(), self.switch_namespace()];
+        namespaces.extend((0..self.links.len()).map(|rank| self.worker_namespace(rank)));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        for namespace in &namespaces {
+            loop {
+                let output = Command::new("ip")
+                    .args(["-n", namespace, "-o", "link", "show", "type", "veth"])
+                    .output()
+                    .map_err(|e| format!("cannot run ip: {e}"))?;
+                let listing = String::from_utf8_lossy(&output.stdout);
+                let down: Vec<&str> = listing
+                    .lines()
+                    .filter(|line| !line.contains("state UP"))
+                    .filter_map(|line| line.split(':').nth(1).map(str::trim))
+                    .collect();
+                if down.is_empty() {
+                    break;
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(format!("in namespace {namespace}, {} did not come up within 5 s", down.join(", ")));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
         Ok(())
     }
 
