@@ -170,7 +170,10 @@ impl Fabric {
                     break;
                 }
                 if std::time::Instant::now() >= deadline {
-                    return Err(format!("in namespace {namespace}, {} did not come up within 5 s", down.join(", ")));
+                    return Err(format!(
+                        "in namespace {namespace}, {} did not come up within 5 s",
+                        down.join(", ")
+                    ));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }

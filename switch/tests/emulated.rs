@@ -136,18 +136,18 @@ fn mpi_runs_across_the_worker_namespaces_over_their_links() {
     std::fs::remove_dir_all(&folder).unwrap();
 }
 
-#[test]
-#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
-fn ctrl_c_stops_the_ranks_and_removes_the_namespaces() {
+/// netagg-run with 2 ranks that sleep for a minute on links `link`, once all its
+/// namespaces are made (the fabric, the switch and both workers) and its ranks run;
+/// with its namespaces' prefix.
+fn two_sleeping_ranks(link: &str) -> (std::process::Child, String) {
     let mut run = Command::new(RUN)
-        .args(["-n", "2", "--link", "rate=10mbit,delay=5ms,loss=1%", "--", "sleep", "60"])
+        .args(["-n", "2", "--link", link, "--", "sleep", "60"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let prefix = format!("netagg-{}", run.id());
     let started = Instant::now();
-    // Every namespace made: the fabric, the switch and both workers.
     while namespaces_of(&prefix).len() < 4 {
         assert!(started.elapsed() < Duration::from_secs(30), "no namespaces of {prefix}");
         assert!(run.try_wait().unwrap().is_none(), "netagg-run ended early");
@@ -155,6 +155,14 @@ fn ctrl_c_stops_the_ranks_and_removes_the_namespaces() {
     }
     // The ranks are running once their sleep is in the worker namespaces.
     std::thread::sleep(Duration::from_millis(500));
+    (run, prefix)
+}
+
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn ctrl_c_stops_the_ranks_and_removes_the_namespaces() {
+    let (mut run, prefix) = two_sleeping_ranks("rate=10mbit,delay=5ms,loss=1%");
+    let started = Instant::now();
     assert!(Command::new("kill").args(["-INT", &run.id().to_string()]).status().unwrap().success());
     let status = loop {
         if let Some(status) = run.try_wait().unwrap() {
@@ -221,19 +229,7 @@ fn a_failing_rank_ends_the_run_with_its_code_and_nothing_is_left() {
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn the_next_run_removes_what_a_killed_launcher_left() {
-    let mut killed = Command::new(RUN)
-        .args(["-n", "2", "--link", "rate=10mbit", "--", "sleep", "60"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let prefix = format!("netagg-{}", killed.id());
-    let started = Instant::now();
-    while namespaces_of(&prefix).len() < 4 {
-        assert!(started.elapsed() < Duration::from_secs(30), "no namespaces of {prefix}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    let (mut killed, prefix) = two_sleeping_ranks("rate=10mbit");
     killed.kill().unwrap();
     killed.wait().unwrap();
     assert_eq!(namespaces_of(&prefix).len(), 4, "a killed launcher leaves its namespaces");
