@@ -120,6 +120,8 @@ pub enum SessionError {
     SessionMemory { needed: usize, max: usize },
     #[error("no open session has id {0:#010x}")]
     Unknown(u32),
+    #[error("rank {rank} is not below the session's {workers} workers")]
+    Rank { rank: u16, workers: u16 },
 }
 
 /// Handle of an open session; also the `session` field of its packets.
@@ -353,7 +355,7 @@ impl Engine {
     pub fn depart(&mut self, id: SessionId, rank: u16) -> Result<Departure, SessionError> {
         let session = self.session_mut(id).ok_or(SessionError::Unknown(id.0))?;
         if rank >= session.spec.workers {
-            return Err(SessionError::Unknown(id.0));
+            return Err(SessionError::Rank { rank, workers: session.spec.workers });
         }
         if (0..session.spec.slots).any(|slot| session.waits_for(slot, rank)) {
             return Ok(Departure::Needed);
@@ -1053,6 +1055,38 @@ mod tests {
         // Rank 0 has contributed to the open round: its leaving would not be.
         assert_eq!(engine.depart(session, 0), Ok(Departure::Lingers));
         assert_eq!(engine.depart(SessionId(99), 0), Err(SessionError::Unknown(99)));
+        assert_eq!(engine.depart(session, 2), Err(SessionError::Rank { rank: 2, workers: 2 }));
+    }
+
+    /// A header-only probe asking for a round's result (`WANT_RESULT`).
+    fn probe(session: SessionId, rank: u16, round: u32) -> Vec<u8> {
+        let repr = PacketRepr {
+            rank,
+            round,
+            ack_round: round.wrapping_sub(1),
+            flags: Flags::WANT_RESULT,
+            ..PacketRepr::new(MessageType::Ack, ElementType::Int32, session.0, 7, 0)
+        };
+        let mut buffer = vec![0; repr.buffer_len()];
+        repr.emit(&mut buffer).unwrap();
+        buffer
+    }
+
+    #[test]
+    fn a_probe_for_a_round_a_departed_rank_must_complete_orphans_the_session() {
+        // Rank 1 sends block 0 of its sparse stream, saying block 5 comes next, and
+        // stops mid-job: no round waits for it yet, so its leaving lingers.
+        let (mut engine, session, now, mut out) = one_slot(4);
+        engine.handle_datagram(now, &sparse(session, 1, 0, 0, 5), &mut out);
+        assert_eq!(engine.depart(session, 1), Ok(Departure::Lingers));
+        // Rank 0's block 0 completes the round, whose continuation (block 5) only
+        // rank 1 has: rank 0 then waits for it, and its probe learns the session is over.
+        let completed = engine.handle_datagram(now, &sparse(session, 0, 0, 0, END_OF_STREAM), &mut out);
+        assert!(matches!(completed, Verdict::Send(_)), "{completed:?}");
+        assert!(!engine.has_orphaned());
+        let probed = engine.handle_datagram(now, &probe(session, 0, 1), &mut out);
+        assert_eq!(probed, Verdict::Dropped(DropReason::Departed(1)));
+        assert_eq!(engine.take_orphaned(), [(session, 1)]);
     }
 
     /// A sparse contribution to `block` of slot 0, whose stream goes on at `next`.

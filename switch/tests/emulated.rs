@@ -237,3 +237,44 @@ fn the_next_run_removes_what_a_killed_launcher_left() {
     assert!(next.status.success(), "{}", text(&next));
     assert_eq!(namespaces_of(&prefix), Vec::<String>::new());
 }
+
+/// Ctrl-C during an MPI run: mpirun, and OpenMPI's daemons in the worker namespaces,
+/// are stopped with the namespaces.
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn ctrl_c_stops_mpi_and_its_daemons() {
+    // Processes named orted, from /proc.
+    let daemons = || {
+        let entries = std::fs::read_dir("/proc").unwrap().filter_map(Result::ok);
+        entries
+            .filter(|entry| {
+                std::fs::read_to_string(entry.path().join("comm")).is_ok_and(|c| c.trim() == "orted")
+            })
+            .count()
+    };
+    assert_eq!(daemons(), 0, "OpenMPI daemons of another run are running");
+    let mut run = Command::new(RUN)
+        .args(["-n", "2", "--link", "rate=10mbit,delay=1ms", "--mpi", "--", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    // Each worker namespace's daemon running.
+    while daemons() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(30), "OpenMPI's daemons did not start");
+        assert!(run.try_wait().unwrap().is_none(), "netagg-run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill").args(["-INT", &run.id().to_string()]).status().unwrap().success());
+    let status = loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "netagg-run did not stop after Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(namespaces_of(&format!("netagg-{}", run.id())), Vec::<String>::new());
+    assert_eq!(daemons(), 0, "OpenMPI's daemons outlived the run");
+}
