@@ -20,6 +20,25 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::Command;
 
+/// Why an emulated network could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricError {
+    #[error("an emulated network needs {}", .0.join(", "))]
+    Missing(Vec<&'static str>),
+    #[error("{0} workers: an emulated network holds 1 to {MAX_WORKERS}")]
+    Workers(usize),
+    #[error("cannot run {program}: {source}")]
+    Spawn { program: String, source: std::io::Error },
+    #[error("'{command}' failed: {stderr}")]
+    Command { command: String, stderr: String },
+    #[error("in namespace {namespace}, {devices} did not come up within 5 s")]
+    NotUp { namespace: String, devices: String },
+    #[error("rank {rank}'s link: {source}")]
+    DelayLine { rank: usize, source: std::io::Error },
+    #[error("'{0}': expected auto, netem or user-space")]
+    Impairer(String),
+}
+
 /// How delay, jitter and loss are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Impairer {
@@ -47,13 +66,13 @@ pub enum ImpairerChoice {
 }
 
 impl std::str::FromStr for ImpairerChoice {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
+    type Err = FabricError;
+    fn from_str(text: &str) -> Result<Self, FabricError> {
         match text {
             "auto" => Ok(ImpairerChoice::Auto),
             "netem" => Ok(ImpairerChoice::Only(Impairer::Netem)),
             "user-space" | "userspace" => Ok(ImpairerChoice::Only(Impairer::UserSpace)),
-            _ => Err(format!("'{text}': expected auto, netem or user-space")),
+            _ => Err(FabricError::Impairer(text.to_string())),
         }
     }
 }
@@ -76,10 +95,10 @@ pub struct Fabric {
 impl Fabric {
     /// Builds the namespaces and links for one worker per link. Fails, having removed
     /// whatever it made, if something it needs is missing or a command fails.
-    pub fn create(prefix: &str, links: Vec<Link>, choice: ImpairerChoice) -> Result<Fabric, String> {
+    pub fn create(prefix: &str, links: Vec<Link>, choice: ImpairerChoice) -> Result<Fabric, FabricError> {
         check_prerequisites()?;
         if links.is_empty() || links.len() > MAX_WORKERS {
-            return Err(format!("{} workers: an emulated network holds 1 to {MAX_WORKERS}", links.len()));
+            return Err(FabricError::Workers(links.len()));
         }
         remove_abandoned();
         let mut fabric =
@@ -127,7 +146,7 @@ impl Fabric {
         &self.prefix
     }
 
-    fn build(&mut self, choice: ImpairerChoice) -> Result<(), String> {
+    fn build(&mut self, choice: ImpairerChoice) -> Result<(), FabricError> {
         let fabric = self.fabric_namespace();
         ip(&["netns", "add", &fabric])?;
         ip(&["-n", &fabric, "link", "set", "lo", "up"])?;
@@ -150,7 +169,7 @@ impl Fabric {
     /// Waits until every veth of the run is up. A device set up is not up at once: until
     /// the kernel sees its carrier (within a second) it drops what is sent through it,
     /// and a program started meanwhile (OpenMPI's daemons connecting to mpirun) fails.
-    fn wait_until_up(&self) -> Result<(), String> {
+    fn wait_until_up(&self) -> Result<(), FabricError> {
         let mut namespaces = vec![self.fabric_namespace(), self.switch_namespace()];
         namespaces.extend((0..self.links.len()).map(|rank| self.worker_namespace(rank)));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -159,7 +178,7 @@ impl Fabric {
                 let output = Command::new("ip")
                     .args(["-n", namespace, "-o", "link", "show", "type", "veth"])
                     .output()
-                    .map_err(|e| format!("cannot run ip: {e}"))?;
+                    .map_err(|source| FabricError::Spawn { program: "ip".into(), source })?;
                 let listing = String::from_utf8_lossy(&output.stdout);
                 let down: Vec<&str> = listing
                     .lines()
@@ -170,10 +189,10 @@ impl Fabric {
                     break;
                 }
                 if std::time::Instant::now() >= deadline {
-                    return Err(format!(
-                        "in namespace {namespace}, {} did not come up within 5 s",
-                        down.join(", ")
-                    ));
+                    return Err(FabricError::NotUp {
+                        namespace: namespace.clone(),
+                        devices: down.join(", "),
+                    });
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
@@ -183,7 +202,7 @@ impl Fabric {
 
     /// A namespace joined to the bridge by a veth pair: `port` on the bridge, `eth0`
     /// with `address` inside.
-    fn attach(&self, namespace: &str, port: &str, address: Ipv4Addr) -> Result<(), String> {
+    fn attach(&self, namespace: &str, port: &str, address: Ipv4Addr) -> Result<(), FabricError> {
         let fabric = self.fabric_namespace();
         ip(&["netns", "add", namespace])?;
         ip(&["-n", namespace, "link", "set", "lo", "up"])?;
@@ -193,7 +212,7 @@ impl Fabric {
         ip(&["-n", namespace, "link", "set", "eth0", "up"])
     }
 
-    fn attach_worker(&mut self, rank: usize) -> Result<(), String> {
+    fn attach_worker(&mut self, rank: usize) -> Result<(), FabricError> {
         let link = self.links[rank];
         let fabric = self.fabric_namespace();
         let namespace = self.worker_namespace(rank);
@@ -215,7 +234,7 @@ impl Fabric {
             ip(&["-n", &namespace, "link", "set", "eth0", "up"])?;
             let impairment = Impairment { delay: link.delay, jitter: link.jitter, loss: link.loss };
             let line = DelayLine::start(&fabric, &port, &line_end, impairment, impairment)
-                .map_err(|e| format!("rank {rank}'s link: {e}"))?;
+                .map_err(|source| FabricError::DelayLine { rank, source })?;
             self.delay_lines.push((rank, line));
         } else {
             self.attach(&namespace, &port, self.worker_ip(rank))?;
@@ -254,7 +273,7 @@ impl Drop for Fabric {
 }
 
 /// Root, `ip` and `tc`: all of them checked before anything is made.
-fn check_prerequisites() -> Result<(), String> {
+fn check_prerequisites() -> Result<(), FabricError> {
     let mut missing = Vec::new();
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -270,7 +289,7 @@ fn check_prerequisites() -> Result<(), String> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(format!("an emulated network needs {}", missing.join(", ")))
+        Err(FabricError::Missing(missing))
     }
 }
 
@@ -280,7 +299,7 @@ fn check_prerequisites() -> Result<(), String> {
 /// stack's 64 KB batch is cut into frames before it leaves the sender, as on a real
 /// link, so that the rate limiter paces frames, and a lost frame, by netem or the delay
 /// line, is one frame and not a whole batch.
-fn veth(namespace: &str, name: &str, peer: &str, peer_namespace: Option<&str>) -> Result<(), String> {
+fn veth(namespace: &str, name: &str, peer: &str, peer_namespace: Option<&str>) -> Result<(), FabricError> {
     let mut args = vec!["-n", namespace, "link", "add", "name", name, "gso_max_segs", "1", "type", "veth"];
     args.extend(["peer", "name", peer, "gso_max_segs", "1"]);
     if let Some(peer_namespace) = peer_namespace {
@@ -290,21 +309,22 @@ fn veth(namespace: &str, name: &str, peer: &str, peer_namespace: Option<&str>) -
 }
 
 /// Runs `ip ARGS`; the error carries the command and what ip printed.
-fn ip(args: &[&str]) -> Result<(), String> {
+fn ip(args: &[&str]) -> Result<(), FabricError> {
     command("ip", args)
 }
 
-fn command(program: &str, args: &[&str]) -> Result<(), String> {
-    let output =
-        Command::new(program).args(args).output().map_err(|e| format!("cannot run {program}: {e}"))?;
+fn command(program: &str, args: &[&str]) -> Result<(), FabricError> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|source| FabricError::Spawn { program: program.to_string(), source })?;
     if output.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "'{program} {}' failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
+        Err(FabricError::Command {
+            command: format!("{program} {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        })
     }
 }
 
@@ -318,14 +338,14 @@ fn has_netem(namespace: &str) -> bool {
 
 /// The qdiscs of one end of a link: tbf for the rate; with netem, netem at the root
 /// and tbf beneath it, so that a frame is delayed and then paced.
-fn shape(namespace: &str, device: &str, link: &Link, netem: bool) -> Result<(), String> {
+fn shape(namespace: &str, device: &str, link: &Link, netem: bool) -> Result<(), FabricError> {
     let tc = |args: &[&str]| {
         let mut full = vec!["-n", namespace, "qdisc", "add", "dev", device];
         full.extend_from_slice(args);
         command("tc", &full)
     };
     let rate = link.rate.map(format_rate);
-    let tbf = |parent: &[&'static str]| -> Result<(), String> {
+    let tbf = |parent: &[&'static str]| -> Result<(), FabricError> {
         let Some(rate) = &rate else { return Ok(()) };
         let burst = link.burst.to_string();
         let latency = format!("{}us", link.queue.as_micros());

@@ -22,8 +22,51 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// What is wrong with a link's settings or a topology file; each says where and what
+/// was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("unknown link setting '{0}' (expected one of {keys})", keys = key_names())]
+    UnknownSetting(String),
+    #[error("{key} = '{value}': expected {expected}")]
+    InvalidValue { key: String, value: String, expected: &'static str },
+    #[error("'{0}': expected KEY=VALUE, such as rate=200mbit")]
+    NotKeyValue(String),
+    #[error("'{0}': expected RANK:SETTINGS, such as 3:rate=20mbit")]
+    NotRankSettings(String),
+    #[error("'{text}': '{rank}' is not a rank number")]
+    NotRankNumber { text: String, rank: String },
+    #[error("'{0}': expected a rate such as 200mbit, 1gbit or 500kbit")]
+    Rate(String),
+    #[error("'{0}': expected a delay such as 5ms, 250us or 0")]
+    Delay(String),
+    #[error("[{section}] {source}")]
+    InSection { section: String, source: Box<LinkError> },
+    #[error("'{name}' must be {expected}")]
+    NotASection { name: String, expected: &'static str },
+    #[error("unknown section [{0}] (expected [link] and [rank.N])")]
+    UnknownSection(String),
+    #[error("[rank.{0}]: expected a rank number")]
+    SectionRank(String),
+    #[error("{0}")]
+    Syntax(String),
+    #[error("{path}: {source}")]
+    File { path: PathBuf, source: Box<LinkError> },
+    #[error("{path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("an emulated network needs at least one worker")]
+    NoWorkers,
+    #[error("a link is set for rank {rank}, but the ranks are 0 to {last}")]
+    RankOutOfRange { rank: u32, last: u32 },
+}
+
+/// The keys of [`KEYS`], for messages.
+fn key_names() -> String {
+    KEYS.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+}
 
 /// One worker's link, resolved.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -114,13 +157,13 @@ pub const KEYS: &[(&str, &str)] = &[
 
 impl LinkSettings {
     /// Sets `key` from its text; the error names the key and what it expects.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
-        let expected =
-            KEYS.iter().find(|(name, _)| *name == key).map(|(_, expected)| *expected).ok_or_else(|| {
-                let keys: Vec<&str> = KEYS.iter().map(|(name, _)| *name).collect();
-                format!("unknown link setting '{key}' (expected one of {})", keys.join(", "))
-            })?;
-        let invalid = || format!("{key} = '{value}': expected {expected}");
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), LinkError> {
+        let expected = KEYS
+            .iter()
+            .find(|(name, _)| *name == key)
+            .map(|(_, expected)| *expected)
+            .ok_or_else(|| LinkError::UnknownSetting(key.to_string()))?;
+        let invalid = || LinkError::InvalidValue { key: key.to_string(), value: value.to_string(), expected };
         match key {
             "rate" => self.rate = Some(parse_rate(value).map_err(|_| invalid())?.round() as u64),
             "delay" => self.delay = Some(parse_duration(value).map_err(|_| invalid())?),
@@ -137,12 +180,11 @@ impl LinkSettings {
     }
 
     /// `rate=200mbit,delay=5ms,loss=1%`.
-    pub fn parse(text: &str) -> Result<LinkSettings, String> {
+    pub fn parse(text: &str) -> Result<LinkSettings, LinkError> {
         let mut settings = LinkSettings::default();
         for item in text.split(',').map(str::trim).filter(|item| !item.is_empty()) {
-            let (key, value) = item
-                .split_once('=')
-                .ok_or_else(|| format!("'{item}': expected KEY=VALUE, such as rate=200mbit"))?;
+            let (key, value) =
+                item.split_once('=').ok_or_else(|| LinkError::NotKeyValue(item.to_string()))?;
             settings.set(key.trim(), value.trim())?;
         }
         Ok(settings)
@@ -183,24 +225,31 @@ pub struct Topology {
 impl Topology {
     /// Reads a topology file (see the module's documentation). Errors name the file,
     /// the section and the key.
-    pub fn from_file(path: &Path) -> Result<Topology, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Topology::from_ini(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn from_file(path: &Path) -> Result<Topology, LinkError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| LinkError::Read { path: path.to_path_buf(), source })?;
+        Topology::from_ini(&text)
+            .map_err(|error| LinkError::File { path: path.to_path_buf(), source: Box::new(error) })
     }
 
-    fn from_ini(text: &str) -> Result<Topology, String> {
+    fn from_ini(text: &str) -> Result<Topology, LinkError> {
         use config::{Config, File, FileFormat, Value};
         let tree: BTreeMap<String, Value> = Config::builder()
             .add_source(File::from_str(text, FileFormat::Ini))
             .build()
             .and_then(|config| config.try_deserialize())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| LinkError::Syntax(e.to_string()))?;
         // The INI reader nests `[rank.3]` as rank → 3.
-        let section = |name: &str, value: Value| -> Result<LinkSettings, String> {
-            let table = value.into_table().map_err(|_| format!("'{name}' must be a section"))?;
+        let section = |name: &str, value: Value| -> Result<LinkSettings, LinkError> {
+            let table = value
+                .into_table()
+                .map_err(|_| LinkError::NotASection { name: name.to_string(), expected: "a section" })?;
             let mut settings = LinkSettings::default();
             for (key, value) in table {
-                settings.set(&key, &value.to_string()).map_err(|e| format!("[{name}] {e}"))?;
+                settings.set(&key, &value.to_string()).map_err(|error| LinkError::InSection {
+                    section: name.to_string(),
+                    source: Box::new(error),
+                })?;
             }
             Ok(settings)
         };
@@ -209,17 +258,16 @@ impl Topology {
             match name.as_str() {
                 "link" => topology.every = section("link", value)?,
                 "rank" => {
-                    let ranks =
-                        value.into_table().map_err(|_| "'rank' must be sections [rank.N]".to_string())?;
+                    let ranks = value.into_table().map_err(|_| LinkError::NotASection {
+                        name: "rank".into(),
+                        expected: "sections [rank.N]",
+                    })?;
                     for (rank, value) in ranks {
-                        let number =
-                            rank.parse().map_err(|_| format!("[rank.{rank}]: expected a rank number"))?;
+                        let number = rank.parse().map_err(|_| LinkError::SectionRank(rank.clone()))?;
                         topology.ranks.insert(number, section(&format!("rank.{rank}"), value)?);
                     }
                 }
-                other => {
-                    return Err(format!("unknown section [{other}] (expected [link] and [rank.N])"));
-                }
+                other => return Err(LinkError::UnknownSection(other.to_string())),
             }
         }
         Ok(topology)
@@ -236,12 +284,12 @@ impl Topology {
     }
 
     /// Every rank's link, for `workers` workers.
-    pub fn links(&self, workers: u32) -> Result<Vec<Link>, String> {
+    pub fn links(&self, workers: u32) -> Result<Vec<Link>, LinkError> {
         if workers == 0 {
-            return Err("an emulated network needs at least one worker".into());
+            return Err(LinkError::NoWorkers);
         }
-        if let Some((rank, _)) = self.ranks.range(workers..).next() {
-            return Err(format!("a link is set for rank {rank}, but the ranks are 0 to {}", workers - 1));
+        if let Some((&rank, _)) = self.ranks.range(workers..).next() {
+            return Err(LinkError::RankOutOfRange { rank, last: workers - 1 });
         }
         Ok((0..workers)
             .map(|rank| self.ranks.get(&rank).copied().unwrap_or_default().over(&self.every).resolve())
@@ -250,17 +298,19 @@ impl Topology {
 }
 
 /// `3:rate=20mbit`: rank 3's link settings.
-pub fn parse_rank_settings(text: &str) -> Result<(u32, LinkSettings), String> {
-    let (rank, settings) = text
-        .split_once(':')
-        .ok_or_else(|| format!("'{text}': expected RANK:SETTINGS, such as 3:rate=20mbit"))?;
-    let rank = rank.trim().parse().map_err(|_| format!("'{text}': '{rank}' is not a rank number"))?;
+pub fn parse_rank_settings(text: &str) -> Result<(u32, LinkSettings), LinkError> {
+    let (rank, settings) =
+        text.split_once(':').ok_or_else(|| LinkError::NotRankSettings(text.to_string()))?;
+    let rank = rank
+        .trim()
+        .parse()
+        .map_err(|_| LinkError::NotRankNumber { text: text.to_string(), rank: rank.to_string() })?;
     Ok((rank, LinkSettings::parse(settings)?))
 }
 
 /// Parses a rate in tc's units: `200mbit`, `1gbit`, `500kbit`, `100bit`, or a plain
 /// number of bits per second.
-pub fn parse_rate(text: &str) -> Result<f64, String> {
+pub fn parse_rate(text: &str) -> Result<f64, LinkError> {
     let lower = text.trim().to_ascii_lowercase();
     let (number, multiplier) = [("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)]
         .iter()
@@ -268,12 +318,12 @@ pub fn parse_rate(text: &str) -> Result<f64, String> {
         .unwrap_or((lower.as_str(), 1.0));
     match number.parse::<f64>() {
         Ok(value) if value > 0.0 && value.is_finite() => Ok(value * multiplier),
-        _ => Err(format!("'{text}': expected a rate such as 200mbit, 1gbit or 500kbit")),
+        _ => Err(LinkError::Rate(text.to_string())),
     }
 }
 
 /// Parses a delay: `5ms`, `250us`, `1s`, or a plain number of milliseconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, LinkError> {
     let lower = text.trim().to_ascii_lowercase();
     let (number, seconds) = [("ms", 1e-3), ("us", 1e-6), ("s", 1.0)]
         .iter()
@@ -281,7 +331,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .unwrap_or((lower.as_str(), 1e-3));
     let delay =
         number.parse::<f64>().ok().and_then(|value| Duration::try_from_secs_f64(value * seconds).ok());
-    delay.ok_or_else(|| format!("'{text}': expected a delay such as 5ms, 250us or 0"))
+    delay.ok_or_else(|| LinkError::Delay(text.to_string()))
 }
 
 /// `1%` or `0.01`: a probability.
@@ -309,18 +359,18 @@ mod tests {
 
     #[test]
     fn rates_and_delays_parse_in_tc_s_units() {
-        assert_eq!(parse_rate("200mbit"), Ok(200e6));
-        assert_eq!(parse_rate("1Gbit"), Ok(1e9));
-        assert_eq!(parse_rate("500kbit"), Ok(500e3));
-        assert_eq!(parse_rate("64000"), Ok(64000.0));
-        assert!(parse_rate("fast").unwrap_err().contains("expected a rate such as 200mbit"));
+        assert_eq!(parse_rate("200mbit").unwrap(), 200e6);
+        assert_eq!(parse_rate("1Gbit").unwrap(), 1e9);
+        assert_eq!(parse_rate("500kbit").unwrap(), 500e3);
+        assert_eq!(parse_rate("64000").unwrap(), 64000.0);
+        assert!(parse_rate("fast").unwrap_err().to_string().contains("expected a rate such as 200mbit"));
         assert!(parse_rate("0mbit").is_err());
-        assert_eq!(parse_duration("5ms"), Ok(Duration::from_millis(5)));
-        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_millis(2)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("-1ms").unwrap_err().contains("expected a delay"));
-        assert!(parse_duration("1e300s").unwrap_err().contains("expected a delay"));
+        assert_eq!(parse_duration("5ms").unwrap(), Duration::from_millis(5));
+        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_millis(2));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("-1ms").unwrap_err().to_string().contains("expected a delay"));
+        assert!(parse_duration("1e300s").unwrap_err().to_string().contains("expected a delay"));
         assert!(LinkSettings::parse("burst=99999999999999999999mb").is_err());
         assert!(LinkSettings::parse("burst=18014398509481984mb").is_err());
         assert_eq!(format_rate(200_000_000), "200mbit");
@@ -345,20 +395,23 @@ mod tests {
         );
         assert_eq!(LinkSettings::parse("loss=0.25").unwrap().loss, Some(0.25));
         assert_eq!(
-            LinkSettings::parse("speed=1gbit").unwrap_err(),
+            LinkSettings::parse("speed=1gbit").unwrap_err().to_string(),
             "unknown link setting 'speed' (expected one of rate, delay, jitter, loss, queue, burst)"
         );
         assert_eq!(
-            LinkSettings::parse("loss=150%").unwrap_err(),
+            LinkSettings::parse("loss=150%").unwrap_err().to_string(),
             "loss = '150%': expected a share of frames such as 1%, 0.5% or 0.01"
         );
         assert_eq!(
-            LinkSettings::parse("rate").unwrap_err(),
+            LinkSettings::parse("rate").unwrap_err().to_string(),
             "'rate': expected KEY=VALUE, such as rate=200mbit"
         );
-        assert!(LinkSettings::parse("queue=0").unwrap_err().starts_with("queue = '0': expected a time"));
+        assert!(LinkSettings::parse("queue=0")
+            .unwrap_err()
+            .to_string()
+            .starts_with("queue = '0': expected a time"));
         assert_eq!(
-            parse_rank_settings("x:rate=1mbit").unwrap_err(),
+            parse_rank_settings("x:rate=1mbit").unwrap_err().to_string(),
             "'x:rate=1mbit': 'x' is not a rank number"
         );
     }
@@ -376,7 +429,10 @@ mod tests {
         assert_eq!(links[3].delay, Duration::from_millis(5));
         assert_eq!(links[3].queue, Duration::from_millis(100));
         assert!(links[3].is_impaired());
-        assert_eq!(topology.links(3).unwrap_err(), "a link is set for rank 3, but the ranks are 0 to 2");
+        assert_eq!(
+            topology.links(3).unwrap_err().to_string(),
+            "a link is set for rank 3, but the ranks are 0 to 2"
+        );
         assert!(!Link { rate: Some(1), ..Link::default() }.is_impaired());
     }
 
@@ -392,15 +448,15 @@ mod tests {
         assert_eq!(links[0].to_string(), "200mbit, delay 3ms, loss 1%");
         assert_eq!(links[1].to_string(), "50mbit, delay 3ms ± 1ms");
         assert_eq!(
-            Topology::from_ini("[link]\nrat = 1mbit\n").unwrap_err(),
+            Topology::from_ini("[link]\nrat = 1mbit\n").unwrap_err().to_string(),
             "[link] unknown link setting 'rat' (expected one of rate, delay, jitter, loss, queue, burst)"
         );
         assert_eq!(
-            Topology::from_ini("[links]\nrate = 1mbit\n").unwrap_err(),
+            Topology::from_ini("[links]\nrate = 1mbit\n").unwrap_err().to_string(),
             "unknown section [links] (expected [link] and [rank.N])"
         );
         assert_eq!(
-            Topology::from_ini("[rank.x]\nrate = 1mbit\n").unwrap_err(),
+            Topology::from_ini("[rank.x]\nrate = 1mbit\n").unwrap_err().to_string(),
             "[rank.x]: expected a rank number"
         );
     }

@@ -77,11 +77,11 @@ impl Monitor {
     }
 
     /// Stops sampling (after one last sample) and returns the samples.
-    pub fn finish(self) -> Result<Vec<Sample>, String> {
+    pub fn finish(self) -> std::io::Result<Vec<Sample>> {
         self.stop.store(true, Ordering::Relaxed);
         match self.thread.join() {
-            Ok(samples) => samples.map_err(|e| format!("the link monitor failed: {e}")),
-            Err(_) => Err("the link monitor's thread panicked".into()),
+            Ok(samples) => samples,
+            Err(_) => Err(std::io::Error::other("the link monitor's thread panicked")),
         }
     }
 }

@@ -121,7 +121,7 @@ impl Rates {
     }
 }
 
-fn parse_rates(text: &str) -> Result<Rates, String> {
+fn parse_rates(text: &str) -> Result<Rates, netagg_emulate::link::LinkError> {
     text.split(',').map(parse_rate).collect::<Result<_, _>>().map(Rates)
 }
 

@@ -19,18 +19,18 @@ const RENDEZVOUS_PORT: u16 = 29500;
 
 pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, String> {
     let mut topology = match &options.topology {
-        Some(path) => netagg_emulate::link::Topology::from_file(path)?,
+        Some(path) => netagg_emulate::link::Topology::from_file(path).map_err(|e| e.to_string())?,
         None => Default::default(),
     };
     topology.apply(&options.link.unwrap_or_default(), &options.rank_links);
-    let links = topology.links(u32::from(options.workers))?;
+    let links = topology.links(u32::from(options.workers)).map_err(|e| e.to_string())?;
     // An interrupt while the network is built reaches the ip and tc it runs too: it
     // ends the run as an interrupt, not as their failure.
     let interrupted_exit = || interrupted.load(std::sync::atomic::Ordering::Relaxed);
     let fabric = match Fabric::create(&netagg_emulate::fabric::default_prefix(), links, options.impairer) {
         Ok(fabric) => fabric,
         Err(_) if interrupted_exit() => return Ok(130),
-        Err(error) => return Err(error),
+        Err(error) => return Err(error.to_string()),
     };
     if interrupted_exit() {
         return Ok(130);
@@ -45,7 +45,7 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
     };
     match monitor.finish() {
         Ok(samples) => report(&fabric, &samples),
-        Err(error) => eprintln!("netagg-run: {error}"),
+        Err(error) => eprintln!("netagg-run: the link monitor failed: {error}"),
     }
     // Dropping the fabric removes the namespaces, whatever happened above.
     drop(fabric);
