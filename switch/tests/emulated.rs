@@ -158,20 +158,24 @@ fn two_sleeping_ranks(link: &str) -> (std::process::Child, String) {
     (run, prefix)
 }
 
+/// Sends netagg-run a Ctrl-C (SIGINT) and waits up to 30 s for it to exit.
+fn interrupt(run: &mut std::process::Child) -> std::process::ExitStatus {
+    assert!(Command::new("kill").args(["-INT", &run.id().to_string()]).status().unwrap().success());
+    let sent = Instant::now();
+    loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            return status;
+        }
+        assert!(sent.elapsed() < Duration::from_secs(30), "netagg-run did not stop after Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn ctrl_c_stops_the_ranks_and_removes_the_namespaces() {
     let (mut run, prefix) = two_sleeping_ranks("rate=10mbit,delay=5ms,loss=1%");
-    let started = Instant::now();
-    assert!(Command::new("kill").args(["-INT", &run.id().to_string()]).status().unwrap().success());
-    let status = loop {
-        if let Some(status) = run.try_wait().unwrap() {
-            break status;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "netagg-run did not stop after Ctrl-C");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(130));
+    assert_eq!(interrupt(&mut run).code(), Some(130));
     assert_eq!(namespaces_of(&prefix), Vec::<String>::new());
 }
 
@@ -266,15 +270,7 @@ fn ctrl_c_stops_mpi_and_its_daemons() {
         assert!(run.try_wait().unwrap().is_none(), "netagg-run ended early");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(Command::new("kill").args(["-INT", &run.id().to_string()]).status().unwrap().success());
-    let status = loop {
-        if let Some(status) = run.try_wait().unwrap() {
-            break status;
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "netagg-run did not stop after Ctrl-C");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(130));
+    assert_eq!(interrupt(&mut run).code(), Some(130));
     assert_eq!(namespaces_of(&format!("netagg-{}", run.id())), Vec::<String>::new());
     assert_eq!(daemons(), 0, "OpenMPI's daemons outlived the run");
 }
