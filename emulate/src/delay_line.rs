@@ -23,7 +23,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -88,10 +88,6 @@ struct DirectionHandle {
 const HOLD_LIMIT: HoldLimit = HoldLimit { frames: 100_000, bytes: 256 << 20 };
 /// The longest a thread waits before looking at the stop flag.
 const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
-/// How long past the oldest frame's due time the thread sleeps, so that one wake-up
-/// sends every frame due by then: frames leave up to this much late (the lateness the
-/// line reports), for several times fewer wake-ups at the rates it is used at.
-const COALESCE: Duration = Duration::from_micros(100);
 /// How often a thread copies its counters where `stats` reads them.
 const PUBLISH_INTERVAL: Duration = Duration::from_millis(10);
 /// Frames read in a row before sending those due, so that a flood cannot starve sending.
@@ -282,23 +278,17 @@ impl Direction {
         self.publish();
     }
 
-    /// Sends what is due; then, holding frames, sleeps until the oldest is due (and a
-    /// little more, so that one wake-up sends several), else waits for a frame; and
-    /// reads what arrived. Frames that arrive while the thread sleeps wait in the socket,
-    /// stamped by the kernel on arrival, and are due after the oldest held: waking once
-    /// per batch rather than once per frame each way is what lets one core carry many
-    /// links.
+    /// Sends what is due, then waits until a frame arrives or the next is due, and reads.
     fn forward_once(&mut self, buffer: &mut [u8]) -> io::Result<()> {
         self.send_due()?;
-        match self.schedule.next_due() {
-            Some(due) => {
-                let wake = (due + COALESCE).saturating_duration_since(Instant::now());
-                std::thread::sleep(wake.min(STOP_CHECK_INTERVAL));
-                self.receive_waiting(buffer)
-            }
-            None if self.input.wait_readable(STOP_CHECK_INTERVAL)? => self.receive_waiting(buffer),
-            None => Ok(()),
+        let wait = match self.schedule.next_due() {
+            Some(due) => due.saturating_duration_since(Instant::now()).min(STOP_CHECK_INTERVAL),
+            None => STOP_CHECK_INTERVAL,
+        };
+        if self.input.wait_readable(wait)? {
+            self.receive_waiting(buffer)?;
         }
+        Ok(())
     }
 
     fn send_due(&mut self) -> io::Result<()> {
@@ -323,9 +313,6 @@ impl Direction {
     }
 
     fn receive_waiting(&mut self, buffer: &mut [u8]) -> io::Result<()> {
-        // The kernel stamps frames with the system clock; the schedule runs on the
-        // monotonic one. Read together, the two clocks convert one into the other.
-        let (now, now_system) = (Instant::now(), SystemTime::now());
         for _ in 0..RECEIVE_BATCH {
             let received = match self.input.receive(buffer) {
                 Ok(Some(received)) => received,
@@ -348,9 +335,7 @@ impl Direction {
                 self.counters.unreadable += 1;
                 continue;
             }
-            let ago = received.arrived.and_then(|arrived| now_system.duration_since(arrived).ok());
-            let arrived = ago.and_then(|ago| now.checked_sub(ago)).unwrap_or(now);
-            match self.schedule.arrive(arrived, buffer[..received.len].to_vec()) {
+            match self.schedule.arrive(Instant::now(), buffer[..received.len].to_vec()) {
                 Arrival::Held => {}
                 Arrival::Lost => self.counters.lost += 1,
                 Arrival::Overflowed => self.counters.overflowed += 1,

@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::io;
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Length of the `virtio_net_hdr` that PACKET_VNET_HDR puts before every frame.
 pub(super) const VNET_HDR_LEN: usize = 10;
@@ -35,8 +35,6 @@ pub(super) struct Received {
     pub truncated: bool,
     /// The frame was sent out of the device rather than received on it.
     pub outgoing: bool,
-    /// When the kernel received it (SO_TIMESTAMPNS), if it said.
-    pub arrived: Option<SystemTime>,
 }
 
 impl PacketSocket {
@@ -46,9 +44,6 @@ impl PacketSocket {
         let socket = Self::open(ETH_P_ALL_BE, ifindex)?;
         // Kernels before 4.20 lack the option; `receive` then tells outgoing frames apart.
         let _ = socket.set_option(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1);
-        // Each frame's arrival time, so that frames may wait in the socket while the
-        // thread sleeps until the next is due, and still be delayed from their arrival.
-        socket.set_option(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
         socket.set_buffer(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)?;
         Ok(socket)
     }
@@ -124,23 +119,28 @@ impl PacketSocket {
 
     /// Reads one frame without blocking; `None` when none is waiting.
     pub fn receive(&self, buffer: &mut [u8]) -> io::Result<Option<Received>> {
-        // SAFETY: sockaddr_ll and msghdr are plain C structs for which all zeroes is valid.
-        let mut from: libc::sockaddr_ll = unsafe { mem::zeroed() };
-        let mut iov = libc::iovec { iov_base: buffer.as_mut_ptr().cast(), iov_len: buffer.len() };
-        // Room for one control message holding a timespec, aligned as cmsghdr wants.
-        let mut control = [0u64; 8];
-        // SAFETY: as above.
-        let mut message: libc::msghdr = unsafe { mem::zeroed() };
-        message.msg_name = (&mut from as *mut libc::sockaddr_ll).cast();
-        message.msg_namelen = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-        message.msg_iov = &mut iov;
-        message.msg_iovlen = 1;
-        message.msg_control = control.as_mut_ptr().cast();
-        message.msg_controllen = mem::size_of_val(&control);
-        // SAFETY: every pointer in `message` is to a buffer alive and borrowed mutably for
-        // the call, with its true length; the kernel writes within those lengths.
-        let length =
-            unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut message, libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
+        let mut from = libc::sockaddr_ll {
+            sll_family: 0,
+            sll_protocol: 0,
+            sll_ifindex: 0,
+            sll_hatype: 0,
+            sll_pkttype: 0,
+            sll_halen: 0,
+            sll_addr: [0; 8],
+        };
+        let mut from_len = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: the kernel writes at most buffer.len() bytes into `buffer` and at most
+        // `from_len` into `from`, both borrowed mutably for the call.
+        let length = unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                (&mut from as *mut libc::sockaddr_ll).cast(),
+                &mut from_len,
+            )
+        };
         if length < 0 {
             let error = io::Error::last_os_error();
             return match error.kind() {
@@ -154,7 +154,6 @@ impl PacketSocket {
             len: whole.min(buffer.len()),
             truncated: whole > buffer.len(),
             outgoing: from.sll_pkttype == libc::PACKET_OUTGOING,
-            arrived: receive_timestamp(&message),
         }))
     }
 
@@ -247,24 +246,4 @@ pub(super) fn run_before_ordinary_threads() {
     unsafe {
         libc::sched_setscheduler(0, libc::SCHED_FIFO, &parameters);
     }
-}
-
-/// The SCM_TIMESTAMPNS control message of a received message, if it has one.
-fn receive_timestamp(message: &libc::msghdr) -> Option<SystemTime> {
-    // SAFETY: `message` was filled by recvmsg, so CMSG_FIRSTHDR and CMSG_NXTHDR walk
-    // control messages within msg_control's msg_controllen bytes, and a SCM_TIMESTAMPNS
-    // message's data is a timespec (read unaligned, as CMSG_DATA need not align it).
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(message);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_TIMESTAMPNS {
-                let time = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::timespec>());
-                let since_epoch =
-                    Duration::new(u64::try_from(time.tv_sec).ok()?, u32::try_from(time.tv_nsec).ok()?);
-                return SystemTime::UNIX_EPOCH.checked_add(since_epoch);
-            }
-            header = libc::CMSG_NXTHDR(message, header);
-        }
-    }
-    None
 }
