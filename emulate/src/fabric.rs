@@ -159,7 +159,7 @@ impl Fabric {
                 ImpairerChoice::Auto => Impairer::UserSpace,
             });
         }
-        self.attach(&self.switch_namespace(), "sw", self.switch_ip())?;
+        self.attach(&self.switch_namespace(), "sw", self.switch_ip(), true)?;
         for rank in 0..self.links.len() {
             self.attach_worker(rank)?;
         }
@@ -200,14 +200,24 @@ impl Fabric {
         Ok(())
     }
 
-    /// A namespace joined to the bridge by a veth pair: `port` on the bridge, `eth0`
-    /// with `address` inside.
-    fn attach(&self, namespace: &str, port: &str, address: Ipv4Addr) -> Result<(), FabricError> {
+    /// A namespace joined to the fabric by a veth pair: `port` in the fabric (on the
+    /// bridge if `bridged`), `eth0` with `address` inside.
+    fn attach(
+        &self,
+        namespace: &str,
+        port: &str,
+        address: Ipv4Addr,
+        bridged: bool,
+    ) -> Result<(), FabricError> {
         let fabric = self.fabric_namespace();
         ip(&["netns", "add", namespace])?;
         ip(&["-n", namespace, "link", "set", "lo", "up"])?;
         veth(&fabric, port, "eth0", Some(namespace))?;
-        ip(&["-n", &fabric, "link", "set", port, "master", "br0", "up"])?;
+        if bridged {
+            ip(&["-n", &fabric, "link", "set", port, "master", "br0", "up"])?;
+        } else {
+            ip(&["-n", &fabric, "link", "set", port, "up"])?;
+        }
         ip(&["-n", namespace, "addr", "add", &format!("{address}/24"), "dev", "eth0"])?;
         ip(&["-n", namespace, "link", "set", "eth0", "up"])
     }
@@ -218,26 +228,18 @@ impl Fabric {
         let namespace = self.worker_namespace(rank);
         let port = format!("w{rank}");
         let user_space = link.is_impaired() && self.impairer == Some(Impairer::UserSpace);
+        // With a delay line, the worker's veth ends unbridged in the fabric, and a second
+        // pair takes the bridge's side; the delay line carries frames between the two.
+        self.attach(&namespace, &port, self.worker_ip(rank), !user_space)?;
         if user_space {
-            // The worker's veth ends unbridged in the fabric, and a second pair takes
-            // the bridge's side; the delay line carries frames between the two.
-            ip(&["netns", "add", &namespace])?;
-            ip(&["-n", &namespace, "link", "set", "lo", "up"])?;
-            veth(&fabric, &port, "eth0", Some(&namespace))?;
-            ip(&["-n", &fabric, "link", "set", &port, "up"])?;
             let (line_end, bridge_port) = (format!("d{rank}"), format!("b{rank}"));
             veth(&fabric, &line_end, &bridge_port, None)?;
             ip(&["-n", &fabric, "link", "set", &bridge_port, "master", "br0", "up"])?;
             ip(&["-n", &fabric, "link", "set", &line_end, "up"])?;
-            let address = format!("{}/24", self.worker_ip(rank));
-            ip(&["-n", &namespace, "addr", "add", &address, "dev", "eth0"])?;
-            ip(&["-n", &namespace, "link", "set", "eth0", "up"])?;
             let impairment = Impairment { delay: link.delay, jitter: link.jitter, loss: link.loss };
             let line = DelayLine::start(&fabric, &port, &line_end, impairment, impairment)
                 .map_err(|source| FabricError::DelayLine { rank, source })?;
             self.delay_lines.push((rank, line));
-        } else {
-            self.attach(&namespace, &port, self.worker_ip(rank))?;
         }
         // Up on the worker's end, down on the fabric's.
         let netem = link.is_impaired() && self.impairer == Some(Impairer::Netem);

@@ -137,30 +137,34 @@ fn run_mpi(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Resu
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("{}: {e}", agent.display()))?;
     let subnet = fabric.subnet();
-    let mut command = Command::new("ip");
-    command.args(["netns", "exec", &fabric.switch_namespace(), "mpirun", "-np", &workers.to_string()]);
-    command.arg("--hostfile").arg(&hostfile).arg("--mca").arg("plm_rsh_agent").arg(&agent);
-    command.args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", &subnet]);
-    command.args(["--mca", "oob_tcp_if_include", &subnet, "--allow-run-as-root", "--bind-to", "none"]);
-    // A rank waiting for data yields its core rather than spin on it: the ranks of
-    // an emulated network share this machine's cores with each other and with the links.
-    command.args(["--mca", "mpi_yield_when_idle", "1"]);
-    // Every namespace has this machine's host name, which confuses the daemons'
-    // routing tree ("does not know how to route a message to the specified
-    // daemon"): each daemon talks to mpirun directly.
-    command.args(["--mca", "routed", "direct"]);
-    // hwloc's probe of the machine through /sys crashed a daemon (a segmentation fault
-    // in hwloc_alloc_setup_object) in about one run in ten inside these namespaces.
-    // The ranks are not bound to cores, so its generic topology serves as well.
-    command.env("HWLOC_COMPONENTS", "-linux");
-    command.args(&options.program);
+    // A fresh command for each start: a Command runs once.
+    let mpirun = || {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &fabric.switch_namespace(), "mpirun", "-np", &workers.to_string()]);
+        command.arg("--hostfile").arg(&hostfile).arg("--mca").arg("plm_rsh_agent").arg(&agent);
+        command.args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", &subnet]);
+        command.args(["--mca", "oob_tcp_if_include", &subnet, "--allow-run-as-root", "--bind-to", "none"]);
+        // A rank waiting for data yields its core rather than spin on it: the ranks of
+        // an emulated network share this machine's cores with each other and with the links.
+        command.args(["--mca", "mpi_yield_when_idle", "1"]);
+        // Every namespace has this machine's host name, which confuses the daemons'
+        // routing tree ("does not know how to route a message to the specified
+        // daemon"): each daemon talks to mpirun directly.
+        command.args(["--mca", "routed", "direct"]);
+        // hwloc's probe of the machine through /sys crashed a daemon (a segmentation fault
+        // in hwloc_alloc_setup_object) in about one run in ten inside these namespaces.
+        // The ranks are not bound to cores, so its generic topology serves as well.
+        command.env("HWLOC_COMPONENTS", "-linux");
+        command.args(&options.program);
+        command
+    };
     // mpirun itself still crashes at start-up now and then here (a segmentation fault
     // before any rank runs, about one run in ten in a long series, cause not found; the
     // links are not involved: nothing crosses them). Such a start is tried again.
     let mut attempt = 1;
     loop {
         let started = std::time::Instant::now();
-        let code = run_ranks(vec![("mpirun".into(), clone_command(&command))], interrupted)?;
+        let code = run_ranks(vec![("mpirun".into(), mpirun())], interrupted)?;
         let crashed_at_start = code == 128 + 11 && started.elapsed() < std::time::Duration::from_secs(10);
         let interrupted = interrupted.load(std::sync::atomic::Ordering::Relaxed);
         if !crashed_at_start || attempt == MPI_START_ATTEMPTS || interrupted {
@@ -173,19 +177,6 @@ fn run_mpi(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Resu
 
 /// How many times mpirun is started when it crashes at start-up.
 const MPI_START_ATTEMPTS: u32 = 3;
-
-/// A command to run again: `Command` is not `Clone`.
-fn clone_command(command: &Command) -> Command {
-    let mut copy = Command::new(command.get_program());
-    copy.args(command.get_args());
-    for (key, value) in command.get_envs() {
-        match value {
-            Some(value) => copy.env(key, value),
-            None => copy.env_remove(key),
-        };
-    }
-    copy
-}
 
 /// Each link's traffic, its queues' drops, its delay line's losses and lateness, and
 /// whether the links or the CPU set the pace.
