@@ -22,7 +22,8 @@ use crate::kind::Kind::*;
 use crate::kind::Unit::*;
 use crate::table::{keys_at, sections, struct_keys};
 use crate::{
-    BackendKind, Dummy, Faults, General, SparseMode, Switch, Udp, MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN,
+    BackendKind, Dpdk, Dummy, Faults, General, PollMode, SparseMode, Switch, SwitchTransport, Udp,
+    MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN,
 };
 
 /// The comment that opens `configs/netagg.cfg`.
@@ -44,6 +45,11 @@ sections! {
     "general" at general: GENERAL_KEYS;
     "backend.dummy" at dummy: DUMMY_KEYS;
     "backend.udp" at udp: UDP_KEYS;
+    /// general.backend = dpdk: the worker's datagrams leave from a DPDK port, kernel bypassed,
+    /// in the same UDP datagrams as backend.udp's, so that either side may use the kernel. The
+    /// endpoint answers ARP for its address and resolves the switch's MAC (or takes peer_mac).
+    /// Its threads share the port's one queue.
+    "backend.dpdk" at dpdk: DPDK_KEYS, listing its own keys;
     /// Faults injected into this worker's datagrams, to test loss recovery; all 0 injects
     /// nothing (the default; keep it so in production). They wrap any backend. A flipped bit
     /// in a payload is not detected (netagg has no end-to-end checksum, like SwitchML; the
@@ -57,6 +63,10 @@ sections! {
     /// from the workers, send_* on the results (SwitchML's set_drop_probabilities(ingress,
     /// egress) is receive_drop and send_drop). Also netagg-switch --faults KEY=VALUE,...
     "switch.faults" at switch.faults: FAULT_KEYS, listing its own keys;
+    /// switch.transport = dpdk: the data path's port, as in [backend.dpdk]; ip defaults to
+    /// switch.data's address, and the UDP port is switch.data's. Workers' MACs are learned from
+    /// their frames. Also NETAGG_SWITCH_DPDK__<KEY>.
+    "switch.dpdk" at switch.dpdk: DPDK_KEYS, listing its own keys;
 }
 
 struct_keys! {
@@ -73,9 +83,10 @@ struct_keys! {
         /// Elements per packet, 1 to 16364 (a 64 KiB datagram). Larger packets cost fewer
         /// system calls per byte; SwitchML's hardware takes 64 or 256.
         packet_numel = 256, Integer { min: 1, max: MAX_PACKET_NUMEL as u64 };
-        /// udp: through a netagg-switch. dummy: no network, an in-process switch that sums as if
-        /// every worker had sent the same data.
-        backend = BackendKind::Udp, Choice { choices: &["udp", "dummy"], quoted: true };
+        /// udp: through a netagg-switch. dpdk: the same, from a DPDK port ([backend.dpdk]).
+        /// dummy: no network, an in-process switch that sums as if every worker had sent the same
+        /// data.
+        backend = BackendKind::Udp, Choice { choices: &["udp", "dpdk", "dummy"], quoted: true };
         /// How float32 travels: native (summed as floats by the switch), or
         /// cpu_exponent_quantizer (block floating point: int32 scaled by a per-packet exponent all
         /// workers agree on, as a switch ASIC needs; a block holding an infinity or a NaN on any
@@ -125,6 +136,39 @@ struct_keys! {
     }
 }
 
+struct_keys! {
+    DPDK_KEYS: Dpdk {
+        /// EAL's arguments, split at white space. The default needs no hugepages and no PCI
+        /// device, for virtual devices; on a real NIC with hugepages drop --no-huge, -m and
+        /// --no-pci (and give -a PCI_ADDRESS to probe only that NIC). EAL starts once per process:
+        /// every DPDK endpoint of a process must use the same arguments. -h, --help and
+        /// --log-level=help, which make EAL exit, are refused.
+        eal_args = "--no-huge --no-shconf -m 128 --no-pci -l 0 --log-level=lib.eal:warning".into(), Text;
+        /// The device, probed once EAL runs: a virtual device's arguments
+        /// (net_af_packet0,iface=eth0,qdisc_bypass=0 on a kernel interface; net_tap0) or a PCI
+        /// address (0000:3b:00.0). Required.
+        device = String::new(), Text;
+        /// The endpoint's IPv4 address. 0.0.0.0: for a worker, the address its control connection
+        /// leaves from (right where the DPDK port shares its interface with the kernel); for the
+        /// switch, switch.data's address.
+        ip = IpAddr::from([0, 0, 0, 0]), Ip;
+        /// MAC address every frame is sent to (the peer's, or a router's); empty: each peer's own,
+        /// asked by ARP and learned from its frames.
+        peer_mac = None, Mac;
+        /// Descriptors of the receive and transmit rings (the driver may round them).
+        rx_descriptors = 1024, Integer { min: 64, max: 32768 };
+        tx_descriptors = 1024, Integer { min: 64, max: 32768 };
+        /// Mbufs in the port's pool, for both rings and every frame being built; best 2^n - 1.
+        pool_size = 8191, Integer { min: 1023, max: 1 << 24 };
+        /// Frames received or sent at a time.
+        burst = 32, Integer { min: 1, max: 1024 };
+        /// busy: poll the receive queue without pause (a core per polling thread, the lowest
+        /// latency). adaptive: poll without pause while frames come, nap between polls once the
+        /// queue has been idle for 100 microseconds (cores shared with other work, tests).
+        poll = PollMode::Busy, Choice { choices: &["busy", "adaptive"], quoted: true };
+    }
+}
+
 // The defaults are `Faults::default()`'s: nothing injected.
 keys_at! {
     FAULT_KEYS: Faults {
@@ -148,10 +192,13 @@ keys_at! {
 }
 
 struct_keys! {
-    SWITCH_KEYS: Switch + faults {
+    SWITCH_KEYS: Switch + faults + dpdk {
         /// TCP address workers register at, and UDP address of the data path.
         control = SocketAddr::from(([0, 0, 0, 0], 50099)), Address;
         data = SocketAddr::from(([0, 0, 0, 0], 48864)), Address;
+        /// What the data path runs on: udp, a kernel socket at data; dpdk, a DPDK port
+        /// ([switch.dpdk]) answering UDP at data's port.
+        transport = SwitchTransport::Udp, Choice { choices: &["udp", "dpdk"], quoted: true };
         /// Control connections at once; more are refused as they arrive. Each holds a
         /// descriptor: netagg-switch raises its descriptor limit to the hard limit and lowers
         /// this to fit.

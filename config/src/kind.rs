@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::{BackendKind, SparseMode};
+use crate::{BackendKind, PollMode, SparseMode, SwitchTransport};
 
 /// The longest time a timeout may be: 30 days.
 const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -76,6 +76,10 @@ pub(crate) enum Kind {
     Host,
     /// A name of 1 to `max` bytes.
     Name { max: usize },
+    /// Any text, empty too.
+    Text,
+    /// A MAC address, six hexadecimal bytes separated by colons, or nothing.
+    Mac,
 }
 
 /// A key's value, as its kind reads it from text and its field holds it.
@@ -88,6 +92,7 @@ pub(crate) enum Value {
     Text(String),
     Ip(IpAddr),
     Address(SocketAddr),
+    Mac(Option<[u8; 6]>),
 }
 
 impl Kind {
@@ -128,6 +133,9 @@ impl Kind {
             Kind::Address => text.parse().ok().map(Value::Address),
             Kind::Host => (!text.is_empty()).then(|| Value::Text(text.into())),
             Kind::Name { max } => (1..=max).contains(&text.len()).then(|| Value::Text(text.into())),
+            Kind::Text => Some(Value::Text(text.into())),
+            Kind::Mac if text.is_empty() => Some(Value::Mac(None)),
+            Kind::Mac => parse_mac(text).map(|mac| Value::Mac(Some(mac))),
         }
     }
 
@@ -144,6 +152,10 @@ impl Kind {
             Value::Text(text) => text.clone(),
             Value::Ip(ip) => ip.to_string(),
             Value::Address(address) => address.to_string(),
+            Value::Mac(None) => String::new(),
+            Value::Mac(Some(mac)) => {
+                mac.iter().map(|byte| format!("{byte:02x}")).collect::<Vec<_>>().join(":")
+            }
         }
     }
 
@@ -176,8 +188,21 @@ impl Kind {
             Kind::Address => "an address IP:PORT".into(),
             Kind::Host => "a host name or IP address".into(),
             Kind::Name { max } => format!("a name of 1 to {max} bytes"),
+            Kind::Text => "text".into(),
+            Kind::Mac => "a MAC address (six hexadecimal bytes: 02:00:00:00:00:01) or nothing".into(),
         }
     }
+}
+
+/// Six hexadecimal bytes separated by colons.
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        let part = parts.next().filter(|part| (1..=2).contains(&part.len()))?;
+        *byte = u8::from_str_radix(part, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
 }
 
 /// A bound as messages write it: large ones in exponent notation (1e9).
@@ -210,7 +235,7 @@ macro_rules! integer_fields {
     )*};
 }
 
-integer_fields!(u8, u16, u64, usize);
+integer_fields!(u8, u16, u32, u64, usize);
 
 /// Fields that hold a value as it is, in the variant named.
 macro_rules! plain_fields {
@@ -227,7 +252,10 @@ macro_rules! plain_fields {
     )*};
 }
 
-plain_fields!(f64 => Real, Duration => Time, bool => Bool, String => Text, IpAddr => Ip, SocketAddr => Address);
+plain_fields!(
+    f64 => Real, Duration => Time, bool => Bool, String => Text, IpAddr => Ip, SocketAddr => Address,
+    Option<[u8; 6]> => Mac
+);
 
 /// Fields of an enum written as its name (`Display`), read by `from_name`.
 macro_rules! named_fields {
@@ -244,7 +272,7 @@ macro_rules! named_fields {
     )*};
 }
 
-named_fields!(BackendKind, SparseMode);
+named_fields!(BackendKind, SparseMode, PollMode, SwitchTransport);
 
 #[cfg(test)]
 mod tests {
@@ -256,6 +284,24 @@ mod tests {
         assert_eq!(choice(&["a"], true), "'a'");
         assert_eq!(choice(&["a", "b"], true), "'a' or 'b'");
         assert_eq!(choice(&["a", "b", "c"], false), "a, b or c");
+    }
+
+    #[test]
+    fn mac_addresses_read_back_as_shown() {
+        for (text, mac) in [("02:00:0a:FF:00:01", Some([2, 0, 10, 255, 0, 1])), ("", None)] {
+            let value = Kind::Mac.parse(text).unwrap();
+            assert_eq!(value, Value::Mac(mac));
+            assert_eq!(Kind::Mac.parse(&Kind::Mac.show(&value)), Some(value));
+        }
+        for bad in [
+            "02:00:0a:ff:00",
+            "02:00:0a:ff:00:01:02",
+            "02:00:0a:ff:00:zz",
+            "002:0:0:0:0:1",
+            "02-00-0a-ff-00-01",
+        ] {
+            assert_eq!(Kind::Mac.parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -1,0 +1,81 @@
+//! netagg's DPDK endpoint, over Debian's DPDK 22.11 through a small C shim
+//! (`shim/shim.c`): the published `dpdk-sys` bindings do not build against it.
+//!
+//! - [`Eal`]: EAL, started once per process from checked arguments; its failures come
+//!   back as errors with EAL's own explanation, never as an exit of the process;
+//! - [`Port`]: a probed and started device with one queue each way and its mbuf pool,
+//!   closed on drop; [`Frame`]: an mbuf, freed on drop;
+//! - [`Station`]: a UDP endpoint on a port, with ARP, so that a DPDK worker or switch
+//!   speaks the same datagrams as a kernel socket; [`frame`]: the headers, as pure code.
+//!
+//! All unsafe code of netagg's DPDK path is in this crate.
+
+mod eal;
+mod ffi;
+pub mod frame;
+mod port;
+mod station;
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+pub use eal::Eal;
+pub use port::{Frame, FrameAllocator, Port, PortSettings};
+pub use station::{Datagram, OutgoingDatagram, PortReservation, Station, StationCounters};
+
+/// Why DPDK could not do what was asked. Texts are whole sentences for the user, with
+/// DPDK's own explanation where it gave one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DpdkError {
+    #[error("EAL argument '{argument}' is refused: {why}, which would end this process")]
+    RefusedArgument { argument: String, why: &'static str },
+    #[error("DPDK's EAL did not start with arguments '{args}': {reason}")]
+    Eal { args: String, reason: String },
+    #[error(
+        "DPDK's EAL runs in this process with arguments '{running}', not '{asked}': EAL starts \
+         once per process, so every DPDK endpoint of a process must use the same arguments"
+    )]
+    EalRunning { running: String, asked: String },
+    #[error("DPDK device '{device}': {reason}")]
+    Device { device: String, reason: String },
+    #[error("no ARP reply from {ip} within {timeout:?}: is it up, on this port's network?")]
+    Unresolved { ip: Ipv4Addr, timeout: Duration },
+}
+
+/// An Ethernet MAC address.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
+
+    /// Whether it names a group (broadcast included), never one station.
+    pub fn is_multicast(&self) -> bool {
+        self.0[0] & 1 == 1
+    }
+}
+
+impl std::fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+impl std::fmt::Debug for MacAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_addresses_print_as_ip_link_does() {
+        let mac = MacAddr([2, 0, 10, 255, 0, 1]);
+        assert_eq!(mac.to_string(), "02:00:0a:ff:00:01");
+        assert!(MacAddr::BROADCAST.is_multicast() && !mac.is_multicast());
+    }
+}

@@ -1,0 +1,335 @@
+//! A UDP endpoint on a DPDK port: one IPv4 address, ARP answered and asked, neighbours
+//! learned from what arrives, datagrams written straight into mbufs.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use etherparse::ArpOperation;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::frame::{self, Received, ARP_FRAME_LEN, IP_UDP_HEADERS_LEN, UDP_HEADERS_LEN};
+use crate::{DpdkError, Frame, FrameAllocator, MacAddr, Port};
+
+/// Bytes an mbuf of the pool holds (DPDK's default data room): the longest frame.
+const MBUF_DATA_ROOM: usize = 2048;
+/// Shortest Ethernet frame without its CRC; ARP frames are padded to it.
+const MIN_FRAME_LEN: usize = 60;
+/// How often an unanswered neighbour is asked again.
+const ARP_RETRY: Duration = Duration::from_millis(100);
+/// How many times a full transmit queue is tried again before what it did not take is
+/// dropped, as a switch's full queue drops.
+const TRANSMIT_TRIES: usize = 64;
+
+/// What a station counts beside the datagrams it passes on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StationCounters {
+    pub arp_requests_answered: u64,
+    pub arp_requests_sent: u64,
+    /// Datagrams dropped because their destination's MAC was not known yet.
+    pub unresolved: u64,
+    /// Frames the transmit queue did not take.
+    pub transmit_dropped: u64,
+    /// Frames that were neither ARP nor UDP to this station.
+    pub ignored: u64,
+}
+
+/// A UDP datagram received, in the frame it came in.
+pub struct Datagram {
+    frame: Frame,
+    payload: Range<usize>,
+    pub source: SocketAddrV4,
+    /// The UDP port it was sent to.
+    pub port: u16,
+}
+
+impl Datagram {
+    pub fn payload(&self) -> &[u8] {
+        &self.frame.bytes()[self.payload.clone()]
+    }
+}
+
+/// A datagram being written, in the frame it will leave in.
+pub struct OutgoingDatagram {
+    frame: Frame,
+}
+
+impl OutgoingDatagram {
+    /// A frame for a datagram of up to `payload_len` bytes from `allocator`; `None` when
+    /// the pool is empty or the frame would not fit an mbuf.
+    pub fn new(allocator: &FrameAllocator, payload_len: usize) -> Option<OutgoingDatagram> {
+        allocator.frame(UDP_HEADERS_LEN + payload_len).map(|frame| OutgoingDatagram { frame })
+    }
+
+    /// Room for the payload.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.frame.bytes_mut()[UDP_HEADERS_LEN..]
+    }
+
+    /// The frame that carries the first `len` bytes of the payload from `source` to
+    /// `destination`, each a MAC and a UDP address.
+    pub fn finish(
+        mut self,
+        len: usize,
+        source: (MacAddr, SocketAddrV4),
+        destination: (MacAddr, SocketAddrV4),
+    ) -> Frame {
+        self.frame.truncate(UDP_HEADERS_LEN + len);
+        frame::write_udp_headers(self.frame.bytes_mut(), source, destination, len);
+        self.frame
+    }
+}
+
+/// What is known of a neighbour: its MAC once it spoke or answered, and when it was last
+/// asked.
+#[derive(Debug, Clone, Copy)]
+struct Neighbour {
+    mac: Option<MacAddr>,
+    asked: Option<Instant>,
+}
+
+pub struct Station {
+    port: Port,
+    ip: Ipv4Addr,
+    mac: MacAddr,
+    /// Where every frame goes, if configured: the peer's or a router's MAC.
+    next_hop: Option<MacAddr>,
+    neighbours: HashMap<Ipv4Addr, Neighbour>,
+    received: Vec<Frame>,
+    outgoing: Vec<Frame>,
+    burst: u16,
+    counters: StationCounters,
+}
+
+impl Station {
+    /// A station at `ip` on `port`, receiving up to `burst` frames at a time; with
+    /// `next_hop`, every frame goes to that MAC and ARP is only answered.
+    pub fn new(port: Port, ip: Ipv4Addr, next_hop: Option<MacAddr>, burst: u16) -> Station {
+        let mac = port.mac();
+        Station {
+            port,
+            ip,
+            mac,
+            next_hop,
+            neighbours: HashMap::new(),
+            received: Vec::with_capacity(usize::from(burst)),
+            outgoing: Vec::with_capacity(usize::from(burst)),
+            burst: burst.max(1),
+            counters: StationCounters::default(),
+        }
+    }
+
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    pub fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    pub fn port(&self) -> &Port {
+        &self.port
+    }
+
+    pub fn counters(&self) -> StationCounters {
+        self.counters
+    }
+
+    /// The longest UDP payload that leaves in one frame: the port's MTU less the IPv4 and
+    /// UDP headers, and no more than an mbuf holds.
+    pub fn max_payload(&self) -> usize {
+        (usize::from(self.port.mtu()).saturating_sub(IP_UDP_HEADERS_LEN))
+            .min(MBUF_DATA_ROOM - UDP_HEADERS_LEN)
+    }
+
+    /// Receives one burst: answers ARP, learns neighbours, and hands each UDP datagram
+    /// to `sink`. Returns how many it handed.
+    pub fn poll(&mut self, sink: &mut dyn FnMut(Datagram)) -> usize {
+        if self.port.receive(&mut self.received, self.burst) == 0 {
+            return 0;
+        }
+        let mut handed = 0;
+        let mut frames = std::mem::take(&mut self.received);
+        for frame in frames.drain(..) {
+            match frame::read(frame.bytes(), self.ip) {
+                Received::Udp { source, source_mac, port, payload } => {
+                    self.learn(*source.ip(), source_mac);
+                    sink(Datagram { frame, payload, source, port });
+                    handed += 1;
+                }
+                Received::Arp(arp) => {
+                    self.learn(arp.sender_ipv4_addr(), MacAddr(arp.sender_mac));
+                    if arp.operation == ArpOperation::REQUEST && arp.target_ipv4_addr() == self.ip {
+                        self.send_arp(Some(MacAddr(arp.sender_mac)), arp.sender_ipv4_addr());
+                        self.counters.arp_requests_answered += 1;
+                    }
+                }
+                Received::Other(_) => self.counters.ignored += 1,
+            }
+        }
+        self.received = frames;
+        if !self.outgoing.is_empty() {
+            self.flush();
+        }
+        handed
+    }
+
+    /// A frame for a datagram of up to `payload_len` bytes; `None` when the pool is empty
+    /// (the datagram is then lost, as on a congested link) or the payload does not fit a
+    /// frame.
+    pub fn datagram(&self, payload_len: usize) -> Option<OutgoingDatagram> {
+        if payload_len > self.max_payload() {
+            return None;
+        }
+        OutgoingDatagram::new(&self.port.allocator(), payload_len)
+    }
+
+    /// Queues the first `len` bytes of `datagram`'s payload from UDP port `from` to `to`;
+    /// it leaves at [`Station::flush`] or when a burst is full. False if it was dropped
+    /// because `to`'s MAC is not known yet (it is asked for).
+    pub fn send(&mut self, datagram: OutgoingDatagram, len: usize, from: u16, to: SocketAddrV4) -> bool {
+        let Some(destination_mac) = self.mac_of(*to.ip()) else {
+            self.counters.unresolved += 1;
+            return false;
+        };
+        let source = SocketAddrV4::new(self.ip, from);
+        self.outgoing.push(datagram.finish(len, (self.mac, source), (destination_mac, to)));
+        if self.outgoing.len() >= usize::from(self.burst) {
+            self.flush();
+        }
+        true
+    }
+
+    /// Sends everything queued; what the transmit queue still refuses after a few tries
+    /// is dropped and counted.
+    pub fn flush(&mut self) {
+        let mut outgoing = std::mem::take(&mut self.outgoing);
+        self.transmit(&mut outgoing);
+        self.outgoing = outgoing;
+    }
+
+    /// Sends `frames`, finished elsewhere ([`OutgoingDatagram::finish`]), and empties it;
+    /// what the transmit queue still refuses after a few tries is dropped and counted.
+    pub fn transmit(&mut self, frames: &mut Vec<Frame>) {
+        for _ in 0..TRANSMIT_TRIES {
+            if frames.is_empty() {
+                return;
+            }
+            self.port.transmit(frames);
+        }
+        self.counters.transmit_dropped += frames.len() as u64;
+        frames.clear();
+    }
+
+    /// The MAC of `ip` if known (or the configured next hop), asking for it if not.
+    pub fn neighbour(&mut self, ip: Ipv4Addr) -> Option<MacAddr> {
+        self.mac_of(ip)
+    }
+
+    /// Makes frames from the port's pool, for threads that do not hold the station.
+    pub fn allocator(&self) -> FrameAllocator {
+        self.port.allocator()
+    }
+
+    /// Sets the station's IPv4 address, once it is known (from where a control
+    /// connection leaves, say).
+    pub fn set_ip(&mut self, ip: Ipv4Addr) {
+        self.ip = ip;
+    }
+
+    /// The MAC to send to for `ip`, asking for it if it is not known (at most every
+    /// [`ARP_RETRY`]).
+    fn mac_of(&mut self, ip: Ipv4Addr) -> Option<MacAddr> {
+        if let Some(next_hop) = self.next_hop {
+            return Some(next_hop);
+        }
+        let now = Instant::now();
+        let neighbour = self.neighbours.entry(ip).or_insert(Neighbour { mac: None, asked: None });
+        if neighbour.mac.is_none() && neighbour.asked.is_none_or(|asked| now - asked >= ARP_RETRY) {
+            neighbour.asked = Some(now);
+            self.send_arp(None, ip);
+            self.counters.arp_requests_sent += 1;
+        }
+        self.neighbours[&ip].mac
+    }
+
+    /// Waits up to `timeout` for `ip`'s MAC, asking by ARP; UDP datagrams that arrive
+    /// meanwhile go to `sink`.
+    pub fn resolve(
+        &mut self,
+        ip: Ipv4Addr,
+        timeout: Duration,
+        sink: &mut dyn FnMut(Datagram),
+    ) -> Result<MacAddr, DpdkError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(mac) = self.mac_of(ip) {
+                return Ok(mac);
+            }
+            self.flush();
+            if Instant::now() >= deadline {
+                return Err(DpdkError::Unresolved { ip, timeout });
+            }
+            if self.poll(sink) == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    fn learn(&mut self, ip: Ipv4Addr, mac: MacAddr) {
+        if ip.is_unspecified() || mac.is_multicast() {
+            return;
+        }
+        let neighbour = self.neighbours.entry(ip).or_insert(Neighbour { mac: None, asked: None });
+        neighbour.mac = Some(mac);
+    }
+
+    /// Queues an ARP request for `target_ip` (to everyone), or a reply to `target_mac`.
+    fn send_arp(&mut self, target_mac: Option<MacAddr>, target_ip: Ipv4Addr) {
+        let Some(mut frame) = self.port.frame(MIN_FRAME_LEN) else {
+            self.counters.transmit_dropped += 1;
+            return;
+        };
+        let bytes = frame.bytes_mut();
+        bytes.fill(0);
+        frame::write_arp(bytes, (self.mac, self.ip), (target_mac, target_ip));
+        debug_assert!(ARP_FRAME_LEN <= MIN_FRAME_LEN);
+        self.outgoing.push(frame);
+    }
+}
+
+/// A kernel UDP socket that holds a port a DPDK endpoint uses, so that no kernel program
+/// takes it, and that drops whatever the kernel receives for it. Where the DPDK port
+/// shares its interface with the kernel (an af_packet device, a veth in tests), the
+/// kernel sees every datagram the endpoint receives and would otherwise answer each with
+/// an ICMP port-unreachable.
+pub struct PortReservation {
+    _socket: Socket,
+    port: u16,
+}
+
+impl PortReservation {
+    /// Reserves UDP port `port` (0: one the kernel chooses) at `ip`, or at every address
+    /// where `ip` is not the kernel's (a NIC DPDK took from it).
+    pub fn new(ip: Ipv4Addr, port: u16) -> io::Result<PortReservation> {
+        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        let bound = socket.bind(&SocketAddr::from((ip, port)).into());
+        if let Err(error) = bound {
+            if error.raw_os_error() != Some(libc::EADDRNOTAVAIL) {
+                return Err(error);
+            }
+            socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())?;
+        }
+        // A classic BPF program of one instruction, "return 0": keep no byte of anything.
+        const BPF_RET_K: u16 = 0x06;
+        socket.attach_filter(&[libc::sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: 0 }])?;
+        let port = socket.local_addr()?.as_socket().map_or(port, |address| address.port());
+        Ok(PortReservation { _socket: socket, port })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
