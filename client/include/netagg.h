@@ -76,6 +76,9 @@ enum netagg_result
   NETAGG_INVALID_INPUT,
   // A socket or system call failed.
   NETAGG_IO,
+  // The backend's device could not start (DPDK's EAL or port, say); the message says
+  // why.
+  NETAGG_BACKEND,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -95,6 +95,9 @@ pub enum Error {
     InvalidInput(String),
     #[error("{context}: {source}")]
     Io { context: String, source: IoError },
+    /// The backend's device could not start: DPDK's EAL or port, with DPDK's reason.
+    #[error("{0}")]
+    Backend(String),
 }
 
 impl Error {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use netagg_config::{Config, SparseMode};
 use netagg_wire::{ControlMessage, ValueEncoding, WireError};
 
-use crate::backend::SwitchTransport;
+use crate::backend::{ControlAddresses, SwitchTransport};
 use crate::driver::Shared;
 use crate::Error;
 
@@ -66,9 +66,12 @@ pub(crate) fn register(
     stream.set_read_timeout(None).map_err(failed)?;
     match reply {
         (_, ControlMessage::Accept { session, token, data, .. }) => {
-            let switch_ip = stream.peer_addr().map_err(failed)?.ip();
+            let control = ControlAddresses {
+                switch: stream.peer_addr().map_err(failed)?.ip(),
+                local: stream.local_addr().map_err(failed)?.ip(),
+            };
             for transport in transports.iter_mut() {
-                transport.connect(&data, switch_ip).map_err(|source| {
+                transport.connect(&data, control).map_err(|source| {
                     Error::io(format!("connecting to the switch's data path at {data}"), source)
                 })?;
             }

@@ -5,11 +5,11 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use common::{unique_session, worker_config};
-use netagg::backend::{SwitchTransport, Transport};
+use netagg::backend::{ControlAddresses, SwitchTransport, Transport};
 use netagg::{Config, Context, Endpoint, Error};
 use netagg_switch::port::{MemoryNetwork, MemorySocket};
 use netagg_switch::Switch;
@@ -48,8 +48,8 @@ impl SwitchTransport for MemoryTransport {
         Endpoint::Udp(self.socket.local_addr())
     }
 
-    fn connect(&mut self, switch: &Endpoint, switch_ip: IpAddr) -> std::io::Result<()> {
-        self.switch = switch.udp_address(switch_ip);
+    fn connect(&mut self, switch: &Endpoint, control: ControlAddresses) -> std::io::Result<()> {
+        self.switch = switch.udp_address(control.switch);
         Ok(())
     }
 }

@@ -66,7 +66,7 @@ fn to_py(error: netagg::Error) -> PyErr {
         E::Job(_) | E::Panicked { .. } => JobError::new_err(message),
         E::Stopped => StoppedError::new_err(message),
         E::LengthMismatch { .. } | E::NullBuffer | E::InvalidInput(_) => InvalidInputError::new_err(message),
-        E::Io { .. } => Error::new_err(message),
+        E::Io { .. } | E::Backend(_) => Error::new_err(message),
     }
 }
 

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use netagg_aggregator::EngineLimits;
+use netagg_config::SwitchTransport;
 use netagg_wire::Endpoint;
 
 use crate::control::{ControlLimits, ControlPlane};
@@ -44,6 +45,8 @@ pub enum SwitchError {
     Listen { address: SocketAddr, source: io::Error },
     #[error("cannot bind UDP {address}: {source}")]
     Bind { address: SocketAddr, source: io::Error },
+    #[error("cannot start the DPDK data path: {0}")]
+    Dpdk(String),
     #[error("cannot start the switch: {0}")]
     Start(io::Error),
     #[error("data path failed: {0}")]
@@ -84,9 +87,17 @@ impl Switch {
     /// This is where the configured transport becomes a [`DataPort`]: a new transport
     /// adds its port here.
     pub fn start(settings: &netagg_config::Switch) -> Result<Switch, SwitchError> {
-        let port = port::UdpPort::bind(settings.data)
-            .map_err(|source| SwitchError::Bind { address: settings.data, source })?;
-        Switch::start_with_port(settings, port)
+        match settings.transport {
+            SwitchTransport::Udp => {
+                let port = port::UdpPort::bind(settings.data)
+                    .map_err(|source| SwitchError::Bind { address: settings.data, source })?;
+                Switch::start_with_port(settings, port)
+            }
+            SwitchTransport::Dpdk => {
+                let port = port::DpdkPort::open(settings).map_err(SwitchError::Dpdk)?;
+                Switch::start_with_port(settings, port)
+            }
+        }
     }
 
     /// [`Switch::start`] with a data port of one's own (a [`port::MemorySocket`] in

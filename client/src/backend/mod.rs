@@ -12,6 +12,7 @@
 //! backend adds a module here and an arm there. [`faults::FaultyTransport`] wraps any
 //! of them to inject faults.
 
+pub mod dpdk;
 pub mod dummy;
 pub mod faults;
 pub mod udp;
@@ -53,8 +54,17 @@ pub trait SwitchTransport: Transport {
     /// address the registration comes from.
     fn endpoint(&self) -> Endpoint;
     /// From now on exchanges datagrams with the switch's data path at `switch`; an
-    /// unspecified IP in it stands for `switch_ip`, the control connection's peer.
-    fn connect(&mut self, switch: &Endpoint, switch_ip: IpAddr) -> io::Result<()>;
+    /// unspecified IP in it stands for `control.switch`, the control connection's peer.
+    fn connect(&mut self, switch: &Endpoint, control: ControlAddresses) -> io::Result<()>;
+}
+
+/// The two ends of the control connection a context registered over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlAddresses {
+    /// The switch's address.
+    pub switch: IpAddr,
+    /// This side's: where an endpoint announced with an unspecified IP is reached.
+    pub local: IpAddr,
 }
 
 /// What a backend gives a context: its worker threads' transports.
@@ -81,5 +91,6 @@ pub fn open(config: &Config) -> Result<Links, Error> {
                 .map_err(|source| Error::io("binding the worker threads' UDP sockets", source))?;
             Ok(Links::Switch(transports))
         }
+        BackendKind::Dpdk => Ok(Links::Switch(dpdk::transports(config)?)),
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use netagg_udp::{BatchSocket, SegmentBatch};
 use netagg_wire::Endpoint;
 
-use super::{SwitchTransport, Transport};
+use super::{ControlAddresses, SwitchTransport, Transport};
 
 /// A worker thread's socket, bound before registration so its port can be announced.
 pub struct UdpTransport {
@@ -74,8 +74,8 @@ impl SwitchTransport for UdpTransport {
         Endpoint::Udp(self.local)
     }
 
-    fn connect(&mut self, switch: &Endpoint, switch_ip: IpAddr) -> io::Result<()> {
-        let Some(switch) = switch.udp_address(switch_ip) else {
+    fn connect(&mut self, switch: &Endpoint, control: ControlAddresses) -> io::Result<()> {
+        let Some(switch) = switch.udp_address(control.switch) else {
             let message = format!("the switch's data path is {switch}, not UDP");
             return Err(io::Error::new(io::ErrorKind::Unsupported, message));
         };

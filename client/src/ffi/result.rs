@@ -54,13 +54,16 @@ pub enum netagg_result {
     NETAGG_INVALID_INPUT,
     /// A socket or system call failed.
     NETAGG_IO,
+    /// The backend's device could not start (DPDK's EAL or port, say); the message says
+    /// why.
+    NETAGG_BACKEND,
 }
 
 use netagg_result::*;
 
 impl netagg_result {
     /// Every code, for looking one up by its number; a test checks none is missing.
-    const ALL: [netagg_result; 21] = [
+    const ALL: [netagg_result; 22] = [
         NETAGG_OK,
         NETAGG_NULL_ARGUMENT,
         NETAGG_INVALID_ARGUMENT,
@@ -82,6 +85,7 @@ impl netagg_result {
         NETAGG_WAIT_TIMEOUT,
         NETAGG_INVALID_INPUT,
         NETAGG_IO,
+        NETAGG_BACKEND,
     ];
 
     /// The result with this number, if there is one (C callers may pass any).
@@ -113,6 +117,7 @@ impl netagg_result {
             NETAGG_WAIT_TIMEOUT => "the job is still running",
             NETAGG_INVALID_INPUT => "the codec refused the tensor",
             NETAGG_IO => "I/O error",
+            NETAGG_BACKEND => "the backend's device cannot start",
         }
     }
 }
@@ -134,6 +139,7 @@ impl From<&Error> for netagg_result {
             Error::NullBuffer => NETAGG_NULL_ARGUMENT,
             Error::InvalidInput(_) => NETAGG_INVALID_INPUT,
             Error::Io { .. } => NETAGG_IO,
+            Error::Backend(_) => NETAGG_BACKEND,
         }
     }
 }
@@ -145,7 +151,7 @@ mod tests {
     #[test]
     fn every_result_has_a_description_and_is_listed_once() {
         let listed: std::collections::HashSet<u32> = netagg_result::ALL.iter().map(|r| *r as u32).collect();
-        let errors = (NETAGG_NULL_ARGUMENT as u32..=NETAGG_IO as u32).chain([NETAGG_OK as u32]);
+        let errors = (NETAGG_NULL_ARGUMENT as u32..=NETAGG_BACKEND as u32).chain([NETAGG_OK as u32]);
         assert_eq!(listed, errors.collect());
         assert!(netagg_result::ALL.iter().all(|r| !r.description().is_empty()));
         assert_eq!(netagg_result::from_code(7011), Some(NETAGG_STOPPED));

@@ -7,6 +7,7 @@
 //! [`Endpoint`] each thread registered.
 //!
 //! - [`UdpPort`]: a kernel UDP socket with batched system calls;
+//! - [`DpdkPort`]: a DPDK device, speaking the same UDP;
 //! - [`FaultyPort`]: wraps any port to drop, duplicate, reorder, delay or corrupt
 //!   datagrams each way, for `[switch.faults]`;
 //! - [`memory`]: a network in memory, so that the data path and whole sessions are
@@ -15,6 +16,7 @@
 //! A new transport implements [`DataPort`] over its own crate, and
 //! [`crate::Switch::start`] maps its configuration to it.
 
+pub mod dpdk;
 pub mod faulty;
 pub mod memory;
 pub mod udp;
@@ -28,6 +30,7 @@ use std::time::Duration;
 use netagg_aggregator::faults::FaultCounters;
 use netagg_wire::Endpoint;
 
+pub use dpdk::DpdkPort;
 pub use faulty::FaultyPort;
 pub use memory::{MemoryNetwork, MemorySocket};
 pub use udp::UdpPort;

@@ -1,0 +1,266 @@
+//! The DPDK backend: the worker threads' datagrams leave from one DPDK port, kernel
+//! bypassed, as the same UDP datagrams the UDP backend sends, so that a kernel-socket
+//! switch serves them (and a DPDK switch serves UDP workers).
+//!
+//! The port has one queue each way, shared by the context's threads: a thread writes
+//! its datagrams straight into mbufs without a lock, and takes the port's lock only to
+//! hand a window of them to the transmit queue, or to poll the receive queue. Whoever
+//! polls delivers what arrived for other threads (each has a UDP port of its own) to
+//! their inboxes, in the mbufs it came in.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use netagg_config::{Config, PollMode};
+use netagg_dpdk::{
+    Datagram, Eal, Frame, FrameAllocator, MacAddr, OutgoingDatagram, Port, PortReservation, PortSettings, Station,
+};
+use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::Endpoint;
+
+use super::{ControlAddresses, SwitchTransport, Transport};
+use crate::Error;
+
+/// How long a thread with nothing to receive polls without pause before it naps
+/// (`poll = adaptive`), and how long each nap lasts.
+const IDLE_SPIN: Duration = Duration::from_micros(100);
+const IDLE_NAP: Duration = Duration::from_micros(50);
+/// How long connecting waits for the switch's MAC address by ARP.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The port, and what its threads leave each other.
+struct Shared {
+    station: Mutex<Station>,
+    /// Datagrams for each thread, received by another.
+    inboxes: Vec<Mutex<Vec<Datagram>>>,
+    /// Each thread's UDP port, by thread index.
+    ports: Vec<u16>,
+    poll: PollMode,
+}
+
+impl Shared {
+    fn station(&self) -> MutexGuard<'_, Station> {
+        self.station.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn inbox(&self, thread: usize) -> MutexGuard<'_, Vec<Datagram>> {
+        self.inboxes[thread].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One worker thread's share of the port.
+pub struct DpdkTransport {
+    shared: Arc<Shared>,
+    thread: usize,
+    /// Holds this thread's UDP port in the kernel, and keeps the kernel quiet about it.
+    reservation: PortReservation,
+    allocator: FrameAllocator,
+    /// This side's and the switch's MAC and UDP address, once connected.
+    route: Option<Route>,
+    /// The datagram [`Transport::send_buffer`] lent last.
+    lent: Option<OutgoingDatagram>,
+    /// Where [`Transport::send_buffer`] writes when the pool is empty: the datagram is
+    /// then lost, as on a congested link, and recovered as any loss is.
+    spare: Vec<u8>,
+    outgoing: Vec<Frame>,
+    received: Vec<Datagram>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    source: (MacAddr, SocketAddrV4),
+    switch: (MacAddr, SocketAddrV4),
+}
+
+/// The transports of `config`'s DPDK port, one per worker thread.
+pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Error> {
+    let dpdk = &config.dpdk;
+    let failed = |error: netagg_dpdk::DpdkError| Error::Backend(format!("backend.dpdk: {error}"));
+    if dpdk.device.trim().is_empty() {
+        return Err(Error::InvalidConfig(
+            "backend.dpdk.device is empty: name the DPDK device (net_af_packet0,iface=eth0 for a kernel \
+             interface, or a NIC's PCI address)"
+                .into(),
+        ));
+    }
+    let ip = match dpdk.ip {
+        IpAddr::V4(ip) => ip,
+        IpAddr::V6(ip) => {
+            return Err(Error::InvalidConfig(format!("backend.dpdk.ip {ip}: the DPDK backend speaks IPv4 only")))
+        }
+    };
+    let eal = Eal::start(&dpdk.eal_arguments()).map_err(failed)?;
+    let port = Port::open(
+        eal,
+        &PortSettings {
+            device: dpdk.device.clone(),
+            rx_descriptors: dpdk.rx_descriptors,
+            tx_descriptors: dpdk.tx_descriptors,
+            pool_size: dpdk.pool_size,
+        },
+    )
+    .map_err(failed)?;
+    let station = Station::new(port, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst);
+    check_packet_fits(config, &station)?;
+    let threads = usize::from(config.general.num_worker_threads);
+    let reservations = (0..threads)
+        .map(|_| PortReservation::new(ip, 0))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(|source| Error::io("reserving the DPDK worker threads' UDP ports", source))?;
+    let allocator = station.allocator();
+    let shared = Arc::new(Shared {
+        station: Mutex::new(station),
+        inboxes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
+        ports: reservations.iter().map(PortReservation::port).collect(),
+        poll: dpdk.poll,
+    });
+    Ok(reservations
+        .into_iter()
+        .enumerate()
+        .map(|(thread, reservation)| {
+            Box::new(DpdkTransport {
+                shared: Arc::clone(&shared),
+                thread,
+                reservation,
+                allocator: allocator.clone(),
+                route: None,
+                lent: None,
+                spare: Vec::new(),
+                outgoing: Vec::new(),
+                received: Vec::new(),
+            }) as Box<dyn SwitchTransport>
+        })
+        .collect())
+}
+
+/// Refuses a packet size whose datagrams would not fit the port's frames.
+fn check_packet_fits(config: &Config, station: &Station) -> Result<(), Error> {
+    let numel = usize::from(config.general.packet_numel);
+    let datagram = HEADER_LEN + numel * ELEMENT_LEN;
+    let room = station.max_payload();
+    if datagram <= room {
+        return Ok(());
+    }
+    Err(Error::InvalidConfig(format!(
+        "general.packet_numel {numel} makes {datagram}-byte datagrams, but DPDK device '{}' (MTU {}) carries \
+         at most {room} bytes of UDP payload: the largest packet_numel that fits is {}",
+        station.port().device(),
+        station.port().mtu(),
+        (room - HEADER_LEN) / ELEMENT_LEN
+    )))
+}
+
+impl DpdkTransport {
+    fn route(&self) -> io::Result<Route> {
+        self.route.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "the DPDK transport has no switch address yet")
+        })
+    }
+
+    /// Hands `datagram` to this thread or, if another's, to its inbox; drops datagrams
+    /// from anywhere but the switch.
+    fn deliver(shared: &Shared, route: &Route, own: &mut Vec<Datagram>, thread: usize, datagram: Datagram) {
+        if datagram.source != route.switch.1 {
+            return;
+        }
+        match shared.ports.iter().position(|&port| port == datagram.port) {
+            Some(index) if index == thread => own.push(datagram),
+            Some(index) => shared.inbox(index).push(datagram),
+            None => {}
+        }
+    }
+}
+
+impl Transport for DpdkTransport {
+    fn send_buffer(&mut self, len: usize) -> &mut [u8] {
+        self.lent = OutgoingDatagram::new(&self.allocator, len);
+        match &mut self.lent {
+            Some(datagram) => &mut datagram.payload_mut()[..len],
+            None => {
+                self.spare.resize(len, 0);
+                &mut self.spare
+            }
+        }
+    }
+
+    fn send(&mut self, len: usize) -> io::Result<()> {
+        let route = self.route()?;
+        if let Some(datagram) = self.lent.take() {
+            self.outgoing.push(datagram.finish(len, route.source, route.switch));
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.outgoing.is_empty() {
+            self.shared.station().transmit(&mut self.outgoing);
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let route = self.route()?;
+        let start = Instant::now();
+        loop {
+            std::mem::swap(&mut self.received, &mut *self.shared.inbox(self.thread));
+            if self.received.is_empty() {
+                let shared = &*self.shared;
+                let (received, thread) = (&mut self.received, self.thread);
+                shared.station().poll(&mut |datagram| Self::deliver(shared, &route, received, thread, datagram));
+            }
+            if !self.received.is_empty() {
+                let count = self.received.len();
+                for datagram in self.received.drain(..) {
+                    sink(datagram.payload());
+                }
+                return Ok(count);
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Ok(0);
+            }
+            match self.shared.poll {
+                PollMode::Adaptive if waited >= IDLE_SPIN => std::thread::sleep(IDLE_NAP.min(timeout - waited)),
+                _ => std::hint::spin_loop(),
+            }
+        }
+    }
+}
+
+impl SwitchTransport for DpdkTransport {
+    /// An unspecified address, unless configured: the switch takes the one this side's
+    /// registration comes from, which is the station's where the DPDK port shares its
+    /// interface with the kernel.
+    fn endpoint(&self) -> Endpoint {
+        let ip = self.shared.station().ip();
+        Endpoint::Udp(SocketAddr::V4(SocketAddrV4::new(ip, self.reservation.port())))
+    }
+
+    fn connect(&mut self, switch: &Endpoint, control: ControlAddresses) -> io::Result<()> {
+        let refused = |message: String| io::Error::new(io::ErrorKind::Unsupported, message);
+        let Some(SocketAddr::V4(switch)) = switch.udp_address(control.switch) else {
+            return Err(refused(format!("the switch's data path is {switch}, not UDP over IPv4")));
+        };
+        let mut station = self.shared.station();
+        if station.ip().is_unspecified() {
+            let IpAddr::V4(local) = control.local else {
+                return Err(refused(format!(
+                    "the control connection leaves from {}, not an IPv4 address: set backend.dpdk.ip",
+                    control.local
+                )));
+            };
+            station.set_ip(local);
+        }
+        let shared = &*self.shared;
+        // Nothing flows before every thread is connected: whatever arrives meanwhile is
+        // not for a session of this context.
+        let mac = station
+            .resolve(*switch.ip(), RESOLVE_TIMEOUT, &mut drop)
+            .map_err(|error| io::Error::new(io::ErrorKind::HostUnreachable, error.to_string()))?;
+        let source = (station.mac(), SocketAddrV4::new(station.ip(), shared.ports[self.thread]));
+        self.route = Some(Route { source, switch: (mac, switch) });
+        Ok(())
+    }
+}

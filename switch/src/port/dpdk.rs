@@ -1,0 +1,126 @@
+//! The DPDK port: the data path on a DPDK device, kernel bypassed, answering the same
+//! UDP datagrams a kernel socket would, so that UDP and DPDK workers alike reach it.
+//! Workers are addressed by their UDP address, as [`super::UdpPort`] addresses them;
+//! their MACs are learned from the frames they send.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use netagg_config::PollMode;
+use netagg_dpdk::{Eal, MacAddr, Port, PortReservation, PortSettings, Station, StationCounters};
+use netagg_wire::Endpoint;
+
+use super::DataPort;
+
+/// How long an idle data path polls without pause before it naps (`poll = adaptive`),
+/// and how long each nap lasts.
+const IDLE_SPIN: Duration = Duration::from_micros(100);
+const IDLE_NAP: Duration = Duration::from_micros(50);
+
+pub struct DpdkPort {
+    station: Station,
+    /// Holds the data port in the kernel and keeps the kernel quiet about it.
+    reservation: PortReservation,
+    poll: PollMode,
+}
+
+impl DpdkPort {
+    /// Starts EAL and the `[switch.dpdk]` port, at `switch.dpdk.ip` (else
+    /// `switch.data`'s address) and `switch.data`'s UDP port (0: a free one).
+    pub fn open(settings: &netagg_config::Switch) -> Result<DpdkPort, String> {
+        let dpdk = &settings.dpdk;
+        if dpdk.device.trim().is_empty() {
+            return Err("switch.dpdk.device is empty: name the DPDK device (net_af_packet0,iface=eth0 for a \
+                        kernel interface, or a NIC's PCI address)"
+                .into());
+        }
+        let ip = match (dpdk.ip, settings.data.ip()) {
+            (IpAddr::V4(ip), _) if !ip.is_unspecified() => ip,
+            (IpAddr::V4(_), IpAddr::V4(ip)) if !ip.is_unspecified() => ip,
+            _ => {
+                return Err(format!(
+                    "the DPDK data path needs its IPv4 address: set switch.dpdk.ip or switch.data (now {} and {})",
+                    dpdk.ip, settings.data
+                ))
+            }
+        };
+        let eal = Eal::start(&dpdk.eal_arguments()).map_err(|error| error.to_string())?;
+        let port = Port::open(
+            eal,
+            &PortSettings {
+                device: dpdk.device.clone(),
+                rx_descriptors: dpdk.rx_descriptors,
+                tx_descriptors: dpdk.tx_descriptors,
+                pool_size: dpdk.pool_size,
+            },
+        )
+        .map_err(|error| error.to_string())?;
+        let reservation = PortReservation::new(ip, settings.data.port())
+            .map_err(|error| format!("cannot reserve UDP port {} at {ip}: {error}", settings.data.port()))?;
+        let station = Station::new(port, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst);
+        Ok(DpdkPort { station, reservation, poll: dpdk.poll })
+    }
+
+    fn local(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.station.ip(), self.reservation.port())
+    }
+
+    /// What the station counted: ARP, unresolved destinations, full queues.
+    pub fn station_counters(&self) -> StationCounters {
+        self.station.counters()
+    }
+}
+
+impl DataPort for DpdkPort {
+    type Address = SocketAddr;
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Udp(SocketAddr::V4(self.local()))
+    }
+
+    fn resolve(&self, endpoint: &Endpoint, peer: IpAddr) -> Result<SocketAddr, String> {
+        let address = super::udp_peer(endpoint, peer)?;
+        match address {
+            SocketAddr::V4(_) => Ok(address),
+            SocketAddr::V6(_) => Err(format!("{endpoint} is IPv6; the DPDK data path speaks IPv4 only")),
+        }
+    }
+
+    fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        let port = self.reservation.port();
+        let start = Instant::now();
+        loop {
+            let mut handed = 0;
+            self.station.poll(&mut |datagram| {
+                if datagram.port == port {
+                    sink(SocketAddr::V4(datagram.source), datagram.payload());
+                    handed += 1;
+                }
+            });
+            if handed > 0 {
+                return Ok(handed);
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Ok(0);
+            }
+            match self.poll {
+                PollMode::Adaptive if waited >= IDLE_SPIN => std::thread::sleep(IDLE_NAP.min(timeout - waited)),
+                _ => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    fn send(&mut self, destination: SocketAddr, datagram: &[u8]) {
+        let SocketAddr::V4(destination) = destination else { return };
+        // An empty pool or an unknown MAC loses the datagram, as a congested link would.
+        let Some(mut outgoing) = self.station.datagram(datagram.len()) else { return };
+        outgoing.payload_mut()[..datagram.len()].copy_from_slice(datagram);
+        self.station.send(outgoing, datagram.len(), self.reservation.port(), destination);
+    }
+
+    fn flush(&mut self) {
+        self.station.flush();
+    }
+}
