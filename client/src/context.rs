@@ -31,6 +31,8 @@ use crate::Error;
 /// A started netagg context: one rank of a session.
 pub struct Context {
     config: Config,
+    /// What carries the packets, as the backend describes it.
+    transport: String,
     shared: Arc<Shared>,
     /// One queue per worker thread; emptied on stop. The lock serialises submissions so
     /// every thread sees jobs in the same order.
@@ -101,6 +103,7 @@ impl Context {
         };
         span.record("session", tracing::field::display(format_args!("{session:#010x}")));
         let transports = with_faults(transports, &config);
+        let transport = transports.first().map(|transport| transport.describe()).unwrap_or_default();
         let shared = Arc::new(Shared::new(transports.len(), general.sparse));
         if let Some(stream) = &control {
             let watched = stream.try_clone().map_err(|e| Error::io("watching the control connection", e))?;
@@ -139,9 +142,10 @@ impl Context {
             senders.push(sender);
             handles.push(handle);
         }
-        tracing::info!(workers = general.num_workers, threads = handles.len(), "context started");
+        tracing::info!(workers = general.num_workers, threads = handles.len(), %transport, "context started");
         Ok(Context {
             config,
+            transport,
             shared,
             slices: Mutex::new(senders),
             threads: Mutex::new(handles),
@@ -154,6 +158,12 @@ impl Context {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// What carries the packets, for people: the backend and its device or address
+    /// (worker thread 0's; the others' differ only in their ports).
+    pub fn transport(&self) -> &str {
+        &self.transport
     }
 
     /// The session id the switch assigned.

@@ -143,7 +143,8 @@ struct_keys! {
         /// --no-pci (and give -a PCI_ADDRESS to probe only that NIC). EAL starts once per process:
         /// every DPDK endpoint of a process must use the same arguments. -h, --help and
         /// --log-level=help, which make EAL exit, are refused.
-        eal_args = "--no-huge --no-shconf -m 128 --no-pci -l 0 --log-level=lib.eal:warning".into(), Text;
+        eal_args = "--no-huge --no-shconf -m 128 --no-pci --no-telemetry -l 0 --log-level=lib.eal:warning".into(),
+            Text;
         /// The device, probed once EAL runs: a virtual device's arguments
         /// (net_af_packet0,iface=eth0,qdisc_bypass=0 on a kernel interface; net_tap0) or a PCI
         /// address (0000:3b:00.0). Required.

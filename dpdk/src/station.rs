@@ -91,7 +91,6 @@ struct Neighbour {
 }
 
 pub struct Station {
-    port: Port,
     ip: Ipv4Addr,
     mac: MacAddr,
     /// Where every frame goes, if configured: the peer's or a router's MAC.
@@ -101,6 +100,8 @@ pub struct Station {
     outgoing: Vec<Frame>,
     burst: u16,
     counters: StationCounters,
+    /// Last, so that it closes after every frame above is freed.
+    port: Port,
 }
 
 impl Station {

@@ -83,6 +83,9 @@ const SUBNET: [u8; 3] = [10, 213, 7];
 /// The most workers one /24 addresses (.1 to .200), beside the switch (.254).
 pub const MAX_WORKERS: usize = 200;
 
+/// The one interface of the switch's and each worker's namespace.
+pub const HOST_DEVICE: &str = "eth0";
+
 /// A run's namespaces, links and delay lines; removed on drop.
 pub struct Fabric {
     prefix: String,
@@ -212,14 +215,14 @@ impl Fabric {
         let fabric = self.fabric_namespace();
         ip(&["netns", "add", namespace])?;
         ip(&["-n", namespace, "link", "set", "lo", "up"])?;
-        veth(&fabric, port, "eth0", Some(namespace))?;
+        veth(&fabric, port, HOST_DEVICE, Some(namespace))?;
         if bridged {
             ip(&["-n", &fabric, "link", "set", port, "master", "br0", "up"])?;
         } else {
             ip(&["-n", &fabric, "link", "set", port, "up"])?;
         }
-        ip(&["-n", namespace, "addr", "add", &format!("{address}/24"), "dev", "eth0"])?;
-        ip(&["-n", namespace, "link", "set", "eth0", "up"])
+        ip(&["-n", namespace, "addr", "add", &format!("{address}/24"), "dev", HOST_DEVICE])?;
+        ip(&["-n", namespace, "link", "set", HOST_DEVICE, "up"])
     }
 
     fn attach_worker(&mut self, rank: usize) -> Result<(), FabricError> {
@@ -243,7 +246,7 @@ impl Fabric {
         }
         // Up on the worker's end, down on the fabric's.
         let netem = link.is_impaired() && self.impairer == Some(Impairer::Netem);
-        for (ns, device) in [(namespace.as_str(), "eth0"), (fabric.as_str(), port.as_str())] {
+        for (ns, device) in [(namespace.as_str(), HOST_DEVICE), (fabric.as_str(), port.as_str())] {
             shape(ns, device, &link, netem)?;
         }
         Ok(())
@@ -258,7 +261,7 @@ impl Fabric {
     pub fn queue_drops(&self) -> Vec<(u64, u64)> {
         (0..self.links.len())
             .map(|rank| {
-                let up = tbf_drops(&self.worker_namespace(rank), "eth0");
+                let up = tbf_drops(&self.worker_namespace(rank), HOST_DEVICE);
                 let down = tbf_drops(&self.fabric_namespace(), &format!("w{rank}"));
                 (up, down)
             })

@@ -259,6 +259,7 @@ fn run(options: &Options) -> Result<bool, String> {
         rates.links(options.link_delay, config.general.num_workers)?;
     }
     let context = Context::start(config).map_err(|e| e.to_string())?;
+    println!("Transport: {}", context.transport());
     let seed = agree_on_seed(&context, options.seed)?;
     let outcome = match options.tensor_type {
         DataType::Int32 => benchmark::<i32>(&context, options, seed),

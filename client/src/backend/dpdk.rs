@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use netagg_config::{Config, PollMode};
 use netagg_dpdk::{
-    Datagram, Eal, Frame, FrameAllocator, MacAddr, OutgoingDatagram, Port, PortReservation, PortSettings, Station,
+    Datagram, Eal, Frame, FrameAllocator, MacAddr, OutgoingDatagram, Port, PortReservation, PortSettings,
+    Station,
 };
 use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::Endpoint;
@@ -56,7 +57,6 @@ pub struct DpdkTransport {
     thread: usize,
     /// Holds this thread's UDP port in the kernel, and keeps the kernel quiet about it.
     reservation: PortReservation,
-    allocator: FrameAllocator,
     /// This side's and the switch's MAC and UDP address, once connected.
     route: Option<Route>,
     /// The datagram [`Transport::send_buffer`] lent last.
@@ -66,6 +66,9 @@ pub struct DpdkTransport {
     spare: Vec<u8>,
     outgoing: Vec<Frame>,
     received: Vec<Datagram>,
+    /// Last, so that it is dropped after every frame above: the last allocator of a
+    /// pool frees it, if every frame is back.
+    allocator: FrameAllocator,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -88,7 +91,9 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
     let ip = match dpdk.ip {
         IpAddr::V4(ip) => ip,
         IpAddr::V6(ip) => {
-            return Err(Error::InvalidConfig(format!("backend.dpdk.ip {ip}: the DPDK backend speaks IPv4 only")))
+            return Err(Error::InvalidConfig(format!(
+                "backend.dpdk.ip {ip}: the DPDK backend speaks IPv4 only"
+            )))
         }
     };
     let eal = Eal::start(&dpdk.eal_arguments()).map_err(failed)?;
@@ -124,12 +129,12 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
                 shared: Arc::clone(&shared),
                 thread,
                 reservation,
-                allocator: allocator.clone(),
                 route: None,
                 lent: None,
                 spare: Vec::new(),
                 outgoing: Vec::new(),
                 received: Vec::new(),
+                allocator: allocator.clone(),
             }) as Box<dyn SwitchTransport>
         })
         .collect())
@@ -174,6 +179,19 @@ impl DpdkTransport {
 }
 
 impl Transport for DpdkTransport {
+    fn describe(&self) -> String {
+        let station = self.shared.station();
+        let port = station.port();
+        format!(
+            "dpdk: device {} (MAC {}, MTU {}) at {}:{}, its threads sharing one queue",
+            port.device(),
+            port.mac(),
+            port.mtu(),
+            station.ip(),
+            self.reservation.port()
+        )
+    }
+
     fn send_buffer(&mut self, len: usize) -> &mut [u8] {
         self.lent = OutgoingDatagram::new(&self.allocator, len);
         match &mut self.lent {
@@ -208,7 +226,9 @@ impl Transport for DpdkTransport {
             if self.received.is_empty() {
                 let shared = &*self.shared;
                 let (received, thread) = (&mut self.received, self.thread);
-                shared.station().poll(&mut |datagram| Self::deliver(shared, &route, received, thread, datagram));
+                shared
+                    .station()
+                    .poll(&mut |datagram| Self::deliver(shared, &route, received, thread, datagram));
             }
             if !self.received.is_empty() {
                 let count = self.received.len();
@@ -222,7 +242,9 @@ impl Transport for DpdkTransport {
                 return Ok(0);
             }
             match self.shared.poll {
-                PollMode::Adaptive if waited >= IDLE_SPIN => std::thread::sleep(IDLE_NAP.min(timeout - waited)),
+                PollMode::Adaptive if waited >= IDLE_SPIN => {
+                    std::thread::sleep(IDLE_NAP.min(timeout - waited))
+                }
                 _ => std::hint::spin_loop(),
             }
         }

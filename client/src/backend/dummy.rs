@@ -145,6 +145,10 @@ impl DummyTransport {
 }
 
 impl Transport for DummyTransport {
+    fn describe(&self) -> String {
+        "dummy: no network, an emulated switch in this process".into()
+    }
+
     fn send_buffer(&mut self, len: usize) -> &mut [u8] {
         if self.outgoing.len() < len {
             self.outgoing.resize(len, 0);

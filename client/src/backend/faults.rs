@@ -54,6 +54,10 @@ impl FaultyTransport {
 }
 
 impl Transport for FaultyTransport {
+    fn describe(&self) -> String {
+        format!("{}, with faults injected", self.inner.describe())
+    }
+
     fn send_buffer(&mut self, len: usize) -> &mut [u8] {
         if self.outgoing.len() < len {
             self.outgoing.resize(len, 0);

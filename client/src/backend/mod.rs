@@ -39,6 +39,11 @@ pub trait Transport: Send {
     /// returns how many arrived (0 when the time ran out).
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
 
+    /// What carries the packets, for people: the backend, its device or address.
+    fn describe(&self) -> String {
+        "a transport of the program's own".into()
+    }
+
     /// Queues a copy of `datagram`: [`Transport::send_buffer`] and [`Transport::send`]
     /// for a datagram that already exists.
     fn send_copy(&mut self, datagram: &[u8]) -> io::Result<()> {

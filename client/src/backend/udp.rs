@@ -39,6 +39,10 @@ impl UdpTransport {
 }
 
 impl Transport for UdpTransport {
+    fn describe(&self) -> String {
+        format!("udp: a kernel socket at {}", self.local)
+    }
+
     fn send_buffer(&mut self, len: usize) -> &mut [u8] {
         self.pending.room(len)
     }

@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use netagg_config::PollMode;
-use netagg_dpdk::{Eal, MacAddr, Port, PortReservation, PortSettings, Station, StationCounters};
+use netagg_dpdk::{Eal, MacAddr, Port, PortReservation, PortSettings, Station};
 use netagg_wire::Endpoint;
 
 use super::DataPort;
@@ -31,9 +31,11 @@ impl DpdkPort {
     pub fn open(settings: &netagg_config::Switch) -> Result<DpdkPort, String> {
         let dpdk = &settings.dpdk;
         if dpdk.device.trim().is_empty() {
-            return Err("switch.dpdk.device is empty: name the DPDK device (net_af_packet0,iface=eth0 for a \
+            return Err(
+                "switch.dpdk.device is empty: name the DPDK device (net_af_packet0,iface=eth0 for a \
                         kernel interface, or a NIC's PCI address)"
-                .into());
+                    .into(),
+            );
         }
         let ip = match (dpdk.ip, settings.data.ip()) {
             (IpAddr::V4(ip), _) if !ip.is_unspecified() => ip,
@@ -59,16 +61,26 @@ impl DpdkPort {
         let reservation = PortReservation::new(ip, settings.data.port())
             .map_err(|error| format!("cannot reserve UDP port {} at {ip}: {error}", settings.data.port()))?;
         let station = Station::new(port, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst);
+        let port = station.port();
+        tracing::info!(
+            device = port.device(),
+            mac = %port.mac(),
+            mtu = port.mtu(),
+            address = %SocketAddrV4::new(ip, reservation.port()),
+            "data path on a DPDK port"
+        );
         Ok(DpdkPort { station, reservation, poll: dpdk.poll })
     }
 
     fn local(&self) -> SocketAddrV4 {
         SocketAddrV4::new(self.station.ip(), self.reservation.port())
     }
+}
 
-    /// What the station counted: ARP, unresolved destinations, full queues.
-    pub fn station_counters(&self) -> StationCounters {
-        self.station.counters()
+impl Drop for DpdkPort {
+    fn drop(&mut self) {
+        let counters = self.station.counters();
+        tracing::info!(?counters, "DPDK port closed");
     }
 }
 
@@ -106,7 +118,9 @@ impl DataPort for DpdkPort {
                 return Ok(0);
             }
             match self.poll {
-                PollMode::Adaptive if waited >= IDLE_SPIN => std::thread::sleep(IDLE_NAP.min(timeout - waited)),
+                PollMode::Adaptive if waited >= IDLE_SPIN => {
+                    std::thread::sleep(IDLE_NAP.min(timeout - waited))
+                }
                 _ => std::hint::spin_loop(),
             }
         }

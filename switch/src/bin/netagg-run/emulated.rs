@@ -8,7 +8,7 @@
 //! prints the cost model's prediction beside its measured time.
 
 use super::{run_ranks, set_rank_environment, start_switch, stop_switch, switch_program, Options};
-use netagg_emulate::fabric::{Fabric, Impairer};
+use netagg_emulate::fabric::{Fabric, Impairer, HOST_DEVICE};
 use netagg_emulate::link::{format_rate, Link};
 use netagg_emulate::monitor::{judge, Monitor};
 use std::process::Command;
@@ -75,6 +75,9 @@ fn describe(fabric: &Fabric) {
 fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Result<u8, String> {
     let mut switch_command = Command::new("ip");
     switch_command.args(["netns", "exec", &fabric.switch_namespace()]).arg(switch_program());
+    if options.dpdk.switch {
+        set_dpdk_environment(&mut switch_command, "SWITCH", &[("NETAGG_SWITCH__TRANSPORT", "dpdk")]);
+    }
     let (switch, control) =
         start_switch(switch_command, &fabric.switch_ip().to_string(), &options.switch_args)?;
     let session = format!("{}-session", fabric.prefix());
@@ -87,6 +90,9 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
             let mut command = Command::new("ip");
             command.args(["netns", "exec", &fabric.worker_namespace(usize::from(rank))]);
             command.args(&options.program);
+            if options.dpdk.workers {
+                set_dpdk_environment(&mut command, "BACKEND", &[("NETAGG_GENERAL__BACKEND", "dpdk")]);
+            }
             set_rank_environment(
                 &mut command,
                 rank,
@@ -106,6 +112,28 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
     let result = ranks.and_then(|ranks| run_ranks(ranks, interrupted));
     stop_switch(switch);
     result
+}
+
+/// Points a process's DPDK section (`NETAGG_<SECTION>_DPDK__*`) at its namespace's
+/// interface and sets `selection`, unless the user's environment sets them already.
+///
+/// DPDK's af_packet driver shares the interface with the kernel, which keeps the address
+/// (and the control connection): the DPDK endpoint then needs no address of its own.
+/// `qdisc_bypass=0` sends its frames through the interface's queueing discipline, where
+/// the link's rate is shaped, rather than around it. Frames are polled adaptively, since
+/// the emulated network's processes share the machine's cores.
+fn set_dpdk_environment(command: &mut Command, section: &str, selection: &[(&str, &str)]) {
+    let device = format!("net_af_packet0,iface={HOST_DEVICE},qdisc_bypass=0");
+    let section_variables = [
+        (format!("NETAGG_{section}_DPDK__DEVICE"), device),
+        (format!("NETAGG_{section}_DPDK__POLL"), "adaptive".into()),
+    ];
+    let selection = selection.iter().map(|(name, value)| (name.to_string(), value.to_string()));
+    for (name, value) in section_variables.into_iter().chain(selection) {
+        if std::env::var_os(&name).is_none() {
+            command.env(name, value);
+        }
+    }
 }
 
 /// `mpirun` in the switch's namespace (joined to the bridge, its own link unshaped),

@@ -41,6 +41,27 @@ struct Options {
     rank_links: Vec<(u32, LinkSettings)>,
     impairer: ImpairerChoice,
     mpi: bool,
+    /// Which side's data leaves from DPDK ports on the emulated network.
+    dpdk: DpdkSides,
+}
+
+/// Which processes of an emulated network run their data path on DPDK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct DpdkSides {
+    workers: bool,
+    switch: bool,
+}
+
+impl std::str::FromStr for DpdkSides {
+    type Err = String;
+    fn from_str(text: &str) -> Result<DpdkSides, String> {
+        match text {
+            "workers" => Ok(DpdkSides { workers: true, switch: false }),
+            "switch" => Ok(DpdkSides { workers: false, switch: true }),
+            "both" => Ok(DpdkSides { workers: true, switch: true }),
+            _ => Err(format!("--dpdk '{text}': expected workers, switch or both")),
+        }
+    }
 }
 
 impl Options {
@@ -51,7 +72,8 @@ impl Options {
 
 const USAGE: &str = "usage: netagg-run -n N [--switch HOST:PORT] [--switch-arg ARG]... -- PROGRAM [ARGS...]
    or: netagg-run -n N [--link SETTINGS] [--rank-link RANK:SETTINGS]... [--topology FILE]
-                  [--impairer auto|netem|user-space] [--mpi] [--switch-arg ARG]... -- PROGRAM [ARGS...]
+                  [--impairer auto|netem|user-space] [--mpi] [--dpdk workers|switch|both]
+                  [--switch-arg ARG]... -- PROGRAM [ARGS...]
 
   an emulated network (root): the switch and each worker in a network namespace of its own,
   each worker's link shaped both ways. SETTINGS: rate=200mbit,delay=5ms,jitter=1ms,loss=1%,
@@ -59,7 +81,9 @@ const USAGE: &str = "usage: netagg-run -n N [--switch HOST:PORT] [--switch-arg A
   --topology FILE gives the same as [link] and [rank.N] sections (the options win).
   --impairer: what makes delay, jitter and loss (auto: netem where the kernel has it, else a
   user-space delay line). --mpi: run PROGRAM with mpirun, one rank per worker namespace, and
-  no switch.";
+  no switch. --dpdk: the workers' data, the switch's, or both, leave from DPDK ports (DPDK's
+  af_packet driver on each namespace's interface) instead of kernel sockets; NETAGG_* variables
+  set beforehand win.";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
@@ -72,6 +96,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         rank_links: Vec::new(),
         impairer: ImpairerChoice::Auto,
         mpi: false,
+        dpdk: DpdkSides::default(),
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -98,6 +123,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 options.impairer = value("--impairer")?.parse().map_err(|e| format!("--impairer: {e}"))?
             }
             "--mpi" => options.mpi = true,
+            "--dpdk" => options.dpdk = value("--dpdk")?.parse()?,
             "--" => {
                 options.program = args.cloned().collect();
                 break;
@@ -112,6 +138,11 @@ fn parse(args: &[String]) -> Result<Options, String> {
     if options.emulated() && options.switch.is_some() {
         return Err("--switch: on an emulated network the switch runs in a namespace of its own; \
                     drop --switch or the link options"
+            .into());
+    }
+    if options.dpdk != DpdkSides::default() && (!options.emulated() || options.mpi) {
+        return Err("--dpdk puts DPDK ports on an emulated network's interfaces: give its links (--link, \
+                    --rank-link or --topology), without --mpi"
             .into());
     }
     if options.mpi && !options.emulated() {
