@@ -24,3 +24,19 @@ fn every_c_api_error_path_and_a_dummy_run() {
     );
     assert!(stdout.contains("all C API checks passed"), "{stdout}");
 }
+
+/// A DPDK backend that cannot start, from C: codes and messages, and the process lives
+/// on. EAL starts in the program without hugepages (root, as in CI); its allocations
+/// live until the process exits, which the leak checker is told.
+#[test]
+fn a_dpdk_backend_that_cannot_start_is_an_error_from_c() {
+    let work = common::scratch_dir("c-api-dpdk");
+    let program = common::compile_c(&work, "dpdk", &["tests/c/dpdk.c"]);
+    let (stdout, _) = common::run(
+        Command::new(&program)
+            .env_remove("NETAGG_CONFIG")
+            .env("ASAN_OPTIONS", "detect_leaks=0")
+            .current_dir(&work),
+    );
+    assert!(stdout.contains("all DPDK C API checks passed"), "{stdout}");
+}

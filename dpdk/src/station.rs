@@ -296,7 +296,7 @@ impl Station {
         let bytes = frame.bytes_mut();
         bytes.fill(0);
         frame::write_arp(bytes, (self.mac, self.ip), (target_mac, target_ip));
-        debug_assert!(ARP_FRAME_LEN <= MIN_FRAME_LEN);
+        const { assert!(ARP_FRAME_LEN <= MIN_FRAME_LEN) };
         self.outgoing.push(frame);
     }
 }

@@ -131,7 +131,7 @@ static void bad_configs(const char *unknown_key_file) {
   EXPECT_MESSAGE("unknown key 'general.nope'");
   EXPECT(netagg_config_set(config, "general.num_workers", "0"), NETAGG_CONFIG_VALUE);
   EXPECT_MESSAGE("key 'general.num_workers' = '0': expected an integer from 1 to 65535");
-  EXPECT(netagg_config_set(config, "general.backend", "dpdk"), NETAGG_CONFIG_VALUE);
+  EXPECT(netagg_config_set(config, "general.backend", "rdma"), NETAGG_CONFIG_VALUE);
   EXPECT(netagg_config_get(config, "general.nope", value, sizeof value, &length), NETAGG_CONFIG_UNKNOWN_KEY);
   EXPECT(netagg_config_set(config, "general.num_workers", "4"), NETAGG_OK);
   EXPECT(netagg_config_set(config, "general.rank", "4"), NETAGG_OK);
