@@ -200,6 +200,11 @@ struct_keys! {
         /// What the data path runs on: udp, a kernel socket at data; dpdk, a DPDK port
         /// ([switch.dpdk]) answering UDP at data's port.
         transport = SwitchTransport::Udp, Choice { choices: &["udp", "dpdk"], quoted: true };
+        /// A worker's data endpoint must be at the address its registration comes from, so that
+        /// no one can aim a session's results at a third party; except inside these networks
+        /// (comma-separated, 10.0.0.0/24,fd00::/64), for workers whose DPDK or RDMA NIC has an
+        /// address of its own while they register over another. Empty: none.
+        data_networks = Vec::new(), Networks;
         /// Control connections at once; more are refused as they arrive. Each holds a
         /// descriptor: netagg-switch raises its descriptor limit to the hard limit and lowers
         /// this to fit.

@@ -78,6 +78,8 @@ pub(crate) enum Kind {
     Name { max: usize },
     /// Any text, empty too.
     Text,
+    /// IP networks (address/prefix length), comma-separated; none when empty.
+    Networks,
     /// A MAC address, six hexadecimal bytes separated by colons, or nothing.
     Mac,
 }
@@ -93,6 +95,7 @@ pub(crate) enum Value {
     Ip(IpAddr),
     Address(SocketAddr),
     Mac(Option<[u8; 6]>),
+    Networks(Vec<ipnet::IpNet>),
 }
 
 impl Kind {
@@ -134,6 +137,13 @@ impl Kind {
             Kind::Host => (!text.is_empty()).then(|| Value::Text(text.into())),
             Kind::Name { max } => (1..=max).contains(&text.len()).then(|| Value::Text(text.into())),
             Kind::Text => Some(Value::Text(text.into())),
+            Kind::Networks => text
+                .split(',')
+                .map(str::trim)
+                .filter(|network| !network.is_empty())
+                .map(|network| network.parse().ok())
+                .collect::<Option<Vec<_>>>()
+                .map(Value::Networks),
             Kind::Mac if text.is_empty() => Some(Value::Mac(None)),
             Kind::Mac => parse_mac(text).map(|mac| Value::Mac(Some(mac))),
         }
@@ -152,6 +162,9 @@ impl Kind {
             Value::Text(text) => text.clone(),
             Value::Ip(ip) => ip.to_string(),
             Value::Address(address) => address.to_string(),
+            Value::Networks(networks) => {
+                networks.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+            }
             Value::Mac(None) => String::new(),
             Value::Mac(Some(mac)) => {
                 mac.iter().map(|byte| format!("{byte:02x}")).collect::<Vec<_>>().join(":")
@@ -189,6 +202,7 @@ impl Kind {
             Kind::Host => "a host name or IP address".into(),
             Kind::Name { max } => format!("a name of 1 to {max} bytes"),
             Kind::Text => "text".into(),
+            Kind::Networks => "IP networks, comma-separated (10.0.0.0/24,fd00::/64), or nothing".into(),
             Kind::Mac => "a MAC address (six hexadecimal bytes: 02:00:00:00:00:01) or nothing".into(),
         }
     }
@@ -254,7 +268,7 @@ macro_rules! plain_fields {
 
 plain_fields!(
     f64 => Real, Duration => Time, bool => Bool, String => Text, IpAddr => Ip, SocketAddr => Address,
-    Option<[u8; 6]> => Mac
+    Option<[u8; 6]> => Mac, Vec<ipnet::IpNet> => Networks
 );
 
 /// Fields of an enum written as its name (`Display`), read by `from_name`.
@@ -301,6 +315,18 @@ mod tests {
             "02-00-0a-ff-00-01",
         ] {
             assert_eq!(Kind::Mac.parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn networks_read_back_as_shown() {
+        let value = Kind::Networks.parse(" 10.0.0.0/24, fd00::/64 ").unwrap();
+        let Value::Networks(networks) = &value else { panic!("{value:?}") };
+        assert_eq!(networks.len(), 2);
+        assert_eq!(Kind::Networks.show(&value), "10.0.0.0/24,fd00::/64");
+        assert_eq!(Kind::Networks.parse(""), Some(Value::Networks(Vec::new())));
+        for bad in ["10.0.0.0", "10.0.0.0/33", "10.0.0.0/24,x"] {
+            assert_eq!(Kind::Networks.parse(bad), None, "{bad}");
         }
     }
 

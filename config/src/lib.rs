@@ -39,6 +39,8 @@ pub const MAX_SESSION_NAME_LEN: usize = 64;
 mod keys;
 mod kind;
 pub mod logging;
+
+pub use ipnet::IpNet;
 mod table;
 
 /// Which transport carries the packets.
@@ -306,6 +308,9 @@ pub struct Switch {
     pub stats_interval: Duration,
     /// error, warn, info, debug or trace.
     pub log_level: String,
+    /// Networks where a worker's data endpoint may be although it registered from
+    /// another address (a NIC of its own for DPDK or RDMA).
+    pub data_networks: Vec<ipnet::IpNet>,
     /// Faults injected into the data path (`[switch.faults]`).
     pub faults: Faults,
     /// The DPDK port of `transport = dpdk` (`[switch.dpdk]`).

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use netagg_aggregator::engine::SessionCounters;
 use netagg_aggregator::{Departure, SessionId, SessionSpec};
+use netagg_config::IpNet;
 use netagg_wire::{ControlMessage, Endpoint, RejectCode, ValueEncoding, WireError};
 use rand::RngCore;
 
@@ -90,7 +91,7 @@ struct Registry {
 }
 
 /// What the control plane allows, from the `[switch]` settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ControlLimits {
     /// Control connections at once; more are refused as they arrive.
     pub max_connections: usize,
@@ -100,6 +101,24 @@ pub struct ControlLimits {
     pub max_workers: u16,
     /// How long a connection may take to register, and its session to assemble after.
     pub register_timeout: Duration,
+    /// Where a data endpoint may be other than at its registration's address.
+    pub data_networks: Vec<IpNet>,
+}
+
+/// Refuses an endpoint elsewhere than at `peer`, the address its registration came from,
+/// unless it is inside `data_networks`: a switch that sent results wherever a
+/// registration pointed would let anyone aim every result of a session at a third
+/// party.
+fn check_address(endpoint: &Endpoint, peer: IpAddr, data_networks: &[IpNet]) -> Result<(), String> {
+    let Some(address) = endpoint.udp_address(peer) else { return Ok(()) };
+    let ip = address.ip().to_canonical();
+    if ip == peer.to_canonical() || data_networks.iter().any(|network| network.contains(&ip)) {
+        return Ok(());
+    }
+    Err(format!(
+        "its endpoint {endpoint} is not at {peer}, where it registered from: a worker receives at the \
+         address it registers from, unless switch.data_networks holds its address"
+    ))
 }
 
 /// Messages to send once the registry's lock is released.
@@ -416,6 +435,10 @@ impl ControlPlane {
                     other.kind()
                 ),
             ));
+        }
+        for endpoint in &member.registered.endpoints {
+            check_address(endpoint, member.registered.peer, &self.limits.data_networks)
+                .map_err(|message| (RejectCode::Transport, format!("rank {rank}: {message}")))?;
         }
         let mut registry = self.lock();
         // A session some rank has left after its last job is ending: the same program's

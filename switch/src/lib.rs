@@ -237,6 +237,7 @@ fn control_limits(settings: &netagg_config::Switch) -> ControlLimits {
         max_sessions: settings.max_sessions,
         max_workers: settings.max_workers,
         register_timeout: settings.register_timeout,
+        data_networks: settings.data_networks.clone(),
     }
 }
 

@@ -162,11 +162,30 @@ fn a_udp_endpoint_elsewhere_than_its_registration_is_refused_with_the_session() 
         ControlMessage::Reject {
             code: RejectCode::Transport,
             message: "rank 0: its endpoint udp 127.0.0.2:9 is not at 127.0.0.1, where it registered \
-                      from: a UDP worker receives at the address it registers from"
+                      from: a worker receives at the address it registers from, unless \
+                      switch.data_networks holds its address"
                 .into()
         }
     );
     assert_eq!(switch.counters().unwrap().engine.sessions_opened, 0);
+}
+
+#[test]
+fn a_udp_endpoint_in_a_data_network_serves_a_worker_that_registered_elsewhere() {
+    // A worker whose data leaves from a NIC of its own (127.0.0.2 here) registers from
+    // another address (127.0.0.1): allowed inside switch.data_networks.
+    let network = MemoryNetwork::new();
+    let switch =
+        memory_switch(&network, |settings| settings.data_networks = vec!["127.0.0.2/32".parse().unwrap()]);
+    let mut worker = network.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut stream = TcpStream::connect(switch.control_addr()).unwrap();
+    register_message(0, 1, "own-nic", Endpoint::Udp(worker.local_addr())).write_to(1, &mut stream).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (_, reply) = ControlMessage::read_from(&mut stream).unwrap();
+    let ControlMessage::Accept { session, token, .. } = reply else { panic!("refused: {reply:?}") };
+    worker.send_to(SWITCH_DATA.parse().unwrap(), &data(session, token, 0, [1, 2, 3, 4]));
+    let results = received(&mut worker, Duration::from_secs(5));
+    assert_eq!(results.len(), 1, "the result comes back to the NIC's address");
 }
 
 fn data_in_round(session: u32, token: u64, rank: u16, round: u32, values: [i32; 4]) -> Vec<u8> {
