@@ -6,8 +6,8 @@
 //! two cores would measure the machine, and a debug build spends more CPU than the
 //! links allow.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
