@@ -20,7 +20,7 @@ fn the_switchml_and_cpp_apis_work_and_report_misuse() {
     assert!(stdout.contains("all C++ API checks passed"), "{stdout}");
     // Misuse is reported on stderr, where SwitchML would abort.
     assert!(stderr.contains("netagg: Stop: the context is not running"), "{stderr}");
-    assert!(stderr.contains("key 'general.backend' = 'dpdk': expected 'udp' or 'dummy'"), "{stderr}");
+    assert!(stderr.contains("key 'general.backend' = 'rdma': expected 'udp', 'dpdk' or 'dummy'"), "{stderr}");
 }
 
 #[test]
