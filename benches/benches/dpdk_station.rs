@@ -33,13 +33,18 @@ fn dpdk_station(c: &mut Criterion) {
     group.throughput(Throughput::Elements(BURST as u64));
     group.measurement_time(Duration::from_secs(5));
 
-    let args: Vec<String> = "--no-huge --no-shconf -m 128 --no-pci --no-telemetry -l 0 --log-level=lib.eal:warning"
-        .split_whitespace()
-        .map(String::from)
-        .collect();
+    let args: Vec<String> =
+        "--no-huge --no-shconf -m 128 --no-pci --no-telemetry --log-level=lib.eal:warning"
+            .split_whitespace()
+            .map(String::from)
+            .collect();
     let eal = Eal::start(&args).expect("EAL starts without hugepages (as root)");
-    let settings =
-        PortSettings { device: "net_ring0".into(), rx_descriptors: 1024, tx_descriptors: 1024, pool_size: 4095 };
+    let settings = PortSettings {
+        device: "net_ring0".into(),
+        rx_descriptors: 1024,
+        tx_descriptors: 1024,
+        pool_size: 4095,
+    };
     let port = Port::open(eal, &settings).expect("a net_ring port");
     let ip = Ipv4Addr::new(10, 0, 0, 1);
     // Frames go to the port's own MAC, so no ARP is asked.

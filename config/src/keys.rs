@@ -142,9 +142,10 @@ struct_keys! {
         /// device, for virtual devices; on a real NIC with hugepages drop --no-huge, -m and
         /// --no-pci (and give -a PCI_ADDRESS to probe only that NIC). EAL starts once per process:
         /// every DPDK endpoint of a process must use the same arguments. -h, --help and
-        /// --log-level=help, which make EAL exit, are refused.
-        eal_args = "--no-huge --no-shconf -m 128 --no-pci --no-telemetry -l 0 --log-level=lib.eal:warning".into(),
-            Text;
+        /// --log-level=help, which make EAL exit, are refused. Without -l, -c or --lcores, EAL's one
+        /// lcore is the first core the process may run on (EAL pins only the thread that starts it,
+        /// a thread of netagg's own that then ends).
+        eal_args = "--no-huge --no-shconf -m 128 --no-pci --no-telemetry --log-level=lib.eal:warning".into(), Text;
         /// The device, probed once EAL runs: a virtual device's arguments
         /// (net_af_packet0,iface=eth0,qdisc_bypass=0 on a kernel interface; net_tap0) or a PCI
         /// address (0000:3b:00.0). Required.

@@ -32,14 +32,16 @@ const EXITING_ARGUMENTS: &[(&str, &str)] = &[
 impl Eal {
     /// Starts EAL with `args` (what follows the program name on a DPDK application's
     /// command line), or returns the EAL already running if it started with the same
-    /// arguments.
+    /// arguments. Without a core option (`-l`, `-c`, `--lcores`), EAL's main lcore is
+    /// the first core this thread may run on: EAL aborts the process when it cannot
+    /// pin its thread to the core it is given, as in a container that excludes core 0.
     pub fn start(args: &[String]) -> Result<&'static Eal, DpdkError> {
         for arg in args {
             if let Some((_, why)) = EXITING_ARGUMENTS.iter().find(|(refused, _)| arg == refused) {
                 return Err(DpdkError::RefusedArgument { argument: arg.clone(), why });
             }
         }
-        let started = STARTED.get_or_init(|| start(args));
+        let started = STARTED.get_or_init(|| start(args, &with_lcore(args)));
         match started {
             Ok(eal) if eal.args == args => Ok(eal),
             Ok(eal) => Err(DpdkError::EalRunning { running: eal.args.join(" "), asked: args.join(" ") }),
@@ -47,16 +49,44 @@ impl Eal {
         }
     }
 
-    /// The arguments EAL started with.
+    /// The arguments EAL was started with, as given (before a default core is added).
     pub fn args(&self) -> &[String] {
         &self.args
     }
 }
 
-fn start(args: &[String]) -> Result<Eal, DpdkError> {
-    let failed = |reason: String| DpdkError::Eal { args: args.join(" "), reason };
-    let mut owned = Vec::with_capacity(args.len() + 1);
-    for arg in std::iter::once("netagg").chain(args.iter().map(String::as_str)) {
+/// `args`, with `-l CORE` added if they name no cores: the first core this thread may
+/// run on.
+fn with_lcore(args: &[String]) -> Vec<String> {
+    let names_cores = args.iter().any(|arg| {
+        ["-l", "-c", "--lcores"].iter().any(|option| arg == option || arg.starts_with(&format!("{option}=")))
+            || (arg.starts_with("-l") || arg.starts_with("-c")) && !arg.starts_with("--")
+    });
+    if names_cores {
+        return args.to_vec();
+    }
+    let mut with = args.to_vec();
+    with.extend(["-l".to_string(), first_allowed_core().to_string()]);
+    with
+}
+
+/// The first core of this thread's affinity mask; 0 if it cannot be read.
+fn first_allowed_core() -> usize {
+    // SAFETY: cpu_set_t is plain data, and sched_getaffinity writes at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 0;
+        }
+        (0..libc::CPU_SETSIZE as usize).find(|&core| libc::CPU_ISSET(core, &set)).unwrap_or(0)
+    }
+}
+
+/// Starts EAL with `effective` (`args`, completed); errors name `args` as given.
+fn start(args: &[String], effective: &[String]) -> Result<Eal, DpdkError> {
+    let failed = |reason: String| DpdkError::Eal { args: effective.join(" "), reason };
+    let mut owned = Vec::with_capacity(effective.len() + 1);
+    for arg in std::iter::once("netagg").chain(effective.iter().map(String::as_str)) {
         owned.push(CString::new(arg).map_err(|_| failed(format!("argument '{arg}' holds a NUL byte")))?);
     }
     let count = owned.len();
@@ -78,7 +108,7 @@ fn start(args: &[String]) -> Result<Eal, DpdkError> {
     }
     // EAL stops at the first argument that is not an option and leaves the rest: they
     // would be silently ignored.
-    if let Some(unused) = args.get(result as usize..).and_then(<[String]>::first) {
+    if let Some(unused) = effective.get(result as usize..).and_then(<[String]>::first) {
         return Err(failed(format!("it does not take '{unused}' (EAL arguments are options)")));
     }
     replay(&log);
@@ -121,5 +151,26 @@ pub(crate) fn explain(code: i32, log: &str) -> String {
 pub(crate) fn replay(log: &str) {
     if !log.trim().is_empty() {
         eprint!("{log}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|arg| arg.to_string()).collect()
+    }
+
+    #[test]
+    fn a_core_is_added_only_where_none_is_named() {
+        let core = first_allowed_core().to_string();
+        assert_eq!(
+            with_lcore(&strings(&["--no-huge", "--log-level=lib.eal:warning"])),
+            strings(&["--no-huge", "--log-level=lib.eal:warning", "-l", &core])
+        );
+        for named in [&["-l", "1"][..], &["-l1"], &["-c", "0x2"], &["--lcores", "1@1"], &["--lcores=1@1"]] {
+            assert_eq!(with_lcore(&strings(named)), strings(named), "{named:?}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use netagg_dpdk::{DpdkError, Eal, Port, PortSettings, Station};
 
 fn eal_args() -> Vec<String> {
-    "--no-huge --no-shconf -m 64 --no-pci -l 0 --log-level=lib.eal:warning"
+    "--no-huge --no-shconf -m 64 --no-pci --log-level=lib.eal:warning"
         .split_whitespace()
         .map(String::from)
         .collect()
