@@ -4,6 +4,7 @@
  * that the Rust side never depends on DPDK's structure layouts. Every function returns
  * an error code (a negative errno) rather than calling rte_panic or exit. */
 
+#define _GNU_SOURCE /* fopencookie */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,52 +20,88 @@
 
 int netagg_dpdk_eal_init(int argc, char **argv) {
   int parsed = rte_eal_init(argc, argv);
-  return parsed < 0 ? -rte_errno : parsed;
+  /* EAL leaves rte_errno unset on some of its failures. */
+  return parsed < 0 ? -(rte_errno != 0 ? rte_errno : EINVAL) : parsed;
 }
 
-/* DPDK explains its failures in its log, not in its error codes: while an operation that
- * may fail runs, the log goes to a buffer the caller reads back. */
-static FILE *captured_stream;
-static char *captured_text;
-static size_t captured_len;
+/* DPDK explains its failures in its log, not in its error codes. Its log goes to one
+ * stream, installed before EAL starts and never closed (other threads may log at any
+ * time): it writes to standard error, except on a thread that is capturing, where it
+ * writes into that thread's buffer, which the caller reads back. */
+struct capture {
+  char *text;
+  size_t len;
+  size_t capacity;
+};
+static __thread struct capture *capturing;
 
-int netagg_dpdk_log_capture_begin(void) {
-  captured_stream = open_memstream(&captured_text, &captured_len);
-  if (captured_stream == NULL) return -errno;
-  return rte_openlog_stream(captured_stream);
+static ssize_t log_write(void *cookie, const char *bytes, size_t len) {
+  (void)cookie;
+  struct capture *capture = capturing;
+  if (capture == NULL) return (ssize_t)fwrite(bytes, 1, len, stderr);
+  size_t room = capture->capacity - 1 - capture->len;
+  size_t kept = len < room ? len : room;
+  memcpy(capture->text + capture->len, bytes, kept);
+  capture->len += kept;
+  capture->text[capture->len] = 0;
+  return (ssize_t)len;
 }
 
-/* Ends the capture and copies what was logged, as a C string, into `text`; returns its
- * length. */
-size_t netagg_dpdk_log_capture_end(char *text, size_t capacity) {
-  rte_openlog_stream(NULL);
-  if (captured_stream == NULL) return 0;
-  fclose(captured_stream);
-  captured_stream = NULL;
-  size_t len = captured_len < capacity - 1 ? captured_len : capacity - 1;
-  memcpy(text, captured_text, len);
-  text[len] = 0;
-  free(captured_text);
-  captured_text = NULL;
+int netagg_dpdk_log_install(void) {
+  static FILE *stream;
+  if (stream != NULL) return 0;
+  cookie_io_functions_t functions = {.read = NULL, .write = log_write, .seek = NULL, .close = NULL};
+  stream = fopencookie(NULL, "w", functions);
+  if (stream == NULL) return -errno;
+  /* Each message is flushed as it is written: no line waits in the stream's buffer. */
+  setvbuf(stream, NULL, _IONBF, 0);
+  return rte_openlog_stream(stream);
+}
+
+/* From now until netagg_dpdk_log_capture_end, what this thread logs goes into `text`
+ * (of `capacity` bytes, kept NUL-terminated) instead of standard error. */
+void netagg_dpdk_log_capture_begin(char *text, size_t capacity) {
+  static __thread struct capture capture;
+  capture.text = text;
+  capture.len = 0;
+  capture.capacity = capacity;
+  text[0] = 0;
+  capturing = &capture;
+}
+
+/* Ends this thread's capture; returns how many bytes it kept. */
+size_t netagg_dpdk_log_capture_end(void) {
+  size_t len = capturing != NULL ? capturing->len : 0;
+  capturing = NULL;
   return len;
 }
 
 const char *netagg_dpdk_strerror(int error) { return rte_strerror(error); }
 
-/* Probes the device `devargs` names (a vdev such as "net_af_packet0,iface=eth0", or a PCI
- * address) and finds its port; a device EAL probed already at start is found too. */
+/* Finds the port of the device `name`, probing it with `devargs` (a vdev such as
+ * "net_af_packet0,iface=eth0", or a PCI address) unless it exists already: EAL probes
+ * the PCI devices it is allowed (-a) when it starts. */
 int netagg_dpdk_probe(const char *devargs, const char *name, uint16_t *port_id) {
+  if (rte_eth_dev_get_port_by_name(name, port_id) == 0) return 0;
   int probed = rte_dev_probe(devargs);
-  if (probed < 0 && probed != -EEXIST) return probed;
+  if (probed < 0) return probed;
   return rte_eth_dev_get_port_by_name(name, port_id);
 }
 
-struct rte_mempool *netagg_dpdk_pool_create(const char *name, unsigned count, int *error) {
-  /* No per-lcore cache: the threads that allocate are not EAL lcores. */
-  struct rte_mempool *pool =
-      rte_pktmbuf_pool_create(name, count, 0, 0, RTE_MBUF_DEFAULT_BUF_SIZE, SOCKET_ID_ANY);
-  if (pool == NULL) *error = -rte_errno;
+/* A pool of `count` mbufs for `port`, on its NUMA node. No per-lcore cache, since the
+ * threads that take and give mbufs are not EAL lcores; and a ring that stays safe and
+ * fair when those threads outnumber the cores and are preempted mid-operation (head-tail
+ * sync), where the default ring can leave the others spinning for a time slice. */
+struct rte_mempool *netagg_dpdk_pool_create(const char *name, unsigned count, uint16_t port, int *error) {
+  struct rte_mempool *pool = rte_pktmbuf_pool_create_by_ops(name, count, 0, 0, RTE_MBUF_DEFAULT_BUF_SIZE,
+                                                            rte_eth_dev_socket_id(port), "ring_mt_hts");
+  if (pool == NULL) *error = -(rte_errno != 0 ? rte_errno : ENOMEM);
   return pool;
+}
+
+/* The longest frame one of the pool's mbufs holds. */
+uint16_t netagg_dpdk_pool_frame_room(struct rte_mempool *pool) {
+  return rte_pktmbuf_data_room_size(pool) - RTE_PKTMBUF_HEADROOM;
 }
 
 /* Frees `pool` if every mbuf is back in it, and says whether it did: an mbuf still out
@@ -97,6 +134,13 @@ int netagg_dpdk_port_start(uint16_t port, uint16_t rx_descriptors, uint16_t tx_d
   if (result < 0) return result;
   memcpy(mac, address.addr_bytes, 6);
   return rte_eth_dev_get_mtu(port, mtu);
+}
+
+/* 1 if `port`'s link is up, 0 if not, a negative errno if it cannot tell. */
+int netagg_dpdk_link_up(uint16_t port) {
+  struct rte_eth_link link;
+  int result = rte_eth_link_get_nowait(port, &link);
+  return result < 0 ? result : link.link_status == RTE_ETH_LINK_UP;
 }
 
 /* Stops and closes `port` and removes its device, so that the same device can be

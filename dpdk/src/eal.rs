@@ -3,7 +3,7 @@
 //! EAL gives its calling thread stays there.
 
 use std::ffi::{c_char, CString};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::{ffi, DpdkError};
 
@@ -17,31 +17,24 @@ pub struct Eal {
 /// failed.
 static STARTED: OnceLock<Result<Eal, DpdkError>> = OnceLock::new();
 
-/// Held by whatever changes DPDK's global state (its log stream, its device list), which
-/// DPDK does not guard.
-pub(crate) static CONTROL: Mutex<()> = Mutex::new(());
+/// Held across whatever changes DPDK's device list (probing, starting and closing a
+/// port), which DPDK does not guard.
+static CONTROL: Mutex<()> = Mutex::new(());
 
-/// Arguments with which EAL prints and calls exit() instead of starting: a library must
-/// never end its host process.
-const EXITING_ARGUMENTS: &[(&str, &str)] = &[
-    ("-h", "EAL prints its usage and exits"),
-    ("--help", "EAL prints its usage and exits"),
-    ("--log-level=help", "EAL lists its log types and exits"),
-];
+pub(crate) fn control() -> MutexGuard<'static, ()> {
+    CONTROL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 impl Eal {
     /// Starts EAL with `args` (what follows the program name on a DPDK application's
     /// command line), or returns the EAL already running if it started with the same
-    /// arguments. Without a core option (`-l`, `-c`, `--lcores`), EAL's main lcore is
-    /// the first core this thread may run on: EAL aborts the process when it cannot
-    /// pin its thread to the core it is given, as in a container that excludes core 0.
+    /// arguments. Without a core option (`-l`, `-c`, `--lcores`, `--main-lcore`), EAL's
+    /// one lcore runs on the first core the calling thread may run on: EAL aborts the
+    /// process when it cannot pin its thread where it is told, as in a container that
+    /// excludes core 0.
     pub fn start(args: &[String]) -> Result<&'static Eal, DpdkError> {
-        for arg in args {
-            if let Some((_, why)) = EXITING_ARGUMENTS.iter().find(|(refused, _)| arg == refused) {
-                return Err(DpdkError::RefusedArgument { argument: arg.clone(), why });
-            }
-        }
-        let started = STARTED.get_or_init(|| start(args, &with_lcore(args)));
+        refuse_exiting_arguments(args)?;
+        let started = STARTED.get_or_init(|| start(args));
         match started {
             Ok(eal) if eal.args == args => Ok(eal),
             Ok(eal) => Err(DpdkError::EalRunning { running: eal.args.join(" "), asked: args.join(" ") }),
@@ -55,22 +48,45 @@ impl Eal {
     }
 }
 
-/// `args`, with `-l CORE` added if they name no cores: the first core this thread may
-/// run on.
+/// Refuses the arguments with which EAL prints and calls exit() instead of starting: a
+/// library must never end its host process. EAL reads its options with getopt_long,
+/// which also takes any unambiguous abbreviation of a long option.
+fn refuse_exiting_arguments(args: &[String]) -> Result<(), DpdkError> {
+    let abbreviates =
+        |arg: &str, option: &str, shortest: usize| arg.len() >= shortest && option.starts_with(arg);
+    for (index, arg) in args.iter().enumerate() {
+        let (name, value) = match arg.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (arg.as_str(), args.get(index + 1).map(String::as_str)),
+        };
+        let why = if arg == "-h" || abbreviates(arg, "--help", "--he".len()) {
+            "EAL prints its usage and exits"
+        } else if abbreviates(name, "--log-level", "--log".len()) && value == Some("help") {
+            "EAL lists its log types and exits"
+        } else {
+            continue;
+        };
+        return Err(DpdkError::RefusedArgument { argument: arg.clone(), why });
+    }
+    Ok(())
+}
+
+/// `args`, with `--lcores 0@CORE` added if they name no cores: EAL's lcore 0 on the first
+/// core the calling thread may run on (whatever its number, which `-l` would cap at
+/// EAL's largest lcore id).
 fn with_lcore(args: &[String]) -> Vec<String> {
     let names_cores = args.iter().any(|arg| {
-        ["-l", "-c", "--lcores"].iter().any(|option| arg == option || arg.starts_with(&format!("{option}=")))
-            || (arg.starts_with("-l") || arg.starts_with("-c")) && !arg.starts_with("--")
+        let short = (arg.starts_with("-l") || arg.starts_with("-c")) && !arg.starts_with("--");
+        short || ["--lcores", "--main-lcore"].iter().any(|option| arg.split('=').next() == Some(*option))
     });
-    if names_cores {
-        return args.to_vec();
-    }
     let mut with = args.to_vec();
-    with.extend(["-l".to_string(), first_allowed_core().to_string()]);
+    if !names_cores {
+        with.extend(["--lcores".to_string(), format!("0@{}", first_allowed_core())]);
+    }
     with
 }
 
-/// The first core of this thread's affinity mask; 0 if it cannot be read.
+/// The first core of the calling thread's affinity mask; 0 if it cannot be read.
 fn first_allowed_core() -> usize {
     // SAFETY: cpu_set_t is plain data, and sched_getaffinity writes at most its size.
     unsafe {
@@ -82,14 +98,22 @@ fn first_allowed_core() -> usize {
     }
 }
 
-/// Starts EAL with `effective` (`args`, completed); errors name `args` as given.
-fn start(args: &[String], effective: &[String]) -> Result<Eal, DpdkError> {
+fn start(args: &[String]) -> Result<Eal, DpdkError> {
+    // Errors show the arguments EAL was given, a core added.
+    let effective = with_lcore(args);
     let failed = |reason: String| DpdkError::Eal { args: effective.join(" "), reason };
     let mut owned = Vec::with_capacity(effective.len() + 1);
     for arg in std::iter::once("netagg").chain(effective.iter().map(String::as_str)) {
         owned.push(CString::new(arg).map_err(|_| failed(format!("argument '{arg}' holds a NUL byte")))?);
     }
     let count = owned.len();
+    let installed = unsafe { ffi::netagg_dpdk_log_install() };
+    if installed < 0 {
+        return Err(failed(format!(
+            "cannot take DPDK's log: {}",
+            std::io::Error::from_raw_os_error(-installed)
+        )));
+    }
     // EAL pins the thread it starts on to its main lcore: a thread of its own, which ends
     // here, keeps that pinning away from the caller's threads.
     let outcome = std::thread::Builder::new()
@@ -115,19 +139,22 @@ fn start(args: &[String], effective: &[String]) -> Result<Eal, DpdkError> {
     Ok(Eal { args: args.to_vec() })
 }
 
-/// Runs `operation` with DPDK's log captured; returns its result and what it logged.
+/// Runs `operation` with what DPDK logs on this thread captured; returns its result and
+/// what it logged. Other threads' messages go to standard error meanwhile.
 pub(crate) fn with_captured_log<T>(operation: impl FnOnce() -> T) -> (T, String) {
-    let _control = CONTROL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let capturing = unsafe { ffi::netagg_dpdk_log_capture_begin() } == 0;
+    /// Ends the capture, also when `operation` panics.
+    struct Capture(Vec<u8>);
+    impl Drop for Capture {
+        fn drop(&mut self) {
+            unsafe { ffi::netagg_dpdk_log_capture_end() };
+        }
+    }
+    let mut capture = Capture(vec![0u8; 16 << 10]);
+    unsafe { ffi::netagg_dpdk_log_capture_begin(capture.0.as_mut_ptr().cast(), capture.0.len()) };
     let result = operation();
-    let mut text = vec![0u8; 16 << 10];
-    let len = if capturing {
-        unsafe { ffi::netagg_dpdk_log_capture_end(text.as_mut_ptr().cast(), text.len()) }
-    } else {
-        0
-    };
-    text.truncate(len);
-    (result, String::from_utf8_lossy(&text).into_owned())
+    let len = unsafe { ffi::netagg_dpdk_log_capture_end() };
+    let text = String::from_utf8_lossy(&capture.0[..len]).into_owned();
+    (result, text)
 }
 
 /// What went wrong, from an error code and what DPDK logged meanwhile.
@@ -164,13 +191,41 @@ mod tests {
 
     #[test]
     fn a_core_is_added_only_where_none_is_named() {
-        let core = first_allowed_core().to_string();
+        let core = format!("0@{}", first_allowed_core());
         assert_eq!(
             with_lcore(&strings(&["--no-huge", "--log-level=lib.eal:warning"])),
-            strings(&["--no-huge", "--log-level=lib.eal:warning", "-l", &core])
+            strings(&["--no-huge", "--log-level=lib.eal:warning", "--lcores", &core])
         );
-        for named in [&["-l", "1"][..], &["-l1"], &["-c", "0x2"], &["--lcores", "1@1"], &["--lcores=1@1"]] {
+        for named in [
+            &["-l", "1"][..],
+            &["-l1"],
+            &["-c", "0x2"],
+            &["--lcores", "1@1"],
+            &["--lcores=1@1"],
+            &["--main-lcore", "1"],
+        ] {
             assert_eq!(with_lcore(&strings(named)), strings(named), "{named:?}");
+        }
+    }
+
+    #[test]
+    fn arguments_that_make_eal_exit_are_refused_abbreviated_too() {
+        for exiting in [
+            &["-h"][..],
+            &["--help"],
+            &["--hel"],
+            &["--he"],
+            &["--log-level=help"],
+            &["--log-level", "help"],
+            &["--log=help"],
+        ] {
+            let error = refuse_exiting_arguments(&strings(exiting)).unwrap_err();
+            assert!(error.to_string().contains("which would end this process"), "{exiting:?}: {error}");
+        }
+        for fine in
+            [&["--huge-dir", "/x"][..], &["--log-level", "lib.eal:warning"], &["--no-huge", "-m", "64"]]
+        {
+            assert!(refuse_exiting_arguments(&strings(fine)).is_ok(), "{fine:?}");
         }
     }
 }

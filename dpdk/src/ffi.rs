@@ -16,15 +16,18 @@ pub(crate) struct Mbuf {
 extern "C" {
     /// rte_eal_init: how many arguments it consumed, or a negative errno.
     pub(crate) fn netagg_dpdk_eal_init(argc: c_int, argv: *mut *mut c_char) -> c_int;
-    pub(crate) fn netagg_dpdk_log_capture_begin() -> c_int;
-    pub(crate) fn netagg_dpdk_log_capture_end(text: *mut c_char, capacity: usize) -> usize;
+    pub(crate) fn netagg_dpdk_log_install() -> c_int;
+    pub(crate) fn netagg_dpdk_log_capture_begin(text: *mut c_char, capacity: usize);
+    pub(crate) fn netagg_dpdk_log_capture_end() -> usize;
     pub(crate) fn netagg_dpdk_strerror(error: c_int) -> *const c_char;
     pub(crate) fn netagg_dpdk_probe(devargs: *const c_char, name: *const c_char, port: *mut u16) -> c_int;
     pub(crate) fn netagg_dpdk_pool_create(
         name: *const c_char,
         count: c_uint,
+        port: u16,
         error: *mut c_int,
     ) -> *mut Mempool;
+    pub(crate) fn netagg_dpdk_pool_frame_room(pool: *mut Mempool) -> u16;
     pub(crate) fn netagg_dpdk_pool_free(pool: *mut Mempool) -> c_int;
     pub(crate) fn netagg_dpdk_port_start(
         port: u16,
@@ -35,6 +38,7 @@ extern "C" {
         mtu: *mut u16,
     ) -> c_int;
     pub(crate) fn netagg_dpdk_port_close(port: u16);
+    pub(crate) fn netagg_dpdk_link_up(port: u16) -> c_int;
     pub(crate) fn netagg_dpdk_rx(port: u16, mbufs: *mut *mut Mbuf, count: u16) -> u16;
     pub(crate) fn netagg_dpdk_tx(port: u16, mbufs: *mut *mut Mbuf, count: u16) -> u16;
     pub(crate) fn netagg_dpdk_frame_alloc(pool: *mut Mempool, len: u16, data: *mut *mut u8) -> *mut Mbuf;

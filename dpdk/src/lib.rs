@@ -6,13 +6,15 @@
 //! - [`Port`]: a probed and started device with one queue each way and its mbuf pool,
 //!   closed on drop; [`Frame`]: an mbuf, freed on drop;
 //! - [`Station`]: a UDP endpoint on a port, with ARP, so that a DPDK worker or switch
-//!   speaks the same datagrams as a kernel socket; [`frame`]: the headers, as pure code.
+//!   speaks the same datagrams as a kernel socket; [`frame`]: the headers, as pure code;
+//!   [`IdleWait`]: how a poller waits while nothing comes.
 //!
 //! All unsafe code of netagg's DPDK path is in this crate.
 
 mod eal;
 mod ffi;
 pub mod frame;
+mod idle;
 mod port;
 mod station;
 
@@ -20,6 +22,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 pub use eal::Eal;
+pub use idle::IdleWait;
 pub use port::{Frame, FrameAllocator, Port, PortSettings};
 pub use station::{Datagram, OutgoingDatagram, PortReservation, Station, StationCounters};
 

@@ -1,12 +1,14 @@
 //! An Ethernet port with one receive and one transmit queue, its mbuf pool, and the frames
 //! that pass through it.
 
+use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use crate::eal::{explain, replay, with_captured_log};
+use crate::eal::{self, explain, replay, with_captured_log};
 use crate::{ffi, DpdkError, Eal, MacAddr};
 
 /// What a [`Port`] is opened with.
@@ -30,6 +32,17 @@ pub struct Port {
     pool: Arc<Pool>,
     mac: MacAddr,
     mtu: u16,
+    /// The longest frame one of the pool's mbufs holds.
+    frame_room: usize,
+}
+
+/// How long opening a port waits for its link to come up.
+const LINK_WAIT: Duration = Duration::from_secs(5);
+
+/// The ports this process has open, by id.
+fn open_ports() -> MutexGuard<'static, BTreeSet<u16>> {
+    static OPEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    OPEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A port's mbuf pool, freed when the port and every [`FrameAllocator`] are gone.
@@ -38,6 +51,23 @@ struct Pool(NonNull<ffi::Mempool>);
 // DPDK's default mempool is multi-producer, multi-consumer: any thread may take and give.
 unsafe impl Send for Pool {}
 unsafe impl Sync for Pool {}
+
+impl Pool {
+    /// A pool of `count` mbufs for port `id`; an error says why not.
+    fn create(id: u16, count: u32) -> Result<Pool, String> {
+        // Pool names are process-wide, and a pool a port leaked keeps its name.
+        static POOLS: AtomicU32 = AtomicU32::new(0);
+        let name = format!("netagg-{}", POOLS.fetch_add(1, Ordering::Relaxed));
+        let name = CString::new(name).expect("no NUL in a number");
+        let mut code = 0;
+        let (pool, log) = with_captured_log(|| unsafe {
+            ffi::netagg_dpdk_pool_create(name.as_ptr(), count, id, &mut code)
+        });
+        NonNull::new(pool)
+            .map(Pool)
+            .ok_or_else(|| format!("cannot create a pool of {count} mbufs: {}", explain(code, &log)))
+    }
+}
 
 impl Drop for Pool {
     fn drop(&mut self) {
@@ -67,7 +97,8 @@ impl FrameAllocator {
 }
 
 impl Port {
-    /// Probes `settings.device`, gives it a pool and starts it.
+    /// Probes `settings.device`, gives it a pool and starts it. A device this process
+    /// has open already is refused: a port has one owner.
     pub fn open(_eal: &Eal, settings: &PortSettings) -> Result<Port, DpdkError> {
         let device = settings.device.clone();
         let failed = |reason: String| DpdkError::Device { device: device.clone(), reason };
@@ -76,8 +107,18 @@ impl Port {
         if name.is_empty() {
             return Err(failed("no device named (e.g. net_af_packet0,iface=eth0 or 0000:3b:00.0)".into()));
         }
+        let rings = u32::from(settings.rx_descriptors) + u32::from(settings.tx_descriptors);
+        if settings.pool_size <= rings {
+            return Err(failed(format!(
+                "a pool of {} mbufs cannot fill its rings ({} receive and {} transmit descriptors) and leave \
+                 frames to send: raise pool_size or lower the rings",
+                settings.pool_size, settings.rx_descriptors, settings.tx_descriptors
+            )));
+        }
         let devargs = CString::new(device.as_str()).map_err(|_| failed("it holds a NUL byte".into()))?;
         let c_name = CString::new(name).map_err(|_| failed("it holds a NUL byte".into()))?;
+        // From probe to start, no other thread changes the device list or the open ports.
+        let control = eal::control();
         let mut id = 0u16;
         let (probed, log) = with_captured_log(|| unsafe {
             ffi::netagg_dpdk_probe(devargs.as_ptr(), c_name.as_ptr(), &mut id)
@@ -86,41 +127,66 @@ impl Port {
             return Err(failed(format!("cannot probe it: {}", explain(probed, &log))));
         }
         replay(&log);
-
-        // Pool names are process-wide, and a pool a port leaked keeps its name.
-        static POOLS: AtomicU32 = AtomicU32::new(0);
-        let pool_name = format!("netagg-{}", POOLS.fetch_add(1, Ordering::Relaxed));
-        let pool_name = CString::new(pool_name).expect("no NUL in a number");
-        let mut code = 0;
-        let (pool, log) = with_captured_log(|| unsafe {
-            ffi::netagg_dpdk_pool_create(pool_name.as_ptr(), settings.pool_size, &mut code)
-        });
-        let Some(pool) = NonNull::new(pool).map(|pool| Arc::new(Pool(pool))) else {
-            close(id);
+        if !open_ports().insert(id) {
             return Err(failed(format!(
-                "cannot create a pool of {} mbufs: {}",
-                settings.pool_size,
-                explain(code, &log)
+                "it is open already in this process, as port {id}: one context or switch per device"
             )));
+        }
+        let pool = match Pool::create(id, settings.pool_size) {
+            Ok(pool) => pool,
+            Err(reason) => {
+                close(id);
+                return Err(failed(reason));
+            }
         };
-        let mut port =
-            Port { id, device: device.clone(), pool: Arc::clone(&pool), mac: MacAddr([0; 6]), mtu: 0 };
+        let frame_room = usize::from(unsafe { ffi::netagg_dpdk_pool_frame_room(pool.0.as_ptr()) });
+        let mut port = Port {
+            id,
+            device: device.clone(),
+            pool: Arc::new(pool),
+            mac: MacAddr([0; 6]),
+            mtu: 0,
+            frame_room,
+        };
         let (started, log) = with_captured_log(|| unsafe {
             ffi::netagg_dpdk_port_start(
                 id,
                 settings.rx_descriptors,
                 settings.tx_descriptors,
-                pool.0.as_ptr(),
+                port.pool.0.as_ptr(),
                 &mut port.mac.0,
                 &mut port.mtu,
             )
         });
+        // Released before `port` may drop, which takes it to close the device.
+        drop(control);
         if started < 0 {
-            // Dropping the port closes the device and frees the pool.
             return Err(failed(format!("cannot start it: {}", explain(started, &log))));
         }
         replay(&log);
+        port.wait_for_link();
         Ok(port)
+    }
+
+    /// Waits up to [`LINK_WAIT`] for the link to come up (a NIC negotiating its speed);
+    /// a link still down is logged, not refused: frames sent meanwhile are lost and
+    /// recovered as any loss is.
+    fn wait_for_link(&self) {
+        let deadline = Instant::now() + LINK_WAIT;
+        loop {
+            match unsafe { ffi::netagg_dpdk_link_up(self.id) } {
+                1 => return,
+                0 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                0 => {
+                    return eprintln!(
+                        "netagg-dpdk: the link of {} is still down after {LINK_WAIT:?}",
+                        self.device
+                    )
+                }
+                // A driver that cannot tell: nothing to wait for.
+                _ => return,
+            }
+        }
     }
 
     /// The port's MAC address.
@@ -131,6 +197,11 @@ impl Port {
     /// The largest IP packet the port carries.
     pub fn mtu(&self) -> u16 {
         self.mtu
+    }
+
+    /// The longest frame one of the pool's mbufs holds.
+    pub fn frame_room(&self) -> usize {
+        self.frame_room
     }
 
     pub fn device(&self) -> &str {
@@ -179,13 +250,17 @@ impl Port {
 
 impl Drop for Port {
     fn drop(&mut self) {
+        let _control = eal::control();
         close(self.id);
     }
 }
 
+/// Stops, closes and removes port `id`, which this process opened; the caller holds
+/// [`eal::control`].
 fn close(id: u16) {
     let ((), log) = with_captured_log(|| unsafe { ffi::netagg_dpdk_port_close(id) });
     replay(&log);
+    open_ports().remove(&id);
 }
 
 /// One frame in an mbuf of a port's pool, freed (returned to the pool) on drop.

@@ -13,8 +13,6 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::frame::{self, Received, ARP_FRAME_LEN, IP_UDP_HEADERS_LEN, UDP_HEADERS_LEN};
 use crate::{DpdkError, Frame, FrameAllocator, MacAddr, Port};
 
-/// Bytes an mbuf of the pool holds (DPDK's default data room): the longest frame.
-const MBUF_DATA_ROOM: usize = 2048;
 /// Shortest Ethernet frame without its CRC; ARP frames are padded to it.
 const MIN_FRAME_LEN: usize = 60;
 /// How often an unanswered neighbour is asked again.
@@ -142,7 +140,7 @@ impl Station {
     /// UDP headers, and no more than an mbuf holds.
     pub fn max_payload(&self) -> usize {
         (usize::from(self.port.mtu()).saturating_sub(IP_UDP_HEADERS_LEN))
-            .min(MBUF_DATA_ROOM - UDP_HEADERS_LEN)
+            .min(self.port.frame_room().saturating_sub(UDP_HEADERS_LEN))
     }
 
     /// Receives one burst: answers ARP, learns neighbours, and hands each UDP datagram
@@ -222,11 +220,6 @@ impl Station {
         }
         self.counters.transmit_dropped += frames.len() as u64;
         frames.clear();
-    }
-
-    /// The MAC of `ip` if known (or the configured next hop), asking for it if not.
-    pub fn neighbour(&mut self, ip: Ipv4Addr) -> Option<MacAddr> {
-        self.mac_of(ip)
     }
 
     /// Makes frames from the port's pool, for threads that do not hold the station.

@@ -51,6 +51,9 @@ fn missing_devices_are_errors_with_dpdks_reason() {
     assert!(error.to_string().contains("cannot probe it"), "{error}");
     let error = Port::open(eal, &settings("")).err().expect("no device");
     assert!(error.to_string().contains("no device named"), "{error}");
+    let small_pool = PortSettings { pool_size: 512, ..settings("net_null2") };
+    let error = Port::open(eal, &small_pool).err().expect("a pool smaller than the rings");
+    assert!(error.to_string().contains("cannot fill its rings (256 receive and 256 transmit"), "{error}");
 }
 
 #[test]
@@ -86,4 +89,18 @@ fn a_station_on_a_loopback_ring_receives_what_it_sends_and_answers_arp() {
     }
     assert!(station.datagram(station.max_payload() + 1).is_none());
     assert_eq!(station.max_payload(), 1500 - 28);
+}
+
+#[test]
+fn a_device_open_already_is_refused_and_opens_again_once_closed() {
+    let eal = eal();
+    let first = Port::open(eal, &settings("net_null1")).expect("a null port starts");
+    let error = Port::open(eal, &settings("net_null1")).err().expect("a second owner");
+    assert!(error.to_string().contains("it is open already in this process"), "{error}");
+    // The refusal left the first port running.
+    let frame = first.frame(64).expect("the first port's pool still serves");
+    drop(frame);
+    drop(first);
+    let again = Port::open(eal, &settings("net_null1")).expect("the device opens again once closed");
+    assert_eq!(again.mtu(), 1500);
 }

@@ -38,7 +38,7 @@ use crossbeam_channel::Sender;
 use netagg_aggregator::engine::SessionCounters;
 use netagg_aggregator::{Departure, SessionId, SessionSpec};
 use netagg_config::IpNet;
-use netagg_wire::{ControlMessage, Endpoint, RejectCode, ValueEncoding, WireError};
+use netagg_wire::{packet, ControlMessage, Endpoint, RejectCode, ValueEncoding, WireError};
 use rand::RngCore;
 
 use crate::datapath::{Command, Event, OpenError, Registered};
@@ -103,6 +103,9 @@ pub struct ControlLimits {
     pub register_timeout: Duration,
     /// Where a data endpoint may be other than at its registration's address.
     pub data_networks: Vec<IpNet>,
+    /// The longest datagram the data port carries, if it has a limit (a DPDK port's
+    /// MTU): sessions whose packets would be longer are refused.
+    pub max_datagram: Option<usize>,
 }
 
 /// Refuses an endpoint elsewhere than at `peer`, the address its registration came from,
@@ -110,8 +113,10 @@ pub struct ControlLimits {
 /// registration pointed would let anyone aim every result of a session at a third
 /// party.
 fn check_address(endpoint: &Endpoint, peer: IpAddr, data_networks: &[IpNet]) -> Result<(), String> {
-    let Some(address) = endpoint.udp_address(peer) else { return Ok(()) };
-    let ip = address.ip().to_canonical();
+    // Every kind of endpoint names where results go: a new kind must say how it is checked.
+    let ip = match endpoint {
+        Endpoint::Udp(_) => endpoint.udp_address(peer).expect("a UDP endpoint").ip().to_canonical(),
+    };
     if ip == peer.to_canonical() || data_networks.iter().any(|network| network.contains(&ip)) {
         return Ok(());
     }
@@ -417,6 +422,18 @@ impl ControlPlane {
                 format!(
                     "a world of {} workers is above this switch's limit of {}",
                     shape.world_size, self.limits.max_workers
+                ),
+            ));
+        }
+        let datagram = packet::HEADER_LEN + usize::from(shape.packet_elements) * packet::ELEMENT_LEN;
+        if let Some(max) = self.limits.max_datagram.filter(|&max| datagram > max) {
+            return Err((
+                RejectCode::Limit,
+                format!(
+                    "packets of {} elements make {datagram}-byte datagrams; this switch's data path carries \
+                     at most {max} bytes (its MTU): the largest packet_numel that fits is {}",
+                    shape.packet_elements,
+                    max.saturating_sub(packet::HEADER_LEN) / packet::ELEMENT_LEN
                 ),
             ));
         }

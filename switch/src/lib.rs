@@ -123,7 +123,8 @@ impl Switch {
 
         let (commands, command_receiver) = crossbeam_channel::unbounded();
         let (events, event_receiver) = crossbeam_channel::unbounded();
-        let plane = ControlPlane::new(commands.clone(), data_endpoint, control_limits(settings));
+        let plane_limits = ControlLimits { max_datagram: port.max_datagram(), ..control_limits(settings) };
+        let plane = ControlPlane::new(commands.clone(), data_endpoint, plane_limits);
         // Built before any thread starts, so that a failed start stops what did start.
         let mut switch = Switch { control_addr, data_endpoint, commands, plane, threads: Threads::default() };
         let datapath = DataPath::new(port, limits(settings), command_receiver, events);
@@ -238,6 +239,7 @@ fn control_limits(settings: &netagg_config::Switch) -> ControlLimits {
         max_workers: settings.max_workers,
         register_timeout: settings.register_timeout,
         data_networks: settings.data_networks.clone(),
+        max_datagram: None,
     }
 }
 

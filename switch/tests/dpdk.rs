@@ -81,7 +81,7 @@ fn dpdk_on_both_sides_recovers_lost_frames_exactly() {
 
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
-fn a_missing_dpdk_device_fails_the_run_with_dpdks_reason() {
+fn a_missing_device_or_too_long_packets_fail_the_run_with_the_reason() {
     let output = Command::new(RUN)
         .args(["-n", "2", "--link", "rate=1gbit", "--dpdk", "workers", "--"])
         .arg(benchmark())
@@ -94,6 +94,26 @@ fn a_missing_dpdk_device_fails_the_run_with_dpdks_reason() {
     assert!(!output.status.success(), "{all}");
     assert!(all.contains("DPDK device 'net_af_packet0,iface=nosuch0': cannot probe it"), "{all}");
     assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind:\n{all}");
+
+    // Kernel-UDP workers whose packets the DPDK switch's MTU cannot carry are refused at
+    // registration, with the size that fits, rather than lost as IP fragments.
+    let output = Command::new(RUN)
+        .args(["-n", "2", "--link", "rate=1gbit", "--dpdk", "switch", "--"])
+        .arg(benchmark())
+        .args(["--tensor-numel", "4Ki", "--num-jobs", "1"])
+        .env("NETAGG_GENERAL__PACKET_NUMEL", "1024")
+        .env_remove("NETAGG_CONFIG")
+        .output()
+        .unwrap();
+    let all = text(&output);
+    assert!(!output.status.success(), "{all}");
+    assert!(all.contains("this switch's data path carries at most 1472 bytes (its MTU): the largest packet_numel that fits is 356"), "{all}");
+    assert_eq!(
+        namespaces_of(&prefix(&all)),
+        Vec::<String>::new(),
+        "left behind:
+{all}"
+    );
 
     // A switch whose DPDK port cannot start says why, and exits.
     let output = Command::new(RUN.replace("netagg-run", "netagg-switch"))

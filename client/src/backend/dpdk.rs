@@ -10,13 +10,14 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use netagg_config::{Config, PollMode};
 use netagg_dpdk::{
-    Datagram, Eal, Frame, FrameAllocator, MacAddr, OutgoingDatagram, Port, PortReservation, PortSettings,
-    Station,
+    Datagram, Eal, Frame, FrameAllocator, IdleWait, MacAddr, OutgoingDatagram, Port, PortReservation,
+    PortSettings, Station,
 };
 use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::Endpoint;
@@ -24,10 +25,6 @@ use netagg_wire::Endpoint;
 use super::{ControlAddresses, SwitchTransport, Transport};
 use crate::Error;
 
-/// How long a thread with nothing to receive polls without pause before it naps
-/// (`poll = adaptive`), and how long each nap lasts.
-const IDLE_SPIN: Duration = Duration::from_micros(100);
-const IDLE_NAP: Duration = Duration::from_micros(50);
 /// How long connecting waits for the switch's MAC address by ARP.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -36,9 +33,23 @@ struct Shared {
     station: Mutex<Station>,
     /// Datagrams for each thread, received by another.
     inboxes: Vec<Mutex<Vec<Datagram>>>,
+    /// The most datagrams an inbox holds: beyond, they are dropped, rather than let a
+    /// thread that does not receive (between jobs) hold the mbufs every thread and the
+    /// receive ring draw from.
+    inbox_limit: usize,
     /// Each thread's UDP port, by thread index.
     ports: Vec<u16>,
     poll: PollMode,
+    /// Datagrams lost here: an inbox full, or no mbuf to write one into.
+    dropped: AtomicU64,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let counters = self.station().counters();
+        let dropped = self.dropped.load(Ordering::Relaxed);
+        tracing::debug!(?counters, dropped, "DPDK port closed");
+    }
 }
 
 impl Shared {
@@ -118,8 +129,14 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
     let shared = Arc::new(Shared {
         station: Mutex::new(station),
         inboxes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
+        // A thread's window of results, and as many again for duplicates, within a
+        // quarter of the pool.
+        inbox_limit: (usize::from(config.slots_per_thread()) * 2)
+            .min(dpdk.pool_size as usize / 4 / threads)
+            .max(1),
         ports: reservations.iter().map(PortReservation::port).collect(),
         poll: dpdk.poll,
+        dropped: AtomicU64::new(0),
     });
     Ok(reservations
         .into_iter()
@@ -172,7 +189,14 @@ impl DpdkTransport {
         }
         match shared.ports.iter().position(|&port| port == datagram.port) {
             Some(index) if index == thread => own.push(datagram),
-            Some(index) => shared.inbox(index).push(datagram),
+            Some(index) => {
+                let mut inbox = shared.inbox(index);
+                if inbox.len() < shared.inbox_limit {
+                    inbox.push(datagram);
+                } else {
+                    shared.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             None => {}
         }
     }
@@ -205,8 +229,9 @@ impl Transport for DpdkTransport {
 
     fn send(&mut self, len: usize) -> io::Result<()> {
         let route = self.route()?;
-        if let Some(datagram) = self.lent.take() {
-            self.outgoing.push(datagram.finish(len, route.source, route.switch));
+        match self.lent.take() {
+            Some(datagram) => self.outgoing.push(datagram.finish(len, route.source, route.switch)),
+            None => _ = self.shared.dropped.fetch_add(1, Ordering::Relaxed),
         }
         Ok(())
     }
@@ -220,7 +245,7 @@ impl Transport for DpdkTransport {
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         let route = self.route()?;
-        let start = Instant::now();
+        let idle = IdleWait::new(timeout, self.shared.poll == PollMode::Adaptive);
         loop {
             std::mem::swap(&mut self.received, &mut *self.shared.inbox(self.thread));
             if self.received.is_empty() {
@@ -237,15 +262,8 @@ impl Transport for DpdkTransport {
                 }
                 return Ok(count);
             }
-            let waited = start.elapsed();
-            if waited >= timeout {
+            if !idle.pause() {
                 return Ok(0);
-            }
-            match self.shared.poll {
-                PollMode::Adaptive if waited >= IDLE_SPIN => {
-                    std::thread::sleep(IDLE_NAP.min(timeout - waited))
-                }
-                _ => std::hint::spin_loop(),
             }
         }
     }
@@ -278,9 +296,17 @@ impl SwitchTransport for DpdkTransport {
         let shared = &*self.shared;
         // Nothing flows before every thread is connected: whatever arrives meanwhile is
         // not for a session of this context.
-        let mac = station
-            .resolve(*switch.ip(), RESOLVE_TIMEOUT, &mut drop)
-            .map_err(|error| io::Error::new(io::ErrorKind::HostUnreachable, error.to_string()))?;
+        let mac = station.resolve(*switch.ip(), RESOLVE_TIMEOUT, &mut drop).map_err(|error| {
+            let hint = if station.ip().is_loopback() {
+                format!(
+                    " (this side's address is {}, the control connection's: set backend.dpdk.ip)",
+                    station.ip()
+                )
+            } else {
+                String::new()
+            };
+            io::Error::new(io::ErrorKind::HostUnreachable, format!("{error}{hint}"))
+        })?;
         let source = (station.mac(), SocketAddrV4::new(station.ip(), shared.ports[self.thread]));
         self.route = Some(Route { source, switch: (mac, switch) });
         Ok(())

@@ -5,18 +5,13 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use netagg_config::PollMode;
-use netagg_dpdk::{Eal, MacAddr, Port, PortReservation, PortSettings, Station};
+use netagg_dpdk::{Eal, IdleWait, MacAddr, Port, PortReservation, PortSettings, Station};
 use netagg_wire::Endpoint;
 
 use super::DataPort;
-
-/// How long an idle data path polls without pause before it naps (`poll = adaptive`),
-/// and how long each nap lasts.
-const IDLE_SPIN: Duration = Duration::from_micros(100);
-const IDLE_NAP: Duration = Duration::from_micros(50);
 
 pub struct DpdkPort {
     station: Station,
@@ -101,7 +96,7 @@ impl DataPort for DpdkPort {
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         let port = self.reservation.port();
-        let start = Instant::now();
+        let idle = IdleWait::new(timeout, self.poll == PollMode::Adaptive);
         loop {
             let mut handed = 0;
             self.station.poll(&mut |datagram| {
@@ -110,18 +105,8 @@ impl DataPort for DpdkPort {
                     handed += 1;
                 }
             });
-            if handed > 0 {
+            if handed > 0 || !idle.pause() {
                 return Ok(handed);
-            }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Ok(0);
-            }
-            match self.poll {
-                PollMode::Adaptive if waited >= IDLE_SPIN => {
-                    std::thread::sleep(IDLE_NAP.min(timeout - waited))
-                }
-                _ => std::hint::spin_loop(),
             }
         }
     }
@@ -136,5 +121,9 @@ impl DataPort for DpdkPort {
 
     fn flush(&mut self) {
         self.station.flush();
+    }
+
+    fn max_datagram(&self) -> Option<usize> {
+        Some(self.station.max_payload())
     }
 }

@@ -50,6 +50,10 @@ impl<P: DataPort> DataPort for FaultyPort<P> {
         self.inner.resolve(endpoint, peer)
     }
 
+    fn max_datagram(&self) -> Option<usize> {
+        self.inner.max_datagram()
+    }
+
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(P::Address, &[u8])) -> io::Result<usize> {
         let due = [self.ingress.next_release(), self.egress.next_release()].into_iter().flatten().min();
         let wait = due.map_or(timeout, |due| due.saturating_duration_since(Instant::now()).min(timeout));

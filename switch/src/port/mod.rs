@@ -70,6 +70,12 @@ pub trait DataPort: Send + 'static {
     /// Sends everything queued.
     fn flush(&mut self);
 
+    /// The longest datagram the port carries, where it has a limit below UDP's (a DPDK
+    /// port's MTU); registrations for longer packets are refused.
+    fn max_datagram(&self) -> Option<usize> {
+        None
+    }
+
     /// `address` belongs to no session any more: whatever the port keeps for it goes.
     fn forget(&mut self, address: Self::Address) {
         let _ = address;
