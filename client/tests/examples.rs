@@ -1,7 +1,7 @@
 //! The examples, built the way users build them: netagg installed by `scripts/install`,
-//! then the C and C++ examples with make (pkg-config) and with CMake (find_package), and
-//! every example run under `netagg-run` with 2 workers and a real switch, checking its
-//! sums.
+//! then the C and C++ examples with make (pkg-config) and with CMake (find_package), the C
+//! one also linked statically, and every example run under `netagg-run` with 2 workers
+//! and a real switch, checking its sums; the C one also over DPDK in namespaces.
 
 mod common;
 
@@ -58,7 +58,31 @@ fn c_and_cpp_examples_build_against_the_installed_package_and_sum_across_two_wor
         .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display())));
     run(Command::new("cmake").arg("--build").arg(&cmake_build));
 
+    // Linked statically, with what `pkg-config --static` says libnetagg.a needs besides.
+    let libraries = run(Command::new("pkg-config")
+        .args(["--static", "--libs-only-l", "netagg"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
+    run(Command::new("cc")
+        .arg("-I")
+        .arg(prefix.join("include"))
+        .arg(repository.join("examples/c/hello_world.c"))
+        .arg(prefix.join("lib/libnetagg.a"))
+        .args(libraries.split_whitespace().filter(|library| *library != "-lnetagg"))
+        .arg("-o")
+        .arg(make_build.join("hello_world_static")));
+
     let launcher = prefix.join("bin/netagg-run");
+    let output = run_two_ranks(&launcher, &make_build.join("hello_world_static"));
+    assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
+    // The same C program with its data on DPDK ports, the workers' and the switch's, in
+    // network namespaces (root, as CI has): only the configuration differs, which the
+    // launcher sets (backend = dpdk; there is no fallback to sockets).
+    let output = run(Command::new(&launcher)
+        .args(["-n", "2", "--link", "rate=1gbit", "--dpdk", "both", "--"])
+        .arg(make_build.join("hello_world_c"))
+        .env_remove("NETAGG_CONFIG"));
+    assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
+    assert!(output.contains("data path on a DPDK port"), "{output}");
     for build in [&make_build, &cmake_build] {
         let output = run_two_ranks(&launcher, &build.join("hello_world_c"));
         assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
