@@ -39,6 +39,11 @@ pub enum DpdkError {
          once per process, so every DPDK endpoint of a process must use the same arguments"
     )]
     EalRunning { running: String, asked: String },
+    #[error(
+        "{section}.device is empty: name the DPDK device (net_af_packet0,iface=eth0 for a kernel \
+         interface, or a NIC's PCI address)"
+    )]
+    NoDevice { section: &'static str },
     #[error("DPDK device '{device}': {reason}")]
     Device { device: String, reason: String },
     #[error("no ARP reply from {ip} within {timeout:?}: is it up, on this port's network?")]

@@ -11,7 +11,7 @@ use etherparse::ArpOperation;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::frame::{self, Received, ARP_FRAME_LEN, IP_UDP_HEADERS_LEN, UDP_HEADERS_LEN};
-use crate::{DpdkError, Frame, FrameAllocator, MacAddr, Port};
+use crate::{DpdkError, Eal, Frame, FrameAllocator, MacAddr, Port, PortSettings};
 
 /// Shortest Ethernet frame without its CRC; ARP frames are padded to it.
 const MIN_FRAME_LEN: usize = 60;
@@ -103,6 +103,27 @@ pub struct Station {
 }
 
 impl Station {
+    /// Starts EAL and the port of a `[backend.dpdk]` or `[switch.dpdk]` section (named
+    /// `section` in errors), and a station at `ip` on it.
+    pub fn start(
+        dpdk: &netagg_config::Dpdk,
+        section: &'static str,
+        ip: Ipv4Addr,
+    ) -> Result<Station, DpdkError> {
+        if dpdk.device.trim().is_empty() {
+            return Err(DpdkError::NoDevice { section });
+        }
+        let eal = Eal::start(&dpdk.eal_arguments())?;
+        let settings = PortSettings {
+            device: dpdk.device.clone(),
+            rx_descriptors: dpdk.rx_descriptors,
+            tx_descriptors: dpdk.tx_descriptors,
+            pool_size: dpdk.pool_size,
+        };
+        let port = Port::open(eal, &settings)?;
+        Ok(Station::new(port, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst))
+    }
+
     /// A station at `ip` on `port`, receiving up to `burst` frames at a time; with
     /// `next_hop`, every frame goes to that MAC and ARP is only answered.
     pub fn new(port: Port, ip: Ipv4Addr, next_hop: Option<MacAddr>, burst: u16) -> Station {

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use netagg_config::{Config, PollMode};
 use netagg_dpdk::{
-    Datagram, Eal, Frame, FrameAllocator, IdleWait, MacAddr, OutgoingDatagram, Port, PortReservation,
-    PortSettings, Station,
+    Datagram, DpdkError, Frame, FrameAllocator, IdleWait, MacAddr, OutgoingDatagram, PortReservation, Station,
 };
 use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::Endpoint;
@@ -91,14 +90,6 @@ struct Route {
 /// The transports of `config`'s DPDK port, one per worker thread.
 pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Error> {
     let dpdk = &config.dpdk;
-    let failed = |error: netagg_dpdk::DpdkError| Error::Backend(format!("backend.dpdk: {error}"));
-    if dpdk.device.trim().is_empty() {
-        return Err(Error::InvalidConfig(
-            "backend.dpdk.device is empty: name the DPDK device (net_af_packet0,iface=eth0 for a kernel \
-             interface, or a NIC's PCI address)"
-                .into(),
-        ));
-    }
     let ip = match dpdk.ip {
         IpAddr::V4(ip) => ip,
         IpAddr::V6(ip) => {
@@ -107,18 +98,10 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
             )))
         }
     };
-    let eal = Eal::start(&dpdk.eal_arguments()).map_err(failed)?;
-    let port = Port::open(
-        eal,
-        &PortSettings {
-            device: dpdk.device.clone(),
-            rx_descriptors: dpdk.rx_descriptors,
-            tx_descriptors: dpdk.tx_descriptors,
-            pool_size: dpdk.pool_size,
-        },
-    )
-    .map_err(failed)?;
-    let station = Station::new(port, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst);
+    let station = Station::start(dpdk, "backend.dpdk", ip).map_err(|error| match error {
+        DpdkError::NoDevice { .. } => Error::InvalidConfig(error.to_string()),
+        error => Error::Backend(format!("backend.dpdk: {error}")),
+    })?;
     check_packet_fits(config, &station)?;
     let threads = usize::from(config.general.num_worker_threads);
     let reservations = (0..threads)

@@ -11,18 +11,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "netagg.h"
+#include "check.h"
 
-static int failures = 0;
-
-static const char *last_error(void) {
-  static char message[4096];
-  size_t length = 0;
-  if (netagg_last_error_message(message, sizeof message, &length) != NETAGG_OK) {
-    return "(no message)";
-  }
-  return message;
-}
 
 #define EXPECT(call, expected)                                                        \
   do {                                                                                \

@@ -6,18 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "netagg.h"
+#include "check.h"
 
-static int failures = 0;
-
-static const char *last_error(void) {
-  static char message[4096];
-  size_t length = 0;
-  if (netagg_last_error_message(message, sizeof message, &length) != NETAGG_OK) {
-    return "(no message)";
-  }
-  return message;
-}
 
 /* Starts a context of one worker with backend = dpdk and `key` = `value` (if any);
  * checks the result and that the message holds `needle`. */

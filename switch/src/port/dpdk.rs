@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use netagg_config::PollMode;
-use netagg_dpdk::{Eal, IdleWait, MacAddr, Port, PortReservation, PortSettings, Station};
+use netagg_dpdk::{IdleWait, PortReservation, Station};
 use netagg_wire::Endpoint;
 
 use super::DataPort;
@@ -25,13 +25,6 @@ impl DpdkPort {
     /// `switch.data`'s address) and `switch.data`'s UDP port (0: a free one).
     pub fn open(settings: &netagg_config::Switch) -> Result<DpdkPort, String> {
         let dpdk = &settings.dpdk;
-        if dpdk.device.trim().is_empty() {
-            return Err(
-                "switch.dpdk.device is empty: name the DPDK device (net_af_packet0,iface=eth0 for a \
-                        kernel interface, or a NIC's PCI address)"
-                    .into(),
-            );
-        }
         let ip = match (dpdk.ip, settings.data.ip()) {
             (IpAddr::V4(ip), _) if !ip.is_unspecified() => ip,
             (IpAddr::V4(_), IpAddr::V4(ip)) if !ip.is_unspecified() => ip,
@@ -42,20 +35,9 @@ impl DpdkPort {
                 ))
             }
         };
-        let eal = Eal::start(&dpdk.eal_arguments()).map_err(|error| error.to_string())?;
-        let port = Port::open(
-            eal,
-            &PortSettings {
-                device: dpdk.device.clone(),
-                rx_descriptors: dpdk.rx_descriptors,
-                tx_descriptors: dpdk.tx_descriptors,
-                pool_size: dpdk.pool_size,
-            },
-        )
-        .map_err(|error| error.to_string())?;
+        let station = Station::start(dpdk, "switch.dpdk", ip).map_err(|error| error.to_string())?;
         let reservation = PortReservation::new(ip, settings.data.port())
             .map_err(|error| format!("cannot reserve UDP port {} at {ip}: {error}", settings.data.port()))?;
-        let station = Station::new(port, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst);
         let port = station.port();
         tracing::info!(
             device = port.device(),
