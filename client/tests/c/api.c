@@ -13,7 +13,6 @@
 
 #include "check.h"
 
-
 #define EXPECT(call, expected)                                                        \
   do {                                                                                \
     netagg_result got_ = (call);                                                      \

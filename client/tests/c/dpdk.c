@@ -8,7 +8,6 @@
 
 #include "check.h"
 
-
 /* Starts a context of one worker with backend = dpdk and `key` = `value` (if any);
  * checks the result and that the message holds `needle`. */
 static void expect_start(const char *key, const char *value, netagg_result expected, const char *needle, int line) {
