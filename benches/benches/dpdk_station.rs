@@ -44,12 +44,13 @@ fn dpdk_station(c: &mut Criterion) {
         rx_descriptors: 1024,
         tx_descriptors: 1024,
         pool_size: 4095,
+        queues: 1,
     };
-    let port = Port::open(eal, &settings).expect("a net_ring port");
+    let queue = Port::open(eal, &settings).expect("a net_ring port").pop().expect("a queue");
     let ip = Ipv4Addr::new(10, 0, 0, 1);
     // Frames go to the port's own MAC, so no ARP is asked.
-    let mac = port.mac();
-    let mut station = Station::new(port, ip, Some(mac), BURST as u16);
+    let mac = queue.port().mac();
+    let mut station = Station::new(queue, ip, Some(mac), BURST as u16);
     let destination = SocketAddrV4::new(ip, 5000);
     let mut received = vec![0u8; DATAGRAM];
     group.bench_function("station_round_trip", |b| {

@@ -48,7 +48,8 @@ sections! {
     /// general.backend = dpdk: the worker's datagrams leave from a DPDK port, kernel bypassed,
     /// in the same UDP datagrams as backend.udp's, so that either side may use the kernel. The
     /// endpoint answers ARP for its address and resolves the switch's MAC (or takes peer_mac).
-    /// Its threads share the port's one queue.
+    /// The port gets a queue pair per worker thread where the device has that many (on
+    /// af_packet, device option qpairs=N), else threads share them.
     "backend.dpdk" at dpdk: DPDK_KEYS, listing its own keys;
     /// Faults injected into this worker's datagrams, to test loss recovery; all 0 injects
     /// nothing (the default; keep it so in production). They wrap any backend. A flipped bit

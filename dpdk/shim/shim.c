@@ -112,21 +112,38 @@ int netagg_dpdk_pool_free(struct rte_mempool *pool) {
   return 1;
 }
 
-/* Configures `port` with one receive and one transmit queue of the given sizes, fed from
- * `pool`, and starts it; reports its MAC address and MTU. */
-int netagg_dpdk_port_start(uint16_t port, uint16_t rx_descriptors, uint16_t tx_descriptors,
+/* Configures `port` with up to *queues pairs of receive and transmit queues (as many as
+ * the device has, at least one; *queues says how many) of the given sizes, fed from
+ * `pool`, and starts it; reports its MAC address and MTU. With several queues, received
+ * frames are spread by a hash of their addresses and ports (RSS), where the device can. */
+int netagg_dpdk_port_start(uint16_t port, uint16_t *queues, uint16_t rx_descriptors, uint16_t tx_descriptors,
                            struct rte_mempool *pool, uint8_t mac[6], uint16_t *mtu) {
+  struct rte_eth_dev_info info;
+  int result = rte_eth_dev_info_get(port, &info);
+  if (result < 0) return result;
+  uint16_t count = *queues;
+  if (count > info.max_rx_queues) count = info.max_rx_queues;
+  if (count > info.max_tx_queues) count = info.max_tx_queues;
+  if (count == 0) count = 1;
   struct rte_eth_conf conf;
   memset(&conf, 0, sizeof conf);
-  int result = rte_eth_dev_configure(port, 1, 1, &conf);
+  uint64_t hashed = info.flow_type_rss_offloads & (RTE_ETH_RSS_IP | RTE_ETH_RSS_UDP);
+  if (count > 1 && hashed != 0) {
+    conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
+    conf.rx_adv_conf.rss_conf.rss_hf = hashed;
+  }
+  result = rte_eth_dev_configure(port, count, count, &conf);
   if (result < 0) return result;
   result = rte_eth_dev_adjust_nb_rx_tx_desc(port, &rx_descriptors, &tx_descriptors);
   if (result < 0) return result;
   int socket = rte_eth_dev_socket_id(port);
-  result = rte_eth_rx_queue_setup(port, 0, rx_descriptors, socket, NULL, pool);
-  if (result < 0) return result;
-  result = rte_eth_tx_queue_setup(port, 0, tx_descriptors, socket, NULL);
-  if (result < 0) return result;
+  for (uint16_t queue = 0; queue < count; queue++) {
+    result = rte_eth_rx_queue_setup(port, queue, rx_descriptors, socket, NULL, pool);
+    if (result < 0) return result;
+    result = rte_eth_tx_queue_setup(port, queue, tx_descriptors, socket, NULL);
+    if (result < 0) return result;
+  }
+  *queues = count;
   result = rte_eth_dev_start(port);
   if (result < 0) return result;
   struct rte_ether_addr address;
@@ -153,12 +170,12 @@ void netagg_dpdk_port_close(uint16_t port) {
   if (have_info && info.device != NULL) rte_dev_remove(info.device);
 }
 
-uint16_t netagg_dpdk_rx(uint16_t port, struct rte_mbuf **mbufs, uint16_t count) {
-  return rte_eth_rx_burst(port, 0, mbufs, count);
+uint16_t netagg_dpdk_rx(uint16_t port, uint16_t queue, struct rte_mbuf **mbufs, uint16_t count) {
+  return rte_eth_rx_burst(port, queue, mbufs, count);
 }
 
-uint16_t netagg_dpdk_tx(uint16_t port, struct rte_mbuf **mbufs, uint16_t count) {
-  return rte_eth_tx_burst(port, 0, mbufs, count);
+uint16_t netagg_dpdk_tx(uint16_t port, uint16_t queue, struct rte_mbuf **mbufs, uint16_t count) {
+  return rte_eth_tx_burst(port, queue, mbufs, count);
 }
 
 /* A frame of `len` bytes from `pool`, its bytes at *data; NULL if the pool is empty or

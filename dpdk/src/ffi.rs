@@ -31,6 +31,7 @@ extern "C" {
     pub(crate) fn netagg_dpdk_pool_free(pool: *mut Mempool) -> c_int;
     pub(crate) fn netagg_dpdk_port_start(
         port: u16,
+        queues: *mut u16,
         rx_descriptors: u16,
         tx_descriptors: u16,
         pool: *mut Mempool,
@@ -39,8 +40,8 @@ extern "C" {
     ) -> c_int;
     pub(crate) fn netagg_dpdk_port_close(port: u16);
     pub(crate) fn netagg_dpdk_link_up(port: u16) -> c_int;
-    pub(crate) fn netagg_dpdk_rx(port: u16, mbufs: *mut *mut Mbuf, count: u16) -> u16;
-    pub(crate) fn netagg_dpdk_tx(port: u16, mbufs: *mut *mut Mbuf, count: u16) -> u16;
+    pub(crate) fn netagg_dpdk_rx(port: u16, queue: u16, mbufs: *mut *mut Mbuf, count: u16) -> u16;
+    pub(crate) fn netagg_dpdk_tx(port: u16, queue: u16, mbufs: *mut *mut Mbuf, count: u16) -> u16;
     pub(crate) fn netagg_dpdk_frame_alloc(pool: *mut Mempool, len: u16, data: *mut *mut u8) -> *mut Mbuf;
     pub(crate) fn netagg_dpdk_frame_truncate(mbuf: *mut Mbuf, len: u16);
     pub(crate) fn netagg_dpdk_frame_data(mbuf: *mut Mbuf, len: *mut u16) -> *mut u8;

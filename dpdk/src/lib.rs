@@ -3,9 +3,10 @@
 //!
 //! - [`Eal`]: EAL, started once per process from checked arguments; its failures come
 //!   back as errors with EAL's own explanation, never as an exit of the process;
-//! - [`Port`]: a probed and started device with one queue each way and its mbuf pool,
-//!   closed on drop; [`Frame`]: an mbuf, freed on drop;
-//! - [`Station`]: a UDP endpoint on a port, with ARP, so that a DPDK worker or switch
+//! - [`Port`]: a probed and started device with its mbuf pool, and its [`Queue`]s (pairs
+//!   of receive and transmit queues, each owned by one user), closed with the last of
+//!   them; [`Frame`]: an mbuf, freed on drop;
+//! - [`Station`]: a UDP endpoint on a queue, with ARP, so that a DPDK worker or switch
 //!   speaks the same datagrams as a kernel socket; [`frame`]: the headers, as pure code;
 //!   [`IdleWait`]: how a poller waits while nothing comes.
 //!
@@ -23,7 +24,7 @@ use std::time::Duration;
 
 pub use eal::Eal;
 pub use idle::IdleWait;
-pub use port::{Frame, FrameAllocator, Port, PortSettings};
+pub use port::{Frame, FrameAllocator, Port, PortSettings, Queue};
 pub use station::{Datagram, OutgoingDatagram, PortReservation, Station, StationCounters};
 
 /// Why DPDK could not do what was asked. Texts are whole sentences for the user, with

@@ -22,10 +22,13 @@ pub struct PortSettings {
     pub tx_descriptors: u16,
     /// Mbufs in the port's pool, shared by its rings and every frame being built.
     pub pool_size: u32,
+    /// Pairs of receive and transmit queues wanted: the port gets as many as the device
+    /// has, up to this, at least one.
+    pub queues: u16,
 }
 
-/// A started port. Receiving and transmitting need `&mut`: the port has one queue each
-/// way, and a DPDK queue is used by one thread at a time.
+/// A started port: its device, address and pool. Frames pass through its [`Queue`]s;
+/// the port closes when the last of them is dropped.
 pub struct Port {
     id: u16,
     device: String,
@@ -97,9 +100,9 @@ impl FrameAllocator {
 }
 
 impl Port {
-    /// Probes `settings.device`, gives it a pool and starts it. A device this process
-    /// has open already is refused: a port has one owner.
-    pub fn open(_eal: &Eal, settings: &PortSettings) -> Result<Port, DpdkError> {
+    /// Probes `settings.device`, gives it a pool and starts it; returns its queues. A
+    /// device this process has open already is refused: a port has one owner.
+    pub fn open(_eal: &Eal, settings: &PortSettings) -> Result<Vec<Queue>, DpdkError> {
         let device = settings.device.clone();
         let failed = |reason: String| DpdkError::Device { device: device.clone(), reason };
         // The device's name is its arguments up to the first comma.
@@ -107,11 +110,13 @@ impl Port {
         if name.is_empty() {
             return Err(failed("no device named (e.g. net_af_packet0,iface=eth0 or 0000:3b:00.0)".into()));
         }
-        let rings = u32::from(settings.rx_descriptors) + u32::from(settings.tx_descriptors);
+        let queues = settings.queues.max(1);
+        let rings =
+            u32::from(queues) * (u32::from(settings.rx_descriptors) + u32::from(settings.tx_descriptors));
         if settings.pool_size <= rings {
             return Err(failed(format!(
-                "a pool of {} mbufs cannot fill its rings ({} receive and {} transmit descriptors) and leave \
-                 frames to send: raise pool_size or lower the rings",
+                "a pool of {} mbufs cannot fill its rings ({queues} × {} receive and {} transmit descriptors) \
+                 and leave frames to send: raise pool_size or lower the rings",
                 settings.pool_size, settings.rx_descriptors, settings.tx_descriptors
             )));
         }
@@ -148,9 +153,11 @@ impl Port {
             mtu: 0,
             frame_room,
         };
+        let mut queues = queues;
         let (started, log) = with_captured_log(|| unsafe {
             ffi::netagg_dpdk_port_start(
                 id,
+                &mut queues,
                 settings.rx_descriptors,
                 settings.tx_descriptors,
                 port.pool.0.as_ptr(),
@@ -165,7 +172,8 @@ impl Port {
         }
         replay(&log);
         port.wait_for_link();
-        Ok(port)
+        let port = Arc::new(port);
+        Ok((0..queues).map(|index| Queue { port: Arc::clone(&port), index }).collect())
     }
 
     /// Waits up to [`LINK_WAIT`] for the link to come up (a NIC negotiating its speed);
@@ -218,6 +226,32 @@ impl Port {
     pub fn allocator(&self) -> FrameAllocator {
         FrameAllocator { pool: Arc::clone(&self.pool) }
     }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        let _control = eal::control();
+        close(self.id);
+    }
+}
+
+/// One pair of a port's receive and transmit queues. Receiving and transmitting need
+/// `&mut`: a DPDK queue is used by one thread at a time, its owner's.
+pub struct Queue {
+    port: Arc<Port>,
+    index: u16,
+}
+
+impl Queue {
+    /// The port the queue belongs to.
+    pub fn port(&self) -> &Arc<Port> {
+        &self.port
+    }
+
+    /// Which of the port's queues this is.
+    pub fn index(&self) -> u16 {
+        self.index
+    }
 
     /// Appends up to `max` received frames to `frames`; returns how many.
     pub fn receive(&mut self, frames: &mut Vec<Frame>, max: u16) -> usize {
@@ -226,7 +260,7 @@ impl Port {
         // Frame is a transparent pointer to an mbuf: the spare room is an array of them.
         let received = unsafe {
             let room = frames.as_mut_ptr().add(len).cast::<*mut ffi::Mbuf>();
-            ffi::netagg_dpdk_rx(self.id, room, max)
+            ffi::netagg_dpdk_rx(self.port.id, self.index, room, max)
         };
         unsafe { frames.set_len(len + usize::from(received)) };
         usize::from(received)
@@ -238,20 +272,13 @@ impl Port {
         let len = frames.len();
         let count = u16::try_from(len).unwrap_or(u16::MAX);
         let base = frames.as_mut_ptr();
-        let sent = usize::from(unsafe { ffi::netagg_dpdk_tx(self.id, base.cast(), count) });
+        let sent = usize::from(unsafe { ffi::netagg_dpdk_tx(self.port.id, self.index, base.cast(), count) });
         // The driver owns the frames it took: they leave the vector without a drop.
         unsafe {
             std::ptr::copy(base.add(sent), base, len - sent);
             frames.set_len(len - sent);
         }
         sent
-    }
-}
-
-impl Drop for Port {
-    fn drop(&mut self) {
-        let _control = eal::control();
-        close(self.id);
     }
 }
 

@@ -11,7 +11,7 @@ use etherparse::ArpOperation;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::frame::{self, Received, ARP_FRAME_LEN, IP_UDP_HEADERS_LEN, UDP_HEADERS_LEN};
-use crate::{DpdkError, Eal, Frame, FrameAllocator, MacAddr, Port, PortSettings};
+use crate::{DpdkError, Eal, Frame, FrameAllocator, MacAddr, Port, PortSettings, Queue};
 
 /// Shortest Ethernet frame without its CRC; ARP frames are padded to it.
 const MIN_FRAME_LEN: usize = 60;
@@ -98,18 +98,21 @@ pub struct Station {
     outgoing: Vec<Frame>,
     burst: u16,
     counters: StationCounters,
-    /// Last, so that it closes after every frame above is freed.
-    port: Port,
+    /// Last, so that the port closes (with its last queue) after every frame above is
+    /// freed.
+    queue: Queue,
 }
 
 impl Station {
     /// Starts EAL and the port of a `[backend.dpdk]` or `[switch.dpdk]` section (named
-    /// `section` in errors), and a station at `ip` on it.
+    /// `section` in errors) with up to `queues` queue pairs, and a station at `ip` on each
+    /// queue the port has. They learn neighbours each from its own frames.
     pub fn start(
         dpdk: &netagg_config::Dpdk,
         section: &'static str,
         ip: Ipv4Addr,
-    ) -> Result<Station, DpdkError> {
+        queues: u16,
+    ) -> Result<Vec<Station>, DpdkError> {
         if dpdk.device.trim().is_empty() {
             return Err(DpdkError::NoDevice { section });
         }
@@ -119,17 +122,21 @@ impl Station {
             rx_descriptors: dpdk.rx_descriptors,
             tx_descriptors: dpdk.tx_descriptors,
             pool_size: dpdk.pool_size,
+            queues,
         };
-        let port = Port::open(eal, &settings)?;
-        Ok(Station::new(port, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst))
+        let queues = Port::open(eal, &settings)?;
+        Ok(queues
+            .into_iter()
+            .map(|queue| Station::new(queue, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst))
+            .collect())
     }
 
-    /// A station at `ip` on `port`, receiving up to `burst` frames at a time; with
+    /// A station at `ip` on `queue`, receiving up to `burst` frames at a time; with
     /// `next_hop`, every frame goes to that MAC and ARP is only answered.
-    pub fn new(port: Port, ip: Ipv4Addr, next_hop: Option<MacAddr>, burst: u16) -> Station {
-        let mac = port.mac();
+    pub fn new(queue: Queue, ip: Ipv4Addr, next_hop: Option<MacAddr>, burst: u16) -> Station {
+        let mac = queue.port().mac();
         Station {
-            port,
+            queue,
             ip,
             mac,
             next_hop,
@@ -150,7 +157,7 @@ impl Station {
     }
 
     pub fn port(&self) -> &Port {
-        &self.port
+        self.queue.port()
     }
 
     pub fn counters(&self) -> StationCounters {
@@ -160,14 +167,15 @@ impl Station {
     /// The longest UDP payload that leaves in one frame: the port's MTU less the IPv4 and
     /// UDP headers, and no more than an mbuf holds.
     pub fn max_payload(&self) -> usize {
-        (usize::from(self.port.mtu()).saturating_sub(IP_UDP_HEADERS_LEN))
-            .min(self.port.frame_room().saturating_sub(UDP_HEADERS_LEN))
+        let port = self.port();
+        (usize::from(port.mtu()).saturating_sub(IP_UDP_HEADERS_LEN))
+            .min(port.frame_room().saturating_sub(UDP_HEADERS_LEN))
     }
 
     /// Receives one burst: answers ARP, learns neighbours, and hands each UDP datagram
     /// to `sink`. Returns how many it handed.
     pub fn poll(&mut self, sink: &mut dyn FnMut(Datagram)) -> usize {
-        if self.port.receive(&mut self.received, self.burst) == 0 {
+        if self.queue.receive(&mut self.received, self.burst) == 0 {
             return 0;
         }
         let mut handed = 0;
@@ -203,14 +211,14 @@ impl Station {
         if payload_len > self.max_payload() {
             return None;
         }
-        OutgoingDatagram::new(&self.port.allocator(), payload_len)
+        OutgoingDatagram::new(&self.port().allocator(), payload_len)
     }
 
     /// Queues the first `len` bytes of `datagram`'s payload from UDP port `from` to `to`;
     /// it leaves at [`Station::flush`] or when a burst is full. False if it was dropped
     /// because `to`'s MAC is not known yet (it is asked for).
     pub fn send(&mut self, datagram: OutgoingDatagram, len: usize, from: u16, to: SocketAddrV4) -> bool {
-        let Some(destination_mac) = self.mac_of(*to.ip()) else {
+        let Some(destination_mac) = self.ask_mac(*to.ip()) else {
             self.counters.unresolved += 1;
             return false;
         };
@@ -237,7 +245,7 @@ impl Station {
             if frames.is_empty() {
                 return;
             }
-            self.port.transmit(frames);
+            self.queue.transmit(frames);
         }
         self.counters.transmit_dropped += frames.len() as u64;
         frames.clear();
@@ -245,7 +253,7 @@ impl Station {
 
     /// Makes frames from the port's pool, for threads that do not hold the station.
     pub fn allocator(&self) -> FrameAllocator {
-        self.port.allocator()
+        self.port().allocator()
     }
 
     /// Sets the station's IPv4 address, once it is known (from where a control
@@ -254,9 +262,15 @@ impl Station {
         self.ip = ip;
     }
 
+    /// The MAC of `ip` if this station knows it (or the configured next hop), without
+    /// asking.
+    pub fn known_mac(&self, ip: Ipv4Addr) -> Option<MacAddr> {
+        self.next_hop.or_else(|| self.neighbours.get(&ip)?.mac)
+    }
+
     /// The MAC to send to for `ip`, asking for it if it is not known (at most every
     /// [`ARP_RETRY`]).
-    fn mac_of(&mut self, ip: Ipv4Addr) -> Option<MacAddr> {
+    pub fn ask_mac(&mut self, ip: Ipv4Addr) -> Option<MacAddr> {
         if let Some(next_hop) = self.next_hop {
             return Some(next_hop);
         }
@@ -280,7 +294,7 @@ impl Station {
     ) -> Result<MacAddr, DpdkError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(mac) = self.mac_of(ip) {
+            if let Some(mac) = self.ask_mac(ip) {
                 return Ok(mac);
             }
             self.flush();
@@ -303,7 +317,7 @@ impl Station {
 
     /// Queues an ARP request for `target_ip` (to everyone), or a reply to `target_mac`.
     fn send_arp(&mut self, target_mac: Option<MacAddr>, target_ip: Ipv4Addr) {
-        let Some(mut frame) = self.port.frame(MIN_FRAME_LEN) else {
+        let Some(mut frame) = self.port().frame(MIN_FRAME_LEN) else {
             self.counters.transmit_dropped += 1;
             return;
         };

@@ -18,7 +18,13 @@ fn eal() -> &'static Eal {
 }
 
 fn settings(device: &str) -> PortSettings {
-    PortSettings { device: device.into(), rx_descriptors: 256, tx_descriptors: 256, pool_size: 1023 }
+    PortSettings {
+        device: device.into(),
+        rx_descriptors: 256,
+        tx_descriptors: 256,
+        pool_size: 1023,
+        queues: 1,
+    }
 }
 
 #[test]
@@ -53,15 +59,15 @@ fn missing_devices_are_errors_with_dpdks_reason() {
     assert!(error.to_string().contains("no device named"), "{error}");
     let small_pool = PortSettings { pool_size: 512, ..settings("net_null2") };
     let error = Port::open(eal, &small_pool).err().expect("a pool smaller than the rings");
-    assert!(error.to_string().contains("cannot fill its rings (256 receive and 256 transmit"), "{error}");
+    assert!(error.to_string().contains("cannot fill its rings (1 × 256 receive and 256 transmit"), "{error}");
 }
 
 #[test]
 fn a_station_on_a_loopback_ring_receives_what_it_sends_and_answers_arp() {
     // net_ring with no arguments is a port whose transmit ring is its receive ring.
-    let port = Port::open(eal(), &settings("net_ring0")).expect("a ring port starts");
+    let queue = Port::open(eal(), &settings("net_ring0")).expect("a ring port starts").pop().unwrap();
     let ip = Ipv4Addr::new(10, 9, 8, 7);
-    let mut station = Station::new(port, ip, None, 32);
+    let mut station = Station::new(queue, ip, None, 32);
     let own_mac = station.mac();
 
     // The first send asks by ARP and is dropped; the request comes back and is answered,
@@ -98,9 +104,15 @@ fn a_device_open_already_is_refused_and_opens_again_once_closed() {
     let error = Port::open(eal, &settings("net_null1")).err().expect("a second owner");
     assert!(error.to_string().contains("it is open already in this process"), "{error}");
     // The refusal left the first port running.
-    let frame = first.frame(64).expect("the first port's pool still serves");
+    let frame = first[0].port().frame(64).expect("the first port's pool still serves");
     drop(frame);
     drop(first);
     let again = Port::open(eal, &settings("net_null1")).expect("the device opens again once closed");
-    assert_eq!(again.mtu(), 1500);
+    assert_eq!(again[0].port().mtu(), 1500);
+    drop(again);
+    // As many queues as asked where the device has them (net_null has plenty), each its
+    // own; the port closes with the last.
+    let queues =
+        Port::open(eal, &PortSettings { queues: 3, pool_size: 2047, ..settings("net_null1") }).unwrap();
+    assert_eq!(queues.iter().map(|queue| queue.index()).collect::<Vec<_>>(), [0, 1, 2]);
 }

@@ -16,16 +16,28 @@ use common::runs::{benchmark, namespaces_of, pair, prefix, report_row, text, RUN
 /// returns what the run printed, after checking that it verified on every rank, that
 /// each side ran on the transport asked for, and that nothing was left behind.
 fn verified_run(sides: &str, link: &str, tensor_type: &str, density: &str) -> String {
+    verified_run_with(sides, link, tensor_type, density, &[])
+}
+
+/// [`verified_run`] with environment variables `environment` for every process.
+fn verified_run_with(
+    sides: &str,
+    link: &str,
+    tensor_type: &str,
+    density: &str,
+    environment: &[(&str, &str)],
+) -> String {
     let output = Command::new(RUN)
         .args(["-n", "3", "--link", link, "--dpdk", sides, "--"])
         .arg(benchmark())
         .args(["--tensor-numel", "96Ki", "--tensor-type", tensor_type, "--density", density])
         .args(["--num-jobs", "3", "--num-warmup-jobs", "1", "--verify"])
+        .envs(environment.iter().copied())
         .env_remove("NETAGG_CONFIG")
         .output()
         .unwrap();
     let all = text(&output);
-    let run = format!("--dpdk {sides}, {link}, {tensor_type}, density {density}");
+    let run = format!("--dpdk {sides}, {link}, {tensor_type}, density {density}, {environment:?}");
     assert!(output.status.success(), "{run}:\n{all}");
     assert_eq!(all.matches("Data verified successfully").count(), 3, "{run}:\n{all}");
 
@@ -56,6 +68,23 @@ fn dpdk_workers_and_kernel_udp_switch_in_every_pairing_sum_exactly() {
             for density in ["1", "0.1"] {
                 verified_run(sides, "rate=1gbit", tensor_type, density);
             }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn worker_threads_spread_over_several_queues_and_share_them_when_fewer() {
+    // af_packet's qpairs=2 gives the port two queue pairs, over which the kernel spreads
+    // received frames by flow (PACKET_FANOUT): a thread's results may arrive on the queue
+    // another thread polls.
+    let device = "net_af_packet0,iface=eth0,qdisc_bypass=0,qpairs=2";
+    for (threads, expected) in [("2", "2 threads on 2 queues"), ("3", "3 threads on 2 queues")] {
+        for (tensor_type, density) in [("int32", "1"), ("float32", "0.1")] {
+            let environment =
+                [("NETAGG_BACKEND_DPDK__DEVICE", device), ("NETAGG_GENERAL__NUM_WORKER_THREADS", threads)];
+            let all = verified_run_with("both", "rate=1gbit", tensor_type, density, &environment);
+            assert_eq!(all.matches(expected).count(), 3, "{all}");
         }
     }
 }

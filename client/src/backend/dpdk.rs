@@ -2,17 +2,20 @@
 //! bypassed, as the same UDP datagrams the UDP backend sends, so that a kernel-socket
 //! switch serves them (and a DPDK switch serves UDP workers).
 //!
-//! The port has one queue each way, shared by the context's threads: a thread writes
-//! its datagrams straight into mbufs without a lock, and takes the port's lock only to
-//! hand a window of them to the transmit queue, or to poll the receive queue. Whoever
-//! polls delivers what arrived for other threads (each has a UDP port of its own) to
-//! their inboxes, in the mbufs it came in.
+//! The port gets a queue pair per worker thread where the device has that many (a NIC,
+//! or af_packet's `qpairs=N`), else fewer, which threads share (thread `t` sends on queue
+//! `t mod queues`). A thread writes its datagrams straight into mbufs without a lock, and
+//! takes its queue's lock only to hand a window of them to the transmit queue, or to poll.
+//! The device spreads received frames over the queues by a hash of their addresses, not by
+//! thread, so a thread polls its own queue and then any other no one is polling, and
+//! whoever polls delivers what arrived for other threads (each has a UDP port of its own)
+//! to their inboxes, in the mbufs it came in.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use netagg_config::{Config, PollMode};
 use netagg_dpdk::{
@@ -27,9 +30,10 @@ use crate::Error;
 /// How long connecting waits for the switch's MAC address by ARP.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The port, and what its threads leave each other.
+/// The port's queues, and what its threads leave each other.
 struct Shared {
-    station: Mutex<Station>,
+    /// A station on each queue of the port.
+    stations: Vec<Mutex<Station>>,
     /// Datagrams for each thread, received by another.
     inboxes: Vec<Mutex<Vec<Datagram>>>,
     /// The most datagrams an inbox holds: beyond, they are dropped, rather than let a
@@ -45,15 +49,24 @@ struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let counters = self.station().counters();
+        let counters: Vec<_> = (0..self.stations.len()).map(|queue| self.station(queue).counters()).collect();
         let dropped = self.dropped.load(Ordering::Relaxed);
         tracing::debug!(?counters, dropped, "DPDK port closed");
     }
 }
 
 impl Shared {
-    fn station(&self) -> MutexGuard<'_, Station> {
-        self.station.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn station(&self, queue: usize) -> MutexGuard<'_, Station> {
+        self.stations[queue].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The station of `queue` unless another thread holds it (polling it, say).
+    fn try_station(&self, queue: usize) -> Option<MutexGuard<'_, Station>> {
+        match self.stations[queue].try_lock() {
+            Ok(station) => Some(station),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     fn inbox(&self, thread: usize) -> MutexGuard<'_, Vec<Datagram>> {
@@ -65,6 +78,8 @@ impl Shared {
 pub struct DpdkTransport {
     shared: Arc<Shared>,
     thread: usize,
+    /// The queue this thread sends on, and polls first.
+    queue: usize,
     /// Holds this thread's UDP port in the kernel, and keeps the kernel quiet about it.
     reservation: PortReservation,
     /// This side's and the switch's MAC and UDP address, once connected.
@@ -98,19 +113,20 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
             )))
         }
     };
-    let station = Station::start(dpdk, "backend.dpdk", ip).map_err(|error| match error {
+    let threads = usize::from(config.general.num_worker_threads);
+    let stations = Station::start(dpdk, "backend.dpdk", ip, threads as u16).map_err(|error| match error {
         DpdkError::NoDevice { .. } => Error::InvalidConfig(error.to_string()),
         error => Error::Backend(format!("backend.dpdk: {error}")),
     })?;
-    check_packet_fits(config, &station)?;
-    let threads = usize::from(config.general.num_worker_threads);
+    check_packet_fits(config, &stations[0])?;
     let reservations = (0..threads)
         .map(|_| PortReservation::new(ip, 0))
         .collect::<io::Result<Vec<_>>>()
         .map_err(|source| Error::io("reserving the DPDK worker threads' UDP ports", source))?;
-    let allocator = station.allocator();
+    let allocator = stations[0].allocator();
+    let queues = stations.len();
     let shared = Arc::new(Shared {
-        station: Mutex::new(station),
+        stations: stations.into_iter().map(Mutex::new).collect(),
         inboxes: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         // A thread's window of results, and as many again for duplicates, within a
         // quarter of the pool.
@@ -128,6 +144,7 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
             Box::new(DpdkTransport {
                 shared: Arc::clone(&shared),
                 thread,
+                queue: thread % queues,
                 reservation,
                 route: None,
                 lent: None,
@@ -158,6 +175,21 @@ fn check_packet_fits(config: &Config, station: &Station) -> Result<(), Error> {
 }
 
 impl DpdkTransport {
+    /// Polls one burst of this thread's queue, then of each other queue no one is
+    /// polling, delivering what arrives.
+    fn poll_queues(&mut self, route: &Route) {
+        let shared = &*self.shared;
+        let (received, thread) = (&mut self.received, self.thread);
+        let queues = shared.stations.len();
+        for queue in (0..queues).map(|offset| (self.queue + offset) % queues) {
+            let station =
+                if queue == self.queue { Some(shared.station(queue)) } else { shared.try_station(queue) };
+            if let Some(mut station) = station {
+                station.poll(&mut |datagram| Self::deliver(shared, route, received, thread, datagram));
+            }
+        }
+    }
+
     fn route(&self) -> io::Result<Route> {
         self.route.ok_or_else(|| {
             io::Error::new(io::ErrorKind::NotConnected, "the DPDK transport has no switch address yet")
@@ -187,15 +219,17 @@ impl DpdkTransport {
 
 impl Transport for DpdkTransport {
     fn describe(&self) -> String {
-        let station = self.shared.station();
+        let station = self.shared.station(self.queue);
         let port = station.port();
+        let (queues, threads) = (self.shared.stations.len(), self.shared.ports.len());
         format!(
-            "dpdk: device {} (MAC {}, MTU {}) at {}:{}, its threads sharing one queue",
+            "dpdk: device {} (MAC {}, MTU {}) at {}:{}, {threads} threads on {queues} queue{}",
             port.device(),
             port.mac(),
             port.mtu(),
             station.ip(),
-            self.reservation.port()
+            self.reservation.port(),
+            if queues == 1 { "" } else { "s" }
         )
     }
 
@@ -221,7 +255,7 @@ impl Transport for DpdkTransport {
 
     fn flush(&mut self) -> io::Result<()> {
         if !self.outgoing.is_empty() {
-            self.shared.station().transmit(&mut self.outgoing);
+            self.shared.station(self.queue).transmit(&mut self.outgoing);
         }
         Ok(())
     }
@@ -232,11 +266,7 @@ impl Transport for DpdkTransport {
         loop {
             std::mem::swap(&mut self.received, &mut *self.shared.inbox(self.thread));
             if self.received.is_empty() {
-                let shared = &*self.shared;
-                let (received, thread) = (&mut self.received, self.thread);
-                shared
-                    .station()
-                    .poll(&mut |datagram| Self::deliver(shared, &route, received, thread, datagram));
+                self.poll_queues(&route);
             }
             if !self.received.is_empty() {
                 let count = self.received.len();
@@ -252,12 +282,39 @@ impl Transport for DpdkTransport {
     }
 }
 
+impl DpdkTransport {
+    /// Waits up to [`RESOLVE_TIMEOUT`] for `ip`'s MAC, asking by ARP from this thread's
+    /// queue; the answer may arrive on any queue. Nothing flows before every thread is
+    /// connected: datagrams that arrive meanwhile are not for a session of this context.
+    fn resolve(&self, ip: Ipv4Addr) -> Result<MacAddr, DpdkError> {
+        let shared = &*self.shared;
+        let deadline = Instant::now() + RESOLVE_TIMEOUT;
+        loop {
+            if let Some(mac) = shared.station(self.queue).ask_mac(ip) {
+                return Ok(mac);
+            }
+            shared.station(self.queue).flush();
+            for queue in 0..shared.stations.len() {
+                let mut station = shared.station(queue);
+                station.poll(&mut drop);
+                if let Some(mac) = station.known_mac(ip) {
+                    return Ok(mac);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(DpdkError::Unresolved { ip, timeout: RESOLVE_TIMEOUT });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
 impl SwitchTransport for DpdkTransport {
     /// An unspecified address, unless configured: the switch takes the one this side's
     /// registration comes from, which is the station's where the DPDK port shares its
     /// interface with the kernel.
     fn endpoint(&self) -> Endpoint {
-        let ip = self.shared.station().ip();
+        let ip = self.shared.station(self.queue).ip();
         Endpoint::Udp(SocketAddr::V4(SocketAddrV4::new(ip, self.reservation.port())))
     }
 
@@ -266,30 +323,26 @@ impl SwitchTransport for DpdkTransport {
         let Some(SocketAddr::V4(switch)) = switch.udp_address(control.switch) else {
             return Err(refused(format!("the switch's data path is {switch}, not UDP over IPv4")));
         };
-        let mut station = self.shared.station();
-        if station.ip().is_unspecified() {
+        let shared = &*self.shared;
+        if shared.station(self.queue).ip().is_unspecified() {
             let IpAddr::V4(local) = control.local else {
                 return Err(refused(format!(
                     "the control connection leaves from {}, not an IPv4 address: set backend.dpdk.ip",
                     control.local
                 )));
             };
-            station.set_ip(local);
+            (0..shared.stations.len()).for_each(|queue| shared.station(queue).set_ip(local));
         }
-        let shared = &*self.shared;
-        // Nothing flows before every thread is connected: whatever arrives meanwhile is
-        // not for a session of this context.
-        let mac = station.resolve(*switch.ip(), RESOLVE_TIMEOUT, &mut drop).map_err(|error| {
-            let hint = if station.ip().is_loopback() {
-                format!(
-                    " (this side's address is {}, the control connection's: set backend.dpdk.ip)",
-                    station.ip()
-                )
+        let mac = self.resolve(*switch.ip()).map_err(|error| {
+            let ip = shared.station(self.queue).ip();
+            let hint = if ip.is_loopback() {
+                format!(" (this side's address is {ip}, the control connection's: set backend.dpdk.ip)")
             } else {
                 String::new()
             };
             io::Error::new(io::ErrorKind::HostUnreachable, format!("{error}{hint}"))
         })?;
+        let station = shared.station(self.queue);
         let source = (station.mac(), SocketAddrV4::new(station.ip(), shared.ports[self.thread]));
         self.route = Some(Route { source, switch: (mac, switch) });
         Ok(())

@@ -35,7 +35,11 @@ impl DpdkPort {
                 ))
             }
         };
-        let station = Station::start(dpdk, "switch.dpdk", ip).map_err(|error| error.to_string())?;
+        // One queue: the data path is one thread.
+        let station = Station::start(dpdk, "switch.dpdk", ip, 1)
+            .map_err(|error| error.to_string())?
+            .pop()
+            .expect("a port has a queue");
         let reservation = PortReservation::new(ip, settings.data.port())
             .map_err(|error| format!("cannot reserve UDP port {} at {ip}: {error}", settings.data.port()))?;
         let port = station.port();
