@@ -1,0 +1,25 @@
+//! netagg's RDMA endpoint, over libibverbs and librdmacm (the `rdma-sys` bindings).
+//!
+//! - [`devices`] lists the verbs devices of this machine, and says clearly when there are
+//!   none, and how to get one;
+//! - [`Device`]: an opened device, its ports and their GID tables, closed on drop.
+//!
+//! All unsafe code of netagg's RDMA path is in this crate.
+
+mod device;
+
+pub use device::{devices, Device, PortInfo, PortState};
+
+/// Why RDMA could not do what was asked: whole sentences for the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RdmaError {
+    #[error(
+        "no RDMA device: {why}. Soft-RoCE makes one over any Ethernet interface where the kernel has \
+         the rdma_rxe module (rdma link add rxe0 type rxe netdev eth0); backend = udp needs none"
+    )]
+    NoDevice { why: String },
+    #[error("no RDMA device named '{name}'; this machine has {available}")]
+    UnknownDevice { name: String, available: String },
+    #[error("RDMA device {device}: {what}: {reason}")]
+    Device { device: String, what: &'static str, reason: String },
+}
