@@ -1,0 +1,40 @@
+//! The RDMA crate on real verbs devices: two QEMU VMs with Debian's kernel and a
+//! Soft-RoCE link (`scripts/softroce-vms`), each listing its device with
+//! `netagg-rdma-devices`. Needs root and QEMU, as CI has (the script installs QEMU);
+//! ignored in a plain `cargo test`, run by `scripts/test` in its own stage.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn softroce_vms(vm0: &str, vm1: &str) -> (Output, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/softroce-vms");
+    let output = Command::new(script)
+        .args(["--timeout", "120", "--bin", env!("CARGO_BIN_EXE_netagg-rdma-devices")])
+        .args(["--vm0", vm0, "--vm1", vm1])
+        .output()
+        .expect("scripts/softroce-vms runs");
+    let all =
+        format!("{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output, all)
+}
+
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn each_vm_sees_its_soft_roce_device_active_with_its_address_as_a_gid() {
+    let (output, all) = softroce_vms("netagg-rdma-devices", "netagg-rdma-devices");
+    assert!(output.status.success(), "{all}");
+    for (vm, ip) in [("vm0", "10.77.0.1"), ("vm1", "10.77.0.2")] {
+        assert!(all.contains(&format!("[{vm}] rxe0 port 1: Active, active MTU 1024")), "{all}");
+        // RoCE v2's GID for the interface's IPv4 address, which [backend.rdma] will use.
+        assert!(all.contains(&format!("[{vm}] rxe0 port 1 gid 1: ::ffff:{ip}")), "{all}");
+    }
+}
+
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn a_command_that_fails_in_a_vm_fails_the_run() {
+    let (output, all) = softroce_vms("netagg-rdma-devices", "exit 3");
+    assert!(!output.status.success(), "{all}");
+    assert!(all.contains("vm1: command failed, exit 3"), "{all}");
+    assert!(all.contains("[vm0] rxe0 port 1: Active"), "{all}");
+}
