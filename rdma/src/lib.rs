@@ -2,12 +2,16 @@
 //!
 //! - [`devices`] lists the verbs devices of this machine, and says clearly when there are
 //!   none, and how to get one;
-//! - [`Device`]: an opened device, its ports and their GID tables, closed on drop.
+//! - [`Device`]: an opened device, its ports and their GID tables, closed on drop;
+//! - [`Listener`] and [`Connection`]: reliable connections (RC queue pairs) set up
+//!   through rdma_cm, carrying messages with SEND and RECV from registered buffers.
 //!
 //! All unsafe code of netagg's RDMA path is in this crate.
 
+mod connection;
 mod device;
 
+pub use connection::{Connection, Listener};
 pub use device::{devices, Device, PortInfo, PortState};
 
 /// Why RDMA could not do what was asked: whole sentences for the user.

@@ -1,6 +1,6 @@
 //! The RDMA crate on real verbs devices: two QEMU VMs with Debian's kernel and a
 //! Soft-RoCE link (`scripts/softroce-vms`), each listing its device with
-//! `netagg-rdma-devices`. Needs root and QEMU, as CI has (the script installs QEMU);
+//! `netagg-rdma-devices`, and an RC connection between them (`netagg-rdma-echo`). Needs root and QEMU, as CI has (the script installs QEMU);
 //! ignored in a plain `cargo test`, run by `scripts/test` in its own stage.
 
 use std::path::Path;
@@ -10,6 +10,7 @@ fn softroce_vms(vm0: &str, vm1: &str) -> (Output, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/softroce-vms");
     let output = Command::new(script)
         .args(["--timeout", "120", "--bin", env!("CARGO_BIN_EXE_netagg-rdma-devices")])
+        .args(["--bin", env!("CARGO_BIN_EXE_netagg-rdma-echo")])
         .args(["--vm0", vm0, "--vm1", vm1])
         .output()
         .expect("scripts/softroce-vms runs");
@@ -37,4 +38,21 @@ fn a_command_that_fails_in_a_vm_fails_the_run() {
     assert!(!output.status.success(), "{all}");
     assert!(all.contains("vm1: command failed, exit 3"), "{all}");
     assert!(all.contains("[vm0] rxe0 port 1: Active"), "{all}");
+}
+
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn an_rc_connection_carries_messages_between_the_vms_and_tells_when_the_peer_leaves() {
+    // vm1 connects (retrying while vm0 boots), sends 2000 netagg-sized datagrams (48-byte
+    // header and 256 elements), 16 in flight, and checks every echo byte for byte.
+    let (output, all) = softroce_vms(
+        "netagg-rdma-echo serve 10.77.0.1:7471",
+        "netagg-rdma-echo send 10.77.0.1:7471 2000 1072",
+    );
+    assert!(output.status.success(), "{all}");
+    assert!(all.contains("[vm1] 2000 messages of 1072 bytes echoed and checked"), "{all}");
+    assert!(all.contains("[vm0] accepted a connection, private data \"netagg-rdma-echo"), "{all}");
+    // The sender's exit disconnected its queue pair, which the server saw at once.
+    assert!(all.contains("[vm0] connection ended: the peer disconnected"), "{all}");
+    assert!(all.contains("[vm0] echoed 2000 messages"), "{all}");
 }
