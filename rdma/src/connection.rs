@@ -19,6 +19,9 @@ use rdma_sys::{
 
 /// How long rdma_cm may take to resolve an address or a route.
 const RESOLVE_TIMEOUT_MS: i32 = 2000;
+/// How many times a send is retried while the peer has no receive posted: finite (7
+/// would mean for ever), so that a peer that stops receiving fails the send.
+const RNR_RETRIES: u8 = 6;
 
 /// An error of the connection: what failed, and why.
 fn failed(what: &str, error: io::Error) -> io::Error {
@@ -39,33 +42,52 @@ fn call(what: &str, result: i32) -> io::Result<()> {
 struct Channel(NonNull<rdma_event_channel>);
 
 impl Channel {
+    /// A channel whose descriptor does not block: librdmacm may read it again inside
+    /// `rdma_get_cm_event`, which must then fail with EAGAIN rather than wait.
     fn new() -> io::Result<Channel> {
         let channel = unsafe { rdma_sys::rdma_create_event_channel() };
-        NonNull::new(channel)
+        let channel = NonNull::new(channel)
             .map(Channel)
-            .ok_or_else(|| failed("creating an rdma_cm event channel", io::Error::last_os_error()))
+            .ok_or_else(|| failed("creating an rdma_cm event channel", io::Error::last_os_error()))?;
+        let fd = unsafe { (*channel.0.as_ptr()).fd };
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(failed("making the rdma_cm channel non-blocking", io::Error::last_os_error()));
+        }
+        Ok(channel)
     }
 
     /// The next event, within `timeout`: its type, status, the id it is for, and its
     /// private data (a connection request's).
     fn next(&self, timeout: Duration) -> io::Result<Event> {
         let fd = unsafe { (*self.0.as_ptr()).fd };
-        let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        match unsafe { libc::poll(&mut poll, 1, millis) } {
-            0 => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no rdma_cm event within {timeout:?}"),
-                ))
-            }
-            -1 => return Err(failed("waiting for an rdma_cm event", io::Error::last_os_error())),
-            _ => {}
-        }
+        let deadline = Instant::now().checked_add(timeout);
         let mut event: *mut rdma_cm_event = ptr::null_mut();
-        call("reading an rdma_cm event", unsafe {
-            rdma_sys::rdma_get_cm_event(self.0.as_ptr(), &mut event)
-        })?;
+        loop {
+            let left =
+                deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
+            let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            let millis = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+            match unsafe { libc::poll(&mut poll, 1, millis) } {
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no rdma_cm event within {timeout:?}"),
+                    ))
+                }
+                -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
+                -1 => return Err(failed("waiting for an rdma_cm event", io::Error::last_os_error())),
+                _ => {}
+            }
+            if unsafe { rdma_sys::rdma_get_cm_event(self.0.as_ptr(), &mut event) } == 0 {
+                break;
+            }
+            let error = io::Error::last_os_error();
+            // Read by librdmacm for itself (a request it dropped), or woken by a signal.
+            if !matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) {
+                return Err(failed("reading an rdma_cm event", error));
+            }
+        }
         let (kind, status, id, private) = unsafe {
             let conn = (*event).param.conn;
             let private = if conn.private_data.is_null() {
@@ -175,20 +197,43 @@ impl Listener {
         slots: usize,
         slot_size: usize,
     ) -> io::Result<(Connection, Vec<u8>)> {
-        let request = self.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST, timeout)?;
+        let deadline = Instant::now().checked_add(timeout);
+        let left =
+            || deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
+        // Events of other kinds (an address change) are not this call's to answer.
+        let request = loop {
+            let event = self.channel.next(left())?;
+            if event.kind == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+                break event;
+            }
+        };
         let id = NonNull::new(request.id).expect("a request names its id");
-        // Its own channel, so that its events (a disconnect) are its own.
-        let channel = Channel::new()?;
+        // Its own channel at once, so that its events (a disconnect) are its own; a
+        // request that cannot be served is rejected, so that its peer learns it now.
+        let prepared = Channel::new().and_then(|channel| {
+            call("migrating the connection's id", unsafe {
+                rdma_sys::rdma_migrate_id(id.as_ptr(), channel.0.as_ptr())
+            })?;
+            Ok(channel)
+        });
+        let channel = match prepared {
+            Ok(channel) => channel,
+            Err(error) => {
+                unsafe {
+                    rdma_sys::rdma_reject(id.as_ptr(), ptr::null(), 0);
+                    rdma_sys::rdma_destroy_id(id.as_ptr());
+                }
+                return Err(error);
+            }
+        };
+        // From here the connection owns the id: dropping it rejects the peer.
         let mut connection = Connection::prepare(id, channel, slots, slot_size)?;
         let mut parameters: rdma_conn_param = unsafe { std::mem::zeroed() };
         parameters.responder_resources = 1;
         parameters.initiator_depth = 1;
-        parameters.rnr_retry_count = 7;
-        call("migrating the connection's id", unsafe {
-            rdma_sys::rdma_migrate_id(id.as_ptr(), connection.channel.0.as_ptr())
-        })?;
+        parameters.rnr_retry_count = RNR_RETRIES;
         call("accepting", unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut parameters) })?;
-        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, timeout)?;
+        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, left())?;
         connection.established = true;
         Ok((connection, request.private))
     }
@@ -209,12 +254,17 @@ pub struct Connection {
     send_cq: *mut ibv_cq,
     recv_cq: *mut ibv_cq,
     mr: *mut ibv_mr,
-    buffer: Box<[u8]>,
+    /// The registered memory, owned here (from `Box::into_raw`) and reached only through
+    /// raw pointers: the device writes receive slots and reads send slots behind Rust's
+    /// back, so no reference may span them.
+    buffer: NonNull<[u8]>,
     slots: usize,
     slot_size: usize,
     /// Send buffers not in flight.
     free_sends: Vec<usize>,
     established: bool,
+    /// rdma_cm said the peer left.
+    peer_gone: bool,
     /// Last: destroyed after the id, whose events it carried.
     channel: Channel,
 }
@@ -223,7 +273,8 @@ unsafe impl Send for Connection {}
 
 impl Connection {
     /// Connects to the listener at `address` within `timeout`, sending `private` (at most
-    /// 56 bytes) with the request.
+    /// 56 bytes) with the request. The listener receives it padded with zeros to 56 bytes
+    /// over RoCE: private data that varies in length carries its own.
     pub fn connect(
         address: SocketAddr,
         private: &[u8],
@@ -272,7 +323,7 @@ impl Connection {
         parameters.responder_resources = 1;
         parameters.initiator_depth = 1;
         parameters.retry_count = 7;
-        parameters.rnr_retry_count = 7;
+        parameters.rnr_retry_count = RNR_RETRIES;
         call(&format!("connecting to {address}"), unsafe {
             rdma_sys::rdma_connect(id.as_ptr(), &mut parameters)
         })?;
@@ -296,11 +347,12 @@ impl Connection {
             send_cq: ptr::null_mut(),
             recv_cq: ptr::null_mut(),
             mr: ptr::null_mut(),
-            buffer: vec![0u8; 2 * slots * slot_size].into_boxed_slice(),
+            buffer: NonNull::from(Box::leak(vec![0u8; 2 * slots * slot_size].into_boxed_slice())),
             slots,
             slot_size,
             free_sends: (0..slots).rev().collect(),
             established: false,
+            peer_gone: false,
             channel,
         };
         let made = |made: bool, what: &str| match made {
@@ -318,7 +370,7 @@ impl Connection {
             unsafe { rdma_sys::ibv_create_cq(verbs, depth, ptr::null_mut(), ptr::null_mut(), 0) };
         made(!connection.recv_cq.is_null(), "creating a completion queue")?;
         let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
-        let (start, len) = (connection.buffer.as_mut_ptr(), connection.buffer.len());
+        let (start, len) = (connection.buffer.cast::<u8>().as_ptr(), connection.buffer.len());
         connection.mr = unsafe { rdma_sys::ibv_reg_mr(connection.pd, start.cast(), len, access) };
         made(!connection.mr.is_null(), "registering the buffers")?;
         let mut attributes: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
@@ -341,7 +393,7 @@ impl Connection {
 
     fn sge(&self, buffer_slot: usize, len: usize) -> ibv_sge {
         ibv_sge {
-            addr: self.buffer.as_ptr() as u64 + (buffer_slot * self.slot_size) as u64,
+            addr: self.buffer.cast::<u8>().as_ptr() as u64 + (buffer_slot * self.slot_size) as u64,
             length: len as u32,
             lkey: unsafe { (*self.mr).lkey },
         }
@@ -374,7 +426,14 @@ impl Connection {
         let index = self.free_sends.pop().expect("a free send buffer");
         let slot = self.slots + index;
         let start = slot * self.slot_size;
-        self.buffer[start..start + message.len()].copy_from_slice(message);
+        // SAFETY: the slot lies in the buffer, and no send uses it (it was free).
+        unsafe {
+            ptr::copy_nonoverlapping(
+                message.as_ptr(),
+                self.buffer.cast::<u8>().as_ptr().add(start),
+                message.len(),
+            )
+        };
         let mut sge = self.sge(slot, message.len());
         let mut request: ibv_send_wr = unsafe { std::mem::zeroed() };
         request.wr_id = index as u64;
@@ -390,11 +449,27 @@ impl Connection {
 
     /// An error if rdma_cm said the peer left (a process that exits disconnects its
     /// queue pairs; a host that vanishes shows as failed completions instead).
+    /// Once said, it stays said.
     fn check_peer(&mut self) -> io::Result<()> {
+        let gone = || io::Error::new(io::ErrorKind::ConnectionAborted, "the peer disconnected");
+        if self.peer_gone {
+            return Err(gone());
+        }
         match self.channel.next(Duration::ZERO) {
-            Ok(event) if event.kind == rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED => {
-                self.established = false;
-                Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the peer disconnected"))
+            Ok(event)
+                if matches!(
+                    event.kind,
+                    rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
+                        | rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
+                ) =>
+            {
+                self.peer_gone = true;
+                // Our side too, so that the queue pair flushes now rather than at drop.
+                if self.established {
+                    unsafe { rdma_sys::rdma_disconnect(self.id.as_ptr()) };
+                    self.established = false;
+                }
+                Err(gone())
             }
             Ok(_) => Ok(()),
             Err(error) if error.kind() == io::ErrorKind::TimedOut => Ok(()),
@@ -418,7 +493,7 @@ impl Connection {
 
     /// Waits up to `timeout` for messages and hands each to `sink`; returns how many.
     pub fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             self.reap_sends()?;
             let mut completions: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
@@ -431,14 +506,19 @@ impl Connection {
                 debug_assert_eq!(completion.opcode, ibv_wc_opcode::IBV_WC_RECV);
                 let slot = completion.wr_id as usize;
                 let start = slot * self.slot_size;
-                sink(&self.buffer[start..start + completion.byte_len as usize]);
+                let len = (completion.byte_len as usize).min(self.slot_size);
+                // SAFETY: the device has finished with this receive slot (its completion is
+                // here) and it is posted again only after `sink` returns.
+                sink(unsafe {
+                    std::slice::from_raw_parts(self.buffer.cast::<u8>().as_ptr().add(start), len)
+                });
                 self.post_receive(slot)?;
             }
             if count > 0 {
                 return Ok(count as usize);
             }
             self.check_peer()?;
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                 return Ok(0);
             }
             std::thread::sleep(Duration::from_micros(50));
@@ -479,6 +559,8 @@ impl Drop for Connection {
                 rdma_sys::ibv_dealloc_pd(self.pd);
             }
             rdma_sys::rdma_destroy_id(id);
+            // Deregistered above: the device no longer touches it.
+            drop(Box::from_raw(self.buffer.as_ptr()));
         }
     }
 }
