@@ -56,6 +56,14 @@ unsafe impl Send for Pool {}
 unsafe impl Sync for Pool {}
 
 impl Pool {
+    /// A new frame of `len` bytes from this pool.
+    fn frame(&self, len: usize) -> Option<Frame> {
+        let len = u16::try_from(len).ok()?;
+        let mut data = std::ptr::null_mut();
+        let mbuf = unsafe { ffi::netagg_dpdk_frame_alloc(self.0.as_ptr(), len, &mut data) };
+        NonNull::new(mbuf).map(Frame)
+    }
+
     /// A pool of `count` mbufs for port `id`; an error says why not.
     fn create(id: u16, count: u32) -> Result<Pool, String> {
         // Pool names are process-wide, and a pool a port leaked keeps its name.
@@ -92,10 +100,7 @@ impl FrameAllocator {
     /// A new frame of `len` bytes, their content unset; `None` when the pool is empty or
     /// `len` does not fit one mbuf.
     pub fn frame(&self, len: usize) -> Option<Frame> {
-        let len = u16::try_from(len).ok()?;
-        let mut data = std::ptr::null_mut();
-        let mbuf = unsafe { ffi::netagg_dpdk_frame_alloc(self.pool.0.as_ptr(), len, &mut data) };
-        NonNull::new(mbuf).map(Frame)
+        self.pool.frame(len)
     }
 }
 
@@ -219,7 +224,7 @@ impl Port {
     /// A new frame of `len` bytes, their content unset; `None` when the pool is empty or
     /// `len` does not fit one mbuf.
     pub fn frame(&self, len: usize) -> Option<Frame> {
-        self.allocator().frame(len)
+        self.pool.frame(len)
     }
 
     /// Makes frames from this port's pool, for threads that do not hold the port.

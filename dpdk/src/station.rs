@@ -211,7 +211,8 @@ impl Station {
         if payload_len > self.max_payload() {
             return None;
         }
-        OutgoingDatagram::new(&self.port().allocator(), payload_len)
+        // From the port itself: an allocator would cost a reference count each way.
+        self.port().frame(UDP_HEADERS_LEN + payload_len).map(|frame| OutgoingDatagram { frame })
     }
 
     /// Queues the first `len` bytes of `datagram`'s payload from UDP port `from` to `to`;

@@ -57,6 +57,15 @@ impl Channel {
         Ok(channel)
     }
 
+    /// A new rdma_cm id for reliable connections, whose events come to this channel.
+    fn create_id(&self) -> io::Result<NonNull<rdma_cm_id>> {
+        let mut id = ptr::null_mut();
+        call("creating an rdma_cm id", unsafe {
+            rdma_sys::rdma_create_id(self.0.as_ptr(), &mut id, ptr::null_mut(), rdma_port_space::RDMA_PS_TCP)
+        })?;
+        Ok(NonNull::new(id).expect("rdma_create_id succeeded"))
+    }
+
     /// The next event, within `timeout`: its type, status, the id it is for, and its
     /// private data (a connection request's).
     fn next(&self, timeout: Duration) -> io::Result<Event> {
@@ -130,8 +139,18 @@ struct Event {
     private: Vec<u8>,
 }
 
+/// What both sides of a connection ask of it: one outstanding read each way (netagg
+/// reads nothing remote, but rdma_cm wants one), and finite RNR retries.
+fn connection_parameters() -> rdma_conn_param {
+    let mut parameters: rdma_conn_param = unsafe { std::mem::zeroed() };
+    parameters.responder_resources = 1;
+    parameters.initiator_depth = 1;
+    parameters.rnr_retry_count = RNR_RETRIES;
+    parameters
+}
+
 /// A socket address as rdma_cm takes it.
-fn sockaddr(address: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+fn sockaddr(address: SocketAddr) -> libc::sockaddr_storage {
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     match address {
         SocketAddr::V4(v4) => {
@@ -142,7 +161,6 @@ fn sockaddr(address: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin_zero: [0; 8],
             };
             unsafe { ptr::write(ptr::addr_of_mut!(storage).cast(), sin) };
-            (storage, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
         }
         SocketAddr::V6(v6) => {
             let sin6 = libc::sockaddr_in6 {
@@ -153,9 +171,9 @@ fn sockaddr(address: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin6_scope_id: v6.scope_id(),
             };
             unsafe { ptr::write(ptr::addr_of_mut!(storage).cast(), sin6) };
-            (storage, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
         }
     }
+    storage
 }
 
 /// A listening rdma_cm id, where peers connect.
@@ -170,18 +188,9 @@ impl Listener {
     /// Listens at `address` (an RDMA device's IP address, and a port).
     pub fn bind(address: SocketAddr) -> io::Result<Listener> {
         let channel = Channel::new()?;
-        let mut id = ptr::null_mut();
-        call("creating an rdma_cm id", unsafe {
-            rdma_sys::rdma_create_id(
-                channel.0.as_ptr(),
-                &mut id,
-                ptr::null_mut(),
-                rdma_port_space::RDMA_PS_TCP,
-            )
-        })?;
-        let id = NonNull::new(id).expect("rdma_create_id succeeded");
+        let id = channel.create_id()?;
         let listener = Listener { id, channel };
-        let (mut storage, _) = sockaddr(address);
+        let mut storage = sockaddr(address);
         call(&format!("binding {address}"), unsafe {
             rdma_sys::rdma_bind_addr(id.as_ptr(), ptr::addr_of_mut!(storage).cast())
         })?;
@@ -228,10 +237,7 @@ impl Listener {
         };
         // From here the connection owns the id: dropping it rejects the peer.
         let mut connection = Connection::prepare(id, channel, slots, slot_size)?;
-        let mut parameters: rdma_conn_param = unsafe { std::mem::zeroed() };
-        parameters.responder_resources = 1;
-        parameters.initiator_depth = 1;
-        parameters.rnr_retry_count = RNR_RETRIES;
+        let mut parameters = connection_parameters();
         call("accepting", unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut parameters) })?;
         connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, left())?;
         connection.established = true;
@@ -283,17 +289,8 @@ impl Connection {
         slot_size: usize,
     ) -> io::Result<Connection> {
         let channel = Channel::new()?;
-        let mut id = ptr::null_mut();
-        call("creating an rdma_cm id", unsafe {
-            rdma_sys::rdma_create_id(
-                channel.0.as_ptr(),
-                &mut id,
-                ptr::null_mut(),
-                rdma_port_space::RDMA_PS_TCP,
-            )
-        })?;
-        let id = NonNull::new(id).expect("rdma_create_id succeeded");
-        let (mut storage, _) = sockaddr(address);
+        let id = channel.create_id()?;
+        let mut storage = sockaddr(address);
         let resolved = unsafe {
             rdma_sys::rdma_resolve_addr(
                 id.as_ptr(),
@@ -317,13 +314,11 @@ impl Connection {
             return Err(error);
         }
         let mut connection = Connection::prepare(id, channel, slots, slot_size)?;
-        let mut parameters: rdma_conn_param = unsafe { std::mem::zeroed() };
+        let mut parameters = connection_parameters();
         parameters.private_data = private.as_ptr().cast();
         parameters.private_data_len = u8::try_from(private.len()).unwrap_or(u8::MAX).min(56);
-        parameters.responder_resources = 1;
-        parameters.initiator_depth = 1;
+        // Transport retries: the side that connects sets them for both.
         parameters.retry_count = 7;
-        parameters.rnr_retry_count = RNR_RETRIES;
         call(&format!("connecting to {address}"), unsafe {
             rdma_sys::rdma_connect(id.as_ptr(), &mut parameters)
         })?;

@@ -425,7 +425,7 @@ impl ControlPlane {
                 ),
             ));
         }
-        let datagram = packet::HEADER_LEN + usize::from(shape.packet_elements) * packet::ELEMENT_LEN;
+        let datagram = packet::datagram_len(usize::from(shape.packet_elements));
         if let Some(max) = self.limits.max_datagram.filter(|&max| datagram > max) {
             return Err((
                 RejectCode::Limit,
@@ -433,7 +433,7 @@ impl ControlPlane {
                     "packets of {} elements make {datagram}-byte datagrams; this switch's data path carries \
                      at most {max} bytes (its MTU): the largest packet_numel that fits is {}",
                     shape.packet_elements,
-                    max.saturating_sub(packet::HEADER_LEN) / packet::ELEMENT_LEN
+                    packet::elements_within(max)
                 ),
             ));
         }

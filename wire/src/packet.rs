@@ -32,7 +32,18 @@ pub const HEADER_LEN: usize = field::PAYLOAD;
 /// Size of one payload element (int32 and float32 alike).
 pub const ELEMENT_LEN: usize = 4;
 /// Most elements one packet can carry inside a 64 KiB datagram.
-pub const MAX_ELEMENTS: usize = (MAX_DATAGRAM_LEN - HEADER_LEN) / ELEMENT_LEN;
+pub const MAX_ELEMENTS: usize = elements_within(MAX_DATAGRAM_LEN);
+
+/// Bytes of a packet of `elements` elements.
+pub const fn datagram_len(elements: usize) -> usize {
+    HEADER_LEN + elements * ELEMENT_LEN
+}
+
+/// The most elements a packet of at most `bytes` bytes carries (0 if not even the header
+/// fits).
+pub const fn elements_within(bytes: usize) -> usize {
+    bytes.saturating_sub(HEADER_LEN) / ELEMENT_LEN
+}
 /// `next block` value meaning "no further non-zero block in this stream".
 pub const END_OF_STREAM: u32 = u32::MAX;
 /// Rank of a result sent to every worker of the session.

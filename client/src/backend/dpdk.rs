@@ -21,7 +21,7 @@ use netagg_config::{Config, PollMode};
 use netagg_dpdk::{
     Datagram, DpdkError, Frame, FrameAllocator, IdleWait, MacAddr, OutgoingDatagram, PortReservation, Station,
 };
-use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::packet;
 use netagg_wire::Endpoint;
 
 use super::{ControlAddresses, SwitchTransport, Transport};
@@ -160,7 +160,7 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
 /// Refuses a packet size whose datagrams would not fit the port's frames.
 fn check_packet_fits(config: &Config, station: &Station) -> Result<(), Error> {
     let numel = usize::from(config.general.packet_numel);
-    let datagram = HEADER_LEN + numel * ELEMENT_LEN;
+    let datagram = packet::datagram_len(numel);
     let room = station.max_payload();
     if datagram <= room {
         return Ok(());
@@ -170,7 +170,7 @@ fn check_packet_fits(config: &Config, station: &Station) -> Result<(), Error> {
          at most {room} bytes of UDP payload: the largest packet_numel that fits is {}",
         station.port().device(),
         station.port().mtu(),
-        (room - HEADER_LEN) / ELEMENT_LEN
+        packet::elements_within(room)
     )))
 }
 
