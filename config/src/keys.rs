@@ -22,8 +22,8 @@ use crate::kind::Kind::*;
 use crate::kind::Unit::*;
 use crate::table::{keys_at, sections, struct_keys};
 use crate::{
-    BackendKind, Dpdk, Dummy, Faults, General, PollMode, SparseMode, Switch, SwitchTransport, Udp,
-    MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN,
+    BackendKind, Dpdk, Dummy, Faults, General, PollMode, Rdma, RdmaPoll, SparseMode, Switch, SwitchTransport,
+    Udp, MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN,
 };
 
 /// The comment that opens `configs/netagg.cfg`.
@@ -51,6 +51,10 @@ sections! {
     /// The port gets a queue pair per worker thread where the device has that many (on
     /// af_packet, device option qpairs=N), else threads share them.
     "backend.dpdk" at dpdk: DPDK_KEYS, listing its own keys;
+    /// general.backend = rdma: each worker thread connects one RC queue pair to the switch through
+    /// rdma_cm (switch.data's address from the switch's accept) and exchanges the same datagrams as
+    /// backend.udp's as RDMA SEND messages from registered buffers.
+    "backend.rdma" at rdma: RDMA_KEYS, listing its own keys;
     /// Faults injected into this worker's datagrams, to test loss recovery; all 0 injects
     /// nothing (the default; keep it so in production). They wrap any backend. A flipped bit
     /// in a payload is not detected (netagg has no end-to-end checksum, like SwitchML; the
@@ -68,6 +72,10 @@ sections! {
     /// switch.data's address, and the UDP port is switch.data's. Workers' MACs are learned from
     /// their frames. Also NETAGG_SWITCH_DPDK__<KEY>.
     "switch.dpdk" at switch.dpdk: DPDK_KEYS, listing its own keys;
+    /// switch.transport = rdma: the data path listens through rdma_cm at switch.data's address and
+    /// port and accepts one queue pair per worker thread, as in [backend.rdma]. Also
+    /// NETAGG_SWITCH_RDMA__<KEY>.
+    "switch.rdma" at switch.rdma: RDMA_KEYS, listing its own keys;
 }
 
 struct_keys! {
@@ -84,10 +92,10 @@ struct_keys! {
         /// Elements per packet, 1 to 16364 (a 64 KiB datagram). Larger packets cost fewer
         /// system calls per byte; SwitchML's hardware takes 64 or 256.
         packet_numel = 256, Integer { min: 1, max: MAX_PACKET_NUMEL as u64 };
-        /// udp: through a netagg-switch. dpdk: the same, from a DPDK port ([backend.dpdk]).
-        /// dummy: no network, an in-process switch that sums as if every worker had sent the same
-        /// data.
-        backend = BackendKind::Udp, Choice { choices: &["udp", "dpdk", "dummy"], quoted: true };
+        /// udp: through a netagg-switch. dpdk: the same, from a DPDK port ([backend.dpdk]). rdma:
+        /// the same, over RDMA reliable connections ([backend.rdma]). dummy: no network, an
+        /// in-process switch that sums as if every worker had sent the same data.
+        backend = BackendKind::Udp, Choice { choices: &["udp", "dpdk", "rdma", "dummy"], quoted: true };
         /// How float32 travels: native (summed as floats by the switch), or
         /// cpu_exponent_quantizer (block floating point: int32 scaled by a per-packet exponent all
         /// workers agree on, as a switch ASIC needs; a block holding an infinity or a NaN on any
@@ -172,6 +180,32 @@ struct_keys! {
     }
 }
 
+struct_keys! {
+    RDMA_KEYS: Rdma {
+        /// The verbs device (rxe0, mlx5_0). Empty: the device the route to the peer goes
+        /// through, chosen by rdma_cm, with the address the route gives. Named: that device, at
+        /// the address held by GID gid_index of port device_port; a connection rdma_cm routes
+        /// through another device is refused.
+        device = String::new(), Text;
+        /// The device's port, from 1.
+        device_port = 1, Integer { min: 1, max: 255 };
+        /// With a named device, the GID whose address the endpoint takes. RoCE v2 needs the GID
+        /// of the interface's IPv4 or IPv6 address: Soft-RoCE puts IPv4 at 1; list them with
+        /// netagg-rdma-devices (or show_gids).
+        gid_index = 1, Integer { min: 0, max: 1023 };
+        /// Messages each queue pair keeps posted for receiving, and sends in flight at most; a
+        /// worker thread's share of max_outstanding_packets should fit.
+        queue_depth = 512, Integer { min: 16, max: 65536 };
+        /// Bytes of each registered receive and send buffer; 0: just what a packet of
+        /// packet_numel elements needs. Smaller than a packet is refused at start.
+        message_size = 0, Bytes { min: 0, max: Some(1 << 20) };
+        /// busy: poll the completion queue without pause (the lowest latency, a core per polling
+        /// thread). event: sleep on the completion channel until the device signals a completion
+        /// (cores shared with other work).
+        poll = RdmaPoll::Event, Choice { choices: &["busy", "event"], quoted: true };
+    }
+}
+
 // The defaults are `Faults::default()`'s: nothing injected.
 keys_at! {
     FAULT_KEYS: Faults {
@@ -195,13 +229,14 @@ keys_at! {
 }
 
 struct_keys! {
-    SWITCH_KEYS: Switch + faults + dpdk {
+    SWITCH_KEYS: Switch + faults + dpdk + rdma {
         /// TCP address workers register at, and UDP address of the data path.
         control = SocketAddr::from(([0, 0, 0, 0], 50099)), Address;
         data = SocketAddr::from(([0, 0, 0, 0], 48864)), Address;
         /// What the data path runs on: udp, a kernel socket at data; dpdk, a DPDK port
-        /// ([switch.dpdk]) answering UDP at data's port.
-        transport = SwitchTransport::Udp, Choice { choices: &["udp", "dpdk"], quoted: true };
+        /// ([switch.dpdk]) answering UDP at data's port; rdma, RDMA reliable connections accepted
+        /// through rdma_cm at data's address and port ([switch.rdma]).
+        transport = SwitchTransport::Udp, Choice { choices: &["udp", "dpdk", "rdma"], quoted: true };
         /// A worker's data endpoint must be at the address its registration comes from, so that
         /// no one can aim a session's results at a third party; except inside these networks
         /// (comma-separated, 10.0.0.0/24,fd00::/64), for workers whose DPDK or RDMA NIC has an

@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::{BackendKind, PollMode, SparseMode, SwitchTransport};
+use crate::{BackendKind, PollMode, RdmaPoll, SparseMode, SwitchTransport};
 
 /// The longest time a timeout may be: 30 days.
 const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -286,7 +286,7 @@ macro_rules! named_fields {
     )*};
 }
 
-named_fields!(BackendKind, SparseMode, PollMode, SwitchTransport);
+named_fields!(BackendKind, SparseMode, PollMode, RdmaPoll, SwitchTransport);
 
 #[cfg(test)]
 mod tests {

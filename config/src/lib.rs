@@ -52,6 +52,9 @@ pub enum BackendKind {
     Udp,
     /// UDP datagrams from a DPDK port to a `netagg-switch`, kernel bypassed.
     Dpdk,
+    /// The same datagrams as RDMA SEND messages over reliable connections to a
+    /// `netagg-switch` (`[backend.rdma]`).
+    Rdma,
 }
 
 impl BackendKind {
@@ -61,6 +64,7 @@ impl BackendKind {
             "dummy" => Some(BackendKind::Dummy),
             "udp" => Some(BackendKind::Udp),
             "dpdk" => Some(BackendKind::Dpdk),
+            "rdma" => Some(BackendKind::Rdma),
             _ => None,
         }
     }
@@ -72,6 +76,7 @@ impl fmt::Display for BackendKind {
             BackendKind::Dummy => "dummy",
             BackendKind::Udp => "udp",
             BackendKind::Dpdk => "dpdk",
+            BackendKind::Rdma => "rdma",
         })
     }
 }
@@ -212,6 +217,53 @@ impl fmt::Display for PollMode {
     }
 }
 
+/// `[backend.rdma]` and `[switch.rdma]`: the RDMA device and the queue pairs on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rdma {
+    /// The verbs device (rxe0, mlx5_0); empty: the one rdma_cm routes the peer through.
+    pub device: String,
+    /// The device's port, from 1.
+    pub device_port: u8,
+    /// With a named device, the GID whose address the endpoint takes.
+    pub gid_index: u32,
+    /// Messages each queue pair keeps posted for receiving, and sends in flight at most.
+    pub queue_depth: u32,
+    /// Bytes of each registered receive and send buffer; 0: what a packet needs.
+    pub message_size: usize,
+    /// How a queue pair's completions are waited for.
+    pub poll: RdmaPoll,
+}
+
+/// How an RDMA endpoint waits for completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaPoll {
+    /// Polls the completion queue without pause: the lowest latency, a core per polling
+    /// thread.
+    Busy,
+    /// Sleeps on the completion channel until the device signals a completion: for cores
+    /// shared with other work.
+    Event,
+}
+
+impl RdmaPoll {
+    fn from_name(name: &str) -> Option<RdmaPoll> {
+        match name {
+            "busy" => Some(RdmaPoll::Busy),
+            "event" => Some(RdmaPoll::Event),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RdmaPoll {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RdmaPoll::Busy => "busy",
+            RdmaPoll::Event => "event",
+        })
+    }
+}
+
 /// Which transport the switch's data path runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SwitchTransport {
@@ -219,6 +271,9 @@ pub enum SwitchTransport {
     Udp,
     /// A DPDK port (`[switch.dpdk]`), UDP at `switch.data`'s port.
     Dpdk,
+    /// RDMA reliable connections accepted through rdma_cm at `switch.data`
+    /// (`[switch.rdma]`).
+    Rdma,
 }
 
 impl SwitchTransport {
@@ -226,6 +281,7 @@ impl SwitchTransport {
         match name {
             "udp" => Some(SwitchTransport::Udp),
             "dpdk" => Some(SwitchTransport::Dpdk),
+            "rdma" => Some(SwitchTransport::Rdma),
             _ => None,
         }
     }
@@ -236,6 +292,7 @@ impl fmt::Display for SwitchTransport {
         f.write_str(match self {
             SwitchTransport::Udp => "udp",
             SwitchTransport::Dpdk => "dpdk",
+            SwitchTransport::Rdma => "rdma",
         })
     }
 }
@@ -315,6 +372,8 @@ pub struct Switch {
     pub faults: Faults,
     /// The DPDK port of `transport = dpdk` (`[switch.dpdk]`).
     pub dpdk: Dpdk,
+    /// The RDMA device of `transport = rdma` (`[switch.rdma]`).
+    pub rdma: Rdma,
 }
 
 /// A whole configuration.
@@ -324,6 +383,7 @@ pub struct Config {
     pub dummy: Dummy,
     pub udp: Udp,
     pub dpdk: Dpdk,
+    pub rdma: Rdma,
     /// Faults injected into this worker's transport (`[faults]`).
     pub faults: Faults,
     pub switch: Switch,
@@ -742,7 +802,51 @@ mod tests {
             "{message}"
         );
         let error = ini("[backend.rdma]\nmsg_numel = 1024\n").unwrap_err();
-        assert!(matches!(error, ConfigError::UnknownKey { key, .. } if key == "backend.rdma.msg_numel"));
+        assert!(matches!(&error, ConfigError::UnknownKey { key, .. } if key == "backend.rdma.msg_numel"));
+        assert_eq!(
+            error.to_string(),
+            "test.cfg: unknown key 'backend.rdma.msg_numel'; known keys: device, device_port, gid_index, \
+             queue_depth, message_size, poll"
+        );
+    }
+
+    #[test]
+    fn rdma_sections_are_read_and_set_from_the_environment() {
+        let config = ini(
+            "[general]\nbackend = rdma\n[backend.rdma]\ndevice = mlx5_0\ndevice_port = 2\ngid_index = 3\n\
+             queue_depth = 1024\nmessage_size = 4096\npoll = busy\n[switch]\ntransport = rdma\n\
+             [switch.rdma]\nqueue_depth = 64\n",
+        )
+        .unwrap();
+        assert_eq!(config.general.backend, BackendKind::Rdma);
+        assert_eq!(config.switch.transport, SwitchTransport::Rdma);
+        assert_eq!(
+            config.rdma,
+            Rdma {
+                device: "mlx5_0".into(),
+                device_port: 2,
+                gid_index: 3,
+                queue_depth: 1024,
+                message_size: 4096,
+                poll: RdmaPoll::Busy,
+            }
+        );
+        assert_eq!(config.switch.rdma, Rdma { queue_depth: 64, ..Rdma::default() });
+        let defaults = Rdma::default();
+        assert_eq!(
+            (defaults.device.as_str(), defaults.device_port, defaults.gid_index, defaults.queue_depth),
+            ("", 1, 1, 512)
+        );
+        assert_eq!((defaults.message_size, defaults.poll), (0, RdmaPoll::Event));
+
+        let vars = [
+            ("NETAGG_BACKEND_RDMA__DEVICE".to_string(), "rxe0".to_string()),
+            ("NETAGG_SWITCH_RDMA__POLL".to_string(), "busy".to_string()),
+        ];
+        let config = Config::load_with_environment(None, &vars).unwrap();
+        assert_eq!(config.rdma.device, "rxe0");
+        assert_eq!(config.switch.rdma.poll, RdmaPoll::Busy);
+        assert_eq!(config.switch.rdma.device, "");
     }
 
     #[test]
@@ -752,10 +856,14 @@ mod tests {
                 "[general]\nnum_workers = 0\n",
                 "key 'general.num_workers' = '0': expected an integer from 1 to 65535",
             ),
-            ("[general]\nbackend = rdma\n", "key 'general.backend' = 'rdma': expected 'udp', 'dpdk' or 'dummy'"),
+            ("[general]\nbackend = tcp\n", "key 'general.backend' = 'tcp': expected 'udp', 'dpdk', 'rdma' or 'dummy'"),
             ("[backend.dpdk]\npeer_mac = 02:00:00:00:01\n", "key 'backend.dpdk.peer_mac' = '02:00:00:00:01': expected a MAC address"),
             ("[switch.dpdk]\nburst = 0\n", "key 'switch.dpdk.burst' = '0': expected an integer from 1 to 1024"),
-            ("[switch]\ntransport = rdma\n", "key 'switch.transport' = 'rdma': expected 'udp' or 'dpdk'"),
+            ("[switch]\ntransport = tcp\n", "key 'switch.transport' = 'tcp': expected 'udp', 'dpdk' or 'rdma'"),
+            ("[backend.rdma]\npoll = spin\n", "key 'backend.rdma.poll' = 'spin': expected 'busy' or 'event'"),
+            ("[switch.rdma]\nqueue_depth = 8\n", "key 'switch.rdma.queue_depth' = '8': expected an integer from 16 to 65536"),
+            ("[backend.rdma]\ndevice_port = 0\n", "key 'backend.rdma.device_port' = '0': expected an integer from 1 to 255"),
+            ("[backend.rdma]\nmessage_size = 2000000\n", "key 'backend.rdma.message_size' = '2000000': expected bytes, an integer from 0 to 1048576"),
             ("[general]\nsparse = yes\n", "key 'general.sparse' = 'yes': expected 'auto' or 'off'"),
             ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16364"),
             ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
