@@ -298,3 +298,23 @@ fn on_given_links_the_model_s_times_are_printed_beside_the_measured_one() {
     let output = run_dummy("4", &["--link-delay", "1ms"]);
     assert!(String::from_utf8_lossy(&output.stderr).contains("--link-delay needs --link-rate"));
 }
+
+/// On a host whose kernel has no RDMA (this one, and CI's), `backend = rdma` ends the
+/// benchmark with the error that says so and how to get a device, not a crash or a hang.
+#[test]
+fn without_an_rdma_device_the_benchmark_says_so_and_how_to_get_one() {
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        return; // A host with RDMA devices: the VM tests cover it.
+    }
+    let output = Command::new(benchmark())
+        .args(["--tensor-numel", "1024", "--num-jobs", "1"])
+        .env("NETAGG_GENERAL__BACKEND", "rdma")
+        .env_remove("NETAGG_CONFIG")
+        .output()
+        .expect("allreduce_benchmark starts");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("backend.rdma: no RDMA device: this kernel has no RDMA support"), "{stderr}");
+    assert!(stderr.contains("rdma link add rxe0 type rxe netdev eth0"), "{stderr}");
+    assert!(stderr.contains("backend = udp needs none"), "{stderr}");
+}

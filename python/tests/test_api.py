@@ -292,3 +292,11 @@ def test_exception_times_out_on_a_running_job(switch):
     assert job.exception(timeout=30) is None
     for context in contexts:
         context.stop()
+
+
+@pytest.mark.skipif(os.path.exists("/sys/class/infiniband"), reason="this host has RDMA devices")
+def test_rdma_without_a_device_raises_the_error_that_says_how_to_get_one():
+    with pytest.raises(netagg.Error, match="backend.rdma: no RDMA device: this kernel has no RDMA support") as error:
+        netagg.Context(settings={"general.backend": "rdma"})
+    assert "rdma link add rxe0 type rxe netdev eth0" in str(error.value)
+    assert "backend = udp needs none" in str(error.value)

@@ -3,17 +3,24 @@
 //! peer without remote keys needs, and the ones Soft-RoCE carries best.
 //!
 //! Every wait has a timeout: rdma_cm's events are read from its channel's descriptor
-//! after `poll`, never by blocking in `rdma_get_cm_event` itself.
+//! after `poll`, never by blocking in `rdma_get_cm_event` itself, and completions are
+//! waited for either by polling the completion queue ([`Wait::Busy`]) or by sleeping in
+//! `poll` on a completion channel ([`Wait::Event`]) together with rdma_cm's descriptor,
+//! so that a peer leaving wakes the wait too.
+//!
+//! Sends are written straight into registered send buffers ([`Connection::send_buffer`])
+//! and posted together, one chain of work requests per [`Connection::flush`].
 
 use std::ffi::CStr;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
 use std::ptr::{self, NonNull};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
-    ibv_access_flags, ibv_cq, ibv_mr, ibv_pd, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_flags,
-    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, rdma_cm_event,
+    ibv_access_flags, ibv_comp_channel, ibv_cq, ibv_mr, ibv_pd, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr,
+    ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, rdma_cm_event,
     rdma_cm_event_type, rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space,
 };
 
@@ -22,6 +29,29 @@ const RESOLVE_TIMEOUT_MS: i32 = 2000;
 /// How many times a send is retried while the peer has no receive posted: finite (7
 /// would mean for ever), so that a peer that stops receiving fails the send.
 const RNR_RETRIES: u8 = 6;
+
+/// How often a busy wait looks at rdma_cm's channel for a departed peer.
+const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(1);
+
+/// How a connection waits for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Polls the completion queue without pause: the lowest latency, a core per waiter.
+    Busy,
+    /// Sleeps until the device signals a completion on the connection's completion
+    /// channel: for cores shared with other work.
+    Event,
+}
+
+/// What a connection is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Receive buffers kept posted, and send buffers: sends in flight at most.
+    pub depth: usize,
+    /// Bytes of each buffer: the longest message.
+    pub message_size: usize,
+    pub wait: Wait,
+}
 
 /// An error of the connection: what failed, and why.
 fn failed(what: &str, error: io::Error) -> io::Error {
@@ -49,11 +79,7 @@ impl Channel {
         let channel = NonNull::new(channel)
             .map(Channel)
             .ok_or_else(|| failed("creating an rdma_cm event channel", io::Error::last_os_error()))?;
-        let fd = unsafe { (*channel.0.as_ptr()).fd };
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            return Err(failed("making the rdma_cm channel non-blocking", io::Error::last_os_error()));
-        }
+        set_nonblocking(channel.fd(), "the rdma_cm channel")?;
         Ok(channel)
     }
 
@@ -69,7 +95,7 @@ impl Channel {
     /// The next event, within `timeout`: its type, status, the id it is for, and its
     /// private data (a connection request's).
     fn next(&self, timeout: Duration) -> io::Result<Event> {
-        let fd = unsafe { (*self.0.as_ptr()).fd };
+        let fd = self.fd();
         let deadline = Instant::now().checked_add(timeout);
         let mut event: *mut rdma_cm_event = ptr::null_mut();
         loop {
@@ -117,12 +143,23 @@ impl Channel {
         if event.kind != expected {
             let name = unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(event.kind)) }.to_string_lossy();
             let wanted = unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(expected)) }.to_string_lossy();
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionRefused,
-                format!("rdma_cm said {name} (status {}) where {wanted} was awaited", event.status),
-            ));
+            let mut message =
+                format!("rdma_cm said {name} (status {}) where {wanted} was awaited", event.status);
+            // A listener that refuses says why in its private data (zero-padded).
+            let reason = String::from_utf8_lossy(&event.private);
+            let reason = reason.trim_end_matches('\0');
+            if event.kind == rdma_cm_event_type::RDMA_CM_EVENT_REJECTED && !reason.is_empty() {
+                message = format!("{message}: {reason}");
+            }
+            return Err(io::Error::new(io::ErrorKind::ConnectionRefused, message));
         }
         Ok(event)
+    }
+}
+
+impl Channel {
+    fn fd(&self) -> RawFd {
+        unsafe { (*self.0.as_ptr()).fd }
     }
 }
 
@@ -176,6 +213,27 @@ fn sockaddr(address: SocketAddr) -> libc::sockaddr_storage {
     storage
 }
 
+/// A socket address from rdma_cm's; `None` for a family other than IPv4 and IPv6.
+fn socket_address(address: &libc::sockaddr) -> Option<SocketAddr> {
+    let address: *const libc::sockaddr = address;
+    // SAFETY: rdma_cm keeps room for a sockaddr_storage; the family says which it holds.
+    unsafe {
+        match i32::from((*address).sa_family) {
+            libc::AF_INET => {
+                let sin = &*address.cast::<libc::sockaddr_in>();
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*address.cast::<libc::sockaddr_in6>();
+                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// A listening rdma_cm id, where peers connect.
 pub struct Listener {
     id: NonNull<rdma_cm_id>,
@@ -185,7 +243,8 @@ pub struct Listener {
 unsafe impl Send for Listener {}
 
 impl Listener {
-    /// Listens at `address` (an RDMA device's IP address, and a port).
+    /// Listens at `address` (an RDMA device's IP address, or the unspecified address for
+    /// every device, and a port).
     pub fn bind(address: SocketAddr) -> io::Result<Listener> {
         let channel = Channel::new()?;
         let id = channel.create_id()?;
@@ -198,25 +257,79 @@ impl Listener {
         Ok(listener)
     }
 
-    /// Accepts the next connection within `timeout`; returns it and the private data its
-    /// peer sent.
-    pub fn accept(
-        &self,
-        timeout: Duration,
-        slots: usize,
-        slot_size: usize,
-    ) -> io::Result<(Connection, Vec<u8>)> {
+    /// The address listened at, with the port actually bound.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        let address = unsafe { rdma_sys::rdma_get_local_addr(self.id.as_ref()) };
+        socket_address(address)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "rdma_cm bound no IP address"))
+    }
+
+    /// The descriptor that becomes readable when a request arrives, for a `poll` that
+    /// waits on connections too.
+    pub fn fd(&self) -> RawFd {
+        self.channel.fd()
+    }
+
+    /// The next connection request, if one waits (within `timeout`); events of other
+    /// kinds (an address change) are not the listener's to answer.
+    pub fn request(&self, timeout: Duration) -> io::Result<Option<Request>> {
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let left =
+                deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
+            let event = match self.channel.next(left) {
+                Ok(event) => event,
+                Err(error) if error.kind() == io::ErrorKind::TimedOut => return Ok(None),
+                Err(error) => return Err(error),
+            };
+            if event.kind == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+                let id = NonNull::new(event.id).expect("a request names its id");
+                return Ok(Some(Request { id: Some(id), private: event.private }));
+            }
+        }
+    }
+
+    /// Accepts the next connection within `timeout` and waits until it is established;
+    /// returns it and the private data its peer sent.
+    pub fn accept(&self, timeout: Duration, options: Options) -> io::Result<(Connection, Vec<u8>)> {
         let deadline = Instant::now().checked_add(timeout);
         let left =
             || deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
-        // Events of other kinds (an address change) are not this call's to answer.
-        let request = loop {
-            let event = self.channel.next(left())?;
-            if event.kind == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
-                break event;
-            }
+        let Some(request) = self.request(left())? else {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no connection within {timeout:?}")));
         };
-        let id = NonNull::new(request.id).expect("a request names its id");
+        let private = request.private().to_vec();
+        let connection = request.accept(options)?;
+        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, left())?;
+        Ok((connection, private))
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        unsafe { rdma_sys::rdma_destroy_id(self.id.as_ptr()) };
+    }
+}
+
+/// A peer's connection request, to accept or reject; dropped, it is rejected.
+pub struct Request {
+    id: Option<NonNull<rdma_cm_id>>,
+    private: Vec<u8>,
+}
+
+unsafe impl Send for Request {}
+
+impl Request {
+    /// What the peer sent with its request: over RoCE, padded with zeros to 56 bytes.
+    pub fn private(&self) -> &[u8] {
+        &self.private
+    }
+
+    /// Accepts the connection without waiting for it to be established: the queue pair
+    /// is ready to send once this returns, and the peer's first message can only follow
+    /// its own establishment.
+    pub fn accept(mut self, options: Options) -> io::Result<Connection> {
+        let id = self.id.take().expect("a request not yet answered");
         // Its own channel at once, so that its events (a disconnect) are its own; a
         // request that cannot be served is rejected, so that its peer learns it now.
         let prepared = Channel::new().and_then(|channel| {
@@ -236,41 +349,62 @@ impl Listener {
             }
         };
         // From here the connection owns the id: dropping it rejects the peer.
-        let mut connection = Connection::prepare(id, channel, slots, slot_size)?;
+        let mut connection = Connection::prepare(id, channel, options)?;
         let mut parameters = connection_parameters();
         call("accepting", unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut parameters) })?;
-        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, left())?;
         connection.established = true;
-        Ok((connection, request.private))
+        Ok(connection)
+    }
+
+    /// Refuses the connection, telling the peer `reason` (its first 148 bytes, what
+    /// the connection manager carries).
+    pub fn reject(mut self, reason: &str) {
+        let id = self.id.take().expect("a request not yet answered");
+        let reason = &reason.as_bytes()[..reason.len().min(148)];
+        unsafe {
+            rdma_sys::rdma_reject(id.as_ptr(), reason.as_ptr().cast(), reason.len() as u8);
+            rdma_sys::rdma_destroy_id(id.as_ptr());
+        }
     }
 }
 
-impl Drop for Listener {
+impl Drop for Request {
     fn drop(&mut self) {
-        unsafe { rdma_sys::rdma_destroy_id(self.id.as_ptr()) };
+        if let Some(id) = self.id.take() {
+            unsafe {
+                rdma_sys::rdma_reject(id.as_ptr(), ptr::null(), 0);
+                rdma_sys::rdma_destroy_id(id.as_ptr());
+            }
+        }
     }
 }
 
-/// One connected RC queue pair and its registered buffer: `slots` receive buffers and
-/// `slots` send buffers of `slot_size` bytes each. The verbs objects are null until made,
-/// so that a connection that fails half-way frees what it made, and only that.
+/// One connected RC queue pair and its registered buffer: `depth` receive buffers and
+/// `depth` send buffers of `message_size` bytes each. The verbs objects are null until
+/// made, so that a connection that fails half-way frees what it made, and only that.
 pub struct Connection {
     id: NonNull<rdma_cm_id>,
     pd: *mut ibv_pd,
+    /// Signals receive completions, in [`Wait::Event`] only.
+    completions: *mut ibv_comp_channel,
     send_cq: *mut ibv_cq,
     recv_cq: *mut ibv_cq,
     mr: *mut ibv_mr,
     /// The registered memory, owned here (from `Box::into_raw`) and reached only through
-    /// raw pointers: the device writes receive slots and reads send slots behind Rust's
-    /// back, so no reference may span them.
+    /// raw pointers: the device writes receive buffers and reads send buffers behind
+    /// Rust's back, so no reference may span them.
     buffer: NonNull<[u8]>,
-    slots: usize,
-    slot_size: usize,
-    /// Send buffers not in flight.
+    options: Options,
+    /// Send buffers neither lent nor in flight.
     free_sends: Vec<usize>,
+    /// The send buffer [`Connection::send_buffer`] lent last, until queued.
+    lent: Option<usize>,
+    /// Sends queued for the next flush: buffer and length.
+    queued: Vec<(usize, usize)>,
     established: bool,
     /// rdma_cm said the peer left.
     peer_gone: bool,
+    last_peer_check: Instant,
     /// Last: destroyed after the id, whose events it carried.
     channel: Channel,
 }
@@ -278,23 +412,26 @@ pub struct Connection {
 unsafe impl Send for Connection {}
 
 impl Connection {
-    /// Connects to the listener at `address` within `timeout`, sending `private` (at most
-    /// 56 bytes) with the request. The listener receives it padded with zeros to 56 bytes
-    /// over RoCE: private data that varies in length carries its own.
+    /// Connects to the listener at `address` within `timeout`, from `source` if given
+    /// (else where the route leads), sending `private` (at most 56 bytes) with the
+    /// request. The listener receives it padded with zeros to 56 bytes over RoCE:
+    /// private data that varies in length carries its own.
     pub fn connect(
         address: SocketAddr,
+        source: Option<IpAddr>,
         private: &[u8],
         timeout: Duration,
-        slots: usize,
-        slot_size: usize,
+        options: Options,
     ) -> io::Result<Connection> {
         let channel = Channel::new()?;
         let id = channel.create_id()?;
         let mut storage = sockaddr(address);
+        let mut source = source.map(|ip| sockaddr(SocketAddr::new(ip, 0)));
+        let source_ptr = source.as_mut().map_or(ptr::null_mut(), |source| ptr::addr_of_mut!(*source).cast());
         let resolved = unsafe {
             rdma_sys::rdma_resolve_addr(
                 id.as_ptr(),
-                ptr::null_mut(),
+                source_ptr,
                 ptr::addr_of_mut!(storage).cast(),
                 RESOLVE_TIMEOUT_MS,
             )
@@ -313,7 +450,7 @@ impl Connection {
             unsafe { rdma_sys::rdma_destroy_id(id.as_ptr()) };
             return Err(error);
         }
-        let mut connection = Connection::prepare(id, channel, slots, slot_size)?;
+        let mut connection = Connection::prepare(id, channel, options)?;
         let mut parameters = connection_parameters();
         parameters.private_data = private.as_ptr().cast();
         parameters.private_data_len = u8::try_from(private.len()).unwrap_or(u8::MAX).min(56);
@@ -327,27 +464,26 @@ impl Connection {
         Ok(connection)
     }
 
-    /// The protection domain, completion queues, queue pair and registered buffer of a
-    /// connection whose id has its device; every receive buffer posted.
-    fn prepare(
-        id: NonNull<rdma_cm_id>,
-        channel: Channel,
-        slots: usize,
-        slot_size: usize,
-    ) -> io::Result<Connection> {
+    /// The protection domain, completion queues (and channel), queue pair and registered
+    /// buffer of a connection whose id has its device; every receive buffer posted.
+    fn prepare(id: NonNull<rdma_cm_id>, channel: Channel, options: Options) -> io::Result<Connection> {
+        let Options { depth, message_size, wait } = options;
         // Owns the id from here: dropping it destroys whatever was made.
         let mut connection = Connection {
             id,
             pd: ptr::null_mut(),
+            completions: ptr::null_mut(),
             send_cq: ptr::null_mut(),
             recv_cq: ptr::null_mut(),
             mr: ptr::null_mut(),
-            buffer: NonNull::from(Box::leak(vec![0u8; 2 * slots * slot_size].into_boxed_slice())),
-            slots,
-            slot_size,
-            free_sends: (0..slots).rev().collect(),
+            buffer: NonNull::from(Box::leak(vec![0u8; 2 * depth * message_size].into_boxed_slice())),
+            options,
+            free_sends: (0..depth).rev().collect(),
+            lent: None,
+            queued: Vec::with_capacity(depth),
             established: false,
             peer_gone: false,
+            last_peer_check: Instant::now(),
             channel,
         };
         let made = |made: bool, what: &str| match made {
@@ -357,12 +493,17 @@ impl Connection {
         let verbs = unsafe { (*id.as_ptr()).verbs };
         connection.pd = unsafe { rdma_sys::ibv_alloc_pd(verbs) };
         made(!connection.pd.is_null(), "allocating a protection domain")?;
-        let depth = i32::try_from(slots).unwrap_or(i32::MAX);
+        if wait == Wait::Event {
+            connection.completions = unsafe { rdma_sys::ibv_create_comp_channel(verbs) };
+            made(!connection.completions.is_null(), "creating a completion channel")?;
+            set_nonblocking(unsafe { (*connection.completions).fd }, "the completion channel")?;
+        }
+        let cq_depth = i32::try_from(depth).unwrap_or(i32::MAX);
         connection.send_cq =
-            unsafe { rdma_sys::ibv_create_cq(verbs, depth, ptr::null_mut(), ptr::null_mut(), 0) };
+            unsafe { rdma_sys::ibv_create_cq(verbs, cq_depth, ptr::null_mut(), ptr::null_mut(), 0) };
         made(!connection.send_cq.is_null(), "creating a completion queue")?;
         connection.recv_cq =
-            unsafe { rdma_sys::ibv_create_cq(verbs, depth, ptr::null_mut(), ptr::null_mut(), 0) };
+            unsafe { rdma_sys::ibv_create_cq(verbs, cq_depth, ptr::null_mut(), connection.completions, 0) };
         made(!connection.recv_cq.is_null(), "creating a completion queue")?;
         let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
         let (start, len) = (connection.buffer.cast::<u8>().as_ptr(), connection.buffer.len());
@@ -371,8 +512,8 @@ impl Connection {
         let mut attributes: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         attributes.send_cq = connection.send_cq;
         attributes.recv_cq = connection.recv_cq;
-        attributes.cap.max_send_wr = slots as u32;
-        attributes.cap.max_recv_wr = slots as u32;
+        attributes.cap.max_send_wr = depth as u32;
+        attributes.cap.max_recv_wr = depth as u32;
         attributes.cap.max_send_sge = 1;
         attributes.cap.max_recv_sge = 1;
         attributes.qp_type = ibv_qp_type::IBV_QPT_RC;
@@ -380,145 +521,339 @@ impl Connection {
         call("creating the queue pair", unsafe {
             rdma_sys::rdma_create_qp(id.as_ptr(), connection.pd, &mut attributes)
         })?;
-        for slot in 0..slots {
-            connection.post_receive(slot)?;
+        for buffer in 0..depth {
+            connection.post_receive(buffer)?;
         }
         Ok(connection)
     }
 
-    fn sge(&self, buffer_slot: usize, len: usize) -> ibv_sge {
+    /// The verbs device the connection runs on (`rxe0`, `mlx5_0`).
+    pub fn device_name(&self) -> String {
+        let name = unsafe { rdma_sys::ibv_get_device_name((*(*self.id.as_ptr()).verbs).device) };
+        if name.is_null() {
+            return String::new();
+        }
+        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+    }
+
+    /// The longest message, in bytes.
+    pub fn message_size(&self) -> usize {
+        self.options.message_size
+    }
+
+    /// The address of byte 0 of buffer `index`: receive buffers first, then send buffers.
+    fn buffer_start(&self, index: usize) -> *mut u8 {
+        // SAFETY: every index used is below 2 * depth, within the allocation.
+        unsafe { self.buffer.cast::<u8>().as_ptr().add(index * self.options.message_size) }
+    }
+
+    fn sge(&self, index: usize, len: usize) -> ibv_sge {
         ibv_sge {
-            addr: self.buffer.cast::<u8>().as_ptr() as u64 + (buffer_slot * self.slot_size) as u64,
+            addr: self.buffer_start(index) as u64,
             length: len as u32,
             lkey: unsafe { (*self.mr).lkey },
         }
     }
 
-    fn post_receive(&mut self, slot: usize) -> io::Result<()> {
-        let mut sge = self.sge(slot, self.slot_size);
+    fn post_receive(&mut self, index: usize) -> io::Result<()> {
+        let mut sge = self.sge(index, self.options.message_size);
         let mut request =
-            ibv_recv_wr { wr_id: slot as u64, next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+            ibv_recv_wr { wr_id: index as u64, next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
         let mut bad = ptr::null_mut();
         call("posting a receive", unsafe {
             rdma_sys::ibv_post_recv((*self.id.as_ptr()).qp, &mut request, &mut bad)
         })
     }
 
-    /// Sends `message` (at most `slot_size` bytes); waits for a free send buffer if every
-    /// one is in flight.
-    pub fn send(&mut self, message: &[u8]) -> io::Result<()> {
-        if message.len() > self.slot_size {
-            let detail = format!("a message of {} bytes; the buffers hold {}", message.len(), self.slot_size);
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, detail));
+    /// Lends the next send buffer, all [`Connection::message_size`] bytes of it, waiting
+    /// up to `timeout` for one while every buffer is in flight. Whatever is written goes
+    /// at [`Connection::queue`]; lent again, the same buffer comes back.
+    pub fn send_buffer(&mut self, timeout: Duration) -> io::Result<&mut [u8]> {
+        if self.lent.is_none() {
+            let deadline = Instant::now() + timeout;
+            while self.free_sends.is_empty() {
+                self.reap_sends()?;
+                if self.free_sends.is_empty() {
+                    // Posted sends may still wait for the flush that lets them go.
+                    self.flush()?;
+                    self.check_peer_now()?;
+                    if Instant::now() >= deadline {
+                        let message = format!("no send completed within {timeout:?}");
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, message));
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            self.lent = self.free_sends.pop();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.free_sends.is_empty() {
+        let index = self.options.depth + self.lent.expect("a lent buffer");
+        // SAFETY: the buffer lies in the allocation and no send uses it (it was free);
+        // the borrow of self keeps it from being posted while lent.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.buffer_start(index), self.options.message_size) })
+    }
+
+    /// Queues the first `len` bytes of the buffer lent last as one message; it leaves at
+    /// the next [`Connection::flush`].
+    pub fn queue(&mut self, len: usize) -> io::Result<()> {
+        let Some(lent) = self.lent.take() else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no send buffer was lent"));
+        };
+        if let Err(error) = self.fits(len) {
+            self.free_sends.push(lent);
+            return Err(error);
+        }
+        self.queued.push((lent, len));
+        Ok(())
+    }
+
+    fn fits(&self, len: usize) -> io::Result<()> {
+        if len <= self.options.message_size {
+            return Ok(());
+        }
+        let detail = format!("a message of {len} bytes; the buffers hold {}", self.options.message_size);
+        Err(io::Error::new(io::ErrorKind::InvalidInput, detail))
+    }
+
+    /// Queues a copy of `message` if a send buffer is free now; false if not (for a
+    /// sender that drops what the network cannot take, as a switch does).
+    pub fn try_queue_copy(&mut self, message: &[u8]) -> io::Result<bool> {
+        self.fits(message.len())?;
+        if self.free_sends.is_empty() && self.lent.is_none() {
             self.reap_sends()?;
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "no send completed within 10 s"));
+            if self.free_sends.is_empty() {
+                return Ok(false);
             }
         }
-        let index = self.free_sends.pop().expect("a free send buffer");
-        let slot = self.slots + index;
-        let start = slot * self.slot_size;
-        // SAFETY: the slot lies in the buffer, and no send uses it (it was free).
-        unsafe {
-            ptr::copy_nonoverlapping(
-                message.as_ptr(),
-                self.buffer.cast::<u8>().as_ptr().add(start),
-                message.len(),
-            )
+        self.send_buffer(Duration::ZERO)?[..message.len()].copy_from_slice(message);
+        self.queue(message.len()).map(|()| true)
+    }
+
+    /// Sends a copy of `message` now, waiting up to 10 s for a free send buffer.
+    pub fn send(&mut self, message: &[u8]) -> io::Result<()> {
+        self.fits(message.len())?;
+        self.send_buffer(Duration::from_secs(10))?[..message.len()].copy_from_slice(message);
+        self.queue(message.len())?;
+        self.flush()
+    }
+
+    /// Posts every queued message, one chain of work requests.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if self.queued.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<ibv_sge> =
+            self.queued.iter().map(|&(index, len)| self.sge(self.options.depth + index, len)).collect();
+        let mut requests: Vec<ibv_send_wr> = Vec::with_capacity(sges.len());
+        for (sge, &(index, _)) in sges.iter_mut().zip(&self.queued) {
+            let mut request: ibv_send_wr = unsafe { std::mem::zeroed() };
+            request.wr_id = index as u64;
+            request.sg_list = sge;
+            request.num_sge = 1;
+            request.opcode = ibv_wr_opcode::IBV_WR_SEND;
+            request.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+            requests.push(request);
+        }
+        // Linked only now that the vector no longer moves.
+        for i in 1..requests.len() {
+            let next: *mut ibv_send_wr = &mut requests[i];
+            requests[i - 1].next = next;
+        }
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        let result =
+            unsafe { rdma_sys::ibv_post_send((*self.id.as_ptr()).qp, requests.as_mut_ptr(), &mut bad) };
+        // The requests before the bad one were posted; the rest come back free.
+        let posted = if bad.is_null() {
+            requests.len()
+        } else {
+            (bad as usize - requests.as_ptr() as usize) / std::mem::size_of::<ibv_send_wr>()
         };
-        let mut sge = self.sge(slot, message.len());
-        let mut request: ibv_send_wr = unsafe { std::mem::zeroed() };
-        request.wr_id = index as u64;
-        request.sg_list = &mut sge;
-        request.num_sge = 1;
-        request.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        request.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        let mut bad = ptr::null_mut();
-        call("posting a send", unsafe {
-            rdma_sys::ibv_post_send((*self.id.as_ptr()).qp, &mut request, &mut bad)
-        })
+        for &(index, _) in &self.queued[posted..] {
+            self.free_sends.push(index);
+        }
+        self.queued.clear();
+        call("posting sends", result)
     }
 
     /// An error if rdma_cm said the peer left (a process that exits disconnects its
     /// queue pairs; a host that vanishes shows as failed completions instead).
     /// Once said, it stays said.
-    fn check_peer(&mut self) -> io::Result<()> {
+    fn check_peer_now(&mut self) -> io::Result<()> {
         let gone = || io::Error::new(io::ErrorKind::ConnectionAborted, "the peer disconnected");
         if self.peer_gone {
             return Err(gone());
         }
-        match self.channel.next(Duration::ZERO) {
-            Ok(event)
-                if matches!(
-                    event.kind,
-                    rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
-                        | rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
-                ) =>
-            {
-                self.peer_gone = true;
-                // Our side too, so that the queue pair flushes now rather than at drop.
-                if self.established {
-                    unsafe { rdma_sys::rdma_disconnect(self.id.as_ptr()) };
-                    self.established = false;
+        self.last_peer_check = Instant::now();
+        loop {
+            match self.channel.next(Duration::ZERO) {
+                Ok(event)
+                    if matches!(
+                        event.kind,
+                        rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
+                            | rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
+                            | rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT
+                    ) =>
+                {
+                    self.peer_gone = true;
+                    // Our side too, so that the queue pair flushes now rather than at drop.
+                    if self.established {
+                        unsafe { rdma_sys::rdma_disconnect(self.id.as_ptr()) };
+                        self.established = false;
+                    }
+                    return Err(gone());
                 }
-                Err(gone())
+                // ESTABLISHED, for a connection accepted without waiting.
+                Ok(_) => continue,
+                Err(error) if error.kind() == io::ErrorKind::TimedOut => return Ok(()),
+                Err(error) => return Err(error),
             }
-            Ok(_) => Ok(()),
-            Err(error) if error.kind() == io::ErrorKind::TimedOut => Ok(()),
-            Err(error) => Err(error),
         }
+    }
+
+    /// [`Connection::check_peer_now`] at most every millisecond, for busy waits.
+    pub fn check_peer(&mut self) -> io::Result<()> {
+        if self.last_peer_check.elapsed() < PEER_CHECK_INTERVAL && !self.peer_gone {
+            return Ok(());
+        }
+        self.check_peer_now()
     }
 
     /// Takes the send completions there are, freeing their buffers.
     fn reap_sends(&mut self) -> io::Result<()> {
-        let mut completions: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
-        let count = unsafe { rdma_sys::ibv_poll_cq(self.send_cq, 16, completions.as_mut_ptr()) };
-        if count < 0 {
-            return Err(failed("polling the send completions", io::Error::last_os_error()));
+        let mut completions: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        loop {
+            let count = unsafe { rdma_sys::ibv_poll_cq(self.send_cq, 32, completions.as_mut_ptr()) };
+            if count < 0 {
+                return Err(failed("polling the send completions", io::Error::last_os_error()));
+            }
+            for completion in &completions[..count as usize] {
+                self.free_sends.push(completion.wr_id as usize);
+                if completion.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    self.check_peer_now()?;
+                    check(completion)?;
+                }
+            }
+            if count < 32 {
+                return Ok(());
+            }
         }
-        for completion in &completions[..count as usize] {
-            check(completion)?;
-            self.free_sends.push(completion.wr_id as usize);
-        }
-        Ok(())
     }
 
-    /// Waits up to `timeout` for messages and hands each to `sink`; returns how many.
-    pub fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        let deadline = Instant::now().checked_add(timeout);
+    /// Hands every message received so far to `sink`, without waiting; returns how many.
+    pub fn poll(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        self.reap_sends()?;
+        let mut completions: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        let mut total = 0;
         loop {
-            self.reap_sends()?;
-            let mut completions: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
-            let count = unsafe { rdma_sys::ibv_poll_cq(self.recv_cq, 16, completions.as_mut_ptr()) };
+            let count = unsafe { rdma_sys::ibv_poll_cq(self.recv_cq, 32, completions.as_mut_ptr()) };
             if count < 0 {
                 return Err(failed("polling the receive completions", io::Error::last_os_error()));
             }
             for completion in &completions[..count as usize] {
-                check(completion)?;
+                if completion.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    // Flushed receives: most often the peer left, which says more.
+                    self.check_peer_now()?;
+                    check(completion)?;
+                }
                 debug_assert_eq!(completion.opcode, ibv_wc_opcode::IBV_WC_RECV);
-                let slot = completion.wr_id as usize;
-                let start = slot * self.slot_size;
-                let len = (completion.byte_len as usize).min(self.slot_size);
-                // SAFETY: the device has finished with this receive slot (its completion is
-                // here) and it is posted again only after `sink` returns.
-                sink(unsafe {
-                    std::slice::from_raw_parts(self.buffer.cast::<u8>().as_ptr().add(start), len)
-                });
-                self.post_receive(slot)?;
+                let index = completion.wr_id as usize;
+                let len = (completion.byte_len as usize).min(self.options.message_size);
+                // SAFETY: the device has finished with this receive buffer (its completion
+                // is here) and it is posted again only after `sink` returns.
+                sink(unsafe { std::slice::from_raw_parts(self.buffer_start(index), len) });
+                self.post_receive(index)?;
             }
-            if count > 0 {
-                return Ok(count as usize);
+            total += count as usize;
+            if count < 32 {
+                return Ok(total);
             }
-            self.check_peer()?;
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                return Ok(0);
-            }
-            std::thread::sleep(Duration::from_micros(50));
         }
     }
+
+    /// Prepares to sleep: in [`Wait::Event`], asks the device to signal the next receive
+    /// completion. Messages that arrived meanwhile are not signalled: poll once more
+    /// after arming, and sleep only if it found none.
+    pub fn arm(&mut self) -> io::Result<()> {
+        if self.completions.is_null() {
+            return Ok(());
+        }
+        call("asking for a completion event", unsafe { rdma_sys::ibv_req_notify_cq(self.recv_cq, 0) })
+    }
+
+    /// The descriptors a sleeping waiter watches: the completion channel's (in
+    /// [`Wait::Event`]) and rdma_cm's, where a departing peer shows.
+    pub fn wait_fds(&self) -> impl Iterator<Item = RawFd> {
+        let completions = (!self.completions.is_null()).then(|| unsafe { (*self.completions).fd });
+        completions.into_iter().chain([self.channel.fd()])
+    }
+
+    /// After a sleep: takes the completion events signalled and looks at rdma_cm's
+    /// channel, so that a peer that left is an error now.
+    pub fn woken(&mut self) -> io::Result<()> {
+        if !self.completions.is_null() {
+            let mut cq = ptr::null_mut();
+            let mut context = ptr::null_mut();
+            let mut events = 0;
+            // Non-blocking: fails with EAGAIN once every event is taken.
+            while unsafe { rdma_sys::ibv_get_cq_event(self.completions, &mut cq, &mut context) } == 0 {
+                events += 1;
+            }
+            if events > 0 {
+                unsafe { rdma_sys::ibv_ack_cq_events(self.recv_cq, events) };
+            }
+        }
+        self.check_peer_now()
+    }
+
+    /// Waits up to `timeout` for messages and hands each to `sink`; returns how many (0
+    /// when the time ran out).
+    pub fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let count = self.poll(sink)?;
+            if count > 0 {
+                return Ok(count);
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                return Ok(0);
+            }
+            if self.options.wait == Wait::Busy {
+                self.check_peer()?;
+                std::hint::spin_loop();
+                continue;
+            }
+            self.arm()?;
+            let count = self.poll(sink)?;
+            if count > 0 {
+                return Ok(count);
+            }
+            let left = deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(now));
+            sleep_until_readable(self.wait_fds(), left)?;
+            self.woken()?;
+        }
+    }
+}
+
+/// Sleeps until one of `fds` is readable or `timeout` passes (a signal ends it early,
+/// which callers treat as a spurious wake).
+pub fn sleep_until_readable(fds: impl IntoIterator<Item = RawFd>, timeout: Duration) -> io::Result<()> {
+    let mut polled: Vec<libc::pollfd> =
+        fds.into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    match unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, millis) } {
+        -1 if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted => {
+            Err(failed("waiting for completions", io::Error::last_os_error()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn set_nonblocking(fd: RawFd, what: &str) -> io::Result<()> {
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(failed(&format!("making {what} non-blocking"), io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// An error for a completion that did not succeed: a flushed queue pair (the peer gone),
@@ -549,6 +884,9 @@ impl Drop for Connection {
                 if !cq.is_null() {
                     rdma_sys::ibv_destroy_cq(cq);
                 }
+            }
+            if !self.completions.is_null() {
+                rdma_sys::ibv_destroy_comp_channel(self.completions);
             }
             if !self.pd.is_null() {
                 rdma_sys::ibv_dealloc_pd(self.pd);

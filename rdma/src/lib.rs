@@ -4,14 +4,16 @@
 //!   none, and how to get one;
 //! - [`Device`]: an opened device, its ports and their GID tables, closed on drop;
 //! - [`Listener`] and [`Connection`]: reliable connections (RC queue pairs) set up
-//!   through rdma_cm, carrying messages with SEND and RECV from registered buffers.
+//!   through rdma_cm, carrying messages with SEND and RECV from registered buffers;
+//! - [`settings`]: `[backend.rdma]` and `[switch.rdma]` made into addresses and options.
 //!
 //! All unsafe code of netagg's RDMA path is in this crate.
 
 mod connection;
 mod device;
+pub mod settings;
 
-pub use connection::{Connection, Listener};
+pub use connection::{sleep_until_readable, Connection, Listener, Options, Request, Wait};
 pub use device::{devices, Device, PortInfo, PortState};
 
 /// Why RDMA could not do what was asked: whole sentences for the user.

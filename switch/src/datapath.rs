@@ -18,7 +18,7 @@ use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::{
     Departure, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Verdict,
 };
-use netagg_wire::{Endpoint, MAX_DATAGRAM_LEN};
+use netagg_wire::{packet, Endpoint, MAX_DATAGRAM_LEN};
 use rustc_hash::FxHashMap;
 
 use crate::port::DataPort;
@@ -45,12 +45,15 @@ struct Peers<A> {
 
 impl<A: Copy> Peers<A> {
     fn resolve<P: DataPort<Address = A>>(
-        port: &P,
+        port: &mut P,
         workers: &[Registered],
+        spec: &SessionSpec,
         slots_per_thread: u16,
     ) -> Result<Peers<A>, String> {
-        let resolve = |rank: usize, worker: &Registered| {
-            let threads = worker.endpoints.iter().map(|endpoint| port.resolve(endpoint, worker.peer));
+        let datagram_len = packet::datagram_len(usize::from(spec.packet_elements));
+        let mut resolve = |rank: usize, worker: &Registered| {
+            let threads =
+                worker.endpoints.iter().map(|endpoint| port.resolve(endpoint, worker.peer, datagram_len));
             threads.collect::<Result<Vec<A>, String>>().map_err(|message| format!("rank {rank}: {message}"))
         };
         let workers = workers
@@ -271,8 +274,8 @@ impl<P: DataPort> DataPath<P> {
         workers: &[Registered],
     ) -> Result<SessionId, OpenError> {
         let threads = workers.first().map_or(1, |worker| worker.endpoints.len().max(1));
-        let peers =
-            Peers::resolve(&self.port, workers, spec.slots / threads as u16).map_err(OpenError::Endpoint)?;
+        let peers = Peers::resolve(&mut self.port, workers, &spec, spec.slots / threads as u16)
+            .map_err(OpenError::Endpoint)?;
         let id = self.board.engine.open_session(Instant::now(), spec, token).map_err(OpenError::Session)?;
         self.board.peers.insert(id, peers);
         Ok(id)

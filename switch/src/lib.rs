@@ -47,6 +47,8 @@ pub enum SwitchError {
     Bind { address: SocketAddr, source: io::Error },
     #[error("cannot start the DPDK data path: {0}")]
     Dpdk(String),
+    #[error("cannot start the RDMA data path: {0}")]
+    Rdma(String),
     #[error("cannot start the switch: {0}")]
     Start(io::Error),
     #[error("data path failed: {0}")]
@@ -95,6 +97,10 @@ impl Switch {
             }
             SwitchTransport::Dpdk => {
                 let port = port::DpdkPort::open(settings).map_err(SwitchError::Dpdk)?;
+                Switch::start_with_port(settings, port)
+            }
+            SwitchTransport::Rdma => {
+                let port = port::RdmaPort::open(settings).map_err(SwitchError::Rdma)?;
                 Switch::start_with_port(settings, port)
             }
         }

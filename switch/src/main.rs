@@ -1,12 +1,12 @@
 //! `netagg-switch`: the software switch process.
 //!
-//! Workers register on the TCP control port; aggregation packets arrive on the UDP data
-//! port. Prints one line `netagg-switch: control <addr> data <addr>` once both are bound
-//! (launchers read it to learn ports chosen with port 0), logs to stderr through
-//! `tracing` (`--log-level` or `RUST_LOG`; one line per event, coloured only on a terminal
-//! without `NO_COLOR`: `netagg_config::logging`), prints counters to stdout every
-//! `--stats-interval` seconds and on exit, one line per group, and shuts down cleanly on
-//! SIGINT or SIGTERM. The switch itself is the library's
+//! Workers register on the TCP control port; aggregation packets arrive on the data port
+//! (UDP, or RDMA connections through rdma_cm). Prints one line `netagg-switch: control
+//! <addr> data <addr>` once both are bound (launchers read it to learn ports chosen with
+//! port 0), logs to stderr through `tracing` (`--log-level` or `RUST_LOG`; one line per
+//! event, coloured only on a terminal without `NO_COLOR`: `netagg_config::logging`),
+//! prints counters to stdout every `--stats-interval` seconds and on exit, one line per
+//! group, and shuts down cleanly on SIGINT or SIGTERM. The switch itself is the library's
 //! [`Switch`]; this is its shell.
 
 #![forbid(unsafe_code)]
@@ -123,7 +123,8 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).map_err(|e| e.to_string())?;
     }
-    let Endpoint::Udp(data) = switch.data_endpoint();
+    // The address alone, whatever the transport: launchers read this line.
+    let (Endpoint::Udp(data) | Endpoint::Rdma { address: data, .. }) = switch.data_endpoint();
     println!("netagg-switch: control {} data {data}", switch.control_addr());
 
     let stats_interval = settings.stats_interval;

@@ -48,7 +48,8 @@ fn assert_closed_by_the_switch(mut stream: TcpStream) {
 #[test]
 fn reports_the_ports_it_bound_and_accepts_a_session() {
     let switch = loopback_switch();
-    let (control, Endpoint::Udp(data)) = (switch.control_addr(), switch.data_endpoint());
+    let control = switch.control_addr();
+    let data = switch.data_endpoint().udp_address(control.ip()).expect("a UDP data path");
     assert!(control.port() != 0 && data.port() != 0, "{control} {data}");
     assert!(switch.is_running());
     let (stream, reply) = register_alone(&switch);
@@ -95,7 +96,7 @@ fn a_taken_address_is_an_error_that_names_it() {
 #[test]
 fn empty_datagrams_are_counted_as_malformed() {
     let switch = loopback_switch();
-    let Endpoint::Udp(data) = switch.data_endpoint();
+    let data = switch.data_endpoint().udp_address(switch.control_addr().ip()).expect("a UDP data path");
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     for _ in 0..3 {
         socket.send_to(&[], data).unwrap();

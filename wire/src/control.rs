@@ -60,21 +60,47 @@ impl TryFrom<u8> for ValueEncoding {
     }
 }
 
+/// Bytes of the private data a worker thread's RDMA connection request carries.
+pub const RDMA_HELLO_LEN: usize = 16;
+const RDMA_HELLO_MAGIC: [u8; 7] = *b"netaggR";
+
+/// The private data of a worker thread's RDMA connection request: "netaggR", the control
+/// version, then the tag of the [`Endpoint::Rdma`] it registered (u64), so that the
+/// switch knows which registered thread is connecting.
+pub fn rdma_hello(tag: u64) -> [u8; RDMA_HELLO_LEN] {
+    let mut hello = [0; RDMA_HELLO_LEN];
+    hello[..7].copy_from_slice(&RDMA_HELLO_MAGIC);
+    hello[7] = CONTROL_VERSION;
+    hello[8..].copy_from_slice(&tag.to_le_bytes());
+    hello
+}
+
+/// The tag of an [`rdma_hello`] (which may come padded with zeros, as RoCE pads private
+/// data); `None` for anything else, or a hello of another control version.
+pub fn rdma_hello_tag(private: &[u8]) -> Option<u64> {
+    let hello = private.get(..RDMA_HELLO_LEN)?;
+    if hello[..7] != RDMA_HELLO_MAGIC || hello[7] != CONTROL_VERSION {
+        return None;
+    }
+    Some(u64::from_le_bytes(hello[8..].try_into().expect("8 bytes")))
+}
+
 /// The transports an [`Endpoint`] can name, by their kind byte on the wire.
 ///
-/// Kinds 2 and up are free for the transports still to come (RDMA queue pairs, Ethernet
-/// and IP addresses for kernel-bypass ports); a peer that meets a kind it does not know
-/// refuses the message with [`WireError::UnknownEndpoint`].
+/// A peer that meets a kind it does not know refuses the message with
+/// [`WireError::UnknownEndpoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum EndpointKind {
     Udp = 1,
+    Rdma = 2,
 }
 
 impl std::fmt::Display for EndpointKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             EndpointKind::Udp => "udp",
+            EndpointKind::Rdma => "rdma",
         })
     }
 }
@@ -82,39 +108,51 @@ impl std::fmt::Display for EndpointKind {
 /// Where one side's data path is reached: a worker thread's, announced in its
 /// registration, or the switch's, announced in its accept.
 ///
-/// On the wire: kind u8, length u8, then the kind's address of that many bytes.
+/// On the wire: kind u8, length u8, then the kind's address of that many bytes. In
+/// every kind an unspecified IP stands for the address of the control connection's
+/// other end, so that neither side needs to know which of its addresses the other
+/// reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     /// A UDP socket (kind 1; 6 bytes: IPv4 address, port u16; or 18: IPv6 address, port).
-    /// An unspecified IP stands for the address of the control connection's other end,
-    /// so that neither side needs to know which of its addresses the other reaches.
     Udp(SocketAddr),
+    /// An RDMA reliable connection set up through rdma_cm (kind 2; the UDP kind's bytes,
+    /// then tag u64). The switch announces where it listens, with tag 0. A worker thread
+    /// announces the IP its connection comes from (port 0: rdma_cm picks one) and an
+    /// unguessable tag that its connection request then carries, so that the switch
+    /// knows which registered thread is connecting.
+    Rdma { address: SocketAddr, tag: u64 },
 }
 
 impl Endpoint {
     pub fn kind(&self) -> EndpointKind {
         match self {
             Endpoint::Udp(_) => EndpointKind::Udp,
+            Endpoint::Rdma { .. } => EndpointKind::Rdma,
         }
     }
 
-    /// The UDP address meant, an unspecified IP replaced by `peer`: the IP the control
+    /// The socket address meant, an unspecified IP replaced by `peer`: the IP the control
     /// connection's other end has.
-    pub fn udp_address(&self, peer: IpAddr) -> Option<SocketAddr> {
-        match *self {
-            Endpoint::Udp(mut address) => {
-                if address.ip().is_unspecified() {
-                    address.set_ip(peer);
-                }
-                Some(address)
-            }
+    pub fn address(&self, peer: IpAddr) -> SocketAddr {
+        let (Endpoint::Udp(mut address) | Endpoint::Rdma { mut address, .. }) = *self;
+        if address.ip().is_unspecified() {
+            address.set_ip(peer);
         }
+        address
+    }
+
+    /// [`Endpoint::address`] of a UDP endpoint; `None` for other kinds.
+    pub fn udp_address(&self, peer: IpAddr) -> Option<SocketAddr> {
+        matches!(self, Endpoint::Udp(_)).then(|| self.address(peer))
     }
 
     fn address_len(&self) -> usize {
+        let (Endpoint::Udp(address) | Endpoint::Rdma { address, .. }) = self;
+        let ip_and_port = if address.is_ipv4() { 6 } else { 18 };
         match self {
-            Endpoint::Udp(SocketAddr::V4(_)) => 6,
-            Endpoint::Udp(SocketAddr::V6(_)) => 18,
+            Endpoint::Udp(_) => ip_and_port,
+            Endpoint::Rdma { .. } => ip_and_port + 8,
         }
     }
 
@@ -126,21 +164,32 @@ impl Endpoint {
         let kind = body.u8()?;
         let len = body.u8()? as usize;
         let mut address = Reader { bytes: body.take(len)? };
-        let endpoint = match kind {
-            1 => {
-                let ip = match len {
-                    6 => IpAddr::V4(Ipv4Addr::from(address.array::<4>()?)),
-                    18 => IpAddr::V6(Ipv6Addr::from(address.array::<16>()?)),
-                    _ => {
-                        return Err(WireError::InvalidField {
-                            field: "endpoint",
-                            reason: "a UDP endpoint has 6 or 18 bytes",
-                        })
-                    }
-                };
-                Endpoint::Udp(SocketAddr::new(ip, address.u16()?))
+        let socket_address = |address: &mut Reader, len| {
+            let ip = match len {
+                6 => IpAddr::V4(Ipv4Addr::from(address.array::<4>()?)),
+                18 => IpAddr::V6(Ipv6Addr::from(address.array::<16>()?)),
+                _ => unreachable!("lengths checked by the caller"),
+            };
+            Ok(SocketAddr::new(ip, address.u16()?))
+        };
+        let endpoint = match (kind, len) {
+            (1, 6 | 18) => Endpoint::Udp(socket_address(&mut address, len)?),
+            (1, _) => {
+                return Err(WireError::InvalidField {
+                    field: "endpoint",
+                    reason: "a UDP endpoint has 6 or 18 bytes",
+                })
             }
-            other => return Err(WireError::UnknownEndpoint(other)),
+            (2, 14 | 26) => {
+                Endpoint::Rdma { address: socket_address(&mut address, len - 8)?, tag: address.u64()? }
+            }
+            (2, _) => {
+                return Err(WireError::InvalidField {
+                    field: "endpoint",
+                    reason: "an RDMA endpoint has 14 or 26 bytes",
+                })
+            }
+            (other, _) => return Err(WireError::UnknownEndpoint(other)),
         };
         Ok(endpoint)
     }
@@ -148,14 +197,14 @@ impl Endpoint {
     fn write(&self, out: &mut Writer) {
         out.u8(self.kind() as u8);
         out.u8(self.address_len() as u8);
-        match self {
-            Endpoint::Udp(address) => {
-                match address.ip() {
-                    IpAddr::V4(ip) => out.slice(&ip.octets()),
-                    IpAddr::V6(ip) => out.slice(&ip.octets()),
-                }
-                out.u16(address.port());
-            }
+        let (Endpoint::Udp(address) | Endpoint::Rdma { address, .. }) = self;
+        match address.ip() {
+            IpAddr::V4(ip) => out.slice(&ip.octets()),
+            IpAddr::V6(ip) => out.slice(&ip.octets()),
+        }
+        out.u16(address.port());
+        if let Endpoint::Rdma { tag, .. } = self {
+            out.u64(*tag);
         }
     }
 }
@@ -164,6 +213,8 @@ impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Endpoint::Udp(address) => write!(f, "udp {address}"),
+            Endpoint::Rdma { address, tag: 0 } => write!(f, "rdma {address}"),
+            Endpoint::Rdma { address, tag } => write!(f, "rdma {} tag {tag:#018x}", address.ip()),
         }
     }
 }
@@ -598,10 +649,58 @@ mod tests {
     }
 
     #[test]
+    fn an_rdma_endpoint_is_the_udp_bytes_then_its_tag() {
+        let endpoint = Endpoint::Rdma { address: "10.77.0.2:0".parse().unwrap(), tag: 0x0102_0304_0506_0708 };
+        let message = register_as("job", vec![endpoint]);
+        let mut buffer = vec![0u8; message.buffer_len()];
+        message.emit(1, &mut buffer).unwrap();
+        #[rustfmt::skip]
+        let expected: [u8; 16] = [
+            0x02, 0x0E, 10, 77, 0, 2, 0x00, 0x00,           // rdma, 14 bytes, 10.77.0.2 port 0
+            0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // tag
+        ];
+        assert_eq!(&buffer[buffer.len() - 16..], &expected);
+        assert_eq!(ControlMessage::parse(&buffer).unwrap(), (1, message));
+        assert_eq!(endpoint.to_string(), "rdma 10.77.0.2 tag 0x0102030405060708");
+        let listener = Endpoint::Rdma { address: "0.0.0.0:48864".parse().unwrap(), tag: 0 };
+        assert_eq!(listener.to_string(), "rdma 0.0.0.0:48864");
+        assert_eq!(listener.address("10.77.0.1".parse().unwrap()), "10.77.0.1:48864".parse().unwrap());
+        assert_eq!(listener.udp_address("10.77.0.1".parse().unwrap()), None);
+        // Cut by one byte, with the lengths kept consistent.
+        let len = buffer.len();
+        buffer[len - 15] = 13;
+        buffer.pop();
+        buffer[2] -= 1;
+        assert_eq!(
+            ControlMessage::parse(&buffer).unwrap_err(),
+            WireError::InvalidField { field: "endpoint", reason: "an RDMA endpoint has 14 or 26 bytes" }
+        );
+    }
+
+    #[test]
+    fn an_rdma_hello_carries_the_tag_and_nothing_else_passes_for_one() {
+        let hello = rdma_hello(0xDEAD_BEEF_0000_0001);
+        assert_eq!(&hello[..8], b"netaggR\x05");
+        let mut padded = hello.to_vec();
+        padded.resize(56, 0);
+        assert_eq!(rdma_hello_tag(&padded), Some(0xDEAD_BEEF_0000_0001));
+        assert_eq!(rdma_hello_tag(&hello[..15]), None);
+        assert_eq!(rdma_hello_tag(b"netagg-rdma-echo"), None);
+        let mut other_version = hello;
+        other_version[7] = 4;
+        assert_eq!(rdma_hello_tag(&other_version), None);
+    }
+
+    #[test]
     fn every_message_round_trips() {
         let messages = [
             register(),
             accept(udp("[::1]:48864")),
+            accept(Endpoint::Rdma { address: "[::]:48864".parse().unwrap(), tag: 0 }),
+            register_as(
+                "v6",
+                vec![Endpoint::Rdma { address: "[fd00::2]:0".parse().unwrap(), tag: u64::MAX }],
+            ),
             register_as(&"x".repeat(MAX_SESSION_NAME_LEN), vec![udp("[fe80::1]:9"); MAX_THREADS]),
             ControlMessage::Reject {
                 code: RejectCode::Mismatch,

@@ -24,8 +24,8 @@ struct GeneralConfig {
   std::uint16_t num_worker_threads;
   std::uint32_t max_outstanding_packets;
   std::uint64_t packet_numel;
-  /// "udp" or "dpdk" (through a netagg-switch, from a kernel socket or a DPDK port) or
-  /// "dummy". SwitchML's "rdma" is refused.
+  /// "udp", "dpdk" or "rdma" (through a netagg-switch, from a kernel socket, a DPDK port
+  /// or RDMA queue pairs) or "dummy".
   std::string backend;
   /// Only "fifo", as in SwitchML; netagg does not make threads wait for each other.
   std::string scheduler;

@@ -15,6 +15,7 @@
 pub mod dpdk;
 pub mod dummy;
 pub mod faults;
+pub mod rdma;
 pub mod udp;
 
 use std::io;
@@ -97,5 +98,6 @@ pub fn open(config: &Config) -> Result<Links, Error> {
             Ok(Links::Switch(transports))
         }
         BackendKind::Dpdk => Ok(Links::Switch(dpdk::transports(config)?)),
+        BackendKind::Rdma => Ok(Links::Switch(rdma::transports(config)?)),
     }
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -120,7 +121,8 @@ static void bad_configs(const char *unknown_key_file) {
   EXPECT_MESSAGE("unknown key 'general.nope'");
   EXPECT(netagg_config_set(config, "general.num_workers", "0"), NETAGG_CONFIG_VALUE);
   EXPECT_MESSAGE("key 'general.num_workers' = '0': expected an integer from 1 to 65535");
-  EXPECT(netagg_config_set(config, "general.backend", "rdma"), NETAGG_CONFIG_VALUE);
+  EXPECT(netagg_config_set(config, "general.backend", "tcp"), NETAGG_CONFIG_VALUE);
+  EXPECT_MESSAGE("expected 'udp', 'dpdk', 'rdma' or 'dummy'");
   EXPECT(netagg_config_get(config, "general.nope", value, sizeof value, &length), NETAGG_CONFIG_UNKNOWN_KEY);
   EXPECT(netagg_config_set(config, "general.num_workers", "4"), NETAGG_OK);
   EXPECT(netagg_config_set(config, "general.rank", "4"), NETAGG_OK);
@@ -130,6 +132,19 @@ static void bad_configs(const char *unknown_key_file) {
   EXPECT(netagg_config_get(config, "general.num_workers", value, sizeof value, &length), NETAGG_OK);
   EXPECT_TRUE(strcmp(value, "4") == 0 && length == 1);
   netagg_config_free(config);
+
+  /* RDMA on a host whose kernel has none (this one, and CI's): a clear error at start. */
+  if (access("/sys/class/infiniband", F_OK) != 0) {
+    EXPECT(netagg_config_new(&config), NETAGG_OK);
+    EXPECT(netagg_config_set(config, "general.backend", "rdma"), NETAGG_OK);
+    EXPECT(netagg_context_new(config, &context), NETAGG_OK);
+    EXPECT(netagg_context_start(context), NETAGG_BACKEND);
+    EXPECT_MESSAGE("backend.rdma: no RDMA device: this kernel has no RDMA support");
+    EXPECT_MESSAGE("rdma link add rxe0 type rxe netdev eth0");
+    EXPECT_MESSAGE("backend = udp needs none");
+    netagg_context_free(context);
+    netagg_config_free(config);
+  }
 }
 
 static netagg_context *dummy_context_at(const char *prepostprocessor, const char *bandwidth) {

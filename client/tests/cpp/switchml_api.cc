@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <thread>
 #include <vector>
 
@@ -65,10 +66,14 @@ static void misuse_before_start(switchml::Context& ctx) {
 
   switchml::Config bad;
   EXPECT(bad.LoadFromFile());
-  bad.general_.backend = "rdma";
+  bad.general_.backend = "tcp";
   std::string why;
-  EXPECT(!bad.IsValid(&why) && why.find("expected 'udp', 'dpdk' or 'dummy'") != std::string::npos);
+  EXPECT(!bad.IsValid(&why) && why.find("expected 'udp', 'dpdk', 'rdma' or 'dummy'") != std::string::npos);
   EXPECT(!ctx.Start(&bad));
+  // Valid, but this host has no RDMA device: Start says so rather than abort.
+  bad.general_.backend = "rdma";
+  EXPECT(bad.IsValid(&why));
+  EXPECT(access("/sys/class/infiniband", F_OK) == 0 || !ctx.Start(&bad));
   bad.general_.backend = "dummy";
   bad.general_.scheduler = "lifo";
   EXPECT(!ctx.Start(&bad));

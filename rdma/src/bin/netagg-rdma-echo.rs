@@ -3,16 +3,22 @@
 //! every message back until the peer leaves; `netagg-rdma-echo send ADDRESS:PORT COUNT
 //! SIZE` connects (retrying for 60 s, as the peer may still be starting), sends COUNT
 //! messages of SIZE bytes, a window of 16 at a time, and checks every echo byte for byte.
+//! The server sleeps on its completion channel ([`Wait::Event`]), the sender busy-polls
+//! ([`Wait::Busy`]) and writes its messages straight into the registered send buffers,
+//! so that one run exercises both waits and both ways of sending.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use netagg_rdma::{Connection, Listener};
+use netagg_rdma::{Connection, Listener, Options, Wait};
 
-const SLOTS: usize = 32;
 const SLOT_SIZE: usize = 4096;
 const WINDOW: usize = 16;
+
+fn options(wait: Wait) -> Options {
+    Options { depth: 2 * WINDOW, message_size: SLOT_SIZE, wait }
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,7 +40,7 @@ fn serve(address: &str) -> Result<(), String> {
     let address: SocketAddr = address.parse().map_err(|e| format!("{address}: {e}"))?;
     let listener = Listener::bind(address).map_err(|e| e.to_string())?;
     let (mut connection, private) =
-        listener.accept(Duration::from_secs(120), SLOTS, SLOT_SIZE).map_err(|e| e.to_string())?;
+        listener.accept(Duration::from_secs(120), options(Wait::Event)).map_err(|e| e.to_string())?;
     println!("accepted a connection, private data {:?}", String::from_utf8_lossy(&private));
     let mut echoed = 0u64;
     loop {
@@ -66,7 +72,13 @@ fn send(address: &str, count: &str, size: &str) -> Result<(), String> {
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut connection = loop {
-        match Connection::connect(address, b"netagg-rdma-echo", Duration::from_secs(5), SLOTS, SLOT_SIZE) {
+        match Connection::connect(
+            address,
+            None,
+            b"netagg-rdma-echo",
+            Duration::from_secs(5),
+            options(Wait::Busy),
+        ) {
             Ok(connection) => break connection,
             Err(error) if Instant::now() < deadline => {
                 eprintln!("not yet: {error}");
@@ -87,9 +99,12 @@ fn send(address: &str, count: &str, size: &str) -> Result<(), String> {
     let (mut sent, mut received) = (0u64, 0u64);
     while received < count {
         while sent < count && sent - received < WINDOW as u64 {
-            connection.send(&message(sent)).map_err(|e| e.to_string())?;
+            let buffer = connection.send_buffer(Duration::from_secs(10)).map_err(|e| e.to_string())?;
+            buffer[..size].copy_from_slice(&message(sent));
+            connection.queue(size).map_err(|e| e.to_string())?;
             sent += 1;
         }
+        connection.flush().map_err(|e| e.to_string())?;
         let mut wrong = None;
         let got = connection
             .recv(Duration::from_secs(10), &mut |echo| {

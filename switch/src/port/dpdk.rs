@@ -72,7 +72,12 @@ impl DataPort for DpdkPort {
         Endpoint::Udp(SocketAddr::V4(self.local()))
     }
 
-    fn resolve(&self, endpoint: &Endpoint, peer: IpAddr) -> Result<SocketAddr, String> {
+    fn resolve(
+        &mut self,
+        endpoint: &Endpoint,
+        peer: IpAddr,
+        _datagram_len: usize,
+    ) -> Result<SocketAddr, String> {
         let address = super::udp_peer(endpoint, peer)?;
         match address {
             SocketAddr::V4(_) => Ok(address),

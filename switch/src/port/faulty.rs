@@ -46,8 +46,13 @@ impl<P: DataPort> DataPort for FaultyPort<P> {
         self.inner.endpoint()
     }
 
-    fn resolve(&self, endpoint: &Endpoint, peer: IpAddr) -> Result<P::Address, String> {
-        self.inner.resolve(endpoint, peer)
+    fn resolve(
+        &mut self,
+        endpoint: &Endpoint,
+        peer: IpAddr,
+        datagram_len: usize,
+    ) -> Result<P::Address, String> {
+        self.inner.resolve(endpoint, peer, datagram_len)
     }
 
     fn max_datagram(&self) -> Option<usize> {

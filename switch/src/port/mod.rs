@@ -3,11 +3,13 @@
 //! The data path feeds the engine whatever datagrams a [`DataPort`] receives and hands
 //! the port the results to send; it knows nothing of sockets, rings or queue pairs. A
 //! port names the worker threads it talks to with its own [`DataPort::Address`] (a UDP
-//! socket address, a queue pair), resolved once, when a session opens, from the
+//! socket address, a connection), resolved once, when a session opens, from the
 //! [`Endpoint`] each thread registered.
 //!
 //! - [`UdpPort`]: a kernel UDP socket with batched system calls;
 //! - [`DpdkPort`]: a DPDK device, speaking the same UDP;
+//! - [`RdmaPort`]: RDMA reliable connections, one per worker thread, accepted through
+//!   rdma_cm;
 //! - [`FaultyPort`]: wraps any port to drop, duplicate, reorder, delay or corrupt
 //!   datagrams each way, for `[switch.faults]`;
 //! - [`memory`]: a network in memory, so that the data path and whole sessions are
@@ -19,6 +21,7 @@
 pub mod dpdk;
 pub mod faulty;
 pub mod memory;
+pub mod rdma;
 pub mod udp;
 
 use std::fmt::Debug;
@@ -33,6 +36,7 @@ use netagg_wire::Endpoint;
 pub use dpdk::DpdkPort;
 pub use faulty::FaultyPort;
 pub use memory::{MemoryNetwork, MemorySocket};
+pub use rdma::RdmaPort;
 pub use udp::UdpPort;
 
 /// One network attachment of the switch's data path, owned by the data path's thread.
@@ -49,8 +53,14 @@ pub trait DataPort: Send + 'static {
     fn endpoint(&self) -> Endpoint;
 
     /// The address of a worker thread that registered `endpoint` over a control
-    /// connection from `peer`; a message for the worker if this port cannot reach it.
-    fn resolve(&self, endpoint: &Endpoint, peer: IpAddr) -> Result<Self::Address, String>;
+    /// connection from `peer`, for a session whose datagrams are at most `datagram_len`
+    /// bytes; a message for the worker if this port cannot reach it.
+    fn resolve(
+        &mut self,
+        endpoint: &Endpoint,
+        peer: IpAddr,
+        datagram_len: usize,
+    ) -> Result<Self::Address, String>;
 
     /// Waits up to `timeout` for datagrams and hands each, with its source, to `sink`;
     /// returns how many it handed over (0 when the time ran out).

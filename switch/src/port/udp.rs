@@ -67,7 +67,12 @@ impl DataPort for UdpPort {
         Endpoint::Udp(self.local)
     }
 
-    fn resolve(&self, endpoint: &Endpoint, peer: IpAddr) -> Result<SocketAddr, String> {
+    fn resolve(
+        &mut self,
+        endpoint: &Endpoint,
+        peer: IpAddr,
+        _datagram_len: usize,
+    ) -> Result<SocketAddr, String> {
         super::udp_peer(endpoint, peer)
     }
 

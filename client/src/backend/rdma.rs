@@ -1,0 +1,148 @@
+//! The RDMA backend: one reliable connection (an RC queue pair) per worker thread to the
+//! switch's RDMA port, set up through rdma_cm once the session is open.
+//!
+//! A thread writes each datagram straight into a registered send buffer, and a window's
+//! datagrams leave as one chain of SEND work requests at the flush; results arrive in
+//! registered receive buffers and are handed over in place. RC delivers in order and
+//! retransmits in the NIC, so the protocol core's own retransmissions only run when a
+//! peer is gone, and then the connection reports it.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use netagg_config::Config;
+use netagg_rdma::{Connection, Options};
+use netagg_wire::control::rdma_hello;
+use netagg_wire::{packet, Endpoint};
+
+use super::{ControlAddresses, SwitchTransport, Transport};
+use crate::Error;
+
+/// How long a lent send buffer is waited for while every one is in flight: far beyond
+/// what RC's own retries take, so that only a stuck queue pair ends up here.
+const SEND_BUFFER_WAIT: Duration = Duration::from_secs(5);
+
+/// The transports of `config`'s `[backend.rdma]`, one per worker thread, not yet
+/// connected: an error now if this host has no RDMA device, or not the one named.
+pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Error> {
+    let rdma = &config.rdma;
+    let local = netagg_rdma::settings::local_ip(rdma, "backend.rdma")
+        .map_err(|error| Error::Backend(format!("backend.rdma: {error}")))?;
+    let numel = usize::from(config.general.packet_numel);
+    let datagram = packet::datagram_len(numel);
+    let message_size = match rdma.message_size {
+        0 => datagram,
+        size if size >= datagram => size,
+        size => {
+            return Err(Error::InvalidConfig(format!(
+                "backend.rdma.message_size {size} is smaller than the {datagram}-byte datagrams of \
+                 general.packet_numel {numel}: set 0 to fit them, or at least {datagram}"
+            )))
+        }
+    };
+    let options = netagg_rdma::settings::options(rdma, message_size);
+    let threads = usize::from(config.general.num_worker_threads);
+    Ok((0..threads)
+        .map(|_| {
+            Box::new(RdmaTransport {
+                local,
+                // Unguessable: whoever brings it gets this thread's results.
+                tag: rand::RngCore::next_u64(&mut rand::rngs::OsRng),
+                options,
+                connect_timeout: config.general.connect_timeout,
+                connection: None,
+                failed: None,
+                scratch: Vec::new(),
+            }) as Box<dyn SwitchTransport>
+        })
+        .collect())
+}
+
+pub struct RdmaTransport {
+    /// The address connections leave from, if a device is named.
+    local: Option<IpAddr>,
+    /// Announced at registration and carried by the connection request.
+    tag: u64,
+    options: Options,
+    connect_timeout: Duration,
+    connection: Option<Connection>,
+    /// Why the last send buffer could not be lent, reported by the send that follows.
+    failed: Option<io::Error>,
+    /// Where a datagram is written when no send buffer can be lent.
+    scratch: Vec<u8>,
+}
+
+fn not_connected() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the RDMA transport is not connected to the switch yet")
+}
+
+impl Transport for RdmaTransport {
+    fn describe(&self) -> String {
+        match &self.connection {
+            Some(connection) => format!(
+                "rdma: an RC queue pair on {}, {}-byte messages, {} deep",
+                connection.device_name(),
+                self.options.message_size,
+                self.options.depth
+            ),
+            None => "rdma: not connected".into(),
+        }
+    }
+
+    fn send_buffer(&mut self, len: usize) -> &mut [u8] {
+        let lent = match self.connection.as_mut() {
+            Some(connection) => connection.send_buffer(SEND_BUFFER_WAIT),
+            None => Err(not_connected()),
+        };
+        // The trait lends without failing: the error waits for the send.
+        match lent {
+            Ok(buffer) if buffer.len() >= len => return buffer,
+            Ok(_) => {
+                let message =
+                    format!("a datagram of {len} bytes; the buffers hold {}", self.options.message_size);
+                self.failed = Some(io::Error::new(io::ErrorKind::InvalidInput, message));
+            }
+            Err(error) => self.failed = Some(error),
+        }
+        self.scratch.resize(len, 0);
+        &mut self.scratch
+    }
+
+    fn send(&mut self, len: usize) -> io::Result<()> {
+        if let Some(error) = self.failed.take() {
+            return Err(error);
+        }
+        self.connection.as_mut().ok_or_else(not_connected)?.queue(len)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.connection.as_mut().ok_or_else(not_connected)?.flush()
+    }
+
+    fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        self.connection.as_mut().ok_or_else(not_connected)?.recv(timeout, sink)
+    }
+}
+
+impl SwitchTransport for RdmaTransport {
+    fn endpoint(&self) -> Endpoint {
+        let ip = self.local.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        Endpoint::Rdma { address: SocketAddr::new(ip, 0), tag: self.tag }
+    }
+
+    fn connect(&mut self, switch: &Endpoint, control: ControlAddresses) -> io::Result<()> {
+        let Endpoint::Rdma { .. } = switch else {
+            let message = format!("the switch's data path is {switch}, not RDMA");
+            return Err(io::Error::new(io::ErrorKind::Unsupported, message));
+        };
+        let address = switch.address(control.switch);
+        let hello = rdma_hello(self.tag);
+        let connection = Connection::connect(address, self.local, &hello, self.connect_timeout, self.options)
+            .map_err(|error| {
+                io::Error::new(error.kind(), format!("RDMA connection to {address}: {error}"))
+            })?;
+        self.connection = Some(connection);
+        Ok(())
+    }
+}

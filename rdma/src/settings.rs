@@ -1,0 +1,54 @@
+//! `[backend.rdma]` and `[switch.rdma]` made into what connections need, the same way
+//! on both sides.
+
+use std::net::IpAddr;
+
+use netagg_config::{Rdma, RdmaPoll};
+
+use crate::{devices, Device, Options, PortState, RdmaError, Wait};
+
+/// Where this side's connections live: `None` where rdma_cm may choose (no device
+/// named), else the address in GID `gid_index` of the named device's port. An error if
+/// this host has no RDMA device at all, or not the one named, or its port is not up, or
+/// the GID holds no address.
+pub fn local_ip(settings: &Rdma, section: &str) -> Result<Option<IpAddr>, RdmaError> {
+    // First, so that a host without RDMA says so whatever else is configured.
+    devices()?;
+    if settings.device.is_empty() {
+        return Ok(None);
+    }
+    let device = Device::open(Some(&settings.device))?;
+    let port = device.port(settings.device_port)?;
+    if port.state != PortState::Active {
+        return Err(RdmaError::Device {
+            device: settings.device.clone(),
+            what: "its port is not up",
+            reason: format!("port {} is {:?} ({section}.device_port)", settings.device_port, port.state),
+        });
+    }
+    let gid = device.gid(settings.device_port, settings.gid_index)?;
+    if gid.is_unspecified() {
+        return Err(RdmaError::Device {
+            device: settings.device.clone(),
+            what: "the GID chosen holds no address",
+            reason: format!(
+                "GID {} of port {} is empty ({section}.gid_index; netagg-rdma-devices lists them)",
+                settings.gid_index, settings.device_port
+            ),
+        });
+    }
+    // RoCE keeps an IPv4 address as an IPv4-mapped GID.
+    Ok(Some(IpAddr::V6(gid).to_canonical()))
+}
+
+/// A connection's options from the settings, its buffers `message_size` bytes each.
+pub fn options(settings: &Rdma, message_size: usize) -> Options {
+    Options {
+        depth: settings.queue_depth as usize,
+        message_size,
+        wait: match settings.poll {
+            RdmaPoll::Busy => Wait::Busy,
+            RdmaPoll::Event => Wait::Event,
+        },
+    }
+}

@@ -1,0 +1,145 @@
+//! RDMA end to end: `netagg-switch --transport rdma` in one QEMU VM, a worker in each of
+//! two VMs joined by a Soft-RoCE link (`scripts/softroce-vms`), `allreduce_benchmark
+//! --verify` between them with `backend = rdma`. Every datagram crosses an RC queue
+//! pair: each worker prints what carried its packets, and the switch that it ran its
+//! data path on RDMA. Needs root and QEMU, as CI has (the script installs QEMU);
+//! ignored in a plain `cargo test`, run by `scripts/test` in its own stage.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::runs::benchmark;
+
+const SWITCH: &str = env!("CARGO_BIN_EXE_netagg-switch");
+
+/// Starts the switch in the background in vm0, its log in switch.log.
+const START_SWITCH: &str = "netagg-switch --transport rdma --control 10.77.0.1:50099 \
+     --data 10.77.0.1:48864 --log-level debug > switch.log 2>&1 & switch=$!";
+
+/// What every rank's environment holds: two workers over RDMA, the switch in vm0.
+fn worker_environment(rank: usize) -> String {
+    format!(
+        "NETAGG_GENERAL__BACKEND=rdma NETAGG_GENERAL__NUM_WORKERS=2 NETAGG_GENERAL__RANK={rank} \
+         NETAGG_GENERAL__CONTROLLER_IP=10.77.0.1"
+    )
+}
+
+// Lines the tests look for start with a line feed: the benchmark's progress bar ends
+// without one.
+
+/// Runs `vm0` and `vm1` in the two VMs with the switch and the benchmark at hand;
+/// returns whether both succeeded, and everything printed.
+fn softroce_vms(vm0: &str, vm1: &str) -> (bool, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/softroce-vms");
+    let output = Command::new(script)
+        .args(["--timeout", "240", "--bin", SWITCH, "--bin"])
+        .arg(benchmark())
+        .args(["--vm0", vm0, "--vm1", vm1])
+        .output()
+        .expect("scripts/softroce-vms runs");
+    let all =
+        format!("{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), all)
+}
+
+/// The switch's counters, printed on exit: how many datagrams it received.
+fn switch_datagrams(all: &str) -> u64 {
+    all.lines()
+        .find_map(|line| line.strip_prefix("[vm0] stats: datagrams "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no switch stats:\n{all}"))
+}
+
+/// `scripts/softroce-allreduce`, the one command the README gives: int32 and float32,
+/// dense and sparse, between the VMs.
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn allreduces_over_rdma_between_two_vms_are_exact_dense_and_sparse() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/softroce-allreduce");
+    let bin_dir = Path::new(SWITCH).parent().unwrap();
+    let output = Command::new(script).arg("--bin-dir").arg(bin_dir).output().expect("the script runs");
+    let all =
+        format!("{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{all}");
+    let runs = 4;
+    for vm in ["vm0", "vm1"] {
+        let verified = all.matches(&format!("[{vm}] Data verified successfully")).count();
+        assert_eq!(verified, runs, "{vm}:\n{all}");
+        // Every run of every rank on a queue pair of the Soft-RoCE device, nothing else.
+        let on_rdma = all.matches(&format!("[{vm}] Transport: rdma: an RC queue pair on rxe0")).count();
+        assert_eq!(on_rdma, runs, "{vm}:\n{all}");
+        assert!(!all.contains(&format!("[{vm}] Transport: udp")), "{all}");
+    }
+    assert!(all.contains("[vm0] netagg-switch: control 10.77.0.1:50099 data 10.77.0.1:48864"), "{all}");
+    assert!(all.contains("data path on RDMA"), "{all}");
+    // Two threads per rank, two ranks, four runs: each thread connected its own queue pair.
+    assert_eq!(all.matches("worker thread connected").count(), 4 * 4, "{all}");
+    assert!(switch_datagrams(&all) > 0, "{all}");
+}
+
+/// One rank killed mid-job (`kill -KILL`): the other's job fails within its job timeout,
+/// with an error, and the switch carries on.
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn a_worker_killed_mid_job_fails_the_other_s_job_within_the_job_timeout() {
+    let endless = "allreduce_benchmark --tensor-numel 64Ki --num-jobs 100000 --num-warmup-jobs 0";
+    let vm0 = format!(
+        "{START_SWITCH}\nstart=$(date +%s)\nNETAGG_GENERAL__JOB_TIMEOUT=5 {} {endless} && exit 1\n\
+         printf '\\nrank 0 failed after %d s\\n' $(( $(date +%s) - start ))\nkill -INT $switch; wait $switch; \
+         status=$?; cat switch.log; exit $status",
+        worker_environment(0)
+    );
+    // Rank 1 joins, runs jobs a few seconds, and dies without a word.
+    let vm1 = format!(
+        "{} {endless} & worker=$!\nsleep 8\nkill -KILL $worker\nprintf '\\nkilled rank 1\\n'",
+        worker_environment(1)
+    );
+    let (success, all) = softroce_vms(&vm0, &vm1);
+    assert!(success, "{all}");
+    assert!(all.contains("[vm1] killed rank 1"), "{all}");
+    let seconds: u64 = all
+        .lines()
+        .find_map(|line| line.strip_prefix("[vm0] rank 0 failed after "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("rank 0 did not fail:\n{all}"));
+    // Started before rank 1, ran with it for 8 s, then at most the job timeout (5 s);
+    // boot skew between the VMs is the rest.
+    assert!(seconds < 60, "{seconds} s:\n{all}");
+    assert!(all.contains("[vm0] allreduce_benchmark: "), "{all}");
+}
+
+/// The switch killed mid-job: both ranks' jobs fail within their job timeout.
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn a_switch_killed_mid_job_fails_both_ranks_within_the_job_timeout() {
+    let endless = "NETAGG_GENERAL__JOB_TIMEOUT=5 allreduce_benchmark --tensor-numel 64Ki --num-jobs 100000 \
+                   --num-warmup-jobs 0";
+    let rank = |rank| {
+        format!(
+            "start=$(date +%s)\n{} {endless} && exit 1\nprintf '\\nrank {rank} failed after %d s\\n' $(( $(date +%s) - start ))",
+            worker_environment(rank)
+        )
+    };
+    // The switch dies once both ranks have run jobs together for some seconds.
+    let vm0 = format!(
+        "{START_SWITCH}\n(while ! grep -q 'worker thread connected' switch.log; do sleep 1; done; sleep 10; \
+         kill -KILL $switch; printf '\\nkilled the switch\\n') &\n{}",
+        rank(0)
+    );
+    let (success, all) = softroce_vms(&vm0, &rank(1));
+    assert!(success, "{all}");
+    assert!(all.contains("[vm0] killed the switch"), "{all}");
+    for (vm, rank) in [("vm0", 0), ("vm1", 1)] {
+        let seconds: u64 = all
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("[{vm}] rank {rank} failed after ")))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("rank {rank} did not fail:\n{all}"));
+        // Jobs for 10 s with the other rank, then at most the job timeout (5 s); boot
+        // skew between the VMs is the rest.
+        assert!(seconds < 60, "rank {rank}: {seconds} s:\n{all}");
+        assert!(all.contains(&format!("[{vm}] allreduce_benchmark: ")), "{all}");
+    }
+}
