@@ -193,8 +193,9 @@ struct_keys! {
         /// of the interface's IPv4 or IPv6 address: Soft-RoCE puts IPv4 at 1; list them with
         /// netagg-rdma-devices (or show_gids).
         gid_index = 1, Integer { min: 0, max: 1023 };
-        /// Messages each queue pair keeps posted for receiving, and sends in flight at most; a
-        /// worker thread's share of max_outstanding_packets should fit.
+        /// Messages each queue pair keeps posted for receiving, and sends in flight at most;
+        /// raised to twice a worker thread's window (its share of max_outstanding_packets)
+        /// where that is more, so that no send waits for a receive to be posted.
         queue_depth = 512, Integer { min: 16, max: 65536 };
         /// Bytes of each registered receive and send buffer; 0: just what a packet of
         /// packet_numel elements needs. Smaller than a packet is refused at start.

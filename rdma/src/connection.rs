@@ -13,6 +13,7 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::marker::PhantomData;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::ptr::{self, NonNull};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::{
     ibv_access_flags, ibv_comp_channel, ibv_cq, ibv_mr, ibv_pd, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr,
-    ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, rdma_cm_event,
+    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, rdma_cm_event,
     rdma_cm_event_type, rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space,
 };
 
@@ -32,6 +33,8 @@ const RNR_RETRIES: u8 = 6;
 
 /// How often a busy wait looks at rdma_cm's channel for a departed peer.
 const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(1);
+/// How long an event-mode sender naps while every send buffer is in flight.
+const SEND_WAIT_NAP: Duration = Duration::from_micros(20);
 
 /// How a connection waits for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +59,22 @@ pub struct Options {
 /// An error of the connection: what failed, and why.
 fn failed(what: &str, error: io::Error) -> io::Error {
     io::Error::new(error.kind(), format!("{what}: {error}"))
+}
+
+/// What is left of the time until `deadline` (`None`: no deadline, for ever).
+fn remaining(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()))
+}
+
+/// Refuses a connection request and destroys its id, telling the peer `reason` (its
+/// first 148 bytes, what the connection manager carries).
+///
+/// # Safety
+/// `id` is a request's id not yet accepted, and not used again.
+unsafe fn refuse(id: NonNull<rdma_cm_id>, reason: &str) {
+    let reason = &reason.as_bytes()[..reason.len().min(148)];
+    rdma_sys::rdma_reject(id.as_ptr(), reason.as_ptr().cast(), reason.len() as u8);
+    rdma_sys::rdma_destroy_id(id.as_ptr());
 }
 
 /// The errno of a verbs or rdma_cm call that returned `result` (-1 with errno set, or an
@@ -92,24 +111,21 @@ impl Channel {
         Ok(NonNull::new(id).expect("rdma_create_id succeeded"))
     }
 
-    /// The next event, within `timeout`: its type, status, the id it is for, and its
-    /// private data (a connection request's).
-    fn next(&self, timeout: Duration) -> io::Result<Event> {
+    fn fd(&self) -> RawFd {
+        unsafe { (*self.0.as_ptr()).fd }
+    }
+
+    /// The next event, if one comes within `timeout`: its type, status, the id it is
+    /// for, and its private data (a connection request's).
+    fn next(&self, timeout: Duration) -> io::Result<Option<Event>> {
         let fd = self.fd();
         let deadline = Instant::now().checked_add(timeout);
         let mut event: *mut rdma_cm_event = ptr::null_mut();
         loop {
-            let left =
-                deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
             let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            let millis = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+            let millis = i32::try_from(remaining(deadline).as_millis()).unwrap_or(i32::MAX);
             match unsafe { libc::poll(&mut poll, 1, millis) } {
-                0 => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("no rdma_cm event within {timeout:?}"),
-                    ))
-                }
+                0 => return Ok(None),
                 -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
                 -1 => return Err(failed("waiting for an rdma_cm event", io::Error::last_os_error())),
                 _ => {}
@@ -134,12 +150,15 @@ impl Channel {
             ((*event).event, (*event).status, (*event).id, private)
         };
         unsafe { rdma_sys::rdma_ack_cm_event(event) };
-        Ok(Event { kind, status, id, private })
+        Ok(Some(Event { kind, status, id, private }))
     }
 
     /// Waits for an event of type `expected`; any other is an error that names it.
     fn expect(&self, expected: rdma_cm_event_type::Type, timeout: Duration) -> io::Result<Event> {
-        let event = self.next(timeout)?;
+        let Some(event) = self.next(timeout)? else {
+            let wanted = unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(expected)) }.to_string_lossy();
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no {wanted} within {timeout:?}")));
+        };
         if event.kind != expected {
             let name = unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(event.kind)) }.to_string_lossy();
             let wanted = unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(expected)) }.to_string_lossy();
@@ -154,12 +173,6 @@ impl Channel {
             return Err(io::Error::new(io::ErrorKind::ConnectionRefused, message));
         }
         Ok(event)
-    }
-}
-
-impl Channel {
-    fn fd(&self) -> RawFd {
-        unsafe { (*self.0.as_ptr()).fd }
     }
 }
 
@@ -214,11 +227,13 @@ fn sockaddr(address: SocketAddr) -> libc::sockaddr_storage {
 }
 
 /// A socket address from rdma_cm's; `None` for a family other than IPv4 and IPv6.
-fn socket_address(address: &libc::sockaddr) -> Option<SocketAddr> {
-    let address: *const libc::sockaddr = address;
-    // SAFETY: rdma_cm keeps room for a sockaddr_storage; the family says which it holds.
+///
+/// # Safety
+/// `address` points to a `sockaddr_storage`'s worth of readable bytes.
+unsafe fn socket_address(address: *const libc::sockaddr_storage) -> Option<SocketAddr> {
+    // The family says which address the storage holds.
     unsafe {
-        match i32::from((*address).sa_family) {
+        match i32::from((*address).ss_family) {
             libc::AF_INET => {
                 let sin = &*address.cast::<libc::sockaddr_in>();
                 let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
@@ -259,8 +274,9 @@ impl Listener {
 
     /// The address listened at, with the port actually bound.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        let address = unsafe { rdma_sys::rdma_get_local_addr(self.id.as_ref()) };
-        socket_address(address)
+        // SAFETY: the route's source is a union as large as a sockaddr_storage.
+        let address = unsafe { ptr::addr_of!((*self.id.as_ptr()).route.addr.src_addr_union) };
+        unsafe { socket_address(address.cast()) }
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "rdma_cm bound no IP address"))
     }
 
@@ -272,35 +288,27 @@ impl Listener {
 
     /// The next connection request, if one waits (within `timeout`); events of other
     /// kinds (an address change) are not the listener's to answer.
-    pub fn request(&self, timeout: Duration) -> io::Result<Option<Request>> {
+    pub fn request(&self, timeout: Duration) -> io::Result<Option<Request<'_>>> {
         let deadline = Instant::now().checked_add(timeout);
-        loop {
-            let left =
-                deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
-            let event = match self.channel.next(left) {
-                Ok(event) => event,
-                Err(error) if error.kind() == io::ErrorKind::TimedOut => return Ok(None),
-                Err(error) => return Err(error),
-            };
+        while let Some(event) = self.channel.next(remaining(deadline))? {
             if event.kind == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
                 let id = NonNull::new(event.id).expect("a request names its id");
-                return Ok(Some(Request { id: Some(id), private: event.private }));
+                return Ok(Some(Request { id: Some(id), private: event.private, listener: PhantomData }));
             }
         }
+        Ok(None)
     }
 
     /// Accepts the next connection within `timeout` and waits until it is established;
     /// returns it and the private data its peer sent.
     pub fn accept(&self, timeout: Duration, options: Options) -> io::Result<(Connection, Vec<u8>)> {
         let deadline = Instant::now().checked_add(timeout);
-        let left =
-            || deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()));
-        let Some(request) = self.request(left())? else {
+        let Some(request) = self.request(remaining(deadline))? else {
             return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no connection within {timeout:?}")));
         };
         let private = request.private().to_vec();
         let connection = request.accept(options)?;
-        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, left())?;
+        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, remaining(deadline))?;
         Ok((connection, private))
     }
 }
@@ -311,15 +319,17 @@ impl Drop for Listener {
     }
 }
 
-/// A peer's connection request, to accept or reject; dropped, it is rejected.
-pub struct Request {
+/// A peer's connection request, to accept or reject; dropped, it is rejected. Until
+/// accepted, its id's events come to the listener's channel, so it cannot outlive it.
+pub struct Request<'listener> {
     id: Option<NonNull<rdma_cm_id>>,
     private: Vec<u8>,
+    listener: PhantomData<&'listener Listener>,
 }
 
-unsafe impl Send for Request {}
+unsafe impl Send for Request<'_> {}
 
-impl Request {
+impl Request<'_> {
     /// What the peer sent with its request: over RoCE, padded with zeros to 56 bytes.
     pub fn private(&self) -> &[u8] {
         &self.private
@@ -341,15 +351,19 @@ impl Request {
         let channel = match prepared {
             Ok(channel) => channel,
             Err(error) => {
-                unsafe {
-                    rdma_sys::rdma_reject(id.as_ptr(), ptr::null(), 0);
-                    rdma_sys::rdma_destroy_id(id.as_ptr());
-                }
+                unsafe { refuse(id, &error.to_string()) };
                 return Err(error);
             }
         };
-        // From here the connection owns the id: dropping it rejects the peer.
-        let mut connection = Connection::prepare(id, channel, options)?;
+        let mut connection = Connection::new(id, channel, options);
+        if let Err(error) = connection.make_verbs() {
+            // The peer learns why (memory it cannot lock, say); the connection's drop
+            // then destroys the id.
+            let reason = &error.to_string();
+            let reason = &reason.as_bytes()[..reason.len().min(148)];
+            unsafe { rdma_sys::rdma_reject(id.as_ptr(), reason.as_ptr().cast(), reason.len() as u8) };
+            return Err(error);
+        }
         let mut parameters = connection_parameters();
         call("accepting", unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut parameters) })?;
         connection.established = true;
@@ -360,21 +374,14 @@ impl Request {
     /// the connection manager carries).
     pub fn reject(mut self, reason: &str) {
         let id = self.id.take().expect("a request not yet answered");
-        let reason = &reason.as_bytes()[..reason.len().min(148)];
-        unsafe {
-            rdma_sys::rdma_reject(id.as_ptr(), reason.as_ptr().cast(), reason.len() as u8);
-            rdma_sys::rdma_destroy_id(id.as_ptr());
-        }
+        unsafe { refuse(id, reason) };
     }
 }
 
-impl Drop for Request {
+impl Drop for Request<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            unsafe {
-                rdma_sys::rdma_reject(id.as_ptr(), ptr::null(), 0);
-                rdma_sys::rdma_destroy_id(id.as_ptr());
-            }
+            unsafe { refuse(id, "") };
         }
     }
 }
@@ -402,8 +409,9 @@ pub struct Connection {
     /// Sends queued for the next flush: buffer and length.
     queued: Vec<(usize, usize)>,
     established: bool,
-    /// rdma_cm said the peer left.
-    peer_gone: bool,
+    /// Why the connection can no longer carry anything (the peer left, a completion
+    /// failed): every call after says so at once.
+    broken: Option<String>,
     last_peer_check: Instant,
     /// Last: destroyed after the id, whose events it carried.
     channel: Channel,
@@ -423,6 +431,8 @@ impl Connection {
         timeout: Duration,
         options: Options,
     ) -> io::Result<Connection> {
+        // One deadline for every step: the whole connection within `timeout`.
+        let deadline = Instant::now().checked_add(timeout);
         let channel = Channel::new()?;
         let id = channel.create_id()?;
         let mut storage = sockaddr(address);
@@ -437,20 +447,25 @@ impl Connection {
             )
         };
         if let Err(error) = call(&format!("resolving {address}"), resolved)
-            .and_then(|()| channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, timeout).map(drop))
+            .and_then(|()| {
+                channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, remaining(deadline)).map(drop)
+            })
             .and_then(|()| {
                 call("resolving the route", unsafe {
                     rdma_sys::rdma_resolve_route(id.as_ptr(), RESOLVE_TIMEOUT_MS)
                 })
             })
             .and_then(|()| {
-                channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, timeout).map(drop)
+                channel
+                    .expect(rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, remaining(deadline))
+                    .map(drop)
             })
         {
             unsafe { rdma_sys::rdma_destroy_id(id.as_ptr()) };
             return Err(error);
         }
-        let mut connection = Connection::prepare(id, channel, options)?;
+        let mut connection = Connection::new(id, channel, options);
+        connection.make_verbs()?;
         let mut parameters = connection_parameters();
         parameters.private_data = private.as_ptr().cast();
         parameters.private_data_len = u8::try_from(private.len()).unwrap_or(u8::MAX).min(56);
@@ -459,72 +474,91 @@ impl Connection {
         call(&format!("connecting to {address}"), unsafe {
             rdma_sys::rdma_connect(id.as_ptr(), &mut parameters)
         })?;
-        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, timeout)?;
+        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, remaining(deadline))?;
         connection.established = true;
         Ok(connection)
     }
 
-    /// The protection domain, completion queues (and channel), queue pair and registered
-    /// buffer of a connection whose id has its device; every receive buffer posted.
-    fn prepare(id: NonNull<rdma_cm_id>, channel: Channel, options: Options) -> io::Result<Connection> {
-        let Options { depth, message_size, wait } = options;
-        // Owns the id from here: dropping it destroys whatever was made.
-        let mut connection = Connection {
+    /// A connection that owns `id` and has made nothing yet: dropping it destroys the id
+    /// and whatever [`Connection::make_verbs`] made.
+    fn new(id: NonNull<rdma_cm_id>, channel: Channel, options: Options) -> Connection {
+        Connection {
             id,
             pd: ptr::null_mut(),
             completions: ptr::null_mut(),
             send_cq: ptr::null_mut(),
             recv_cq: ptr::null_mut(),
             mr: ptr::null_mut(),
-            buffer: NonNull::from(Box::leak(vec![0u8; 2 * depth * message_size].into_boxed_slice())),
+            buffer: NonNull::from(Box::leak(Box::<[u8]>::default())),
             options,
-            free_sends: (0..depth).rev().collect(),
+            free_sends: (0..options.depth).rev().collect(),
             lent: None,
-            queued: Vec::with_capacity(depth),
+            queued: Vec::with_capacity(options.depth),
             established: false,
-            peer_gone: false,
+            broken: None,
             last_peer_check: Instant::now(),
             channel,
-        };
+        }
+    }
+
+    /// The buffer, protection domain, completion queues (and channel) and queue pair of a
+    /// connection whose id has its device; every receive buffer posted.
+    fn make_verbs(&mut self) -> io::Result<()> {
+        let Options { depth, message_size, wait } = self.options;
+        // Fallible, not an abort: the sizes come from a config file.
+        let bytes = depth.checked_mul(message_size).and_then(|bytes| bytes.checked_mul(2));
+        let mut buffer = Vec::new();
+        if bytes.is_none_or(|bytes| buffer.try_reserve_exact(bytes).is_err()) {
+            let what = format!("{depth} receive and {depth} send buffers of {message_size} bytes");
+            return Err(io::Error::new(io::ErrorKind::OutOfMemory, format!("cannot allocate {what}")));
+        }
+        buffer.resize(bytes.expect("checked"), 0u8);
+        // SAFETY: the empty buffer was never registered.
+        drop(unsafe { Box::from_raw(self.buffer.as_ptr()) });
+        self.buffer = NonNull::from(Box::leak(buffer.into_boxed_slice()));
         let made = |made: bool, what: &str| match made {
             true => Ok(()),
             false => Err(failed(what, io::Error::last_os_error())),
         };
-        let verbs = unsafe { (*id.as_ptr()).verbs };
-        connection.pd = unsafe { rdma_sys::ibv_alloc_pd(verbs) };
-        made(!connection.pd.is_null(), "allocating a protection domain")?;
+        let verbs = unsafe { (*self.id.as_ptr()).verbs };
+        self.pd = unsafe { rdma_sys::ibv_alloc_pd(verbs) };
+        made(!self.pd.is_null(), "allocating a protection domain")?;
         if wait == Wait::Event {
-            connection.completions = unsafe { rdma_sys::ibv_create_comp_channel(verbs) };
-            made(!connection.completions.is_null(), "creating a completion channel")?;
-            set_nonblocking(unsafe { (*connection.completions).fd }, "the completion channel")?;
+            self.completions = unsafe { rdma_sys::ibv_create_comp_channel(verbs) };
+            made(!self.completions.is_null(), "creating a completion channel")?;
+            set_nonblocking(unsafe { (*self.completions).fd }, "the completion channel")?;
         }
         let cq_depth = i32::try_from(depth).unwrap_or(i32::MAX);
-        connection.send_cq =
+        self.send_cq =
             unsafe { rdma_sys::ibv_create_cq(verbs, cq_depth, ptr::null_mut(), ptr::null_mut(), 0) };
-        made(!connection.send_cq.is_null(), "creating a completion queue")?;
-        connection.recv_cq =
-            unsafe { rdma_sys::ibv_create_cq(verbs, cq_depth, ptr::null_mut(), connection.completions, 0) };
-        made(!connection.recv_cq.is_null(), "creating a completion queue")?;
+        made(!self.send_cq.is_null(), "creating a completion queue")?;
+        self.recv_cq =
+            unsafe { rdma_sys::ibv_create_cq(verbs, cq_depth, ptr::null_mut(), self.completions, 0) };
+        made(!self.recv_cq.is_null(), "creating a completion queue")?;
         let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
-        let (start, len) = (connection.buffer.cast::<u8>().as_ptr(), connection.buffer.len());
-        connection.mr = unsafe { rdma_sys::ibv_reg_mr(connection.pd, start.cast(), len, access) };
-        made(!connection.mr.is_null(), "registering the buffers")?;
+        let (start, len) = (self.buffer.cast::<u8>().as_ptr(), self.buffer.len());
+        self.mr = unsafe { rdma_sys::ibv_reg_mr(self.pd, start.cast(), len, access) };
+        made(
+            !self.mr.is_null(),
+            &format!("registering {len} bytes of buffers (locked memory: ulimit -l, or run as root)"),
+        )?;
         let mut attributes: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        attributes.send_cq = connection.send_cq;
-        attributes.recv_cq = connection.recv_cq;
+        attributes.send_cq = self.send_cq;
+        attributes.recv_cq = self.recv_cq;
         attributes.cap.max_send_wr = depth as u32;
         attributes.cap.max_recv_wr = depth as u32;
         attributes.cap.max_send_sge = 1;
         attributes.cap.max_recv_sge = 1;
         attributes.qp_type = ibv_qp_type::IBV_QPT_RC;
+        // Every send completes, so that its buffer comes back.
         attributes.sq_sig_all = 1;
         call("creating the queue pair", unsafe {
-            rdma_sys::rdma_create_qp(id.as_ptr(), connection.pd, &mut attributes)
+            rdma_sys::rdma_create_qp(self.id.as_ptr(), self.pd, &mut attributes)
         })?;
         for buffer in 0..depth {
-            connection.post_receive(buffer)?;
+            self.post_receive(buffer)?;
         }
-        Ok(connection)
+        Ok(())
     }
 
     /// The verbs device the connection runs on (`rxe0`, `mlx5_0`).
@@ -569,19 +603,26 @@ impl Connection {
     /// up to `timeout` for one while every buffer is in flight. Whatever is written goes
     /// at [`Connection::queue`]; lent again, the same buffer comes back.
     pub fn send_buffer(&mut self, timeout: Duration) -> io::Result<&mut [u8]> {
+        self.check_broken()?;
         if self.lent.is_none() {
             let deadline = Instant::now() + timeout;
-            while self.free_sends.is_empty() {
+            loop {
                 self.reap_sends()?;
-                if self.free_sends.is_empty() {
-                    // Posted sends may still wait for the flush that lets them go.
-                    self.flush()?;
-                    self.check_peer_now()?;
-                    if Instant::now() >= deadline {
-                        let message = format!("no send completed within {timeout:?}");
-                        return Err(io::Error::new(io::ErrorKind::TimedOut, message));
-                    }
-                    std::hint::spin_loop();
+                if !self.free_sends.is_empty() {
+                    break;
+                }
+                // Posted sends may still wait for the flush that lets them go.
+                self.flush()?;
+                self.check_peer()?;
+                if Instant::now() >= deadline {
+                    let message = format!("no send completed within {timeout:?}");
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, message));
+                }
+                match self.options.wait {
+                    Wait::Busy => std::hint::spin_loop(),
+                    // Sends complete at the pace of the peer's acknowledgements: a nap
+                    // costs little and keeps a shared core free.
+                    Wait::Event => std::thread::sleep(SEND_WAIT_NAP),
                 }
             }
             self.lent = self.free_sends.pop();
@@ -628,10 +669,10 @@ impl Connection {
         self.queue(message.len()).map(|()| true)
     }
 
-    /// Sends a copy of `message` now, waiting up to 10 s for a free send buffer.
-    pub fn send(&mut self, message: &[u8]) -> io::Result<()> {
+    /// Sends a copy of `message` now, waiting up to `timeout` for a free send buffer.
+    pub fn send(&mut self, message: &[u8], timeout: Duration) -> io::Result<()> {
         self.fits(message.len())?;
-        self.send_buffer(Duration::from_secs(10))?[..message.len()].copy_from_slice(message);
+        self.send_buffer(timeout)?[..message.len()].copy_from_slice(message);
         self.queue(message.len())?;
         self.flush()
     }
@@ -640,6 +681,10 @@ impl Connection {
     pub fn flush(&mut self) -> io::Result<()> {
         if self.queued.is_empty() {
             return Ok(());
+        }
+        if let Err(error) = self.check_broken() {
+            self.free_sends.extend(self.queued.drain(..).map(|(index, _)| index));
+            return Err(error);
         }
         let mut sges: Vec<ibv_sge> =
             self.queued.iter().map(|&(index, len)| self.sge(self.options.depth + index, len)).collect();
@@ -650,7 +695,6 @@ impl Connection {
             request.sg_list = sge;
             request.num_sge = 1;
             request.opcode = ibv_wr_opcode::IBV_WR_SEND;
-            request.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
             requests.push(request);
         }
         // Linked only now that the vector no longer moves.
@@ -662,10 +706,12 @@ impl Connection {
         let result =
             unsafe { rdma_sys::ibv_post_send((*self.id.as_ptr()).qp, requests.as_mut_ptr(), &mut bad) };
         // The requests before the bad one were posted; the rest come back free.
-        let posted = if bad.is_null() {
-            requests.len()
-        } else {
-            (bad as usize - requests.as_ptr() as usize) / std::mem::size_of::<ibv_send_wr>()
+        let posted = match bad.is_null() {
+            true => requests.len(),
+            false => {
+                let index = unsafe { bad.offset_from(requests.as_ptr()) };
+                usize::try_from(index).unwrap_or(0).min(requests.len())
+            }
         };
         for &(index, _) in &self.queued[posted..] {
             self.free_sends.push(index);
@@ -674,52 +720,71 @@ impl Connection {
         call("posting sends", result)
     }
 
-    /// An error if rdma_cm said the peer left (a process that exits disconnects its
-    /// queue pairs; a host that vanishes shows as failed completions instead).
-    /// Once said, it stays said.
-    fn check_peer_now(&mut self) -> io::Result<()> {
-        let gone = || io::Error::new(io::ErrorKind::ConnectionAborted, "the peer disconnected");
-        if self.peer_gone {
-            return Err(gone());
+    /// The error of a connection that can carry nothing more.
+    fn check_broken(&self) -> io::Result<()> {
+        match &self.broken {
+            None => Ok(()),
+            Some(why) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, why.clone())),
         }
+    }
+
+    /// Marks the connection broken for `why`, disconnecting our side too, so that the
+    /// queue pair flushes now rather than at drop; returns the error.
+    fn break_down(&mut self, why: String) -> io::Error {
+        if self.established {
+            unsafe { rdma_sys::rdma_disconnect(self.id.as_ptr()) };
+            self.established = false;
+        }
+        self.broken.get_or_insert(why);
+        self.check_broken().expect_err("broken")
+    }
+
+    /// An error if rdma_cm said the peer left (a process that exits disconnects its
+    /// queue pairs; a host that vanishes shows as failed completions instead), or that
+    /// a connection accepted without waiting never came about. Once said, it stays said.
+    fn check_peer_now(&mut self) -> io::Result<()> {
+        self.check_broken()?;
         self.last_peer_check = Instant::now();
-        loop {
-            match self.channel.next(Duration::ZERO) {
-                Ok(event)
-                    if matches!(
-                        event.kind,
-                        rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
-                            | rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
-                            | rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT
-                    ) =>
-                {
-                    self.peer_gone = true;
-                    // Our side too, so that the queue pair flushes now rather than at drop.
-                    if self.established {
-                        unsafe { rdma_sys::rdma_disconnect(self.id.as_ptr()) };
-                        self.established = false;
-                    }
-                    return Err(gone());
+        while let Some(event) = self.channel.next(Duration::ZERO)? {
+            use rdma_cm_event_type::*;
+            let why = match event.kind {
+                RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_TIMEWAIT_EXIT => "the peer disconnected",
+                RDMA_CM_EVENT_DEVICE_REMOVAL => "the RDMA device was removed",
+                RDMA_CM_EVENT_ADDR_CHANGE => "the RDMA device's address changed",
+                RDMA_CM_EVENT_CONNECT_ERROR | RDMA_CM_EVENT_UNREACHABLE | RDMA_CM_EVENT_REJECTED => {
+                    "the connection never came about"
                 }
                 // ESTABLISHED, for a connection accepted without waiting.
-                Ok(_) => continue,
-                Err(error) if error.kind() == io::ErrorKind::TimedOut => return Ok(()),
-                Err(error) => return Err(error),
-            }
+                _ => continue,
+            };
+            return Err(self.break_down(why.into()));
         }
+        Ok(())
     }
 
     /// [`Connection::check_peer_now`] at most every millisecond, for busy waits.
     pub fn check_peer(&mut self) -> io::Result<()> {
-        if self.last_peer_check.elapsed() < PEER_CHECK_INTERVAL && !self.peer_gone {
+        if self.last_peer_check.elapsed() < PEER_CHECK_INTERVAL && self.broken.is_none() {
             return Ok(());
         }
         self.check_peer_now()
     }
 
-    /// Takes the send completions there are, freeing their buffers.
+    /// After a completion that failed: the peer's departure if rdma_cm says so (it says
+    /// more), else the completion's status; the connection is broken either way.
+    fn failed_completion(&mut self, status: ibv_wc_status::Type) -> io::Error {
+        if let Err(error) = self.check_peer_now() {
+            return error;
+        }
+        let status = unsafe { CStr::from_ptr(rdma_sys::ibv_wc_status_str(status)) }.to_string_lossy();
+        self.break_down(format!("an RDMA completion failed: {status}"))
+    }
+
+    /// Takes the send completions there are, freeing their buffers; the first failed
+    /// one breaks the connection, once all are taken.
     fn reap_sends(&mut self) -> io::Result<()> {
         let mut completions: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        let mut failure = None;
         loop {
             let count = unsafe { rdma_sys::ibv_poll_cq(self.send_cq, 32, completions.as_mut_ptr()) };
             if count < 0 {
@@ -727,19 +792,23 @@ impl Connection {
             }
             for completion in &completions[..count as usize] {
                 self.free_sends.push(completion.wr_id as usize);
-                if completion.status != ibv_wc_status::IBV_WC_SUCCESS {
-                    self.check_peer_now()?;
-                    check(completion)?;
+                if completion.status != ibv_wc_status::IBV_WC_SUCCESS && failure.is_none() {
+                    failure = Some(completion.status);
                 }
             }
             if count < 32 {
-                return Ok(());
+                break;
             }
+        }
+        match failure {
+            Some(status) => Err(self.failed_completion(status)),
+            None => Ok(()),
         }
     }
 
     /// Hands every message received so far to `sink`, without waiting; returns how many.
     pub fn poll(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        self.check_broken()?;
         self.reap_sends()?;
         let mut completions: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
         let mut total = 0;
@@ -750,9 +819,8 @@ impl Connection {
             }
             for completion in &completions[..count as usize] {
                 if completion.status != ibv_wc_status::IBV_WC_SUCCESS {
-                    // Flushed receives: most often the peer left, which says more.
-                    self.check_peer_now()?;
-                    check(completion)?;
+                    // Once one fails, the queue pair is in error: the rest are flushed.
+                    return Err(self.failed_completion(completion.status));
                 }
                 debug_assert_eq!(completion.opcode, ibv_wc_opcode::IBV_WC_RECV);
                 let index = completion.wr_id as usize;
@@ -827,8 +895,7 @@ impl Connection {
             if count > 0 {
                 return Ok(count);
             }
-            let left = deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(now));
-            sleep_until_readable(self.wait_fds(), left)?;
+            sleep_until_readable(self.wait_fds(), remaining(deadline))?;
             self.woken()?;
         }
     }
@@ -854,16 +921,6 @@ fn set_nonblocking(fd: RawFd, what: &str) -> io::Result<()> {
         return Err(failed(&format!("making {what} non-blocking"), io::Error::last_os_error()));
     }
     Ok(())
-}
-
-/// An error for a completion that did not succeed: a flushed queue pair (the peer gone),
-/// retries exhausted.
-fn check(completion: &ibv_wc) -> io::Result<()> {
-    if completion.status == ibv_wc_status::IBV_WC_SUCCESS {
-        return Ok(());
-    }
-    let status = unsafe { CStr::from_ptr(rdma_sys::ibv_wc_status_str(completion.status)) }.to_string_lossy();
-    Err(io::Error::new(io::ErrorKind::ConnectionAborted, format!("an RDMA completion failed: {status}")))
 }
 
 impl Drop for Connection {

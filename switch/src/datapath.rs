@@ -21,7 +21,7 @@ use netagg_aggregator::{
 use netagg_wire::{packet, Endpoint, MAX_DATAGRAM_LEN};
 use rustc_hash::FxHashMap;
 
-use crate::port::DataPort;
+use crate::port::{DataPort, ThreadLink};
 
 /// How long the data thread sleeps in `recv` before it looks at commands and timers.
 const IDLE_WAKEUP: Duration = Duration::from_millis(20);
@@ -44,24 +44,33 @@ struct Peers<A> {
 }
 
 impl<A: Copy> Peers<A> {
+    /// Every worker thread's address; on failure, the port forgets those it resolved.
     fn resolve<P: DataPort<Address = A>>(
         port: &mut P,
         workers: &[Registered],
         spec: &SessionSpec,
         slots_per_thread: u16,
     ) -> Result<Peers<A>, String> {
-        let datagram_len = packet::datagram_len(usize::from(spec.packet_elements));
-        let mut resolve = |rank: usize, worker: &Registered| {
-            let threads =
-                worker.endpoints.iter().map(|endpoint| port.resolve(endpoint, worker.peer, datagram_len));
-            threads.collect::<Result<Vec<A>, String>>().map_err(|message| format!("rank {rank}: {message}"))
+        let slots_per_thread = slots_per_thread.max(1);
+        let link = ThreadLink {
+            datagram_len: packet::datagram_len(usize::from(spec.packet_elements)),
+            window: usize::from(slots_per_thread),
         };
-        let workers = workers
-            .iter()
-            .enumerate()
-            .map(|(rank, worker)| resolve(rank, worker))
-            .collect::<Result<_, _>>()?;
-        Ok(Peers { workers, slots_per_thread: slots_per_thread.max(1) })
+        let mut resolved: Vec<Vec<A>> = Vec::with_capacity(workers.len());
+        for (rank, worker) in workers.iter().enumerate() {
+            let mut threads = Vec::with_capacity(worker.endpoints.len());
+            for endpoint in &worker.endpoints {
+                match port.resolve(endpoint, worker.peer, link) {
+                    Ok(address) => threads.push(address),
+                    Err(message) => {
+                        resolved.iter().flatten().chain(&threads).for_each(|&address| port.forget(address));
+                        return Err(format!("rank {rank}: {message}"));
+                    }
+                }
+            }
+            resolved.push(threads);
+        }
+        Ok(Peers { workers: resolved, slots_per_thread })
     }
 
     fn address(&self, rank: u16, slot: u16) -> Option<A> {
@@ -276,9 +285,16 @@ impl<P: DataPort> DataPath<P> {
         let threads = workers.first().map_or(1, |worker| worker.endpoints.len().max(1));
         let peers = Peers::resolve(&mut self.port, workers, &spec, spec.slots / threads as u16)
             .map_err(OpenError::Endpoint)?;
-        let id = self.board.engine.open_session(Instant::now(), spec, token).map_err(OpenError::Session)?;
-        self.board.peers.insert(id, peers);
-        Ok(id)
+        match self.board.engine.open_session(Instant::now(), spec, token) {
+            Ok(id) => {
+                self.board.peers.insert(id, peers);
+                Ok(id)
+            }
+            Err(error) => {
+                peers.all().for_each(|address| self.port.forget(address));
+                Err(OpenError::Session(error))
+            }
+        }
     }
 
     /// Drops a closed session's addresses and whatever the port keeps for them.

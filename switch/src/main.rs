@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use clap::Arg;
 use netagg_config::{Config, Origin};
 use netagg_switch::{Counters, Switch};
-use netagg_wire::Endpoint;
 
 /// What `netagg-switch --help` says above its flags.
 const ABOUT: &str = "netagg's software switch: sums the packets of every worker of a session.
@@ -124,7 +123,7 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
         signal_hook::flag::register(signal, Arc::clone(&stop)).map_err(|e| e.to_string())?;
     }
     // The address alone, whatever the transport: launchers read this line.
-    let (Endpoint::Udp(data) | Endpoint::Rdma { address: data, .. }) = switch.data_endpoint();
+    let data = switch.data_endpoint().socket_addr();
     println!("netagg-switch: control {} data {data}", switch.control_addr());
 
     let stats_interval = settings.stats_interval;

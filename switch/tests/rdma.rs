@@ -1,6 +1,6 @@
 //! RDMA end to end: `netagg-switch --transport rdma` in one QEMU VM, a worker in each of
 //! two VMs joined by a Soft-RoCE link (`scripts/softroce-vms`), `allreduce_benchmark
-//! --verify` between them with `backend = rdma`. Every datagram crosses an RC queue
+//! --verify` between them with `backend = rdma`; and kernel UDP between the same VMs. Every datagram crosses an RC queue
 //! pair: each worker prints what carried its packets, and the switch that it ran its
 //! data path on RDMA. Needs root and QEMU, as CI has (the script installs QEMU);
 //! ignored in a plain `cargo test`, run by `scripts/test` in its own stage.
@@ -77,6 +77,31 @@ fn allreduces_over_rdma_between_two_vms_are_exact_dense_and_sparse() {
     // Two threads per rank, two ranks, four runs: each thread connected its own queue pair.
     assert_eq!(all.matches("worker thread connected").count(), 4 * 4, "{all}");
     assert!(switch_datagrams(&all) > 0, "{all}");
+}
+
+/// The same script with `--transport udp`: kernel UDP between the same VMs, whose
+/// virtio NICs offload no checksums, so the kernel refuses segmentation offload (EIO)
+/// and the sockets fall back to one datagram per send, still exact.
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn kernel_udp_between_the_vms_does_without_segmentation_offload() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/softroce-allreduce");
+    let bin_dir = Path::new(SWITCH).parent().unwrap();
+    let output = Command::new(script)
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .args(["--transport", "udp", "--dense-only", "--jobs", "2"])
+        .output()
+        .expect("the script runs");
+    let all =
+        format!("{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{all}");
+    for vm in ["vm0", "vm1"] {
+        assert_eq!(all.matches(&format!("[{vm}] Data verified successfully")).count(), 2, "{all}");
+        assert_eq!(all.matches(&format!("[{vm}] Transport: udp: a kernel socket")).count(), 2, "{all}");
+    }
+    // quinn-udp's word that the kernel refused a GSO send, in the switch's log.
+    assert!(all.contains("halting segmentation offload"), "{all}");
 }
 
 /// One rank killed mid-job (`kill -KILL`): the other's job fails within its job timeout,

@@ -54,7 +54,8 @@ pub struct BatchSocket {
     state: UdpSocketState,
     buffers: [Vec<u8>; RECV_BUFFERS],
     /// Cleared when the kernel refuses a GSO batch: segmentation never fragments, so
-    /// segments larger than the path MTU must go one by one.
+    /// segments larger than the path MTU must go one by one, as must every datagram on a
+    /// device without checksum offload.
     coalesce: AtomicBool,
 }
 
@@ -151,7 +152,9 @@ impl BatchSocket {
                 .try_for_each(|datagram| self.send_one(destination, datagram, None));
         };
         match self.send_one(destination, batch.contents(), Some(segment)) {
-            Err(error) if error.raw_os_error() == Some(libc::EMSGSIZE) => {
+            // Segments larger than the path MTU (EMSGSIZE), or a device without checksum
+            // offload, where the kernel cannot segment at all (EIO; a VM's virtio NIC).
+            Err(error) if matches!(error.raw_os_error(), Some(libc::EMSGSIZE | libc::EIO)) => {
                 self.coalesce.store(false, Ordering::Relaxed);
                 batch
                     .contents()

@@ -132,10 +132,16 @@ impl Endpoint {
         }
     }
 
+    /// The socket address as announced, an unspecified IP left so.
+    pub fn socket_addr(&self) -> SocketAddr {
+        let (Endpoint::Udp(address) | Endpoint::Rdma { address, .. }) = *self;
+        address
+    }
+
     /// The socket address meant, an unspecified IP replaced by `peer`: the IP the control
     /// connection's other end has.
     pub fn address(&self, peer: IpAddr) -> SocketAddr {
-        let (Endpoint::Udp(mut address) | Endpoint::Rdma { mut address, .. }) = *self;
+        let mut address = self.socket_addr();
         if address.ip().is_unspecified() {
             address.set_ip(peer);
         }
@@ -148,8 +154,7 @@ impl Endpoint {
     }
 
     fn address_len(&self) -> usize {
-        let (Endpoint::Udp(address) | Endpoint::Rdma { address, .. }) = self;
-        let ip_and_port = if address.is_ipv4() { 6 } else { 18 };
+        let ip_and_port = if self.socket_addr().is_ipv4() { 6 } else { 18 };
         match self {
             Endpoint::Udp(_) => ip_and_port,
             Endpoint::Rdma { .. } => ip_and_port + 8,
@@ -197,7 +202,7 @@ impl Endpoint {
     fn write(&self, out: &mut Writer) {
         out.u8(self.kind() as u8);
         out.u8(self.address_len() as u8);
-        let (Endpoint::Udp(address) | Endpoint::Rdma { address, .. }) = self;
+        let address = self.socket_addr();
         match address.ip() {
             IpAddr::V4(ip) => out.slice(&ip.octets()),
             IpAddr::V6(ip) => out.slice(&ip.octets()),

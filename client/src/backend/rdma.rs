@@ -24,11 +24,10 @@ use crate::Error;
 const SEND_BUFFER_WAIT: Duration = Duration::from_secs(5);
 
 /// The transports of `config`'s `[backend.rdma]`, one per worker thread, not yet
-/// connected: an error now if this host has no RDMA device, or not the one named.
+/// connected: an error now if the buffers cannot hold a datagram, or this host has no
+/// RDMA device, or not the one named.
 pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Error> {
     let rdma = &config.rdma;
-    let local = netagg_rdma::settings::local_ip(rdma, "backend.rdma")
-        .map_err(|error| Error::Backend(format!("backend.rdma: {error}")))?;
     let numel = usize::from(config.general.packet_numel);
     let datagram = packet::datagram_len(numel);
     let message_size = match rdma.message_size {
@@ -41,7 +40,12 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
             )))
         }
     };
-    let options = netagg_rdma::settings::options(rdma, message_size);
+    let local = netagg_rdma::settings::local_ip(rdma, "backend.rdma")
+        .map_err(|error| Error::Backend(format!("backend.rdma: {error}")))?;
+    let mut options = netagg_rdma::settings::options(rdma, message_size);
+    // Room for the thread's window of results and as much again in answers to its
+    // retransmissions, so that the switch's sends never wait for a receive to be posted.
+    options.depth = options.depth.max(2 * usize::from(config.slots_per_thread()));
     let threads = usize::from(config.general.num_worker_threads);
     Ok((0..threads)
         .map(|_| {
@@ -91,6 +95,9 @@ impl Transport for RdmaTransport {
     }
 
     fn send_buffer(&mut self, len: usize) -> &mut [u8] {
+        // The driver asks for a buffer even when it then has nothing to send: an error
+        // of an earlier lend that no send reported is stale now.
+        self.failed = None;
         let lent = match self.connection.as_mut() {
             Some(connection) => connection.send_buffer(SEND_BUFFER_WAIT),
             None => Err(not_connected()),
@@ -144,5 +151,42 @@ impl SwitchTransport for RdmaTransport {
             })?;
         self.connection = Some(connection);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a host whose kernel has no RDMA (this one, and CI's): the error that says so,
+    /// how to get a device, and that UDP needs none, before anything else is tried.
+    #[test]
+    fn without_an_rdma_device_the_transports_say_so_and_how_to_get_one() {
+        if std::path::Path::new("/sys/class/infiniband").exists() {
+            return; // A host with RDMA devices: the VM tests cover it.
+        }
+        let mut config = Config::default();
+        config.general.backend = netagg_config::BackendKind::Rdma;
+        let Err(Error::Backend(message)) = transports(&config) else { panic!("no device, no transports") };
+        assert!(
+            message.starts_with("backend.rdma: no RDMA device: this kernel has no RDMA support"),
+            "{message}"
+        );
+        assert!(message.contains("rdma link add rxe0 type rxe netdev eth0"), "{message}");
+        assert!(message.contains("backend = udp needs none"), "{message}");
+    }
+
+    #[test]
+    fn a_message_size_below_the_datagram_s_is_refused_with_the_size_that_fits() {
+        let mut config = Config::default();
+        config.rdma.message_size = 1000;
+        let Err(Error::InvalidConfig(message)) = transports(&config) else {
+            panic!("too small a size accepted")
+        };
+        assert_eq!(
+            message,
+            "backend.rdma.message_size 1000 is smaller than the 1072-byte datagrams of general.packet_numel 256: \
+             set 0 to fit them, or at least 1072"
+        );
     }
 }

@@ -55,7 +55,7 @@ fn serve(address: &str) -> Result<(), String> {
             }
         }
         for message in messages {
-            connection.send(&message).map_err(|e| e.to_string())?;
+            connection.send(&message, Duration::from_secs(10)).map_err(|e| e.to_string())?;
             echoed += 1;
         }
     }

@@ -11,7 +11,7 @@ use netagg_config::PollMode;
 use netagg_dpdk::{IdleWait, PortReservation, Station};
 use netagg_wire::Endpoint;
 
-use super::DataPort;
+use super::{DataPort, ThreadLink};
 
 pub struct DpdkPort {
     station: Station,
@@ -72,12 +72,7 @@ impl DataPort for DpdkPort {
         Endpoint::Udp(SocketAddr::V4(self.local()))
     }
 
-    fn resolve(
-        &mut self,
-        endpoint: &Endpoint,
-        peer: IpAddr,
-        _datagram_len: usize,
-    ) -> Result<SocketAddr, String> {
+    fn resolve(&mut self, endpoint: &Endpoint, peer: IpAddr, _: ThreadLink) -> Result<SocketAddr, String> {
         let address = super::udp_peer(endpoint, peer)?;
         match address {
             SocketAddr::V4(_) => Ok(address),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use netagg_aggregator::faults::{FaultCounters, FaultInjector};
 use netagg_wire::Endpoint;
 
-use super::DataPort;
+use super::{DataPort, ThreadLink};
 
 pub struct FaultyPort<P: DataPort> {
     inner: P,
@@ -46,13 +46,8 @@ impl<P: DataPort> DataPort for FaultyPort<P> {
         self.inner.endpoint()
     }
 
-    fn resolve(
-        &mut self,
-        endpoint: &Endpoint,
-        peer: IpAddr,
-        datagram_len: usize,
-    ) -> Result<P::Address, String> {
-        self.inner.resolve(endpoint, peer, datagram_len)
+    fn resolve(&mut self, endpoint: &Endpoint, peer: IpAddr, link: ThreadLink) -> Result<P::Address, String> {
+        self.inner.resolve(endpoint, peer, link)
     }
 
     fn max_datagram(&self) -> Option<usize> {

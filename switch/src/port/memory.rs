@@ -17,7 +17,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use netagg_wire::Endpoint;
 
-use super::DataPort;
+use super::{DataPort, ThreadLink};
 
 type Datagram = (SocketAddr, Vec<u8>);
 
@@ -127,12 +127,7 @@ impl DataPort for MemorySocket {
         Endpoint::Udp(self.address)
     }
 
-    fn resolve(
-        &mut self,
-        endpoint: &Endpoint,
-        peer: IpAddr,
-        _datagram_len: usize,
-    ) -> Result<SocketAddr, String> {
+    fn resolve(&mut self, endpoint: &Endpoint, peer: IpAddr, _: ThreadLink) -> Result<SocketAddr, String> {
         super::udp_peer(endpoint, peer)
     }
 

@@ -53,13 +53,13 @@ pub trait DataPort: Send + 'static {
     fn endpoint(&self) -> Endpoint;
 
     /// The address of a worker thread that registered `endpoint` over a control
-    /// connection from `peer`, for a session whose datagrams are at most `datagram_len`
-    /// bytes; a message for the worker if this port cannot reach it.
+    /// connection from `peer`, for a session that asks `link` of it; a message for the
+    /// worker if this port cannot reach it.
     fn resolve(
         &mut self,
         endpoint: &Endpoint,
         peer: IpAddr,
-        datagram_len: usize,
+        link: ThreadLink,
     ) -> Result<Self::Address, String>;
 
     /// Waits up to `timeout` for datagrams and hands each, with its source, to `sink`;
@@ -96,6 +96,16 @@ pub trait DataPort: Send + 'static {
     fn fault_counters(&self) -> Option<(FaultCounters, FaultCounters)> {
         None
     }
+}
+
+/// What a session asks of the link to each of its worker threads, for ports that size
+/// their buffers per thread (RDMA's registered ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadLink {
+    /// Bytes of the session's longest datagram.
+    pub datagram_len: usize,
+    /// Packets a thread keeps in flight at most: its share of the slots.
+    pub window: usize,
 }
 
 /// The socket address of a worker thread's UDP endpoint, for ports that address workers

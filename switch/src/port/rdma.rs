@@ -21,7 +21,10 @@ use netagg_wire::control::rdma_hello_tag;
 use netagg_wire::Endpoint;
 use rustc_hash::FxHashMap;
 
-use super::DataPort;
+use super::{DataPort, ThreadLink};
+
+/// How often a busy data path looks for connection requests.
+const REQUEST_CHECK_INTERVAL: Duration = Duration::from_millis(1);
 
 /// A worker thread, as the RDMA port names it: a number given when its session opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -30,8 +33,9 @@ pub struct RdmaPeer(u32);
 /// A thread resolved but not yet connected.
 struct Awaited {
     peer: RdmaPeer,
-    /// Bytes of its buffers: its session's longest datagram, or the configured size.
-    message_size: usize,
+    /// Its buffers: their size (its session's longest datagram, or the configured
+    /// size) and how many (twice its window, or the configured depth if more).
+    options: Options,
 }
 
 pub struct RdmaPort {
@@ -48,6 +52,7 @@ pub struct RdmaPort {
     queued: Vec<RdmaPeer>,
     /// Results dropped for want of a send buffer or a connection.
     dropped: u64,
+    last_request_check: Instant,
 }
 
 impl RdmaPort {
@@ -71,11 +76,13 @@ impl RdmaPort {
             next_peer: 0,
             queued: Vec::new(),
             dropped: 0,
+            last_request_check: Instant::now(),
         })
     }
 
     /// Accepts every connection request waiting, or refuses it.
     fn answer_requests(&mut self) -> io::Result<()> {
+        self.last_request_check = Instant::now();
         while let Some(request) = self.listener.request(Duration::ZERO)? {
             let Some(tag) = rdma_hello_tag(request.private()) else {
                 request.reject("not a netagg worker of this version");
@@ -85,8 +92,7 @@ impl RdmaPort {
                 request.reject("no open session awaits this connection");
                 continue;
             };
-            let options = Options { message_size: awaited.message_size, ..self.options };
-            match request.accept(options) {
+            match request.accept(awaited.options) {
                 Ok(connection) => {
                     tracing::debug!(peer = awaited.peer.0, "worker thread connected");
                     self.connections.insert(awaited.peer, connection);
@@ -97,37 +103,36 @@ impl RdmaPort {
         Ok(())
     }
 
-    /// Hands what every connection received to `sink`; a connection that failed (its
-    /// peer gone) is dropped.
-    fn poll_all(&mut self, sink: &mut dyn FnMut(RdmaPeer, &[u8])) -> usize {
-        let mut count = 0;
+    /// Runs `operation` on every connection; a connection for which it fails (its peer
+    /// gone) is dropped. Returns the sum of what it returned.
+    fn for_each_connection(
+        &mut self,
+        mut operation: impl FnMut(RdmaPeer, &mut Connection) -> io::Result<usize>,
+    ) -> usize {
+        let mut total = 0;
         let mut failed = Vec::new();
         for (&peer, connection) in &mut self.connections {
-            match connection.poll(&mut |datagram| sink(peer, datagram)) {
-                Ok(received) => count += received,
+            match operation(peer, connection) {
+                Ok(count) => total += count,
                 Err(error) => failed.push((peer, error)),
             }
         }
-        self.drop_failed(failed);
-        count
-    }
-
-    fn drop_failed(&mut self, failed: Vec<(RdmaPeer, io::Error)>) {
         for (peer, error) in failed {
             tracing::info!(peer = peer.0, %error, "worker thread's connection closed");
             self.connections.remove(&peer);
         }
+        total
     }
 
-    /// Sleeps until a connection or the listener has something, or `timeout` passes.
+    /// Hands what every connection received to `sink`.
+    fn poll_all(&mut self, sink: &mut dyn FnMut(RdmaPeer, &[u8])) -> usize {
+        self.for_each_connection(|peer, connection| connection.poll(&mut |datagram| sink(peer, datagram)))
+    }
+
+    /// Sleeps until a connection or the listener has something, or `timeout` passes;
+    /// hands over what arrived before the connections were armed.
     fn sleep(&mut self, timeout: Duration, sink: &mut dyn FnMut(RdmaPeer, &[u8])) -> io::Result<usize> {
-        let mut failed = Vec::new();
-        for (&peer, connection) in &mut self.connections {
-            if let Err(error) = connection.arm() {
-                failed.push((peer, error));
-            }
-        }
-        self.drop_failed(failed);
+        self.for_each_connection(|_, connection| connection.arm().map(|()| 0));
         // What arrived before arming signals nothing: look once more.
         let count = self.poll_all(sink);
         if count > 0 {
@@ -135,13 +140,7 @@ impl RdmaPort {
         }
         let fds = self.connections.values().flat_map(Connection::wait_fds).chain([self.listener.fd()]);
         netagg_rdma::sleep_until_readable(fds.collect::<Vec<_>>(), timeout)?;
-        let mut failed = Vec::new();
-        for (&peer, connection) in &mut self.connections {
-            if let Err(error) = connection.woken() {
-                failed.push((peer, error));
-            }
-        }
-        self.drop_failed(failed);
+        self.for_each_connection(|_, connection| connection.woken().map(|()| 0));
         Ok(0)
     }
 }
@@ -153,12 +152,7 @@ impl DataPort for RdmaPort {
         Endpoint::Rdma { address: self.local, tag: 0 }
     }
 
-    fn resolve(
-        &mut self,
-        endpoint: &Endpoint,
-        _peer: IpAddr,
-        datagram_len: usize,
-    ) -> Result<RdmaPeer, String> {
+    fn resolve(&mut self, endpoint: &Endpoint, _peer: IpAddr, link: ThreadLink) -> Result<RdmaPeer, String> {
         let Endpoint::Rdma { tag, .. } = *endpoint else {
             return Err(format!("{endpoint} is not an RDMA endpoint"));
         };
@@ -167,15 +161,21 @@ impl DataPort for RdmaPort {
         }
         let peer = RdmaPeer(self.next_peer);
         self.next_peer = self.next_peer.wrapping_add(1);
-        let message_size = if self.message_size == 0 { datagram_len } else { self.message_size };
-        self.awaited.insert(tag, Awaited { peer, message_size });
+        let options = Options {
+            message_size: if self.message_size == 0 { link.datagram_len } else { self.message_size },
+            // Room for the thread's window and as much again in retransmissions, so that
+            // its sends never wait for a receive to be posted.
+            depth: self.options.depth.max(2 * link.window),
+            ..self.options
+        };
+        self.awaited.insert(tag, Awaited { peer, options });
         Ok(peer)
     }
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(RdmaPeer, &[u8])) -> io::Result<usize> {
         let deadline = Instant::now() + timeout;
+        self.answer_requests()?;
         loop {
-            self.answer_requests()?;
             let count = self.poll_all(sink);
             if count > 0 {
                 return Ok(count);
@@ -189,14 +189,12 @@ impl DataPort for RdmaPort {
                 if count > 0 {
                     return Ok(count);
                 }
+                self.answer_requests()?;
             } else {
-                let mut failed = Vec::new();
-                for (&peer, connection) in &mut self.connections {
-                    if let Err(error) = connection.check_peer() {
-                        failed.push((peer, error));
-                    }
+                self.for_each_connection(|_, connection| connection.check_peer().map(|()| 0));
+                if now.duration_since(self.last_request_check) >= REQUEST_CHECK_INTERVAL {
+                    self.answer_requests()?;
                 }
-                self.drop_failed(failed);
                 std::hint::spin_loop();
             }
         }
@@ -213,19 +211,22 @@ impl DataPort for RdmaPort {
                     self.queued.push(destination);
                 }
             }
+            // No free buffer, or a datagram longer than this thread's buffers: lost.
             Ok(false) => self.dropped += 1,
-            Err(error) => self.drop_failed(vec![(destination, error)]),
+            Err(error) if error.kind() == io::ErrorKind::InvalidInput => self.dropped += 1,
+            Err(error) => {
+                tracing::info!(peer = destination.0, %error, "worker thread's connection closed");
+                self.connections.remove(&destination);
+            }
         }
     }
 
     fn flush(&mut self) {
-        let mut failed = Vec::new();
-        for peer in std::mem::take(&mut self.queued) {
-            if let Some(Err(error)) = self.connections.get_mut(&peer).map(Connection::flush) {
-                failed.push((peer, error));
-            }
-        }
-        self.drop_failed(failed);
+        let queued = std::mem::take(&mut self.queued);
+        self.for_each_connection(|peer, connection| match queued.contains(&peer) {
+            true => connection.flush().map(|()| 0),
+            false => Ok(0),
+        });
     }
 
     fn max_datagram(&self) -> Option<usize> {

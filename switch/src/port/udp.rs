@@ -14,7 +14,7 @@ use netagg_udp::{BatchSocket, SegmentBatch};
 use netagg_wire::Endpoint;
 use rustc_hash::FxHashMap;
 
-use super::DataPort;
+use super::{DataPort, ThreadLink};
 
 /// Socket buffer size asked for; the kernel caps it at net.core.rmem_max / wmem_max.
 pub const SOCKET_BUFFER: usize = 16 << 20;
@@ -67,12 +67,7 @@ impl DataPort for UdpPort {
         Endpoint::Udp(self.local)
     }
 
-    fn resolve(
-        &mut self,
-        endpoint: &Endpoint,
-        peer: IpAddr,
-        _datagram_len: usize,
-    ) -> Result<SocketAddr, String> {
+    fn resolve(&mut self, endpoint: &Endpoint, peer: IpAddr, _: ThreadLink) -> Result<SocketAddr, String> {
         super::udp_peer(endpoint, peer)
     }
 
