@@ -104,6 +104,42 @@ fn kernel_udp_between_the_vms_does_without_segmentation_offload() {
     assert!(all.contains("halting segmentation offload"), "{all}");
 }
 
+/// Both ranks with `poll = busy` (the other tests wait on completion channels), exact;
+/// and first, a rank with `backend = udp`, which the RDMA switch refuses at
+/// registration with a message naming both transports: a session mixes none.
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn busy_polling_ranks_are_exact_and_a_udp_rank_is_refused_by_an_rdma_switch() {
+    let benchmark = |rank| {
+        format!(
+            "NETAGG_BACKEND_RDMA__POLL=busy {} allreduce_benchmark --tensor-numel 64Ki --tensor-type float32 \
+             --density 0.1 --num-jobs 3 --num-warmup-jobs 1 --verify || exit 1",
+            worker_environment(rank)
+        )
+    };
+    let vm0 = format!(
+        "{START_SWITCH}\n{}\nkill -INT $switch; wait $switch; status=$?; cat switch.log; exit $status",
+        benchmark(0)
+    );
+    let udp_rank = worker_environment(1).replace("BACKEND=rdma", "BACKEND=udp");
+    let vm1 = format!("{udp_rank} allreduce_benchmark --num-jobs 1 && exit 1\n{}", benchmark(1));
+    let (success, all) = softroce_vms(&vm0, &vm1);
+    assert!(success, "{all}");
+    assert!(
+        all.contains("[vm1] allreduce_benchmark: ")
+            && all.contains("this switch's data path speaks rdma; rank 1 registered a udp endpoint"),
+        "{all}"
+    );
+    for vm in ["vm0", "vm1"] {
+        assert_eq!(all.matches(&format!("[{vm}] Data verified successfully")).count(), 1, "{all}");
+        assert_eq!(
+            all.matches(&format!("[{vm}] Transport: rdma: an RC queue pair on rxe0")).count(),
+            1,
+            "{all}"
+        );
+    }
+}
+
 /// One rank killed mid-job (`kill -KILL`): the other's job fails within its job timeout,
 /// with an error, and the switch carries on.
 #[test]
