@@ -954,3 +954,28 @@ impl Drop for Connection {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What rdma_cm is given comes back as the same address, both families.
+    #[test]
+    fn socket_addresses_round_trip_through_rdma_cm_s_storage() {
+        for address in ["10.77.0.1:48864", "0.0.0.0:0", "[fd00::2]:7471", "[::]:1"] {
+            let address: SocketAddr = address.parse().unwrap();
+            let storage = sockaddr(address);
+            assert_eq!(unsafe { socket_address(&storage) }, Some(address));
+        }
+        let unknown: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { socket_address(&unknown) }, None);
+    }
+
+    #[test]
+    fn what_remains_of_a_deadline_never_goes_negative_and_none_is_for_ever() {
+        assert_eq!(remaining(None), Duration::MAX);
+        assert_eq!(remaining(Some(Instant::now() - Duration::from_secs(1))), Duration::ZERO);
+        let left = remaining(Some(Instant::now() + Duration::from_secs(60)));
+        assert!(left > Duration::from_secs(59) && left <= Duration::from_secs(60), "{left:?}");
+    }
+}

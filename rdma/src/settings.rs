@@ -52,3 +52,30 @@ pub fn options(settings: &Rdma, message_size: usize) -> Options {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_take_the_depth_the_wait_and_the_size_given() {
+        let mut settings = Rdma { queue_depth: 64, poll: RdmaPoll::Busy, ..Rdma::default() };
+        assert_eq!(options(&settings, 1072), Options { depth: 64, message_size: 1072, wait: Wait::Busy });
+        settings.poll = RdmaPoll::Event;
+        assert_eq!(options(&settings, 4096).wait, Wait::Event);
+    }
+
+    /// On a host whose kernel has no RDMA (this one, and CI's), a named device and an
+    /// unnamed one alike get the error that says so, first.
+    #[test]
+    fn without_rdma_the_local_address_is_the_no_device_error() {
+        if std::path::Path::new("/sys/class/infiniband").exists() {
+            return; // A host with RDMA devices: the VM tests cover it.
+        }
+        for device in ["", "rxe0"] {
+            let settings = Rdma { device: device.into(), ..Rdma::default() };
+            let error = local_ip(&settings, "backend.rdma").unwrap_err();
+            assert!(matches!(error, RdmaError::NoDevice { .. }), "{error}");
+        }
+    }
+}
