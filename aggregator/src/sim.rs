@@ -58,9 +58,15 @@ struct Bottleneck {
     limit: RateLimit,
     /// When the last packet admitted has left the link.
     free_at: Instant,
+    /// The longest a packet admitted since the last reset waited in the queue.
+    longest_wait: Duration,
 }
 
 impl Bottleneck {
+    fn new(limit: RateLimit, now: Instant) -> Bottleneck {
+        Bottleneck { limit, free_at: now, longest_wait: Duration::ZERO }
+    }
+
     /// When a packet of `bytes` offered at `now` has left the link; `None` if the queue
     /// ahead of it is full and it is dropped.
     fn admit(&mut self, now: Instant, bytes: u64) -> Option<Instant> {
@@ -69,6 +75,7 @@ impl Bottleneck {
         if backlog + bytes > self.limit.queue_bytes {
             return None;
         }
+        self.longest_wait = self.longest_wait.max(start - now);
         self.free_at = start + self.limit.serialization(bytes);
         Some(self.free_at)
     }
@@ -116,6 +123,9 @@ pub struct ClusterConfig {
     /// Per rank, how long after the first its every job starts (a straggler); missing
     /// ranks start at once.
     pub start_delays: Vec<Duration>,
+    /// Ranks whose link carries another rate than `uplink.rate` and `downlink.rate`,
+    /// both ways (a slow link).
+    pub rank_rates: Vec<(u16, RateLimit)>,
     /// Events (deliveries and timer firings) one allreduce may take before it counts as a
     /// livelock.
     pub max_steps: u64,
@@ -137,6 +147,7 @@ impl ClusterConfig {
             job_timeout: Duration::from_secs(10),
             seed: 1,
             start_delays: Vec::new(),
+            rank_rates: Vec::new(),
             max_steps: 10_000_000,
         }
     }
@@ -145,6 +156,13 @@ impl ClusterConfig {
     pub fn with_rate(mut self, limit: RateLimit) -> ClusterConfig {
         self.uplink.rate = Some(limit);
         self.downlink.rate = Some(limit);
+        self
+    }
+
+    /// Worker `rank`'s link carries `limit` each way, whatever the others carry.
+    pub fn with_rank_rate(mut self, rank: u16, limit: RateLimit) -> ClusterConfig {
+        self.rank_rates.retain(|&(other, _)| other != rank);
+        self.rank_rates.push((rank, limit));
         self
     }
 
@@ -225,8 +243,18 @@ pub struct RunReport {
     pub steps: u64,
     /// Packets the links' full queues dropped.
     pub queue_drops: u64,
+    /// The longest any packet waited in a link's queue, each direction: the queueing
+    /// delay the senders built.
+    pub longest_queue_wait: QueueWaits,
     /// Virtual time the allreduce took.
     pub elapsed: Duration,
+}
+
+/// The longest wait in the workers' links' queues, towards the switch and back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueWaits {
+    pub up: Duration,
+    pub down: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -278,7 +306,13 @@ enum Direction {
 impl Wire {
     fn new(config: &ClusterConfig, now: Instant) -> Wire {
         let links = |rate: Option<RateLimit>| {
-            (0..config.workers).map(|_| rate.map(|limit| Bottleneck { limit, free_at: now })).collect()
+            (0..config.workers)
+                .map(|rank| {
+                    let own =
+                        config.rank_rates.iter().find(|&&(other, _)| other == rank).map(|&(_, limit)| limit);
+                    own.or(rate).map(|limit| Bottleneck::new(limit, now))
+                })
+                .collect()
         };
         Wire {
             in_flight: BinaryHeap::new(),
@@ -287,6 +321,15 @@ impl Wire {
             downlinks: links(config.downlink.rate),
             queue_drops: 0,
         }
+    }
+
+    /// The longest queue waits since the last call, which starts the next count.
+    fn take_longest_waits(&mut self) -> QueueWaits {
+        let longest = |links: &mut Vec<Option<Bottleneck>>| {
+            let waits = links.iter_mut().flatten().map(|link| std::mem::take(&mut link.longest_wait));
+            waits.max().unwrap_or_default()
+        };
+        QueueWaits { up: longest(&mut self.uplinks), down: longest(&mut self.downlinks) }
     }
 
     /// Puts a packet on worker `rank`'s link in `direction` at `now`: through the link's
@@ -457,6 +500,8 @@ impl Cluster {
         let counters_before: Vec<WorkerCounters> = self.workers.iter().map(|w| *w.counters()).collect();
         let switch_before = self.switch_counters();
         let queue_drops_before = self.wire.queue_drops;
+        // Counted afresh for this allreduce.
+        self.wire.take_longest_waits();
         let started = self.now;
         let mut specs = Vec::with_capacity(ios.len());
         for io in &ios {
@@ -544,6 +589,7 @@ impl Cluster {
             switch: switch_after.since(&switch_before),
             steps,
             queue_drops: self.wire.queue_drops - queue_drops_before,
+            longest_queue_wait: self.wire.take_longest_waits(),
             elapsed: self.now - started,
         })
     }

@@ -1,5 +1,6 @@
 //! Allreduces over rate-limited links, as `tbf` makes them: the time the link rate
-//! predicts, and nothing sent twice for a queue's delay.
+//! predicts (the slowest link's, when one is slower), nothing sent twice for a queue's
+//! delay, and the queueing delay a fixed window builds.
 
 use std::time::Duration;
 
@@ -67,4 +68,56 @@ fn a_full_queue_drops_what_exceeds_it() {
     assert_eq!(report.outputs[0], expected(2, len), "the losses were recovered");
     // Each worker's first window: the packet on the wire and four queued pass, eleven drop.
     assert!(report.queue_drops >= 2 * 11, "{} dropped", report.queue_drops);
+}
+
+/// One worker behind a slower link than the others: the rounds need every worker, so
+/// its link sets everyone's pace. Nothing is sent twice: the waits are taken for
+/// queueing, not loss.
+#[test]
+fn one_slow_link_sets_the_pace_of_every_worker() {
+    let len: usize = 1 << 20;
+    let packets = len.div_ceil(256) as u64;
+    let config = behind_links(200_000_000);
+    let window_bytes = 128 * (256 * 4 + 48);
+    let slow = RateLimit { bits_per_second: 50_000_000, queue_bytes: 2 * window_bytes };
+    let model = slow.serialization(packets * (256 * 4 + 48));
+    let mut cluster = Cluster::new(config.with_rank_rate(3, slow)).unwrap();
+    let (inputs, expected) = (inputs(4, len), expected(4, len));
+    for job in 0..2 {
+        let report = cluster.allreduce(&inputs, false).unwrap();
+        assert!(report.outputs.iter().all(|output| *output == expected), "job {job}: sums");
+        let ratio = report.elapsed.as_secs_f64() / model.as_secs_f64();
+        let case = format!("job {job}: {:?} against the slow link's {model:?}", report.elapsed);
+        assert!((1.0..1.01).contains(&ratio), "{case}");
+        assert_eq!((report.queue_drops, report.switch.duplicates), (0, 0), "{case}");
+        for counters in &report.workers {
+            assert_eq!(counters.retransmissions, 0, "{case}");
+        }
+    }
+}
+
+/// What a fixed window does to a queue that can hold it: the whole window waits in the
+/// bottleneck's queue, a standing delay of about a window's bytes at the link rate
+/// (5.5 ms at 200 Mbit/s for 128 packets of 1072 bytes), which an adaptive window
+/// (issue 15's second point) is to drain. The queue towards the switch holds it; the
+/// results, which the uplinks pace, never queue on downlinks of the same rate.
+#[test]
+fn a_fixed_window_stands_in_the_queue_of_a_slower_link() {
+    let config = behind_links(200_000_000);
+    let limit = config.uplink.rate.unwrap();
+    let window = limit.serialization(128 * (256 * 4 + 48));
+    let mut cluster = Cluster::new(config).unwrap();
+    let len: usize = 1 << 20;
+    let report = cluster.allreduce(&inputs(4, len), false).unwrap();
+    assert_eq!(report.outputs[0], expected(4, len));
+    let waits = report.longest_queue_wait;
+    // The first window is offered at once: all but one packet queue behind the first.
+    let queued = limit.serialization(127 * (256 * 4 + 48));
+    assert_eq!(waits.up, queued, "against a window of {window:?}");
+    assert_eq!(waits.down, Duration::ZERO, "results queue: {waits:?}");
+
+    // Without a rate limit, nothing queues.
+    let mut unlimited = Cluster::new(ClusterConfig::new(4, 128, 256)).unwrap();
+    let report = unlimited.allreduce(&inputs(4, 4096), false).unwrap();
+    assert_eq!(report.longest_queue_wait, Default::default());
 }
