@@ -33,9 +33,13 @@ fn worker_environment(rank: usize) -> String {
 /// returns whether both succeeded, and everything printed.
 fn softroce_vms(vm0: &str, vm1: &str) -> (bool, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/softroce-vms");
+    let echo = Path::new(SWITCH).with_file_name("netagg-rdma-echo");
+    assert!(echo.is_file(), "{} is missing: build the workspace's binaries first", echo.display());
     let output = Command::new(script)
         .args(["--timeout", "240", "--bin", SWITCH, "--bin"])
         .arg(benchmark())
+        .arg("--bin")
+        .arg(echo)
         .args(["--vm0", vm0, "--vm1", vm1])
         .output()
         .expect("scripts/softroce-vms runs");
@@ -106,7 +110,9 @@ fn kernel_udp_between_the_vms_does_without_segmentation_offload() {
 
 /// Both ranks with `poll = busy` (the other tests wait on completion channels), exact;
 /// and first, a rank with `backend = udp`, which the RDMA switch refuses at
-/// registration with a message naming both transports: a session mixes none.
+/// registration with a message naming both transports: a session mixes none; and an
+/// RDMA connection that is not a netagg worker's (`netagg-rdma-echo`), which the
+/// switch's listener refuses, saying why.
 #[test]
 #[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
 fn busy_polling_ranks_are_exact_and_a_udp_rank_is_refused_by_an_rdma_switch() {
@@ -122,12 +128,21 @@ fn busy_polling_ranks_are_exact_and_a_udp_rank_is_refused_by_an_rdma_switch() {
         benchmark(0)
     );
     let udp_rank = worker_environment(1).replace("BACKEND=rdma", "BACKEND=udp");
-    let vm1 = format!("{udp_rank} allreduce_benchmark --num-jobs 1 && exit 1\n{}", benchmark(1));
+    // The echo retries while refused; its first refusal with a reason is enough.
+    let stranger =
+        "timeout 20 netagg-rdma-echo send 10.77.0.1:48864 1 64 2>&1 | grep -m1 'not a netagg worker'";
+    let vm1 = format!("{udp_rank} allreduce_benchmark --num-jobs 1 && exit 1\n{stranger}\n{}", benchmark(1));
     let (success, all) = softroce_vms(&vm0, &vm1);
     assert!(success, "{all}");
     assert!(
         all.contains("[vm1] allreduce_benchmark: ")
             && all.contains("this switch's data path speaks rdma; rank 1 registered a udp endpoint"),
+        "{all}"
+    );
+    assert!(
+        all.contains("[vm1] not yet: rdma_cm said RDMA_CM_EVENT_REJECTED")
+            && all
+                .contains("where RDMA_CM_EVENT_ESTABLISHED was awaited: not a netagg worker of this version"),
         "{all}"
     );
     for vm in ["vm0", "vm1"] {
