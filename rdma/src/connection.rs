@@ -66,14 +66,22 @@ fn remaining(deadline: Option<Instant>) -> Duration {
     deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()))
 }
 
-/// Refuses a connection request and destroys its id, telling the peer `reason` (its
-/// first 148 bytes, what the connection manager carries).
+/// Refuses a connection request, telling the peer `reason` (its first 148 bytes, what
+/// the connection manager carries).
 ///
 /// # Safety
-/// `id` is a request's id not yet accepted, and not used again.
-unsafe fn refuse(id: NonNull<rdma_cm_id>, reason: &str) {
+/// `id` is a request's id not yet accepted.
+unsafe fn reject(id: NonNull<rdma_cm_id>, reason: &str) {
     let reason = &reason.as_bytes()[..reason.len().min(148)];
     rdma_sys::rdma_reject(id.as_ptr(), reason.as_ptr().cast(), reason.len() as u8);
+}
+
+/// [`reject`], then destroys the id.
+///
+/// # Safety
+/// As for [`reject`], and `id` is not used again.
+unsafe fn refuse(id: NonNull<rdma_cm_id>, reason: &str) {
+    reject(id, reason);
     rdma_sys::rdma_destroy_id(id.as_ptr());
 }
 
@@ -359,9 +367,7 @@ impl Request<'_> {
         if let Err(error) = connection.make_verbs() {
             // The peer learns why (memory it cannot lock, say); the connection's drop
             // then destroys the id.
-            let reason = &error.to_string();
-            let reason = &reason.as_bytes()[..reason.len().min(148)];
-            unsafe { rdma_sys::rdma_reject(id.as_ptr(), reason.as_ptr().cast(), reason.len() as u8) };
+            unsafe { reject(id, &error.to_string()) };
             return Err(error);
         }
         let mut parameters = connection_parameters();

@@ -169,16 +169,15 @@ impl Endpoint {
         let kind = body.u8()?;
         let len = body.u8()? as usize;
         let mut address = Reader { bytes: body.take(len)? };
-        let socket_address = |address: &mut Reader, len| {
-            let ip = match len {
-                6 => IpAddr::V4(Ipv4Addr::from(address.array::<4>()?)),
-                18 => IpAddr::V6(Ipv6Addr::from(address.array::<16>()?)),
-                _ => unreachable!("lengths checked by the caller"),
+        let socket_address = |address: &mut Reader, ipv6: bool| {
+            let ip = match ipv6 {
+                false => IpAddr::V4(Ipv4Addr::from(address.array::<4>()?)),
+                true => IpAddr::V6(Ipv6Addr::from(address.array::<16>()?)),
             };
             Ok(SocketAddr::new(ip, address.u16()?))
         };
         let endpoint = match (kind, len) {
-            (1, 6 | 18) => Endpoint::Udp(socket_address(&mut address, len)?),
+            (1, 6 | 18) => Endpoint::Udp(socket_address(&mut address, len == 18)?),
             (1, _) => {
                 return Err(WireError::InvalidField {
                     field: "endpoint",
@@ -186,7 +185,7 @@ impl Endpoint {
                 })
             }
             (2, 14 | 26) => {
-                Endpoint::Rdma { address: socket_address(&mut address, len - 8)?, tag: address.u64()? }
+                Endpoint::Rdma { address: socket_address(&mut address, len == 26)?, tag: address.u64()? }
             }
             (2, _) => {
                 return Err(WireError::InvalidField {

@@ -118,10 +118,15 @@ impl RdmaPort {
             }
         }
         for (peer, error) in failed {
-            tracing::info!(peer = peer.0, %error, "worker thread's connection closed");
-            self.connections.remove(&peer);
+            self.close(peer, &error);
         }
         total
+    }
+
+    /// Drops a connection that failed (its peer gone, a completion failed).
+    fn close(&mut self, peer: RdmaPeer, error: &io::Error) {
+        tracing::info!(peer = peer.0, %error, "worker thread's connection closed");
+        self.connections.remove(&peer);
     }
 
     /// Hands what every connection received to `sink`.
@@ -214,19 +219,17 @@ impl DataPort for RdmaPort {
             // No free buffer, or a datagram longer than this thread's buffers: lost.
             Ok(false) => self.dropped += 1,
             Err(error) if error.kind() == io::ErrorKind::InvalidInput => self.dropped += 1,
-            Err(error) => {
-                tracing::info!(peer = destination.0, %error, "worker thread's connection closed");
-                self.connections.remove(&destination);
-            }
+            Err(error) => self.close(destination, &error),
         }
     }
 
     fn flush(&mut self) {
-        let queued = std::mem::take(&mut self.queued);
-        self.for_each_connection(|peer, connection| match queued.contains(&peer) {
-            true => connection.flush().map(|()| 0),
-            false => Ok(0),
-        });
+        // Only the connections with sends queued: this runs after every receive call.
+        for peer in std::mem::take(&mut self.queued) {
+            if let Some(Err(error)) = self.connections.get_mut(&peer).map(Connection::flush) {
+                self.close(peer, &error);
+            }
+        }
     }
 
     fn max_datagram(&self) -> Option<usize> {
