@@ -532,6 +532,8 @@ struct Set {
     element_count: u16,
     exponent: i8,
     next_block: u32,
+    /// The rank whose contribution completed the round; `None` while it aggregates.
+    completed_by: Option<u16>,
 }
 
 impl Session {
@@ -562,6 +564,7 @@ impl Session {
                 element_count: 0,
                 exponent: i8::MIN,
                 next_block: END_OF_STREAM,
+                completed_by: None,
             })
             .collect();
         Session {
@@ -802,6 +805,7 @@ impl Session {
         }
 
         // The last expected contribution: the round completes.
+        set.completed_by = Some(repr.rank);
         set.unacked.fill(self.spec.workers);
         slot.open_set = None;
         slot.retained |= 1 << own_set;
@@ -879,7 +883,7 @@ impl Session {
 
     fn emit_result(&mut self, index: usize, slot: u16, recipient: Recipient, out: &mut [u8]) -> Verdict {
         let set = &self.sets[index];
-        let repr = PacketRepr {
+        let mut repr = PacketRepr {
             message_type: MessageType::Result,
             element_type: set.element_type,
             flags: if set.sparse { Flags::SPARSE } else { Flags::NONE },
@@ -899,6 +903,7 @@ impl Session {
             ack_round: 0,
             token: self.token,
         };
+        repr.set_completed_by(set.completed_by);
         let len = repr.buffer_len();
         // `handle` checked that `out` holds a full packet of the session.
         match repr.emit(out) {
@@ -927,6 +932,7 @@ impl Set {
         self.element_count = 0;
         self.exponent = i8::MIN;
         self.next_block = END_OF_STREAM;
+        self.completed_by = None;
     }
 
     /// Checks that a further contribution describes the same round as the first.

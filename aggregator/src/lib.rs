@@ -4,6 +4,8 @@
 //!   dense (SwitchML's semantics) and sparse (OmniReduce's block streams), loss-tolerant.
 //! - [`worker`]: the worker thread's core: window, rounds, retransmission timers and sparse
 //!   next-block bookkeeping.
+//! - [`pacer`]: the worker thread's pacing of its contributions to the rate its path
+//!   carries, from the standing queueing delay of its round trips.
 //! - [`faults`]: one direction of a faulty link (drop, duplicate, reorder, delay,
 //!   corrupt, from a seeded RNG), which the client and switch shells wrap their
 //!   transports with, and the links of [`sim`] are made of.
@@ -42,6 +44,7 @@ macro_rules! counters {
 
 pub mod engine;
 pub mod faults;
+pub mod pacer;
 mod round;
 pub mod sim;
 pub mod sum;
@@ -53,4 +56,5 @@ pub use engine::{
     Verdict,
 };
 pub use faults::{FaultCounters, FaultInjector, FaultRates};
+pub use pacer::PacingConfig;
 pub use worker::{BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerProtocol};

@@ -16,6 +16,7 @@ use crate::engine::{
     Engine, EngineLimits, Recipient, SessionCounters, SessionError, SessionId, SessionSpec, Verdict,
 };
 use crate::faults::{FaultInjector, FaultRates};
+use crate::pacer::PacingConfig;
 use crate::worker::{
     BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol,
 };
@@ -38,14 +39,28 @@ pub struct LinkFaults {
 
 /// A link's bottleneck, as `tbf` makes one: packets leave one after another at
 /// `bits_per_second`, waiting in a queue of at most `queue_bytes`; a packet that finds
-/// the queue full is dropped.
+/// the queue full is dropped. A bucket of `burst_bytes` fills at the rate while the link
+/// is idle, and lets that many bytes through at once, unqueued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
     pub bits_per_second: u64,
     pub queue_bytes: u64,
+    pub burst_bytes: u64,
 }
 
 impl RateLimit {
+    /// A link of `bits_per_second` whose queue holds `queue` of its traffic, with no
+    /// burst.
+    pub fn new(bits_per_second: u64, queue: Duration) -> RateLimit {
+        let queue_bytes = (bits_per_second as u128 * queue.as_nanos() / 8 / 1_000_000_000) as u64;
+        RateLimit { bits_per_second, queue_bytes, burst_bytes: 0 }
+    }
+
+    /// The same link with a bucket of `burst_bytes`.
+    pub fn with_burst(self, burst_bytes: u64) -> RateLimit {
+        RateLimit { burst_bytes, ..self }
+    }
+
     /// How long `bytes` take to leave the link.
     pub fn serialization(&self, bytes: u64) -> Duration {
         Duration::from_nanos((bytes * 8 * 1_000_000_000).div_ceil(self.bits_per_second))
@@ -58,26 +73,44 @@ struct Bottleneck {
     limit: RateLimit,
     /// When the last packet admitted has left the link.
     free_at: Instant,
+    /// Bytes in the bucket when it left.
+    tokens: u64,
     /// The longest a packet admitted since the last reset waited in the queue.
     longest_wait: Duration,
 }
 
 impl Bottleneck {
     fn new(limit: RateLimit, now: Instant) -> Bottleneck {
-        Bottleneck { limit, free_at: now, longest_wait: Duration::ZERO }
+        Bottleneck { limit, free_at: now, tokens: limit.burst_bytes, longest_wait: Duration::ZERO }
+    }
+
+    /// Bytes the link carries in `time` at its rate.
+    fn bytes_in(&self, time: Duration) -> u64 {
+        (time.as_nanos() * self.limit.bits_per_second as u128 / 8 / 1_000_000_000).min(u64::MAX as u128)
+            as u64
     }
 
     /// When a packet of `bytes` offered at `now` has left the link; `None` if the queue
     /// ahead of it is full and it is dropped.
     fn admit(&mut self, now: Instant, bytes: u64) -> Option<Instant> {
         let start = self.free_at.max(now);
-        let backlog = (start - now).as_nanos() as u64 * self.limit.bits_per_second / 8 / 1_000_000_000;
+        let backlog = self.bytes_in(start - now);
         if backlog + bytes > self.limit.queue_bytes {
             return None;
         }
-        self.longest_wait = self.longest_wait.max(start - now);
-        self.free_at = start + self.limit.serialization(bytes);
-        Some(self.free_at)
+        // The bucket refilled while the link idled: what it holds leaves at once, the
+        // rest at the rate.
+        let tokens = (self.tokens + self.bytes_in(start - self.free_at)).min(self.limit.burst_bytes);
+        let (departure, tokens) = match bytes.checked_sub(tokens) {
+            None | Some(0) => (start, tokens - bytes),
+            Some(lacking) => (start + self.limit.serialization(lacking), 0),
+        };
+        // The wait before its own bytes go out at the rate.
+        let wait = (departure - now).saturating_sub(self.limit.serialization(bytes));
+        self.longest_wait = self.longest_wait.max(wait);
+        self.free_at = departure;
+        self.tokens = tokens;
+        Some(departure)
     }
 }
 
@@ -119,6 +152,8 @@ pub struct ClusterConfig {
     pub retransmit_timeout: Duration,
     pub max_retransmit_timeout: Duration,
     pub job_timeout: Duration,
+    /// The workers' pacing.
+    pub pacing: PacingConfig,
     pub seed: u64,
     /// Per rank, how long after the first its every job starts (a straggler); missing
     /// ranks start at once.
@@ -145,6 +180,7 @@ impl ClusterConfig {
             retransmit_timeout: Duration::from_micros(200),
             max_retransmit_timeout: Duration::from_millis(5),
             job_timeout: Duration::from_secs(10),
+            pacing: PacingConfig::DEFAULT,
             seed: 1,
             start_delays: Vec::new(),
             rank_rates: Vec::new(),
@@ -437,6 +473,7 @@ impl Cluster {
                         retransmit_timeout: config.retransmit_timeout,
                         max_retransmit_timeout: config.max_retransmit_timeout,
                         job_timeout: config.job_timeout,
+                        pacing: config.pacing,
                     },
                     now,
                 )

@@ -38,11 +38,13 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, WireError};
 
+use crate::pacer::{LinkPacer, PacingConfig};
 use crate::round::is_after;
 
 /// Moves payloads between the caller's tensors and packets: the pre- and
@@ -169,6 +171,8 @@ pub struct WorkerConfig {
     pub max_retransmit_timeout: Duration,
     /// A job that makes no progress for this long fails.
     pub job_timeout: Duration,
+    /// Spacing of the contributions' first sendings to the rate the path carries.
+    pub pacing: PacingConfig,
 }
 
 /// Why a job could not start or did not finish.
@@ -249,6 +253,8 @@ counters! {
         /// Header-only requests sent while the whole thread waited: one per timeout of the
         /// probing slot, instead of a window of retransmissions.
         pub probes: u64,
+        /// First sendings the pacer held back, to space them at the rate the path carries.
+        pub paced: u64,
         pub results_received: u64,
         /// Bytes of the new results received, headers included.
         pub bytes_received: u64,
@@ -325,6 +331,9 @@ struct SlotState {
     /// The slot's timer fired while another slot probed, and was put off until the probe
     /// is answered.
     deferred: bool,
+    /// The outstanding contribution waits in the pacer's queue and was never sent: no
+    /// timer runs for it, and nothing may send it but the pacer.
+    paced: bool,
     /// Consecutive timeouts of this slot; each doubles its timeout.
     backoff: u32,
     /// When this slot's retransmission timer fires; re-armed at every send.
@@ -345,6 +354,9 @@ impl SlotState {
         }
     }
 }
+
+/// A contribution's first sending: the one send the pacer may hold back.
+const FIRST_SENDING: Send = Send::Data { retransmission: None };
 
 /// Timeouts beyond a year are taken as a year, so that no deadline can overflow the
 /// clock.
@@ -370,6 +382,12 @@ struct TimedPacket {
     slot: u16,
     round: u32,
     sent: Instant,
+    /// Its slot's timer fired before its result came. Its round trip may then time a
+    /// wait for a peer's loss recovery, not the path, and the retransmission timeout
+    /// does not take it (Karn's rule, widened to every timeout); the pacer does, since
+    /// it looks past a lone long round trip, and a queue longer than the timeout is
+    /// what it must see.
+    expired: bool,
 }
 
 /// A header-only request sent while every slot of the thread waited.
@@ -392,6 +410,13 @@ pub struct WorkerProtocol {
     status: JobStatus,
     broken: bool,
     pending: VecDeque<(u16, Send)>,
+    /// Slots whose contribution's first sending waits for the pacer, in the order they
+    /// were queued.
+    paced: VecDeque<u16>,
+    /// Retransmissions waiting for the pacer, which go before the first sendings.
+    resends: VecDeque<(u16, Send)>,
+    /// The pacer of this worker's path, which its other threads may share.
+    pacer: Arc<LinkPacer>,
     /// Slots by their timers' deadlines, at most one live entry per slot (`queued`).
     timers: BinaryHeap<Reverse<(Instant, u16)>>,
     last_progress: Instant,
@@ -415,8 +440,16 @@ pub struct WorkerProtocol {
 }
 
 impl WorkerProtocol {
-    /// A worker thread's protocol; timeouts are capped at a [`YEAR`].
-    pub fn new(mut config: WorkerConfig, now: Instant) -> WorkerProtocol {
+    /// A worker thread's protocol, with a pacer of its own; timeouts are capped at a
+    /// [`YEAR`].
+    pub fn new(config: WorkerConfig, now: Instant) -> WorkerProtocol {
+        let pacer = LinkPacer::new(config.pacing);
+        WorkerProtocol::with_pacer(config, now, pacer)
+    }
+
+    /// A worker thread's protocol that paces its packets with `pacer`, which the worker's
+    /// other threads share (its `config.pacing` is then `pacer`'s).
+    pub fn with_pacer(mut config: WorkerConfig, now: Instant, pacer: Arc<LinkPacer>) -> WorkerProtocol {
         config.retransmit_timeout = config.retransmit_timeout.min(YEAR);
         config.max_retransmit_timeout = config.max_retransmit_timeout.min(YEAR);
         config.job_timeout = config.job_timeout.min(YEAR);
@@ -433,6 +466,7 @@ impl WorkerProtocol {
                 waiting_since: 0,
                 held: None,
                 deferred: false,
+                paced: false,
                 backoff: 0,
                 deadline: None,
                 queued: None,
@@ -440,12 +474,15 @@ impl WorkerProtocol {
             .collect();
         WorkerProtocol {
             base_timeout: config.retransmit_timeout,
+            pacer,
             config,
             slots,
             job: None,
             status: JobStatus::Idle,
             broken: false,
             pending: VecDeque::new(),
+            paced: VecDeque::new(),
+            resends: VecDeque::new(),
             timers: BinaryHeap::new(),
             last_progress: now,
             rtt: None,
@@ -526,11 +563,13 @@ impl WorkerProtocol {
         let active_slots = (self.config.slots as u32).min(blocks) as u16;
         let stride = self.config.slots as u64;
         self.pending.clear();
+        self.clear_paced();
         self.clear_timers();
         self.last_progress = now;
         self.timed = None;
         self.latest_answered = None;
         self.probe = None;
+        self.pacer.job_started(now);
         for (index, slot) in self.slots.iter_mut().enumerate().take(active_slots as usize) {
             let block = index as u32;
             let next = match &spec.layout {
@@ -554,7 +593,7 @@ impl WorkerProtocol {
                 exponent_round: spec.exponents,
             });
             if slot.outstanding.is_some() {
-                self.pending.push_back((index as u16, Send::Data { retransmission: None }));
+                self.pending.push_back((index as u16, FIRST_SENDING));
             }
         }
         self.job = Some(Job { spec, blocks });
@@ -575,36 +614,102 @@ impl WorkerProtocol {
         if buf.len() < HEADER_LEN + self.config.packet_elements as usize * ELEMENT_LEN {
             return None;
         }
+        let paced = self.pacer.rate().is_some();
         while let Some((index, send)) = self.pending.pop_front() {
-            if let Some(len) = self.build(index, send, buf, io) {
-                self.counters.packets_sent += 1;
-                self.counters.bytes_sent += len as u64;
-                match send {
-                    Send::Data { retransmission: None } if self.timed.is_none() => {
-                        // `build` sent the slot's outstanding contribution.
-                        if let Some(contribution) = self.slots[index as usize].outstanding {
-                            let round = contribution.round;
-                            self.timed = Some(TimedPacket { slot: index, round, sent: now });
-                        }
-                    }
-                    // Karn's rule: the result may answer either copy.
-                    Send::Data { retransmission: Some(_) } if self.timed.is_some_and(|t| t.slot == index) => {
-                        self.timed = None;
-                    }
-                    _ => {}
+            match send {
+                FIRST_SENDING if paced && (!self.paced.is_empty() || !self.pacer.allows(now)) => {
+                    self.hold(index);
+                    continue;
                 }
-                self.transmissions += 1;
-                // The wait starts with a contribution's first sending. An answer to a
-                // resent one or to a request may answer the first sending, so it must not
-                // count as the answer to a packet sent later than the others waiting.
-                if send == (Send::Data { retransmission: None }) {
-                    self.slots[index as usize].waiting_since = self.transmissions;
+                Send::Data { .. } if paced && (!self.resends.is_empty() || !self.pacer.allows(now)) => {
+                    self.resends.push_back((index, send));
+                    continue;
                 }
-                self.arm_timer(index, now);
+                _ => {}
+            }
+            if let Some(len) = self.transmit(now, index, send, buf, io) {
+                return Some(len);
+            }
+        }
+        // Retransmissions first: they repair rounds every worker waits on.
+        while let Some(&(index, send)) = self.resends.front() {
+            if !self.pacer.allows(now) {
+                return None;
+            }
+            self.resends.pop_front();
+            if let Some(len) = self.transmit(now, index, send, buf, io) {
+                return Some(len);
+            }
+        }
+        while let Some(&index) = self.paced.front() {
+            if !self.pacer.allows(now) {
+                return None;
+            }
+            self.paced.pop_front();
+            self.slots[index as usize].paced = false;
+            if let Some(len) = self.transmit(now, index, FIRST_SENDING, buf, io) {
                 return Some(len);
             }
         }
         None
+    }
+
+    /// Puts a slot's first sending of its contribution in the pacer's queue.
+    fn hold(&mut self, index: u16) {
+        let slot = &mut self.slots[index as usize];
+        if slot.active && slot.outstanding.is_some() && !slot.paced {
+            slot.paced = true;
+            self.paced.push_back(index);
+            self.counters.paced += 1;
+        }
+    }
+
+    /// Empties the pacer's queues: their packets are no longer to be sent.
+    fn clear_paced(&mut self) {
+        self.resends.clear();
+        for index in self.paced.drain(..) {
+            self.slots[index as usize].paced = false;
+        }
+    }
+
+    /// Builds `send` for slot `index` into `buf`, and books it as sent at `now`.
+    fn transmit(
+        &mut self,
+        now: Instant,
+        index: u16,
+        send: Send,
+        buf: &mut [u8],
+        io: &mut impl BlockIo,
+    ) -> Option<usize> {
+        let len = self.build(index, send, buf, io)?;
+        self.counters.packets_sent += 1;
+        self.counters.bytes_sent += len as u64;
+        match send {
+            FIRST_SENDING if self.timed.is_none() => {
+                // `build` sent the slot's outstanding contribution.
+                if let Some(contribution) = self.slots[index as usize].outstanding {
+                    let round = contribution.round;
+                    self.timed = Some(TimedPacket { slot: index, round, sent: now, expired: false });
+                }
+            }
+            // Karn's rule: the result may answer either copy.
+            Send::Data { retransmission: Some(_) } if self.timed.is_some_and(|t| t.slot == index) => {
+                self.timed = None;
+            }
+            _ => {}
+        }
+        self.transmissions += 1;
+        // The wait starts with a contribution's first sending. An answer to a resent one
+        // or to a request may answer the first sending, so it must not count as the
+        // answer to a packet sent later than the others waiting.
+        if matches!(send, Send::Data { .. }) {
+            self.pacer.sent(now, len);
+        }
+        if send == FIRST_SENDING {
+            self.slots[index as usize].waiting_since = self.transmissions;
+        }
+        self.arm_timer(index, now);
+        Some(len)
     }
 
     fn build(&mut self, index: u16, send: Send, buf: &mut [u8], io: &mut impl BlockIo) -> Option<usize> {
@@ -642,9 +747,11 @@ impl WorkerProtocol {
             }
             Send::Data { retransmission } => {
                 let contribution = slot.outstanding?;
-                // Answered, or known to be at the switch, while it waited in the queue.
-                if retransmission.is_some_and(|round| round != contribution.round || slot.held == Some(round))
-                {
+                // Answered, or known to be at the switch, while it waited in the queue; or
+                // never sent yet, still in the pacer's queue.
+                if retransmission.is_some_and(|round| {
+                    round != contribution.round || slot.held == Some(round) || slot.paced
+                }) {
                     return None;
                 }
                 let carries_data = !contribution.exponent_round
@@ -748,6 +855,7 @@ impl WorkerProtocol {
                     Delivery::Accepted => {
                         self.counters.results_received += 1;
                         self.counters.bytes_received += datagram.len() as u64;
+                        self.pacer.delivered(datagram.len());
                     }
                     Delivery::Duplicate => self.counters.duplicates += 1,
                     Delivery::Stale => self.counters.stale += 1,
@@ -845,7 +953,8 @@ impl WorkerProtocol {
         if answered.is_some() {
             slot.outstanding = None;
             if let Some(timed) = self.timed.filter(|t| t.slot == index && t.round == repr.round) {
-                rtt_sample = Some(now.saturating_duration_since(timed.sent));
+                let completed_here = repr.completed_by() == Some(self.config.rank);
+                rtt_sample = Some((now.saturating_duration_since(timed.sent), timed.expired, completed_here));
                 self.timed = None;
             }
         }
@@ -866,7 +975,7 @@ impl WorkerProtocol {
                     let round = slot.have.wrapping_add(1);
                     let block = other as u32;
                     slot.outstanding = Some(Contribution::data(round, block, END_OF_STREAM, agreed));
-                    self.pending.push_back((other, Send::Data { retransmission: None }));
+                    self.pending.push_back((other, FIRST_SENDING));
                 }
             }
             Layout::Dense => {
@@ -875,7 +984,7 @@ impl WorkerProtocol {
                     let round = repr.round.wrapping_add(1);
                     let block = next as u32;
                     slot.outstanding = Some(Contribution::data(round, block, END_OF_STREAM, agreed));
-                    self.pending.push_back((index, Send::Data { retransmission: None }));
+                    self.pending.push_back((index, FIRST_SENDING));
                 } else {
                     slot.end_round = Some(repr.round);
                 }
@@ -889,15 +998,18 @@ impl WorkerProtocol {
                     let round = repr.round.wrapping_add(1);
                     slot.outstanding = Some(Contribution::data(round, block, next, None));
                     slot.my_next = next;
-                    self.pending.push_back((index, Send::Data { retransmission: None }));
+                    self.pending.push_back((index, FIRST_SENDING));
                 }
             }
         }
 
         let slot = &mut self.slots[index as usize];
         let done = slot.end_round == Some(slot.have) && slot.outstanding.is_none();
-        if let Some(sample) = rtt_sample {
-            self.sample_rtt(sample);
+        if let Some((rtt, expired, completed_here)) = rtt_sample {
+            if !expired {
+                self.sample_rtt(rtt);
+            }
+            self.pacer.sample(now, rtt, completed_here);
         }
         if self.probe.is_some() {
             self.end_wait(now);
@@ -940,7 +1052,7 @@ impl WorkerProtocol {
         };
         if notice.flags.contains(Flags::CONTRIBUTED) {
             slot.held = Some(contribution.round);
-        } else if slot.held != Some(contribution.round) {
+        } else if slot.held != Some(contribution.round) && !slot.paced {
             // Lost on the way: send it now. The thread was not (only) waiting for a late
             // peer, so the slots put off behind a probe may have lost theirs too.
             self.pending.push_back((index, Send::Data { retransmission: Some(contribution.round) }));
@@ -960,7 +1072,7 @@ impl WorkerProtocol {
             let Some(slot) = self.slots.get_mut(index as usize) else {
                 break;
             };
-            if !slot.active || slot.waiting_since > probe.sent || index == probe.slot as u32 {
+            if !slot.active || slot.paced || slot.waiting_since > probe.sent || index == probe.slot as u32 {
                 continue;
             }
             slot.deferred = false;
@@ -986,7 +1098,7 @@ impl WorkerProtocol {
         self.probe = None;
         for index in 0..self.slots.len() {
             let slot = &mut self.slots[index];
-            if std::mem::take(&mut slot.deferred) && slot.active {
+            if std::mem::take(&mut slot.deferred) && slot.active && !slot.paced {
                 self.arm_timer(index as u16, now);
             }
         }
@@ -1005,6 +1117,7 @@ impl WorkerProtocol {
         self.counters.jobs_failed += 1;
         self.broken = true;
         self.pending.clear();
+        self.clear_paced();
         self.clear_timers();
         for slot in &mut self.slots {
             slot.active = false;
@@ -1015,6 +1128,7 @@ impl WorkerProtocol {
         self.status = JobStatus::Done;
         self.counters.jobs_done += 1;
         self.pending.clear();
+        self.clear_paced();
         self.clear_timers();
     }
 
@@ -1026,7 +1140,10 @@ impl WorkerProtocol {
             return None;
         }
         let job_deadline = self.last_progress + self.config.job_timeout;
-        Some(self.timers.peek().map_or(job_deadline, |Reverse((at, _))| (*at).min(job_deadline)))
+        let timer = self.timers.peek().map(|Reverse((at, _))| *at);
+        let held = !self.paced.is_empty() || !self.resends.is_empty();
+        let paced = self.pacer.ready_at().filter(|_| held);
+        [timer, paced].into_iter().flatten().chain([job_deadline]).min()
     }
 
     /// Fires every timer due at `now`: retransmissions, requests, and the job timeout.
@@ -1039,13 +1156,15 @@ impl WorkerProtocol {
             return;
         }
         while let Some(index) = self.due_timer(now) {
-            // A packet still unanswered a timeout after it went out would time a wait for
-            // loss recovery or a peer, not the path: Karn's rule, widened to every timeout.
-            if self.timed.is_some_and(|timed| timed.slot == index) {
-                self.timed = None;
+            if let Some(timed) = self.timed.as_mut().filter(|timed| timed.slot == index) {
+                timed.expired = true;
             }
             let slot = &mut self.slots[index as usize];
             slot.deadline = None;
+            if slot.paced {
+                // Its contribution was never sent: the pacer sends it, and arms the timer.
+                continue;
+            }
             // RACK's reasoning: a result for something sent after this slot's packet means
             // the switch moved on without it; so does a gap in its results.
             let loss_evident =
@@ -1083,6 +1202,7 @@ impl WorkerProtocol {
                 self.timed = None;
                 let round = self.slots[asked as usize].have.wrapping_add(1);
                 self.pending.push_back((asked, Send::Request { round }));
+                self.arm_timer(asked, now);
                 continue;
             }
             slot.backoff += 1;
@@ -1092,12 +1212,29 @@ impl WorkerProtocol {
                 self.end_wait(now);
             }
             let slot = &self.slots[index as usize];
-            let recovery = slot.recovery();
+            let recovery = match slot.recovery() {
+                // At the first timeout, ask whether the switch holds the contribution
+                // rather than send it again: a round stalls on one worker's loss, and the
+                // others, whose contributions are in, would each send theirs twice. The
+                // answer says which; the one that lost its packet sends it then, a round
+                // trip later than at once.
+                Send::Data { .. }
+                    if slot.backoff == 1
+                        && slot.outstanding.is_some_and(|c| c.round == slot.have.wrapping_add(1)) =>
+                {
+                    Send::Request { round: slot.have.wrapping_add(1) }
+                }
+                recovery => recovery,
+            };
             self.pending.push_back((index, recovery));
             if matches!(recovery, Send::Data { .. }) && slot.ahead != 0 {
                 // A gap in its results too: ask for the first it lacks.
                 self.pending.push_back((index, Send::Request { round: slot.have.wrapping_add(1) }));
             }
+            // The timer runs from now, not only from the sending: a retransmission may
+            // wait for the pacer, and be dropped there if the switch meanwhile says it
+            // holds the contribution; the slot must not be left without a timer.
+            self.arm_timer(index, now);
         }
     }
 }
@@ -1131,6 +1268,23 @@ mod tests {
         result
     }
 
+    /// The switch's pending notice answering a request: the round is still aggregating,
+    /// and the asker's contribution is in it or not.
+    fn pending_of(request: &[u8], contributed: bool) -> Vec<u8> {
+        let asked = PacketRepr::parse(&Packet::new_checked(request).unwrap());
+        let notice = PacketRepr {
+            flags: if contributed { Flags::CONTRIBUTED } else { Flags::NONE },
+            job: asked.job,
+            rank: asked.rank,
+            slot: asked.slot,
+            round: asked.round,
+            ..PacketRepr::new(MessageType::Pending, asked.element_type, asked.session, asked.token, 0)
+        };
+        let mut bytes = vec![0; HEADER_LEN];
+        notice.emit(&mut bytes[..]).unwrap();
+        bytes
+    }
+
     /// A protocol of `slots` slots of one int32 element each, running a dense job of
     /// `elements`; retransmission timeout `timeout`.
     fn running(start: Instant, slots: u16, elements: u64, timeout: Duration) -> WorkerProtocol {
@@ -1145,6 +1299,7 @@ mod tests {
             retransmit_timeout: timeout,
             max_retransmit_timeout: timeout * 8,
             job_timeout: Duration::from_secs(10),
+            pacing: PacingConfig::DEFAULT,
         };
         let mut protocol = WorkerProtocol::new(config, start);
         let job = JobSpec {
@@ -1217,12 +1372,15 @@ mod tests {
         protocol.handle_datagram(start + ms(1), &result_of(&first[0]), &mut Numbers);
         assert_eq!(protocol.smoothed_rtt(), Some(ms(1)));
         // Slot 0's next block is timed. Slot 2's result shows slot 1's packet, sent
-        // before slot 2's, lost: it times out and goes again.
+        // before slot 2's, lost: it times out, asks, learns the switch lacks it, and
+        // sends it again.
         protocol.handle_datagram(start + ms(1), &result_of(&first[2]), &mut Numbers);
         let timed = sent(&mut protocol, start + ms(1));
         protocol.handle_timeout(start + timeout);
+        let asked = sent(&mut protocol, start + timeout);
+        protocol.handle_datagram(start + timeout, &pending_of(&asked[0], false), &mut Numbers);
         let again = sent(&mut protocol, start + timeout);
-        assert_eq!((timed.len(), again.len()), (2, 1));
+        assert_eq!((timed.len(), asked.len(), again.len()), (2, 1, 1));
         let resent = PacketRepr::parse(&Packet::new_checked(&again[0][..]).unwrap());
         assert_eq!((resent.block, resent.flags), (1, Flags::RETRANSMISSION));
         protocol.handle_datagram(start + timeout + ms(1), &result_of(&timed[0]), &mut Numbers);
@@ -1266,5 +1424,82 @@ mod tests {
         assert_eq!((second.block, second.flags), (1, Flags::NONE));
         assert_eq!(protocol.poll_transmit(late, &mut buffer, &mut Numbers), None, "sent once");
         assert_eq!((protocol.counters().retransmissions, protocol.counters().timeouts), (0, 0));
+    }
+
+    /// A job of three blocks whose second packet is taken as lost (the third's result
+    /// came, the first's too), when its timer fires.
+    fn lost_in_the_middle(start: Instant, timeout: Duration) -> (WorkerProtocol, Vec<Vec<u8>>) {
+        let mut protocol = running(start, 3, 3, timeout);
+        let first = sent(&mut protocol, start);
+        for answered in [&first[0], &first[2]] {
+            protocol.handle_datagram(start, &result_of(answered), &mut Numbers);
+        }
+        assert!(sent(&mut protocol, start).is_empty());
+        protocol.handle_timeout(start + timeout);
+        (protocol, first)
+    }
+
+    #[test]
+    fn a_timeout_asks_whether_the_switch_holds_the_contribution_before_resending_it() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let (mut protocol, _) = lost_in_the_middle(start, timeout);
+        let asked = sent(&mut protocol, start + timeout);
+        assert_eq!(asked.len(), 1);
+        let request = PacketRepr::parse(&Packet::new_checked(&asked[0][..]).unwrap());
+        assert_eq!(
+            (request.message_type, request.slot, request.flags),
+            (MessageType::Ack, 1, Flags::WANT_RESULT)
+        );
+        assert_eq!(request.buffer_len(), HEADER_LEN, "header only");
+        // The switch holds it: nothing is sent again, and the slot keeps asking.
+        protocol.handle_datagram(start + timeout, &pending_of(&asked[0], true), &mut Numbers);
+        assert!(sent(&mut protocol, start + timeout).is_empty());
+        let next = protocol.poll_timeout().unwrap();
+        protocol.handle_timeout(next);
+        let again = sent(&mut protocol, next);
+        let request = PacketRepr::parse(&Packet::new_checked(&again[0][..]).unwrap());
+        assert_eq!((again.len(), request.message_type), (1, MessageType::Ack));
+        assert_eq!(protocol.counters().retransmissions, 0);
+        // The second timeout of a slot that knows nothing sends its data.
+        let (mut unanswered, _) = lost_in_the_middle(start, timeout);
+        sent(&mut unanswered, start + timeout);
+        let next = unanswered.poll_timeout().unwrap();
+        unanswered.handle_timeout(next);
+        let resent = sent(&mut unanswered, next);
+        let repr = PacketRepr::parse(&Packet::new_checked(&resent[0][..]).unwrap());
+        assert_eq!((repr.message_type, repr.flags), (MessageType::Data, Flags::RETRANSMISSION));
+    }
+
+    #[test]
+    fn a_recovery_dropped_before_it_is_sent_leaves_the_slot_its_timer() {
+        // A retransmission queued (behind a pacer, say) is dropped when the switch says,
+        // meanwhile, that it holds the contribution; the slot's timer must still run,
+        // or the slot would never ask for its result again.
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let (mut protocol, first) = lost_in_the_middle(start, timeout);
+        let asked = sent(&mut protocol, start + timeout);
+        // Unanswered: the second timeout queues the data again...
+        let next = protocol.poll_timeout().unwrap();
+        protocol.handle_timeout(next);
+        // ...and before it goes out, the answer to the request arrives: held.
+        protocol.handle_datagram(next, &pending_of(&asked[0], true), &mut Numbers);
+        assert!(sent(&mut protocol, next).is_empty(), "the retransmission is dropped");
+        let deadline = protocol.poll_timeout().unwrap();
+        assert!(
+            deadline < start + Duration::from_secs(1),
+            "a slot timer, not the job's: {:?}",
+            deadline - start
+        );
+        protocol.handle_timeout(deadline);
+        let request = sent(&mut protocol, deadline);
+        assert_eq!(
+            PacketRepr::parse(&Packet::new_checked(&request[0][..]).unwrap()).message_type,
+            MessageType::Ack
+        );
+        // The result comes, and the job is done.
+        protocol.handle_datagram(deadline, &result_of(&first[1]), &mut Numbers);
+        assert_eq!(protocol.status(), &JobStatus::Done);
     }
 }

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use netagg_aggregator::sim::{Cluster, ClusterConfig, Tensor};
+use netagg_aggregator::sim::{Cluster, ClusterConfig, RateLimit, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -76,6 +76,56 @@ fn random_clusters_over_lossy_links_with_late_ranks_finish_exact() {
             // Jobs of at most a few hundred packets on 10 µs links: a timeout grown from
             // round trips that waited for a peer's recovery shows as a slow job.
             assert!(report.elapsed < Duration::from_millis(500), "{case}, job {job}: {:?}", report.elapsed);
+        }
+    }
+}
+
+/// The same behind rate-limited links whose queues are shorter than the window, with
+/// loss and jitter on top: the pacer engages, holds sends and retransmissions back, and
+/// every job still ends exact, within the job timeout and the step bound.
+#[test]
+fn random_clusters_behind_shallow_queues_finish_exact() {
+    let cases = if cfg!(debug_assertions) { 150 } else { 1000 };
+    for seed in 0..cases {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let workers = rng.gen_range(1..=4u16);
+        let slots = [8u16, 64, 65, 130][rng.gen_range(0..4)];
+        let packet = rng.gen_range(1..=64u16);
+        let sparse = rng.gen_bool(0.5);
+        let loss = [0.0, 0.01, 0.05][rng.gen_range(0..3)];
+        let rate = [10_000_000u64, 50_000_000, 200_000_000][rng.gen_range(0..3)];
+        let queue = Duration::from_micros(rng.gen_range(1000..5000));
+        let burst = [0u64, 4096, 65536][rng.gen_range(0..3)];
+        let len = slots as usize * packet as usize * rng.gen_range(2..8) - rng.gen_range(0..packet as usize);
+        let density = if sparse { rng.gen_range(0.0..1.0) } else { 1.0 };
+        let mut config = ClusterConfig::new(workers, slots, packet)
+            .with_faults(loss)
+            .with_rate(RateLimit::new(rate, queue).with_burst(burst));
+        config.uplink.jitter = Duration::from_micros(rng.gen_range(0..100));
+        config.downlink.jitter = config.uplink.jitter;
+        config.depth = [2u8, 8][rng.gen_range(0..2)];
+        config.seed = seed;
+        // The library's timeouts: a floor of 10 ms, doubling up to 64 times that.
+        config.retransmit_timeout = Duration::from_millis(10);
+        config.max_retransmit_timeout = Duration::from_millis(640);
+        config.job_timeout = Duration::from_secs(10);
+        config.max_steps = 3_000_000;
+        let case = format!(
+            "seed {seed}: {workers} workers, {slots} slots of {packet}, sparse {sparse}, loss {loss}, {rate} bit/s, queue {queue:?}, burst {burst}"
+        );
+        let inputs = inputs(&mut rng, workers, len, packet as usize, density);
+        let mut expected = vec![0i32; len];
+        for input in &inputs {
+            let Tensor::Int32(values) = input else { unreachable!("int32 inputs") };
+            expected.iter_mut().zip(values).for_each(|(sum, v)| *sum = sum.wrapping_add(*v));
+        }
+        let expected = Tensor::Int32(expected);
+        let mut cluster = Cluster::new(config).unwrap();
+        for job in 0..3 {
+            let report = cluster
+                .allreduce(&inputs, sparse)
+                .unwrap_or_else(|error| panic!("{case}, job {job}: {error}"));
+            assert!(report.outputs.iter().all(|output| *output == expected), "{case}, job {job}: sums");
         }
     }
 }

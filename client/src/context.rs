@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
-use netagg_aggregator::WorkerConfig;
+use netagg_aggregator::{PacingConfig, WorkerConfig};
 use netagg_config::Config;
 use netagg_wire::ControlMessage;
 
@@ -104,7 +104,8 @@ impl Context {
         span.record("session", tracing::field::display(format_args!("{session:#010x}")));
         let transports = with_faults(transports, &config);
         let transport = transports.first().map(|transport| transport.describe()).unwrap_or_default();
-        let shared = Arc::new(Shared::new(transports.len(), general.sparse));
+        let pacing = PacingConfig { enabled: general.pacing, target: general.pacing_target };
+        let shared = Arc::new(Shared::new(transports.len(), general.sparse, pacing));
         if let Some(stream) = &control {
             let watched = stream.try_clone().map_err(|e| Error::io("watching the control connection", e))?;
             watch_session(watched, Arc::clone(&shared));
@@ -128,6 +129,7 @@ impl Context {
                     .min(general.job_timeout / 4)
                     .max(general.timeout),
                 job_timeout: general.job_timeout,
+                pacing,
             };
             let shared = Arc::clone(&shared);
             let codec = Arc::clone(&codec);

@@ -10,7 +10,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use netagg_aggregator::{JobSpec, JobStatus as ProtocolStatus, WorkerConfig, WorkerProtocol};
+use netagg_aggregator::pacer::LinkPacer;
+use netagg_aggregator::{JobSpec, JobStatus as ProtocolStatus, PacingConfig, WorkerConfig, WorkerProtocol};
 use netagg_config::SparseMode;
 use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
 
@@ -43,11 +44,14 @@ pub(crate) struct Shared {
     pub all_done: Condvar,
     /// Whether zero blocks stay off the wire (`general.sparse`).
     pub sparse: SparseMode,
+    /// The pacer of this worker's path, which its threads share.
+    pub pacer: Arc<LinkPacer>,
 }
 
 impl Shared {
-    pub fn new(threads: usize, sparse: SparseMode) -> Shared {
+    pub fn new(threads: usize, sparse: SparseMode, pacing: PacingConfig) -> Shared {
         Shared {
+            pacer: LinkPacer::new(pacing),
             stopping: AtomicBool::new(false),
             session_lost: Mutex::new(None),
             stats: Mutex::new(Stats::new(threads)),
@@ -87,7 +91,7 @@ pub(crate) fn worker_thread(
     shared: Arc<Shared>,
     codec: Arc<dyn Codec>,
 ) {
-    let mut protocol = WorkerProtocol::new(config.clone(), Instant::now());
+    let mut protocol = WorkerProtocol::with_pacer(config.clone(), Instant::now(), Arc::clone(&shared.pacer));
     // The protocol's counters when they were last added to the shared stats, which
     // reset_stats may have zeroed since.
     let mut reported = *protocol.counters();

@@ -90,6 +90,9 @@ thread_counters! {
         /// Header-only requests sent while every slot of the thread waited (for a late
         /// peer, most often), instead of resending the window.
         pub probes: u64,
+        /// Data packets the pacer held back before their first sending, to space them at
+        /// the rate the path carries.
+        pub paced: u64,
         /// Results received that were new.
         pub results_received: u64,
         /// Bytes of the new results received, headers included.
@@ -122,13 +125,14 @@ impl fmt::Display for Stats {
         for (thread, c) in self.threads.iter().enumerate() {
             writeln!(
                 f,
-                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} pending), {} timeouts",
+                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes, {} paced), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} pending), {} timeouts",
                 c.packets_sent,
                 c.bytes_sent,
                 c.data_sent,
                 c.acks_sent,
                 c.retransmissions,
                 c.probes,
+                c.paced,
                 c.results_received,
                 c.bytes_received,
                 c.duplicates,

@@ -129,6 +129,11 @@ pub struct General {
     pub timeout: Duration,
     /// A job that makes no progress for this long fails.
     pub job_timeout: Duration,
+    /// Whether threads space their packets at the rate the path carries once a standing
+    /// queue shows.
+    pub pacing: bool,
+    /// The standing queueing delay the pacer aims below.
+    pub pacing_target: Duration,
     /// How long registration waits for every rank to join.
     pub connect_timeout: Duration,
     /// Where the switch's control plane listens (SwitchML's controller).

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use netagg_fuzz::Raw;
-use netagg_aggregator::{BlockIo, BlockMask, JobSpec, Layout, WorkerConfig, WorkerProtocol};
+use netagg_aggregator::{BlockIo, BlockMask, JobSpec, Layout, PacingConfig, WorkerConfig, WorkerProtocol};
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
@@ -30,6 +30,7 @@ const CONFIG: WorkerConfig = WorkerConfig {
     retransmit_timeout: Duration::from_millis(10),
     max_retransmit_timeout: Duration::from_millis(80),
     job_timeout: Duration::from_secs(1),
+    pacing: PacingConfig::DEFAULT,
 };
 
 const BLOCK_BYTES: usize = CONFIG.packet_elements as usize * ELEMENT_LEN;

@@ -912,8 +912,16 @@ impl Connection {
 pub fn sleep_until_readable(fds: impl IntoIterator<Item = RawFd>, timeout: Duration) -> io::Result<()> {
     let mut polled: Vec<libc::pollfd> =
         fds.into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    match unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, millis) } {
+    // ppoll rather than poll: a timeout in nanoseconds, not whole milliseconds, so that a
+    // paced sender wakes when its next packet is due.
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos().into(),
+    };
+    // SAFETY: `polled` and `timeout` are alive for the call; a null signal mask is allowed.
+    let ready =
+        unsafe { libc::ppoll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, &timeout, std::ptr::null()) };
+    match ready {
         -1 if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted => {
             Err(failed("waiting for completions", io::Error::last_os_error()))
         }

@@ -198,10 +198,15 @@ fn wait_writable(socket: &UdpSocket, timeout: Duration) -> io::Result<()> {
 
 fn wait(socket: &UdpSocket, events: libc::c_short, timeout: Duration) -> io::Result<bool> {
     let mut descriptor = libc::pollfd { fd: socket.as_raw_fd(), events, revents: 0 };
-    // Round up so that a short positive wait does not become a busy poll.
-    let millis = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: one valid pollfd, for a descriptor `socket` keeps open during the call.
-    let ready = unsafe { libc::poll(&mut descriptor, 1, millis) };
+    // ppoll rather than poll: a timeout in nanoseconds, not whole milliseconds, so that a
+    // paced sender wakes when its next packet is due.
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos().into(),
+    };
+    // SAFETY: one valid pollfd, for a descriptor `socket` keeps open during the call, and a
+    // timespec alive for it; a null signal mask is allowed.
+    let ready = unsafe { libc::ppoll(&mut descriptor, 1, &timeout, std::ptr::null()) };
     match ready {
         -1 => {
             let error = io::Error::last_os_error();

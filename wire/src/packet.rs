@@ -401,6 +401,22 @@ impl PacketRepr {
         self.next_block = (map >> 32) as u32;
     }
 
+    /// On a result: the rank whose contribution completed the round, the last to arrive.
+    /// A worker learns from it whether its own path held the round up, or a peer did.
+    /// Carried in `ack round` as the rank plus one, which a result has no other use for;
+    /// `None` where that is 0 (not known) or no rank.
+    pub const fn completed_by(&self) -> Option<u16> {
+        match self.ack_round {
+            rank @ 1..=0x1_0000 => Some((rank - 1) as u16),
+            _ => None,
+        }
+    }
+
+    /// Sets what [`PacketRepr::completed_by`] reads.
+    pub fn set_completed_by(&mut self, rank: Option<u16>) {
+        self.ack_round = rank.map_or(0, |rank| rank as u32 + 1);
+    }
+
     /// A header of the given type, session, token and element count, with no flags and
     /// every other field 0 (job, rank, slot, round...); set the others by struct update:
     /// `PacketRepr { round: 3, ..PacketRepr::new(MessageType::Data, ElementType::Int32, session, token, 4) }`.

@@ -1,0 +1,530 @@
+//! Pacing of a worker thread's contributions to the rate its path carries.
+//!
+//! A fixed window of packets, sent at once, stands in the queue of a link slower than the
+//! sender: the whole window waits there, a delay that grows with the window and shrinks
+//! with the link's rate (42 ms for 256 KiB at 50 Mbit/s), and a queue shorter than the
+//! window drops the rest. The pacer keeps the queue near a small target by spacing the
+//! thread's contributions in time, which leaves the window alone.
+//!
+//! Why spacing, not a smaller window: a slot's next block is released only by its own
+//! result, and the result needs every worker's contribution to the same round. A window
+//! cut below the slots in use would park some slots on every rank; ranks whose parked
+//! sets differ (after a loss, and in every sparse stream) would wait on each other for
+//! ever. Time alone releases a paced packet, so a paced run is today's protocol over a
+//! link with a bounded delay at the sender, and keeps its liveness.
+//!
+//! Only a contribution's first sending is paced. Acknowledgements, requests, probes and
+//! retransmissions pass at once: they are few, and holding them back would slow the
+//! recovery of a loss.
+//!
+//! The signal is the *standing* queueing delay: the least of the last [`SAMPLES`] round
+//! trips, less the least round trip seen in the session. A late peer or a peer's loss
+//! recovery lengthens one or two round trips; only a queue lengthens all of them, so
+//! random loss and stragglers never engage the pacer. Once every [`SAMPLES`] round trips:
+//! - a standing delay above the target sets the rate to the delivery rate, scaled down so
+//!   that the excess drains within about the next [`SAMPLES`] round trips (which is never
+//!   below three quarters of it);
+//! - a standing delay below the target raises a rate that held sends back, by up to a
+//!   quarter, the less the closer the delay is to the target.
+//!
+//! Every worker's thread `t` carries the same rounds, so a queue on any worker's path
+//! lengthens the round trips of all of them (the others' contributions wait at the
+//! switch for the late one), and all of them settle on the slowest path's rate.
+//!
+//! Until a path shows a standing queue the thread is not paced at all, so that a path
+//! faster than the thread (a loopback, a fast network) costs nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Round trips per decision at least, of which the least is taken as the standing delay.
+pub const SAMPLES: u32 = 4;
+
+/// A decision period's least length. Short periods measure bursts, not rates: a shaper's
+/// bucket (tbf's `burst`) lets tens of kilobytes through at once.
+const MIN_PERIOD: Duration = Duration::from_millis(4);
+
+/// How far a paced thread may fall behind its schedule and catch up at once: the
+/// burst after an idle spell, and the slack for a shell that wakes up late.
+const BURST: Duration = Duration::from_millis(2);
+
+/// How far ahead of its schedule a packet may leave: a thread woken for one packet sends
+/// what falls due within this too, so that pacing costs a wake-up per few packets, not
+/// one per packet.
+const QUANTUM: Duration = Duration::from_micros(500);
+
+/// The least rate the pacer sets, in bytes per second: time alone must keep releasing
+/// packets, however long the measured delays.
+const MIN_RATE: u64 = 8_000;
+
+/// The largest raise per decision, as a fraction: an eighth. The queue must hold the
+/// excess a raise sends until the next decision sees it.
+const MAX_RAISE: f64 = 0.125;
+
+/// How a worker thread paces its contributions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacingConfig {
+    /// Pace once a standing queue appears; without it the window alone governs.
+    pub enabled: bool,
+    /// The standing queueing delay the pacer aims below.
+    pub target: Duration,
+}
+
+impl PacingConfig {
+    /// Pacing on, with a target of 1 ms: well below the shortest queue worth emulating
+    /// (a few ms), and above the delays a busy host's scheduling adds to a loopback.
+    pub const DEFAULT: PacingConfig = PacingConfig { enabled: true, target: Duration::from_millis(2) };
+}
+
+impl Default for PacingConfig {
+    fn default() -> PacingConfig {
+        PacingConfig::DEFAULT
+    }
+}
+
+/// The round trips since the last decision.
+#[derive(Debug, Clone, Copy, Default)]
+struct Period {
+    /// When it began; `None` before the first sample of a session.
+    began: Option<Instant>,
+    /// Bytes of results received when it began.
+    delivered: u64,
+    samples: u32,
+    /// The least round trip in it.
+    least: Option<Duration>,
+    /// The least round trip of the rounds this worker's contribution completed: its own
+    /// path's.
+    least_completed: Option<Duration>,
+}
+
+/// The pacer of one worker's path, shared by the worker's threads: they send over the
+/// same link, so one rate and one schedule cover them all, each thread taking its packets'
+/// turns from it. Paced separately, threads would share the link unevenly, and a job
+/// ends only when its slowest thread does.
+#[derive(Debug)]
+pub struct LinkPacer {
+    /// The rate in bytes per second, 0 while unpaced: read on every send without the lock.
+    rate: AtomicU64,
+    /// Bytes of results the threads received.
+    delivered: AtomicU64,
+    state: Mutex<Pacer>,
+}
+
+impl LinkPacer {
+    pub fn new(config: PacingConfig) -> Arc<LinkPacer> {
+        Arc::new(LinkPacer {
+            rate: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            state: Mutex::new(Pacer::new(config)),
+        })
+    }
+
+    /// The rate set, in bytes per second; `None` while the path is not paced.
+    pub fn rate(&self) -> Option<u64> {
+        Some(self.rate.load(Ordering::Relaxed)).filter(|&rate| rate > 0)
+    }
+
+    /// The state; a thread that panicked holding it left it whole (every update is a
+    /// few assignments), so a poisoned lock is taken as it is.
+    fn state(&self) -> MutexGuard<'_, Pacer> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn allows(&self, now: Instant) -> bool {
+        self.state().allows(now)
+    }
+
+    pub(crate) fn ready_at(&self) -> Option<Instant> {
+        self.state().ready_at()
+    }
+
+    pub(crate) fn sent(&self, now: Instant, bytes: usize) {
+        self.state().sent(now, bytes);
+    }
+
+    pub(crate) fn job_started(&self, now: Instant) {
+        self.state().job_started(now, self.delivered.load(Ordering::Relaxed));
+    }
+
+    /// Counts a result of `bytes` received by a thread.
+    pub(crate) fn delivered(&self, bytes: usize) {
+        self.delivered.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Takes a thread's round trip.
+    pub(crate) fn sample(&self, now: Instant, rtt: Duration, completed_here: bool) {
+        let mut pacer = self.state();
+        pacer.sample(now, rtt, self.delivered.load(Ordering::Relaxed), completed_here);
+        self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// The pacing state and controller of one path.
+#[derive(Debug, Clone)]
+pub(crate) struct Pacer {
+    config: PacingConfig,
+    /// Bytes per second; `None` until a standing queue is seen.
+    rate: Option<u64>,
+    /// When the next paced packet may leave.
+    next_send: Option<Instant>,
+    /// The least round trip of the session: the path without a queue.
+    min_rtt: Option<Duration>,
+    period: Period,
+    /// The path's rate as last measured with a queue standing on it, in bytes per second.
+    capacity: Option<f64>,
+    /// A first sending waited for the pacer since the last decision: the rate, not the
+    /// window or the peers, limited the thread, so it may grow.
+    limited: bool,
+}
+
+impl Pacer {
+    pub(crate) fn new(config: PacingConfig) -> Pacer {
+        Pacer {
+            config,
+            rate: None,
+            next_send: None,
+            min_rtt: None,
+            period: Period::default(),
+            capacity: None,
+            limited: false,
+        }
+    }
+
+    /// The rate set, in bytes per second; `None` while the thread is not paced.
+    pub(crate) fn rate(&self) -> Option<u64> {
+        self.rate
+    }
+
+    /// Whether a first sending may leave at `now`. One that may not is held back, which
+    /// the pacer notes: its rate limits the thread.
+    pub(crate) fn allows(&mut self, now: Instant) -> bool {
+        let allowed = self.ready_at().is_none_or(|due| due <= now + QUANTUM);
+        self.limited |= !allowed;
+        allowed
+    }
+
+    /// When the next paced packet falls due, which is when a thread holding one back
+    /// should wake; `None` when any may leave at any time.
+    pub(crate) fn ready_at(&self) -> Option<Instant> {
+        self.rate.and(self.next_send)
+    }
+
+    /// Books a first sending of `bytes` at `now`.
+    pub(crate) fn sent(&mut self, now: Instant, bytes: usize) {
+        let Some(rate) = self.rate else {
+            return;
+        };
+        let earliest = now.checked_sub(BURST).unwrap_or(now);
+        let start = self.next_send.map_or(earliest, |at| at.max(earliest));
+        self.next_send = Some(start + Duration::from_nanos(bytes as u64 * 1_000_000_000 / rate));
+    }
+
+    /// Starts a decision period afresh at a job's start, with `delivered` bytes of
+    /// results received so far: a period that spans the idle time between jobs would
+    /// measure the caller's pause, not the path.
+    pub(crate) fn job_started(&mut self, now: Instant, delivered: u64) {
+        self.limited = false;
+        self.period = Period { began: Some(now), delivered, ..Period::default() };
+    }
+
+    /// Takes a round trip measured at `now` on a packet sent once, with `delivered` bytes
+    /// of results received so far; `completed_here` if this worker's contribution was the
+    /// last the round waited for.
+    pub(crate) fn sample(&mut self, now: Instant, rtt: Duration, delivered: u64, completed_here: bool) {
+        if !self.config.enabled {
+            return;
+        }
+        let min_rtt = self.min_rtt.map_or(rtt, |least| least.min(rtt));
+        self.min_rtt = Some(min_rtt);
+        let period = &mut self.period;
+        period.samples += 1;
+        period.least = Some(period.least.map_or(rtt, |least| least.min(rtt)));
+        if completed_here {
+            period.least_completed = Some(period.least_completed.map_or(rtt, |least| least.min(rtt)));
+        }
+        let began = *period.began.get_or_insert(now);
+        let elapsed = now.saturating_duration_since(began);
+        if period.samples < SAMPLES || elapsed < MIN_PERIOD {
+            return;
+        }
+        let ended =
+            std::mem::replace(&mut self.period, Period { began: Some(now), delivered, ..Period::default() });
+        let limited = std::mem::take(&mut self.limited);
+        let delivery = delivered.saturating_sub(ended.delivered) as f64 / elapsed.as_secs_f64();
+        let target = self.config.target.as_secs_f64();
+        let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
+        match ended.least_completed {
+            Some(least) if standing(least) > target => {
+                // A queue on this worker's own path held its rounds up: drain it within
+                // about a period like this one, SAMPLES round trips of at least `least`
+                // each, which exceeds the excess, so this is above 1 - 1/SAMPLES.
+                let horizon = elapsed.as_secs_f64().max(SAMPLES as f64 * least.as_secs_f64());
+                let drain = 1.0 - (standing(least) - target) / horizon;
+                // A stall in the period (a loss recovered by a timeout) lowers the delivery
+                // rate measured, but is no measure of the path: at most halve the rate.
+                let base = self.rate.map_or(delivery, |rate| delivery.clamp(rate as f64 / 2.0, rate as f64));
+                self.set_rate(base * drain);
+                // With a queue standing the whole period, the link was never idle: what it
+                // delivered is its rate, which no shaper's burst inflates.
+                self.capacity = Some(delivery);
+            }
+            Some(least) => {
+                // This worker's path set the pace, with no queue on it: a rate that held
+                // sends back may grow, by less the closer the queue is to the target.
+                let Some(rate) = self.rate.filter(|_| limited) else {
+                    return;
+                };
+                // Never far beyond what the path delivered, nor beyond its rate as last
+                // measured: a shaper's bucket (tbf's burst) passes an excess unqueued until
+                // it empties, so raises could compound far beyond the path before a queue
+                // showed. Probing past that measure goes slower, for a path that got faster.
+                let raise = 1.0 + MAX_RAISE * (1.0 - standing(least) / target);
+                let measured = self.capacity.unwrap_or(f64::INFINITY);
+                let raised = rate as f64 * raise;
+                if raised > measured * (1.0 + MAX_RAISE) {
+                    self.capacity = Some(measured * (1.0 + MAX_RAISE / 2.0));
+                }
+                let ceiling = delivery.min(measured) * (1.0 + MAX_RAISE);
+                self.set_rate(raised.min(ceiling).max(rate as f64));
+            }
+            None => {
+                // The rounds waited on peers: sending faster than they complete would only
+                // queue this worker's packets on its own path. Pace at that rate, and no
+                // slower: the worker that holds the rounds up is the one to slow down.
+                // Nor below the path's measured rate, nor below half the rate at once: a
+                // period in which the rounds stalled (a peer's loss recovery, a peer
+                // descheduled) delivers next to nothing, and pacing at that would stall
+                // this worker in turn. (A period that did not wait, the tail of a job say,
+                // measures the work left, not the path, and changes nothing.)
+                let waited = ended.least.map_or(0.0, standing);
+                let ceiling = delivery.max(self.capacity.unwrap_or(0.0));
+                if waited > target && self.rate.is_none_or(|rate| rate as f64 > ceiling) {
+                    self.set_rate(ceiling.max(self.rate.map_or(0.0, |rate| rate as f64 / 2.0)));
+                }
+            }
+        }
+    }
+
+    /// Sets the rate, never below half the path's measured rate: no single period's
+    /// figures, however odd, may pace a worker to a standstill.
+    fn set_rate(&mut self, rate: f64) {
+        let floor = self.capacity.map_or(0.0, |capacity| capacity / 2.0);
+        self.rate = Some((rate.max(floor) as u64).max(MIN_RATE));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A target of 1 ms, for round figures.
+    const CONFIG: PacingConfig = PacingConfig { enabled: true, target: MS };
+
+    /// A path as a pacer sees it: a clock, and the results delivered so far.
+    struct Path {
+        pacer: Pacer,
+        now: Instant,
+        delivered: u64,
+        /// Whether this worker's contributions complete the rounds timed.
+        completing: bool,
+    }
+
+    impl Path {
+        fn new(config: PacingConfig) -> Path {
+            let now = Instant::now();
+            let mut pacer = Pacer::new(config);
+            pacer.job_started(now, 0);
+            Path { pacer, now, delivered: 0, completing: true }
+        }
+
+        /// Round trips of `rtts` one after another, with results arriving at `rate`
+        /// bytes per second.
+        fn round_trips(&mut self, rtts: &[Duration], rate: u64) -> &mut Path {
+            for &rtt in rtts {
+                self.now += rtt;
+                self.delivered += (rate as f64 * rtt.as_secs_f64()) as u64;
+                self.pacer.sample(self.now, rtt, self.delivered, self.completing);
+            }
+            self
+        }
+
+        /// One decision period of round trips of `rtt`, at `rate`.
+        fn period(&mut self, rtt: Duration, rate: u64) -> &mut Path {
+            let count = (MIN_PERIOD.as_nanos().div_ceil(rtt.as_nanos()) as u32).max(SAMPLES);
+            self.round_trips(&vec![rtt; count as usize], rate)
+        }
+
+        /// A period of 100 µs round trips, then one of `rtt` ones, at `rate`.
+        fn queue(&mut self, rtt: Duration, rate: u64) -> &mut Path {
+            self.period(MS / 10, rate).period(rtt, rate)
+        }
+
+        fn rate(&self) -> Option<u64> {
+            self.pacer.rate()
+        }
+
+        /// Sends what the pacer lets through now, so that it holds the next back.
+        fn fill(&mut self) -> &mut Path {
+            while self.pacer.allows(self.now) {
+                self.pacer.sent(self.now, 100_000);
+            }
+            self
+        }
+    }
+
+    /// Within a thousandth of `expected`.
+    fn near(rate: Option<u64>, expected: f64) -> bool {
+        rate.is_some_and(|rate| (rate as f64 / expected - 1.0).abs() < 1e-3)
+    }
+
+    #[test]
+    fn a_path_without_a_standing_queue_is_not_paced() {
+        let mut path = Path::new(CONFIG);
+        // Round trips of 100 µs, some lengthened by a late peer or a loss.
+        let mut rtts = vec![MS / 10; 200];
+        for long in [3, 50, 51, 120] {
+            rtts[long] = MS * 12;
+        }
+        path.round_trips(&rtts, 10_000_000);
+        // Queues shorter than the target.
+        path.round_trips(&[MS * 9 / 10; 100], 10_000_000);
+        assert_eq!(path.rate(), None);
+        assert!(path.pacer.allows(Instant::now()));
+    }
+
+    #[test]
+    fn a_standing_queue_on_its_own_path_sets_the_rate_below_the_delivery_rate() {
+        // 5.1 ms round trips (5 ms of queue) at 10 MB/s.
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 51 / 10, 10_000_000);
+        // The excess of 4 ms drains over 4 round trips of 5.1 ms: 0.80 of the delivery
+        // rate.
+        let drain = 1.0 - 4.0 / (4.0 * 5.1);
+        assert!(near(path.rate(), 10e6 * drain), "{:?}", path.rate());
+        // However long the queue, never below three quarters.
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 1000, 10_000_000);
+        assert!(path.rate().is_some_and(|rate| (7_500_000..7_510_000).contains(&rate)));
+    }
+
+    #[test]
+    fn a_limited_rate_grows_while_the_queue_stays_below_the_target() {
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 10, 10_000_000);
+        let engaged = path.rate().unwrap() as f64;
+        // Not held back: the rate stays.
+        path.period(MS / 10, engaged as u64);
+        assert!(near(path.rate(), engaged));
+        // Held back, with no queue: an eighth more.
+        path.fill().period(MS / 10, engaged as u64);
+        assert!(near(path.rate(), engaged * 1.125), "{:?}", path.rate());
+        // Held back, with half the target queued: a sixteenth more.
+        path.fill().period(MS * 6 / 10, (engaged * 1.125) as u64);
+        assert!(near(path.rate(), engaged * 1.125 * 1.0625), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn a_raise_stays_near_the_delivery_rate_and_never_lowers_the_rate() {
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 10, 10_000_000);
+        let engaged = path.rate().unwrap() as f64;
+        // Held back, but the path delivered only 0.95 of the rate: an eighth beyond that.
+        path.fill().period(MS / 10, (engaged * 0.95) as u64);
+        assert!(near(path.rate(), engaged * 0.95 * 1.125), "{:?}", path.rate());
+        // A period that delivered little (a stall) does not lower it.
+        let raised = path.rate().unwrap() as f64;
+        path.fill().period(MS / 10, 1_000);
+        assert!(near(path.rate(), raised), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn raises_beyond_the_measured_rate_probe_slowly() {
+        // Measured at 10 MB/s with a queue standing; then, however fast a shaper's
+        // bucket lets the results through, the rate stops an eighth above that...
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 10, 10_000_000);
+        for _ in 0..4 {
+            path.fill().period(MS / 10, 100_000_000);
+        }
+        assert!(near(path.rate(), 11.25e6), "{:?}", path.rate());
+        // ...and each further period raises that ceiling by a sixteenth.
+        for _ in 0..8 {
+            path.fill().period(MS / 10, 100_000_000);
+        }
+        let rate = path.rate().unwrap() as f64;
+        assert!(near(Some(rate as u64), 11.25e6 * 1.0625f64.powi(8)), "{rate}");
+    }
+
+    #[test]
+    fn a_queue_on_a_peer_s_path_caps_the_rate_at_the_rounds_and_no_lower() {
+        // Rounds completed by peers, which wait 5 ms: pace at the rate they complete at.
+        let mut path = Path::new(CONFIG);
+        path.completing = false;
+        path.queue(MS * 51 / 10, 4_000_000);
+        assert!(near(path.rate(), 4e6), "{:?}", path.rate());
+        // No queue: unchanged.
+        path.period(MS / 10, 2_000_000);
+        assert!(near(path.rate(), 4e6), "{:?}", path.rate());
+        // A period of little delivered: at most halved.
+        path.period(MS * 51 / 10, 1_000);
+        assert!(near(path.rate(), 2e6), "{:?}", path.rate());
+
+        // A path measured at 10 MB/s, with the rounds then stalled on a peer: never
+        // below that, however little a period delivers.
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 10, 10_000_000);
+        path.completing = false;
+        for _ in 0..10 {
+            path.period(MS * 20, 1_000);
+        }
+        assert!(path.rate().is_some_and(|rate| rate >= 5_000_000), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn sends_are_spaced_at_the_rate_in_quanta_with_a_bounded_burst() {
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 10, 100_000_000);
+        let pacer = &mut path.pacer;
+        let rate = pacer.rate().unwrap() as f64;
+        let start = Instant::now() + Duration::from_secs(1);
+        // After an idle spell, BURST's and a QUANTUM's worth go at once.
+        let packet = 1_000;
+        let mut sent = 0;
+        while pacer.allows(start) {
+            pacer.sent(start, packet);
+            sent += 1;
+        }
+        let burst = ((BURST + QUANTUM).as_secs_f64() * rate / packet as f64).ceil() as usize;
+        assert_eq!(sent, burst);
+        // Then a quantum's worth at each wake-up.
+        let next = pacer.ready_at().unwrap();
+        assert!(next > start + QUANTUM && next <= start + QUANTUM * 11 / 10, "{:?}", next - start);
+        let mut sent = 0;
+        while pacer.allows(next) {
+            pacer.sent(next, packet);
+            sent += 1;
+        }
+        let quantum = QUANTUM.as_secs_f64() * rate / packet as f64;
+        assert!((sent as f64 - quantum).abs() <= 1.0, "{sent} against {quantum}");
+    }
+
+    #[test]
+    fn the_rate_never_falls_below_the_floor() {
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 500, 0);
+        for _ in 0..10 {
+            path.period(MS * 500, 0);
+        }
+        assert_eq!(path.rate(), Some(MIN_RATE));
+    }
+
+    #[test]
+    fn disabled_pacing_never_paces() {
+        let mut path = Path::new(PacingConfig { enabled: false, ..CONFIG });
+        path.queue(MS * 10, 10_000_000);
+        assert_eq!(path.rate(), None);
+    }
+}
