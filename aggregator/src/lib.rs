@@ -4,8 +4,8 @@
 //!   dense (SwitchML's semantics) and sparse (OmniReduce's block streams), loss-tolerant.
 //! - [`worker`]: the worker thread's core: window, rounds, retransmission timers and sparse
 //!   next-block bookkeeping.
-//! - [`pacer`]: the worker thread's pacing of its contributions to the rate its path
-//!   carries, from the standing queueing delay of its round trips.
+//! - [`pacer`]: a worker's pacing of its data packets to the rate its path carries, from
+//!   the standing queueing delay of its round trips; one pacer serves all its threads.
 //! - [`faults`]: one direction of a faulty link (drop, duplicate, reorder, delay,
 //!   corrupt, from a seeded RNG), which the client and switch shells wrap their
 //!   transports with, and the links of [`sim`] are made of.

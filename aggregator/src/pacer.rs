@@ -1,38 +1,44 @@
-//! Pacing of a worker thread's contributions to the rate its path carries.
+//! Pacing of a worker's data packets to the rate its path carries.
 //!
 //! A fixed window of packets, sent at once, stands in the queue of a link slower than the
 //! sender: the whole window waits there, a delay that grows with the window and shrinks
 //! with the link's rate (42 ms for 256 KiB at 50 Mbit/s), and a queue shorter than the
 //! window drops the rest. The pacer keeps the queue near a small target by spacing the
-//! thread's contributions in time, which leaves the window alone.
+//! worker's data packets in time, which leaves the window alone.
 //!
 //! Why spacing, not a smaller window: a slot's next block is released only by its own
 //! result, and the result needs every worker's contribution to the same round. A window
 //! cut below the slots in use would park some slots on every rank; ranks whose parked
 //! sets differ (after a loss, and in every sparse stream) would wait on each other for
-//! ever. Time alone releases a paced packet, so a paced run is today's protocol over a
-//! link with a bounded delay at the sender, and keeps its liveness.
+//! ever. Time alone releases a paced packet, so a paced run is the unpaced protocol over
+//! a link with a bounded delay at the sender, and keeps its liveness.
 //!
-//! Only a contribution's first sending is paced. Acknowledgements, requests, probes and
-//! retransmissions pass at once: they are few, and holding them back would slow the
-//! recovery of a loss.
+//! One [`LinkPacer`] serves all of a worker's threads, since they share its link. It
+//! paces data: contributions' first sendings and retransmissions, retransmissions first.
+//! Acknowledgements, requests and probes, header-only and few, pass at once.
 //!
-//! The signal is the *standing* queueing delay: the least of the last [`SAMPLES`] round
-//! trips, less the least round trip seen in the session. A late peer or a peer's loss
-//! recovery lengthens one or two round trips; only a queue lengthens all of them, so
-//! random loss and stragglers never engage the pacer. Once every [`SAMPLES`] round trips:
-//! - a standing delay above the target sets the rate to the delivery rate, scaled down so
-//!   that the excess drains within about the next [`SAMPLES`] round trips (which is never
-//!   below three quarters of it);
-//! - a standing delay below the target raises a rate that held sends back, by up to a
-//!   quarter, the less the closer the delay is to the target.
+//! The signal is the *standing* queueing delay: the least round trip of a decision
+//! period (at least [`SAMPLES`] round trips and [`MIN_PERIOD`]) less the least round trip
+//! of the session. A late peer or a peer's loss recovery lengthens some round trips; only
+//! a queue lengthens all of them, so random loss and stragglers never engage the pacer.
+//! Each result names the rank that completed its round, and only the rounds this worker
+//! completed time its own path; the others include waiting for a peer. At the end of each
+//! period:
+//! - a standing delay on its own path, above the target, sets the rate to the rate the
+//!   results arrived at, scaled down so that the excess drains within about a period
+//!   (which is never below three quarters of it), and takes that arrival rate as the
+//!   path's measured rate;
+//! - a standing delay on a peer's path (rounds that waited for others) caps the rate at
+//!   the rate the rounds completed, and no lower: sending faster would only queue this
+//!   worker's packets on its own link, and slowing below would make it the one that holds
+//!   the rounds up;
+//! - no standing delay on its own path raises a rate that held sends back, by up to an
+//!   eighth, the less the closer the delay is to the target, never far beyond the rate
+//!   delivered or measured.
 //!
-//! Every worker's thread `t` carries the same rounds, so a queue on any worker's path
-//! lengthens the round trips of all of them (the others' contributions wait at the
-//! switch for the late one), and all of them settle on the slowest path's rate.
-//!
-//! Until a path shows a standing queue the thread is not paced at all, so that a path
-//! faster than the thread (a loopback, a fast network) costs nothing.
+//! Every worker's thread `t` carries the same rounds, so all of them settle on the
+//! slowest path's rate. Until a path shows a standing queue the worker is not paced at
+//! all, so that a path faster than the worker (a loopback, a fast network) costs nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,7 +68,7 @@ const MIN_RATE: u64 = 8_000;
 /// excess a raise sends until the next decision sees it.
 const MAX_RAISE: f64 = 0.125;
 
-/// How a worker thread paces its contributions.
+/// How a worker paces its data packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PacingConfig {
     /// Pace once a standing queue appears; without it the window alone governs.
@@ -72,8 +78,8 @@ pub struct PacingConfig {
 }
 
 impl PacingConfig {
-    /// Pacing on, with a target of 1 ms: well below the shortest queue worth emulating
-    /// (a few ms), and above the delays a busy host's scheduling adds to a loopback.
+    /// Pacing on, with a target of 2 ms: below the shortest queue worth emulating (a few
+    /// ms), and above the delays a busy host's scheduling adds to round trips.
     pub const DEFAULT: PacingConfig = PacingConfig { enabled: true, target: Duration::from_millis(2) };
 }
 
@@ -173,8 +179,11 @@ pub(crate) struct Pacer {
     period: Period,
     /// The path's rate as last measured with a queue standing on it, in bytes per second.
     capacity: Option<f64>,
-    /// A first sending waited for the pacer since the last decision: the rate, not the
-    /// window or the peers, limited the thread, so it may grow.
+    /// When the current job began, and the bytes of results received by then.
+    job: Option<(Instant, u64)>,
+    last_sample: Option<Instant>,
+    /// A data packet waited for the pacer since the last decision: the rate, not the
+    /// window or the peers, limited the worker, so it may grow.
     limited: bool,
 }
 
@@ -187,17 +196,19 @@ impl Pacer {
             min_rtt: None,
             period: Period::default(),
             capacity: None,
+            job: None,
+            last_sample: None,
             limited: false,
         }
     }
 
-    /// The rate set, in bytes per second; `None` while the thread is not paced.
+    /// The rate set, in bytes per second; `None` while the path is not paced.
     pub(crate) fn rate(&self) -> Option<u64> {
         self.rate
     }
 
-    /// Whether a first sending may leave at `now`. One that may not is held back, which
-    /// the pacer notes: its rate limits the thread.
+    /// Whether a data packet may leave at `now`. One that may not is held back, which the
+    /// pacer notes: its rate limits the worker.
     pub(crate) fn allows(&mut self, now: Instant) -> bool {
         let allowed = self.ready_at().is_none_or(|due| due <= now + QUANTUM);
         self.limited |= !allowed;
@@ -210,7 +221,7 @@ impl Pacer {
         self.rate.and(self.next_send)
     }
 
-    /// Books a first sending of `bytes` at `now`.
+    /// Books a data packet of `bytes` sent at `now`.
     pub(crate) fn sent(&mut self, now: Instant, bytes: usize) {
         let Some(rate) = self.rate else {
             return;
@@ -222,10 +233,15 @@ impl Pacer {
 
     /// Starts a decision period afresh at a job's start, with `delivered` bytes of
     /// results received so far: a period that spans the idle time between jobs would
-    /// measure the caller's pause, not the path.
+    /// measure the caller's pause, not the path. The worker's threads start their slices
+    /// one after another: a period a thread's round trip fed lately goes on.
     pub(crate) fn job_started(&mut self, now: Instant, delivered: u64) {
+        if self.last_sample.is_some_and(|last| now.saturating_duration_since(last) < MIN_PERIOD) {
+            return;
+        }
         self.limited = false;
         self.period = Period { began: Some(now), delivered, ..Period::default() };
+        self.job = Some((now, delivered));
     }
 
     /// Takes a round trip measured at `now` on a packet sent once, with `delivered` bytes
@@ -237,6 +253,7 @@ impl Pacer {
         }
         let min_rtt = self.min_rtt.map_or(rtt, |least| least.min(rtt));
         self.min_rtt = Some(min_rtt);
+        self.last_sample = Some(now);
         let period = &mut self.period;
         period.samples += 1;
         period.least = Some(period.least.map_or(rtt, |least| least.min(rtt)));
@@ -252,7 +269,8 @@ impl Pacer {
             std::mem::replace(&mut self.period, Period { began: Some(now), delivered, ..Period::default() });
         let limited = std::mem::take(&mut self.limited);
         let delivery = delivered.saturating_sub(ended.delivered) as f64 / elapsed.as_secs_f64();
-        let target = self.config.target.as_secs_f64();
+        // A zero target (set through the library, which the config refuses) is a tiny one.
+        let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
         match ended.least_completed {
             Some(least) if standing(least) > target => {
@@ -267,7 +285,7 @@ impl Pacer {
                 self.set_rate(base * drain);
                 // With a queue standing the whole period, the link was never idle: what it
                 // delivered is its rate, which no shaper's burst inflates.
-                self.capacity = Some(delivery);
+                self.capacity = Some(delivery.max(base));
             }
             Some(least) => {
                 // This worker's path set the pace, with no queue on it: a rate that held
@@ -292,13 +310,17 @@ impl Pacer {
                 // The rounds waited on peers: sending faster than they complete would only
                 // queue this worker's packets on its own path. Pace at that rate, and no
                 // slower: the worker that holds the rounds up is the one to slow down.
-                // Nor below the path's measured rate, nor below half the rate at once: a
-                // period in which the rounds stalled (a peer's loss recovery, a peer
-                // descheduled) delivers next to nothing, and pacing at that would stall
-                // this worker in turn. (A period that did not wait, the tail of a job say,
+                // Nor below the path's measured rate, nor below the rate of the job so
+                // far, nor below half the rate at once: a period in which the rounds
+                // stalled (a peer's loss recovery, a peer descheduled) delivers next to
+                // nothing, and pacing at that would stall this worker in turn. (A period that did not wait, the tail of a job say,
                 // measures the work left, not the path, and changes nothing.)
                 let waited = ended.least.map_or(0.0, standing);
-                let ceiling = delivery.max(self.capacity.unwrap_or(0.0));
+                let this_job = self.job.map_or(0.0, |(began, before)| {
+                    let elapsed = now.saturating_duration_since(began).as_secs_f64().max(1e-9);
+                    delivered.saturating_sub(before) as f64 / elapsed
+                });
+                let ceiling = delivery.max(this_job).max(self.capacity.unwrap_or(0.0));
                 if waited > target && self.rate.is_none_or(|rate| rate as f64 > ceiling) {
                     self.set_rate(ceiling.max(self.rate.map_or(0.0, |rate| rate as f64 / 2.0)));
                 }
@@ -468,9 +490,11 @@ mod tests {
         // No queue: unchanged.
         path.period(MS / 10, 2_000_000);
         assert!(near(path.rate(), 4e6), "{:?}", path.rate());
-        // A period of little delivered: at most halved.
+        // A period of little delivered: no lower than the job's rate so far (2.16 MB/s),
+        // nor than half.
         path.period(MS * 51 / 10, 1_000);
-        assert!(near(path.rate(), 2e6), "{:?}", path.rate());
+        let job = path.delivered as f64 / 0.0488;
+        assert!(near(path.rate(), job), "{:?} against {job}", path.rate());
 
         // A path measured at 10 MB/s, with the rounds then stalled on a peer: never
         // below that, however little a period delivers.

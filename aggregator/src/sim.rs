@@ -100,7 +100,8 @@ impl Bottleneck {
         }
         // The bucket refilled while the link idled: what it holds leaves at once, the
         // rest at the rate.
-        let tokens = (self.tokens + self.bytes_in(start - self.free_at)).min(self.limit.burst_bytes);
+        let tokens =
+            self.tokens.saturating_add(self.bytes_in(start - self.free_at)).min(self.limit.burst_bytes);
         let (departure, tokens) = match bytes.checked_sub(tokens) {
             None | Some(0) => (start, tokens - bytes),
             Some(lacking) => (start + self.limit.serialization(lacking), 0),

@@ -614,15 +614,21 @@ impl WorkerProtocol {
         if buf.len() < HEADER_LEN + self.config.packet_elements as usize * ELEMENT_LEN {
             return None;
         }
-        let paced = self.pacer.rate().is_some();
+        let pacing = self.pacer.rate().is_some();
         while let Some((index, send)) = self.pending.pop_front() {
+            // Data waits behind data already waiting, in order, retransmissions first.
+            let waiting = !self.resends.is_empty() || !self.paced.is_empty();
             match send {
-                FIRST_SENDING if paced && (!self.paced.is_empty() || !self.pacer.allows(now)) => {
-                    self.hold(index);
+                FIRST_SENDING if pacing && (waiting || !self.pacer.allows(now)) => {
+                    self.queue_paced(index);
                     continue;
                 }
-                Send::Data { .. } if paced && (!self.resends.is_empty() || !self.pacer.allows(now)) => {
-                    self.resends.push_back((index, send));
+                Send::Data { retransmission: Some(_) } if pacing && (waiting || !self.pacer.allows(now)) => {
+                    // One copy waits: a later timeout or notice asking for the same adds
+                    // nothing.
+                    if !self.resends.contains(&(index, send)) {
+                        self.resends.push_back((index, send));
+                    }
                     continue;
                 }
                 _ => {}
@@ -632,22 +638,19 @@ impl WorkerProtocol {
             }
         }
         // Retransmissions first: they repair rounds every worker waits on.
-        while let Some(&(index, send)) = self.resends.front() {
+        while !self.resends.is_empty() || !self.paced.is_empty() {
             if !self.pacer.allows(now) {
                 return None;
             }
-            self.resends.pop_front();
+            let (index, send) = match self.resends.pop_front() {
+                Some(resend) => resend,
+                None => {
+                    let index = self.paced.pop_front()?;
+                    self.slots[index as usize].paced = false;
+                    (index, FIRST_SENDING)
+                }
+            };
             if let Some(len) = self.transmit(now, index, send, buf, io) {
-                return Some(len);
-            }
-        }
-        while let Some(&index) = self.paced.front() {
-            if !self.pacer.allows(now) {
-                return None;
-            }
-            self.paced.pop_front();
-            self.slots[index as usize].paced = false;
-            if let Some(len) = self.transmit(now, index, FIRST_SENDING, buf, io) {
                 return Some(len);
             }
         }
@@ -655,7 +658,7 @@ impl WorkerProtocol {
     }
 
     /// Puts a slot's first sending of its contribution in the pacer's queue.
-    fn hold(&mut self, index: u16) {
+    fn queue_paced(&mut self, index: u16) {
         let slot = &mut self.slots[index as usize];
         if slot.active && slot.outstanding.is_some() && !slot.paced {
             slot.paced = true;
@@ -1077,6 +1080,9 @@ impl WorkerProtocol {
             }
             slot.deferred = false;
             self.pending.push_back((index as u16, slot.recovery()));
+            // Its timer fired while deferred: it runs again from now, as after any
+            // recovery queued (see `handle_timeout`).
+            self.arm_timer(index as u16, now);
             resent = true;
         }
         if resent {

@@ -127,8 +127,14 @@ fn last_contribution_broadcasts_the_sum() {
     assert_eq!(repr.rank, BROADCAST_RANK);
     assert_eq!((repr.session, repr.job, repr.packet_id, repr.slot, repr.round), (session.0, 1, 102, 2, 0));
     assert_eq!(repr.exponent, 5, "exponents are max-reduced");
+    assert_eq!(repr.completed_by(), Some(1), "rank 1's contribution completed the round");
     let (_, counters) = switch.engine.session(session).unwrap();
     assert_eq!((counters.contributions, counters.results_broadcast), (3, 1));
+    // A result sent again, in answer to a request, says the same.
+    let request = ack(session, 0, 2, u32::MAX).with(|r| r.flags = Flags::WANT_RESULT);
+    let (recipient, repr, values) = switch.result(&request);
+    assert_eq!((recipient, repr.round, values), (Recipient::Worker(0), 0, vec![111, 222, 333]));
+    assert_eq!(repr.completed_by(), Some(1));
 }
 
 #[test]

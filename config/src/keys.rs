@@ -107,15 +107,15 @@ struct_keys! {
         timeout = Duration::from_millis(10), Timeout { unit: Milliseconds, zero: None };
         /// Seconds without progress after which a job fails (a dead switch or worker).
         job_timeout = Duration::from_secs(10), Timeout { unit: Seconds, zero: None };
-        /// Once the round trips show a standing queue on the path (a link slower than the
-        /// workers, a shallow buffer), each thread spaces its packets at the rate the path
+        /// Once the round trips show a standing queue on this worker's path (a link slower than
+        /// the worker, a shallow buffer), the worker spaces its data packets at the rate the path
         /// delivers, keeping the queue near pacing_target, so that a queue shorter than the window
-        /// drops nothing and adds little delay. A path that forms no queue is never paced. false:
-        /// the window alone governs.
+        /// drops next to nothing. A path that forms no queue is never paced. false: the window
+        /// alone governs.
         pacing = true, Bool;
         /// The standing queueing delay, in milliseconds, the pacer aims below; keep it under the
         /// shortest queue on the path.
-        pacing_target = Duration::from_millis(1), Timeout { unit: Milliseconds, zero: None };
+        pacing_target = Duration::from_millis(2), Timeout { unit: Milliseconds, zero: None };
         /// Seconds to wait for the switch and for every rank to register.
         connect_timeout = Duration::from_secs(30), Timeout { unit: Seconds, zero: None };
         /// The switch's control address (netagg-switch --control).

@@ -666,6 +666,22 @@ mod tests {
     }
 
     #[test]
+    fn a_result_names_the_rank_that_completed_its_round_in_ack_round() {
+        let mut result = PacketRepr::new(MessageType::Result, ElementType::Int32, 7, 9, 0);
+        assert_eq!(result.completed_by(), None, "0: not known");
+        result.set_completed_by(Some(0x0102));
+        let mut bytes = [0u8; HEADER_LEN];
+        result.emit(&mut bytes).unwrap();
+        assert_eq!(bytes[field::ACK_ROUND], [3, 1, 0, 0], "the rank plus one");
+        let parsed = PacketRepr::parse(&Packet::new_checked(&bytes[..]).unwrap());
+        assert_eq!(parsed.completed_by(), Some(0x0102));
+        result.set_completed_by(Some(u16::MAX));
+        assert_eq!(result.completed_by(), Some(u16::MAX));
+        result.ack_round = 0x1_0001;
+        assert_eq!(result.completed_by(), None, "beyond any rank");
+    }
+
+    #[test]
     fn a_new_header_is_zero_but_for_what_it_names() {
         let repr =
             PacketRepr::new(MessageType::Ack, ElementType::Float32, 0x0102_0304, 0x1122_3344_5566_7788, 0);
