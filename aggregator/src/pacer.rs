@@ -21,6 +21,8 @@
 //! period (at least [`SAMPLES`] round trips and [`MIN_PERIOD`]) less the least round trip
 //! of the session. A late peer or a peer's loss recovery lengthens some round trips; only
 //! a queue lengthens all of them, so random loss and stragglers never engage the pacer.
+//! Nor does a queue deep enough to hold the window, which costs delay, not throughput:
+//! an unpaced worker engages only in a period in which it also sent data again.
 //! Each result names the rank that completed its round, and only the rounds this worker
 //! completed time its own path; the others include waiting for a peer. At the end of each
 //! period:
@@ -102,6 +104,8 @@ struct Period {
     /// The least round trip of the rounds this worker's contribution completed: its own
     /// path's.
     least_completed: Option<Duration>,
+    /// The worker sent data again: a packet of its was lost, or its result was.
+    lost: bool,
 }
 
 /// The pacer of one worker's path, shared by the worker's threads: they send over the
@@ -151,6 +155,11 @@ impl LinkPacer {
 
     pub(crate) fn job_started(&self, now: Instant) {
         self.state().job_started(now, self.delivered.load(Ordering::Relaxed));
+    }
+
+    /// Notes that a thread sent data again: a loss.
+    pub(crate) fn lost(&self) {
+        self.state().period.lost = true;
     }
 
     /// Counts a result of `bytes` received by a thread.
@@ -273,6 +282,9 @@ impl Pacer {
         let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
         match ended.least_completed {
+            // A queue that holds the window costs delay, not throughput: only one that
+            // overflows, losing packets, engages an unpaced worker.
+            _ if self.rate.is_none() && !ended.lost => {}
             Some(least) if standing(least) > target => {
                 // A queue on this worker's own path held its rounds up: drain it within
                 // about a period like this one, SAMPLES round trips of at least `least`
@@ -379,9 +391,12 @@ mod tests {
             self.round_trips(&vec![rtt; count as usize], rate)
         }
 
-        /// A period of 100 µs round trips, then one of `rtt` ones, at `rate`.
+        /// A period of 100 µs round trips, then one of `rtt` ones, at `rate`, in which the
+        /// queue overflowed: the worker sent data again.
         fn queue(&mut self, rtt: Duration, rate: u64) -> &mut Path {
-            self.period(MS / 10, rate).period(rtt, rate)
+            self.period(MS / 10, rate);
+            self.pacer.period.lost = true;
+            self.period(rtt, rate)
         }
 
         fn rate(&self) -> Option<u64> {
@@ -390,6 +405,7 @@ mod tests {
 
         /// Sends what the pacer lets through now, so that it holds the next back.
         fn fill(&mut self) -> &mut Path {
+            assert!(self.pacer.rate().is_some(), "an unpaced path lets everything through");
             while self.pacer.allows(self.now) {
                 self.pacer.sent(self.now, 100_000);
             }
@@ -415,6 +431,18 @@ mod tests {
         path.round_trips(&[MS * 9 / 10; 100], 10_000_000);
         assert_eq!(path.rate(), None);
         assert!(path.pacer.allows(Instant::now()));
+    }
+
+    #[test]
+    fn a_queue_that_holds_the_window_does_not_engage_the_pacer() {
+        // 10 ms of standing queue, but nothing lost: the queue holds the window.
+        let mut path = Path::new(CONFIG);
+        path.period(MS / 10, 10_000_000).period(MS * 10, 10_000_000).period(MS * 10, 10_000_000);
+        assert_eq!(path.rate(), None);
+        // A loss in a period with the queue standing engages it.
+        path.pacer.period.lost = true;
+        path.period(MS * 10, 10_000_000);
+        assert!(path.rate().is_some());
     }
 
     #[test]

@@ -705,8 +705,11 @@ impl WorkerProtocol {
         // The wait starts with a contribution's first sending. An answer to a resent one
         // or to a request may answer the first sending, so it must not count as the
         // answer to a packet sent later than the others waiting.
-        if matches!(send, Send::Data { .. }) {
+        if let Send::Data { retransmission } = send {
             self.pacer.sent(now, len);
+            if retransmission.is_some() {
+                self.pacer.lost();
+            }
         }
         if send == FIRST_SENDING {
             self.slots[index as usize].waiting_since = self.transmissions;

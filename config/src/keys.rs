@@ -107,11 +107,11 @@ struct_keys! {
         timeout = Duration::from_millis(10), Timeout { unit: Milliseconds, zero: None };
         /// Seconds without progress after which a job fails (a dead switch or worker).
         job_timeout = Duration::from_secs(10), Timeout { unit: Seconds, zero: None };
-        /// Once the round trips show a standing queue on this worker's path (a link slower than
-        /// the worker, a shallow buffer), the worker spaces its data packets at the rate the path
-        /// delivers, keeping the queue near pacing_target, so that a queue shorter than the window
-        /// drops next to nothing. A path that forms no queue is never paced. false: the window
-        /// alone governs.
+        /// Once the round trips show a standing queue on this worker's path that overflows (a link
+        /// slower than the worker behind a buffer shorter than the window), the worker spaces its
+        /// data packets at the rate the path delivers, keeping the queue near pacing_target, so
+        /// that it drops next to nothing. A path that forms no queue, or one deep enough to hold
+        /// the window, is never paced. false: the window alone governs.
         pacing = true, Bool;
         /// The standing queueing delay, in milliseconds, the pacer aims below; keep it under the
         /// shortest queue on the path.
