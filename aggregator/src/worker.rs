@@ -436,6 +436,8 @@ pub struct WorkerProtocol {
     latest_answered: Option<u64>,
     /// The probe out while the whole thread waits without evidence of a loss.
     probe: Option<Probe>,
+    /// The latest result's round was completed by another worker's contribution.
+    peers_complete: bool,
     counters: WorkerCounters,
 }
 
@@ -490,6 +492,7 @@ impl WorkerProtocol {
             transmissions: 0,
             latest_answered: None,
             probe: None,
+            peers_complete: false,
             counters: WorkerCounters::default(),
         }
     }
@@ -966,6 +969,7 @@ impl WorkerProtocol {
         }
         slot.backoff = 0;
         self.last_progress = now;
+        self.peers_complete = repr.completed_by().is_some_and(|rank| rank != self.config.rank);
         self.latest_answered = self.latest_answered.max(Some(slot.waiting_since));
 
         let stride = self.config.slots as u64;
@@ -1222,13 +1226,16 @@ impl WorkerProtocol {
             }
             let slot = &self.slots[index as usize];
             let recovery = match slot.recovery() {
-                // At the first timeout, ask whether the switch holds the contribution
-                // rather than send it again: a round stalls on one worker's loss, and the
-                // others, whose contributions are in, would each send theirs twice. The
-                // answer says which; the one that lost its packet sends it then, a round
-                // trip later than at once.
+                // At the first timeout, while peers complete the rounds, ask whether the
+                // switch holds the contribution rather than send it again: a round stalls
+                // on one worker's loss, and the others, whose contributions are in, would
+                // each send theirs twice. The answer says which; the one that lost its
+                // packet sends it then, a round trip later than at once. A worker whose
+                // contributions complete the rounds (the last to arrive, or alone) has the
+                // stalled round waiting on itself, and sends again at once.
                 Send::Data { .. }
-                    if slot.backoff == 1
+                    if self.peers_complete
+                        && slot.backoff == 1
                         && slot.outstanding.is_some_and(|c| c.round == slot.have.wrapping_add(1)) =>
                 {
                     Send::Request { round: slot.have.wrapping_add(1) }
@@ -1268,12 +1275,14 @@ mod tests {
         fn store(&mut self, _: u32, _: &[u8], _: Option<i8>) {}
     }
 
-    /// The switch's result for a data packet of a one-worker session: the packet itself.
+    /// The switch's result for a data packet, the sum being the packet itself; rank 1's
+    /// contribution completed the round.
     fn result_of(packet: &[u8]) -> Vec<u8> {
         let mut result = packet.to_vec();
         let mut view = Packet::new_unchecked(&mut result[..]);
         view.set_message_type(MessageType::Result);
         view.set_rank(BROADCAST_RANK);
+        view.set_ack_round(2);
         result
     }
 
@@ -1510,5 +1519,27 @@ mod tests {
         // The result comes, and the job is done.
         protocol.handle_datagram(deadline, &result_of(&first[1]), &mut Numbers);
         assert_eq!(protocol.status(), &JobStatus::Done);
+    }
+
+    #[test]
+    fn a_worker_whose_contributions_complete_the_rounds_resends_at_once() {
+        // Its own contributions completed the rounds answered: the stalled round waits on
+        // it, so its first timeout sends the data again rather than ask.
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let mut protocol = running(start, 3, 3, timeout);
+        let first = sent(&mut protocol, start);
+        for answered in [&first[0], &first[2]] {
+            let mut result = result_of(answered);
+            Packet::new_unchecked(&mut result[..]).set_ack_round(1);
+            protocol.handle_datagram(start, &result, &mut Numbers);
+        }
+        protocol.handle_timeout(start + timeout);
+        let again = sent(&mut protocol, start + timeout);
+        let repr = PacketRepr::parse(&Packet::new_checked(&again[0][..]).unwrap());
+        assert_eq!(
+            (again.len(), repr.message_type, repr.flags),
+            (1, MessageType::Data, Flags::RETRANSMISSION)
+        );
     }
 }
