@@ -27,6 +27,16 @@ fn inputs(rng: &mut ChaCha8Rng, workers: u16, len: usize, packet: usize, density
         .collect()
 }
 
+/// The element-wise sum of int32 `inputs` of `len` elements, wrapping as the switch does.
+fn exact_sum(inputs: &[Tensor], len: usize) -> Tensor {
+    let mut sum = vec![0i32; len];
+    for input in inputs {
+        let Tensor::Int32(values) = input else { unreachable!("int32 inputs") };
+        sum.iter_mut().zip(values).for_each(|(sum, v)| *sum = sum.wrapping_add(*v));
+    }
+    Tensor::Int32(sum)
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Mode {
     Dense,
@@ -59,12 +69,7 @@ fn random_clusters_over_lossy_links_with_late_ranks_finish_exact() {
         let case =
             format!("seed {seed}: {workers} workers, {slots} slots of {packet}, {mode:?}, loss {loss}");
         let inputs = inputs(&mut rng, workers, len, packet as usize, density);
-        let mut expected = vec![0i32; len];
-        for input in &inputs {
-            let Tensor::Int32(values) = input else { unreachable!("int32 inputs") };
-            expected.iter_mut().zip(values).for_each(|(sum, v)| *sum = sum.wrapping_add(*v));
-        }
-        let expected = Tensor::Int32(expected);
+        let expected = exact_sum(&inputs, len);
         let mut cluster = Cluster::new(config).unwrap();
         for job in 0..3 {
             let report = match mode {
@@ -114,12 +119,7 @@ fn random_clusters_behind_shallow_queues_finish_exact() {
             "seed {seed}: {workers} workers, {slots} slots of {packet}, sparse {sparse}, loss {loss}, {rate} bit/s, queue {queue:?}, burst {burst}"
         );
         let inputs = inputs(&mut rng, workers, len, packet as usize, density);
-        let mut expected = vec![0i32; len];
-        for input in &inputs {
-            let Tensor::Int32(values) = input else { unreachable!("int32 inputs") };
-            expected.iter_mut().zip(values).for_each(|(sum, v)| *sum = sum.wrapping_add(*v));
-        }
-        let expected = Tensor::Int32(expected);
+        let expected = exact_sum(&inputs, len);
         let mut cluster = Cluster::new(config).unwrap();
         for job in 0..3 {
             let report = cluster
