@@ -382,11 +382,11 @@ struct TimedPacket {
     slot: u16,
     round: u32,
     sent: Instant,
-    /// Its slot's timer fired before its result came. Its round trip may then time a
-    /// wait for a peer's loss recovery, not the path, and the retransmission timeout
-    /// does not take it (Karn's rule, widened to every timeout); the pacer does, since
-    /// it looks past a lone long round trip, and a queue longer than the timeout is
-    /// what it must see.
+    /// Its slot's timer fired before its result came, and found a loss, a thread
+    /// waiting as a whole, or a probe out (not results still coming in order). Its round
+    /// trip may then time a wait for a peer's loss recovery, not the path, and the
+    /// retransmission timeout does not take it (Karn's rule, widened); the pacer does,
+    /// since it looks past a lone long round trip.
     expired: bool,
 }
 
@@ -1098,6 +1098,14 @@ impl WorkerProtocol {
         }
     }
 
+    /// Slot `index`'s timed packet, if it is the timed one, no longer measures the path:
+    /// its wait is for a loss, its recovery or a peer (Karn's rule, widened).
+    fn expire_timed(&mut self, index: u16) {
+        if let Some(timed) = self.timed.as_mut().filter(|timed| timed.slot == index) {
+            timed.expired = true;
+        }
+    }
+
     /// The first active slot at or after `from`, wrapping around to slot 0.
     fn active_slot_from(&self, from: usize) -> u16 {
         let slots = self.slots.len();
@@ -1169,9 +1177,6 @@ impl WorkerProtocol {
             return;
         }
         while let Some(index) = self.due_timer(now) {
-            if let Some(timed) = self.timed.as_mut().filter(|timed| timed.slot == index) {
-                timed.expired = true;
-            }
             let slot = &mut self.slots[index as usize];
             slot.deadline = None;
             if slot.paced {
@@ -1185,14 +1190,18 @@ impl WorkerProtocol {
             if !loss_evident && self.probe.is_some_and(|probe| probe.slot != index) {
                 // The probe's answer speaks for this slot too: wait for it.
                 slot.deferred = true;
+                self.expire_timed(index);
                 continue;
             }
             if !loss_evident && now.saturating_duration_since(self.last_progress) < self.base_timeout {
                 // Results are still coming, in the order their packets went out: this
-                // slot's is queued behind them, not lost.
+                // slot's is queued behind them, not lost. A timed packet's round trip then
+                // measures the queue, which the timeout must learn.
                 self.arm_timer(index, now);
                 continue;
             }
+            // Past this point the wait is for a loss, its recovery or a late peer.
+            self.expire_timed(index);
             self.counters.timeouts += 1;
             if !loss_evident {
                 // Nothing answered since this slot sent: the thread waits, most likely for
@@ -1218,7 +1227,7 @@ impl WorkerProtocol {
                 self.arm_timer(asked, now);
                 continue;
             }
-            slot.backoff += 1;
+            self.slots[index as usize].backoff += 1;
             if self.probe.is_some_and(|probe| probe.slot == index) {
                 // The probing slot itself has evidence now: the thread no longer waits as
                 // a whole, and the slots put off behind the probe must not wait for it.
@@ -1541,5 +1550,24 @@ mod tests {
             (again.len(), repr.message_type, repr.flags),
             (1, MessageType::Data, Flags::RETRANSMISSION)
         );
+    }
+
+    #[test]
+    fn a_packet_queued_behind_results_still_coming_is_timed_past_the_timeout() {
+        // The timeout learns a queue: slot 0's second packet waits 14 ms, past the 10 ms
+        // timeout, while slot 1's result shows the path still delivering in order.
+        let start = Instant::now();
+        let (ms, timeout) = (Duration::from_millis, Duration::from_millis(10));
+        let mut protocol = running(start, 2, 4, timeout);
+        let first = sent(&mut protocol, start);
+        protocol.handle_datagram(start + ms(1), &result_of(&first[0]), &mut Numbers);
+        let second = sent(&mut protocol, start + ms(1));
+        protocol.handle_datagram(start + ms(9), &result_of(&first[1]), &mut Numbers);
+        sent(&mut protocol, start + ms(9));
+        protocol.handle_timeout(start + ms(11));
+        assert!(sent(&mut protocol, start + ms(11)).is_empty(), "queued, not lost");
+        protocol.handle_datagram(start + ms(15), &result_of(&second[0]), &mut Numbers);
+        // (7 · 1 ms + 14 ms) / 8
+        assert_eq!(protocol.smoothed_rtt(), Some(Duration::from_micros(2625)));
     }
 }
