@@ -16,8 +16,10 @@
 //! Loss is recovered by per-slot timers with exponential backoff. When a slot's timer
 //! fires, the worker first asks whether anything points to a loss: a result of a packet
 //! sent *after* the slot's (the switch has moved on without it, as TCP's RACK reasons), or
-//! a gap in the slot's results. If so, an outstanding contribution is sent again, and a
-//! slot with nothing outstanding, or missing a result, asks for the first round it lacks.
+//! a gap in the slot's results. If so, an outstanding contribution is sent again (at the
+//! first timeout, while peers' contributions complete the rounds, the slot asks first
+//! whether the switch holds it: the round may wait on a peer's loss), and a slot with
+//! nothing outstanding, or missing a result, asks for the first round it lacks.
 //! If not, the whole thread is waiting, most likely for a late peer: then one slot
 //! *probes* with a header-only request, and the other slots' timers wait for its answer
 //! rather than resend a window. The switch answers a request or a repeated contribution
@@ -32,6 +34,12 @@
 //! round trip includes waiting for the slowest worker, and a fixed timeout below that
 //! makes every worker retransmit rounds that are merely waiting, which slows the switch
 //! and the others further: congestion collapse.
+//!
+//! Data packets, first sendings and retransmissions, go out through the worker's
+//! [`LinkPacer`], which every thread of the worker shares: unpaced until the worker's
+//! path shows an overflowing queue, then spaced at the rate the path delivers (see
+//! [`crate::pacer`]). A contribution the pacer holds has never been sent: no timer runs
+//! for it, and no recovery may send it.
 //!
 //! Payloads never pass through this core: [`BlockIo`] loads a block into an outgoing
 //! packet and stores a result, so the caller does pre- and post-processing in place.
