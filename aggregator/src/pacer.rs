@@ -18,7 +18,7 @@
 //! Acknowledgements, requests and probes, header-only and few, pass at once.
 //!
 //! The signal is the *standing* queueing delay: the least round trip of a decision
-//! period (at least [`SAMPLES`] round trips and [`MIN_PERIOD`]) less the least round trip
+//! period (at least [`SAMPLES`] round trips and 4 ms) less the least round trip
 //! of the session. A late peer or a peer's loss recovery lengthens some round trips; only
 //! a queue lengthens all of them, so random loss and stragglers never engage the pacer.
 //! Nor does a queue deep enough to hold the window, which costs delay, not throughput:
