@@ -450,7 +450,7 @@ pub struct WorkerProtocol {
 }
 
 impl WorkerProtocol {
-    /// A worker thread's protocol, with a pacer of its own; timeouts are capped at a
+    /// A worker thread's protocol, with a pacer of its own; timeouts are capped at
     /// a year.
     pub fn new(config: WorkerConfig, now: Instant) -> WorkerProtocol {
         let pacer = LinkPacer::new(config.pacing);
