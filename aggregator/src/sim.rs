@@ -52,8 +52,13 @@ impl RateLimit {
     /// A link of `bits_per_second` whose queue holds `queue` of its traffic, with no
     /// burst.
     pub fn new(bits_per_second: u64, queue: Duration) -> RateLimit {
-        let queue_bytes = (bits_per_second as u128 * queue.as_nanos() / 8 / 1_000_000_000) as u64;
-        RateLimit { bits_per_second, queue_bytes, burst_bytes: 0 }
+        let link = RateLimit { bits_per_second, queue_bytes: 0, burst_bytes: 0 };
+        RateLimit { queue_bytes: link.bytes_in(queue), ..link }
+    }
+
+    /// Bytes the link carries in `time` at its rate.
+    pub fn bytes_in(&self, time: Duration) -> u64 {
+        (time.as_nanos() * self.bits_per_second as u128 / 8 / 1_000_000_000).min(u64::MAX as u128) as u64
     }
 
     /// The same link with a bucket of `burst_bytes`.
@@ -84,24 +89,18 @@ impl Bottleneck {
         Bottleneck { limit, free_at: now, tokens: limit.burst_bytes, longest_wait: Duration::ZERO }
     }
 
-    /// Bytes the link carries in `time` at its rate.
-    fn bytes_in(&self, time: Duration) -> u64 {
-        (time.as_nanos() * self.limit.bits_per_second as u128 / 8 / 1_000_000_000).min(u64::MAX as u128)
-            as u64
-    }
-
     /// When a packet of `bytes` offered at `now` has left the link; `None` if the queue
     /// ahead of it is full and it is dropped.
     fn admit(&mut self, now: Instant, bytes: u64) -> Option<Instant> {
         let start = self.free_at.max(now);
-        let backlog = self.bytes_in(start - now);
+        let backlog = self.limit.bytes_in(start - now);
         if backlog + bytes > self.limit.queue_bytes {
             return None;
         }
         // The bucket refilled while the link idled: what it holds leaves at once, the
         // rest at the rate.
         let tokens =
-            self.tokens.saturating_add(self.bytes_in(start - self.free_at)).min(self.limit.burst_bytes);
+            self.tokens.saturating_add(self.limit.bytes_in(start - self.free_at)).min(self.limit.burst_bytes);
         let (departure, tokens) = match bytes.checked_sub(tokens) {
             None | Some(0) => (start, tokens - bytes),
             Some(lacking) => (start + self.limit.serialization(lacking), 0),
