@@ -98,6 +98,13 @@ pub enum Error {
     /// The backend's device could not start: DPDK's EAL or port, with DPDK's reason.
     #[error("{0}")]
     Backend(String),
+    /// The configured backend is a Cargo feature this build of the library left out.
+    #[error(
+        "backend = {backend} is not built into this netagg library: build it with the Cargo \
+         feature `{backend}` (on by default; scripts/install-deps installs the system libraries \
+         it needs)"
+    )]
+    NotBuiltIn { backend: BackendKind },
 }
 
 impl Error {

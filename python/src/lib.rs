@@ -57,7 +57,7 @@ fn to_py(error: netagg::Error) -> PyErr {
     use netagg::Error as E;
     let message = error.to_string();
     match error {
-        E::Config(_) | E::InvalidConfig(_) => ConfigError::new_err(message),
+        E::Config(_) | E::InvalidConfig(_) | E::NotBuiltIn { .. } => ConfigError::new_err(message),
         E::Connect { .. }
         | E::Version { .. }
         | E::Rejected { .. }

@@ -49,6 +49,13 @@ pub enum SwitchError {
     Dpdk(String),
     #[error("cannot start the RDMA data path: {0}")]
     Rdma(String),
+    /// The configured transport is a Cargo feature this build left out.
+    #[error(
+        "switch.transport = {transport} is not built into this netagg-switch: build it with the Cargo \
+         feature `{transport}` (on by default; scripts/install-deps installs the system libraries \
+         it needs)"
+    )]
+    NotBuiltIn { transport: SwitchTransport },
     #[error("cannot start the switch: {0}")]
     Start(io::Error),
     #[error("data path failed: {0}")]
@@ -87,7 +94,8 @@ impl Switch {
     /// `log_level` are left to the caller, who owns the output and the logger.
     ///
     /// This is where the configured transport becomes a [`DataPort`]: a new transport
-    /// adds its port here.
+    /// adds its port here. DPDK and RDMA are Cargo features of the same names (on by
+    /// default): a build without one refuses its transport by name.
     pub fn start(settings: &netagg_config::Switch) -> Result<Switch, SwitchError> {
         match settings.transport {
             SwitchTransport::Udp => {
@@ -95,14 +103,18 @@ impl Switch {
                     .map_err(|source| SwitchError::Bind { address: settings.data, source })?;
                 Switch::start_with_port(settings, port)
             }
+            #[cfg(feature = "dpdk")]
             SwitchTransport::Dpdk => {
                 let port = port::DpdkPort::open(settings).map_err(SwitchError::Dpdk)?;
                 Switch::start_with_port(settings, port)
             }
+            #[cfg(feature = "rdma")]
             SwitchTransport::Rdma => {
                 let port = port::RdmaPort::open(settings).map_err(SwitchError::Rdma)?;
                 Switch::start_with_port(settings, port)
             }
+            #[cfg(not(all(feature = "dpdk", feature = "rdma")))]
+            transport => Err(SwitchError::NotBuiltIn { transport }),
         }
     }
 
@@ -276,6 +288,34 @@ fn wake(control_addr: SocketAddr) -> bool {
         Err(error) => {
             tracing::warn!(%error, %address, "cannot wake the control plane to stop it");
             false
+        }
+    }
+}
+
+#[cfg(all(test, not(all(feature = "dpdk", feature = "rdma"))))]
+mod tests {
+    use super::*;
+
+    /// A transport whose feature this build left out is refused by name, before any
+    /// address is bound, with the feature that brings it back.
+    #[test]
+    fn a_transport_left_out_of_the_build_is_refused_naming_its_feature() {
+        let left_out = [
+            (SwitchTransport::Dpdk, cfg!(feature = "dpdk")),
+            (SwitchTransport::Rdma, cfg!(feature = "rdma")),
+        ];
+        for (transport, _) in left_out.into_iter().filter(|(_, built)| !built) {
+            let settings = netagg_config::Switch { transport, ..netagg_config::Switch::default() };
+            let Err(error) = Switch::start(&settings) else {
+                panic!("{transport} started without its feature")
+            };
+            let message = error.to_string();
+            assert!(matches!(error, SwitchError::NotBuiltIn { transport: refused } if refused == transport));
+            assert!(
+                message.starts_with(&format!("switch.transport = {transport} is not built into")),
+                "{message}"
+            );
+            assert!(message.contains(&format!("the Cargo feature `{transport}`")), "{message}");
         }
     }
 }

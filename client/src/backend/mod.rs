@@ -9,12 +9,15 @@
 //! with the backend.
 //!
 //! [`open`] is the one place where the configured backend becomes transports; a new
-//! backend adds a module here and an arm there. [`faults::FaultyTransport`] wraps any
+//! backend adds a module here and an arm there. DPDK and RDMA are Cargo features of the
+//! same names (on by default): a build without one refuses its backend by name. [`faults::FaultyTransport`] wraps any
 //! of them to inject faults.
 
+#[cfg(feature = "dpdk")]
 pub mod dpdk;
 pub mod dummy;
 pub mod faults;
+#[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod udp;
 
@@ -97,7 +100,33 @@ pub fn open(config: &Config) -> Result<Links, Error> {
                 .map_err(|source| Error::io("binding the worker threads' UDP sockets", source))?;
             Ok(Links::Switch(transports))
         }
+        #[cfg(feature = "dpdk")]
         BackendKind::Dpdk => Ok(Links::Switch(dpdk::transports(config)?)),
+        #[cfg(feature = "rdma")]
         BackendKind::Rdma => Ok(Links::Switch(rdma::transports(config)?)),
+        #[cfg(not(all(feature = "dpdk", feature = "rdma")))]
+        backend => Err(Error::NotBuiltIn { backend }),
+    }
+}
+
+#[cfg(all(test, not(all(feature = "dpdk", feature = "rdma"))))]
+mod tests {
+    use super::*;
+
+    /// A backend whose feature this build left out is refused by name, before anything
+    /// is opened, with the feature that brings it back.
+    #[test]
+    fn a_backend_left_out_of_the_build_is_refused_naming_its_feature() {
+        let left_out =
+            [(BackendKind::Dpdk, cfg!(feature = "dpdk")), (BackendKind::Rdma, cfg!(feature = "rdma"))];
+        for (backend, _) in left_out.into_iter().filter(|(_, built)| !built) {
+            let mut config = Config::default();
+            config.general.backend = backend;
+            let Err(error) = open(&config) else { panic!("{backend} opened without its feature") };
+            assert_eq!(error, Error::NotBuiltIn { backend });
+            let message = error.to_string();
+            assert!(message.starts_with(&format!("backend = {backend} is not built into")), "{message}");
+            assert!(message.contains(&format!("the Cargo feature `{backend}`")), "{message}");
+        }
     }
 }

@@ -128,7 +128,9 @@ impl From<&Error> for netagg_result {
             Error::Config(ConfigError::File { .. }) => NETAGG_CONFIG_FILE,
             Error::Config(ConfigError::UnknownKey { .. }) => NETAGG_CONFIG_UNKNOWN_KEY,
             Error::Config(ConfigError::Value { .. }) => NETAGG_CONFIG_VALUE,
-            Error::Config(ConfigError::Combination { .. }) | Error::InvalidConfig(_) => NETAGG_CONFIG_INVALID,
+            Error::Config(ConfigError::Combination { .. })
+            | Error::InvalidConfig(_)
+            | Error::NotBuiltIn { .. } => NETAGG_CONFIG_INVALID,
             Error::Connect { .. } => NETAGG_CONNECT,
             Error::Rejected { .. } | Error::Version { .. } => NETAGG_REJECTED,
             Error::RegisterTimeout { .. } => NETAGG_REGISTER_TIMEOUT,

@@ -18,9 +18,11 @@
 //! A new transport implements [`DataPort`] over its own crate, and
 //! [`crate::Switch::start`] maps its configuration to it.
 
+#[cfg(feature = "dpdk")]
 pub mod dpdk;
 pub mod faulty;
 pub mod memory;
+#[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod udp;
 
@@ -33,9 +35,11 @@ use std::time::Duration;
 use netagg_aggregator::faults::FaultCounters;
 use netagg_wire::Endpoint;
 
+#[cfg(feature = "dpdk")]
 pub use dpdk::DpdkPort;
 pub use faulty::FaultyPort;
 pub use memory::{MemoryNetwork, MemorySocket};
+#[cfg(feature = "rdma")]
 pub use rdma::RdmaPort;
 pub use udp::UdpPort;
 
