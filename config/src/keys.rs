@@ -16,7 +16,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use netagg_aggregator::faults::MAX_FAULT_DELAY;
+use netagg_faults::MAX_FAULT_DELAY;
 
 use crate::kind::Kind::*;
 use crate::kind::Unit::*;

@@ -27,7 +27,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use netagg_aggregator::faults::FaultRates;
+use netagg_faults::FaultRates;
 
 /// Largest `general.packet_numel`: the most elements a packet carries inside a 64 KiB
 /// datagram, the protocol's `netagg_wire::packet::MAX_ELEMENTS` (a test checks they agree).
