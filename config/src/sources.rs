@@ -121,8 +121,7 @@ impl Config {
             };
             config.set_from(&origin, &key, value)?;
         }
-        config.validate().map_err(|message| ConfigError::Combination { message })?;
-        Ok(config)
+        config.validated()
     }
 
     /// Parses config-file text in SwitchML's INI format, without looking at the
@@ -130,8 +129,7 @@ impl Config {
     pub fn from_ini(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         config.apply_ini(text, origin)?;
-        config.validate().map_err(|message| ConfigError::Combination { message })?;
-        Ok(config)
+        config.validated()
     }
 
     fn apply_file(&mut self, path: &Path) -> Result<(), ConfigError> {

@@ -1,7 +1,7 @@
 //! What no single key can check: combinations of values, with messages that name where
 //! each value came from.
 
-use crate::{Config, Origin};
+use crate::{Config, ConfigError, Origin};
 
 impl Config {
     /// Checks what no single key can: combinations. The message names every value it
@@ -23,6 +23,12 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// This configuration, once [`Config::validate`] accepts it: what loading returns.
+    pub(crate) fn validated(self) -> Result<Config, ConfigError> {
+        self.validate().map_err(|message| ConfigError::Combination { message })?;
+        Ok(self)
     }
 
     /// `key value (from where)`, for messages about combinations.
