@@ -8,7 +8,8 @@
 //!   the standing queueing delay of its round trips; one pacer serves all its threads.
 //! - [`faults`]: one direction of a faulty link (drop, duplicate, reorder, delay,
 //!   corrupt, from a seeded RNG), which the client and switch shells wrap their
-//!   transports with, and the links of [`sim`] are made of.
+//!   transports with, and the links of [`sim`] are made of: the `netagg-faults` crate,
+//!   re-exported.
 //! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock.
 //! - [`sum`]: the element-wise sums.
 //!
@@ -43,7 +44,7 @@ macro_rules! counters {
 }
 
 pub mod engine;
-pub mod faults;
+pub use netagg_faults as faults;
 pub mod pacer;
 mod round;
 pub mod sim;

@@ -6,17 +6,19 @@
 //! The doc comment is what `configs/netagg.cfg` shows above the key (none where the
 //! comment above an earlier key speaks for it too); the kind (`kind.rs`) is what the key
 //! accepts, which error messages state. To add a key: add its field to the section's
-//! struct (`lib.rs`), its line here, then rewrite the file with
-//! `NETAGG_BLESS=1 cargo test -p netagg-config` (a test fails while it differs). To add a
-//! section: its struct and its field in `Config`, a `struct_keys!` block here and a line
-//! in `sections!` in the order the file shows it; its environment variables follow
-//! (`NETAGG_BACKEND_RDMA__<KEY>` for `[backend.rdma]`). A field of a type no key has used
-//! yet needs a `Field` impl in `kind.rs`, and a new kind of value a `Kind` there.
+//! struct (`general.rs`, `backends.rs`, `faults.rs` or `switch.rs`), its line here, then
+//! rewrite the file with `NETAGG_BLESS=1 cargo test -p netagg-config` (a test fails while
+//! it differs). To add a section: its struct and its field in `Config`, a `struct_keys!`
+//! block here and a line in `sections!` in the order the file shows it; its environment
+//! variables follow (`NETAGG_BACKEND_RDMA__<KEY>` for `[backend.rdma]`). A field of a type
+//! no key has used yet needs a `Field` impl in `kind.rs`, and a new kind of value a `Kind`
+//! there; an enum of names is declared with `named_enum!` there, and its key's kind is
+//! `Choice { choices: Enum::NAMES, .. }`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use netagg_aggregator::faults::MAX_FAULT_DELAY;
+use netagg_faults::MAX_FAULT_DELAY;
 
 use crate::kind::Kind::*;
 use crate::kind::Unit::*;
@@ -95,7 +97,7 @@ struct_keys! {
         /// udp: through a netagg-switch. dpdk: the same, from a DPDK port ([backend.dpdk]). rdma:
         /// the same, over RDMA reliable connections ([backend.rdma]). dummy: no network, an
         /// in-process switch that sums as if every worker had sent the same data.
-        backend = BackendKind::Udp, Choice { choices: &["udp", "dpdk", "rdma", "dummy"], quoted: true };
+        backend = BackendKind::Udp, Choice { choices: BackendKind::NAMES, quoted: true };
         /// How float32 travels: native (summed as floats by the switch), or
         /// cpu_exponent_quantizer (block floating point: int32 scaled by a per-packet exponent all
         /// workers agree on, as a switch ASIC needs; a block holding an infinity or a NaN on any
@@ -132,7 +134,7 @@ struct_keys! {
         /// travel (OmniReduce). Block floating point float32 always travels dense. off: every block
         /// is sent, in SwitchML's dense rounds, which cost less for tensors with few zero blocks.
         /// Every rank of a session must use the same setting.
-        sparse = SparseMode::Off, Choice { choices: &["auto", "off"], quoted: true };
+        sparse = SparseMode::Off, Choice { choices: SparseMode::NAMES, quoted: true };
     }
 }
 
@@ -185,7 +187,7 @@ struct_keys! {
         /// busy: poll the receive queue without pause (a core per polling thread, the lowest
         /// latency). adaptive: poll without pause while frames come, nap between polls once the
         /// queue has been idle for 100 microseconds (cores shared with other work, tests).
-        poll = PollMode::Busy, Choice { choices: &["busy", "adaptive"], quoted: true };
+        poll = PollMode::Busy, Choice { choices: PollMode::NAMES, quoted: true };
     }
 }
 
@@ -212,7 +214,7 @@ struct_keys! {
         /// busy: poll the completion queue without pause (the lowest latency, a core per polling
         /// thread). event: sleep on the completion channel until the device signals a completion
         /// (cores shared with other work).
-        poll = RdmaPoll::Event, Choice { choices: &["busy", "event"], quoted: true };
+        poll = RdmaPoll::Event, Choice { choices: RdmaPoll::NAMES, quoted: true };
     }
 }
 
@@ -246,7 +248,7 @@ struct_keys! {
         /// What the data path runs on: udp, a kernel socket at data; dpdk, a DPDK port
         /// ([switch.dpdk]) answering UDP at data's port; rdma, RDMA reliable connections accepted
         /// through rdma_cm at data's address and port ([switch.rdma]).
-        transport = SwitchTransport::Udp, Choice { choices: &["udp", "dpdk", "rdma"], quoted: true };
+        transport = SwitchTransport::Udp, Choice { choices: SwitchTransport::NAMES, quoted: true };
         /// A worker's data endpoint must be at the address its registration comes from, so that
         /// no one can aim a session's results at a third party; except inside these networks
         /// (comma-separated, 10.0.0.0/24,fd00::/64), for workers whose DPDK or RDMA NIC has an

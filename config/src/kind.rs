@@ -5,8 +5,6 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::{BackendKind, PollMode, RdmaPoll, SparseMode, SwitchTransport};
-
 /// The longest time a timeout may be: 30 days.
 const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -271,26 +269,89 @@ plain_fields!(
     Option<[u8; 6]> => Mac, Vec<ipnet::IpNet> => Networks
 );
 
-/// Fields of an enum written as its name (`Display`), read by `from_name`.
-macro_rules! named_fields {
-    ($($t:ty),*) => {$(
-        impl Field for $t {
-            fn to_value(&self) -> Value {
-                Value::Text(self.to_string())
-            }
-            fn from_value(value: Value) -> Option<Self> {
-                let Value::Text(name) = value else { return None };
-                <$t>::from_name(&name)
+/// Declares an enum whose values a key names, each variant with its name once:
+/// `/// doc  pub enum Name { /// doc  Variant = "name", ... }`. Makes the enum, `NAMES`
+/// (what the key accepts, in declaration order, which its `Kind::Choice` lists and error
+/// messages show), `from_name`, `Display` and its `Field`.
+macro_rules! named_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $enum:ident {
+            $(
+                $(#[$variant_meta:meta])*
+                $variant:ident = $name:literal,
+            )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $enum {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $enum {
+            /// Every value's name, in declaration order.
+            pub(crate) const NAMES: &'static [&'static str] = &[$($name),+];
+
+            /// The value named `name`.
+            fn from_name(name: &str) -> Option<$enum> {
+                match name {
+                    $($name => Some($enum::$variant),)+
+                    _ => None,
+                }
             }
         }
-    )*};
+
+        impl std::fmt::Display for $enum {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self {
+                    $($enum::$variant => $name,)+
+                })
+            }
+        }
+
+        impl $crate::kind::Field for $enum {
+            fn to_value(&self) -> $crate::kind::Value {
+                $crate::kind::Value::Text(self.to_string())
+            }
+            fn from_value(value: $crate::kind::Value) -> Option<Self> {
+                let $crate::kind::Value::Text(name) = value else { return None };
+                $enum::from_name(&name)
+            }
+        }
+    };
 }
 
-named_fields!(BackendKind, SparseMode, PollMode, RdmaPoll, SwitchTransport);
+pub(crate) use named_enum;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    named_enum! {
+        /// An enum declared as the sections' are.
+        pub enum Fruit {
+            Apple = "apple",
+            BloodOrange = "blood_orange",
+        }
+    }
+
+    #[test]
+    fn a_named_enum_reads_and_writes_its_names_and_lists_them_in_order() {
+        assert_eq!(Fruit::NAMES, ["apple", "blood_orange"]);
+        assert_eq!(Fruit::from_name("blood_orange"), Some(Fruit::BloodOrange));
+        assert_eq!(Fruit::from_name("Apple"), None, "names are matched exactly");
+        assert_eq!(Fruit::from_name("pear"), None);
+        assert_eq!(Fruit::BloodOrange.to_string(), "blood_orange");
+        for fruit in [Fruit::Apple, Fruit::BloodOrange] {
+            assert_eq!(fruit.to_value(), Value::Text(fruit.to_string()));
+            assert_eq!(Fruit::from_value(fruit.to_value()), Some(fruit));
+        }
+        assert_eq!(Fruit::from_value(Value::Integer(0)), None);
+        let kind = Kind::Choice { choices: Fruit::NAMES, quoted: true };
+        assert_eq!(kind.expected(), "'apple' or 'blood_orange'");
+        assert_eq!(kind.parse(" apple "), Some(Value::Text("apple".into())));
+    }
 
     #[test]
     fn choices_are_listed_with_commas_and_a_final_or() {

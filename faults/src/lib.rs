@@ -3,11 +3,18 @@
 //! One [`FaultInjector`] stands for one direction of a link. Each datagram pushed in is
 //! dropped, duplicated, corrupted (one bit flipped), delayed or held back so that later
 //! ones overtake it, each with its own probability, drawn from a seeded RNG so that a run
-//! can be repeated. The shells wrap their transports with it, as smoltcp's
+//! can be repeated. It is middleware that knows nothing of netagg's protocol, so that
+//! every layer that moves datagrams can wrap itself with it, as smoltcp's
 //! `FaultInjector` wraps any device: the client's `FaultyTransport` around any backend,
-//! and the switch's data path on its receive and send sides (SwitchML's
-//! `set_drop_probabilities`, and more). Time comes in as an argument, like everywhere in
-//! the cores; held datagrams come out of [`FaultInjector::release`] once due.
+//! the switch's data path on its receive and send sides (SwitchML's
+//! `set_drop_probabilities`, and more), and the links of the aggregator's in-memory
+//! simulator. Time comes in as an argument; held datagrams come out of
+//! [`FaultInjector::release`] once due.
+//!
+//! A crate of its own so that the configuration, which names [`FaultRates`], need not
+//! depend on the protocol; `netagg_aggregator::faults` re-exports it.
+
+#![forbid(unsafe_code)]
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -74,18 +81,17 @@ impl FaultRates {
     }
 }
 
-counters! {
-    /// What one direction did to its datagrams.
-    pub struct FaultCounters {
-        /// Datagrams pushed in.
-        pub datagrams: u64,
-        pub dropped: u64,
-        pub duplicated: u64,
-        pub reordered: u64,
-        pub corrupted: u64,
-        /// Copies held back for a delay or a reordering, released later.
-        pub delayed: u64,
-    }
+/// What one direction did to its datagrams.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultCounters {
+    /// Datagrams pushed in.
+    pub datagrams: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub corrupted: u64,
+    /// Copies held back for a delay or a reordering, released later.
+    pub delayed: u64,
 }
 
 /// A held datagram: due time, then arrival order, so equal times keep their order.

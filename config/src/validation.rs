@@ -1,0 +1,100 @@
+//! What no single key can check: combinations of values, with messages that name where
+//! each value came from.
+
+use crate::{Config, ConfigError, Origin};
+
+impl Config {
+    /// Checks what no single key can: combinations. The message names every value it
+    /// speaks of, and where each came from.
+    pub fn validate(&self) -> Result<(), String> {
+        let g = &self.general;
+        if g.rank >= g.num_workers {
+            return Err(format!(
+                "{} must be below {}",
+                self.described("general.rank"),
+                self.described("general.num_workers")
+            ));
+        }
+        if g.max_outstanding_packets < g.num_worker_threads {
+            return Err(format!(
+                "{} must be at least {}: every thread needs a slot",
+                self.described("general.max_outstanding_packets"),
+                self.described("general.num_worker_threads")
+            ));
+        }
+        Ok(())
+    }
+
+    /// This configuration, once [`Config::validate`] accepts it: what loading returns.
+    pub(crate) fn validated(self) -> Result<Config, ConfigError> {
+        self.validate().map_err(|message| ConfigError::Combination { message })?;
+        Ok(self)
+    }
+
+    /// `key value (from where)`, for messages about combinations.
+    fn described(&self, key: &str) -> String {
+        let value = self.get(key).unwrap_or_default();
+        match self.origins.of(key) {
+            None => format!("{key} {value} (the default)"),
+            Some(Origin::Program) => format!("{key} {value} (set by the program)"),
+            Some(origin) => format!("{key} {value} (from {origin})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::tests::ini;
+    use crate::Config;
+
+    #[test]
+    fn impossible_combinations_are_rejected() {
+        let message = ini("[general]\nrank = 4\nnum_workers = 4\n").unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "general.rank 4 (from test.cfg) must be below general.num_workers 4 (from test.cfg)"
+        );
+        let message =
+            ini("[general]\nnum_worker_threads = 8\nmax_outstanding_packets = 4\n").unwrap_err().to_string();
+        assert!(message.contains("every thread needs a slot"), "{message}");
+    }
+
+    #[test]
+    fn combination_errors_name_where_each_value_came_from() {
+        let dir = std::env::temp_dir().join(format!("netagg-config-origins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("valid.cfg");
+        std::fs::write(&file, "[general]\npacket_numel = 64\n").unwrap();
+        let load = |pairs: &[(&str, &str)]| {
+            let vars: Vec<_> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            Config::load_with_environment(Some(&file), &vars).unwrap_err().to_string()
+        };
+        assert_eq!(
+            load(&[("NETAGG_GENERAL__RANK", "5")]),
+            "general.rank 5 (from environment variable NETAGG_GENERAL__RANK) must be below \
+             general.num_workers 1 (the default)"
+        );
+        assert_eq!(
+            load(&[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "2")]),
+            "general.rank 3 (from environment variable OMPI_COMM_WORLD_RANK) must be below \
+             general.num_workers 2 (from environment variable OMPI_COMM_WORLD_SIZE)"
+        );
+        std::fs::write(&file, "[general]\nnum_worker_threads = 8\n").unwrap();
+        assert_eq!(
+            load(&[("NETAGG_GENERAL__MAX_OUTSTANDING_PACKETS", "4")]),
+            format!(
+                "general.max_outstanding_packets 4 (from environment variable \
+                 NETAGG_GENERAL__MAX_OUTSTANDING_PACKETS) must be at least general.num_worker_threads 8 \
+                 (from {}): every thread needs a slot",
+                file.display()
+            )
+        );
+        let mut config = Config::default();
+        config.set("general.rank", "1").unwrap();
+        assert_eq!(
+            config.validate().unwrap_err(),
+            "general.rank 1 (set by the program) must be below general.num_workers 1 (the default)"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
