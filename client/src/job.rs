@@ -86,6 +86,8 @@ pub(crate) struct JobShared {
 // ranges while the job runs, under the submitter's contract above; everything else is
 // behind mutexes.
 unsafe impl Send for JobShared {}
+// SAFETY: as for Send: shared access reads the pointers, never the memory behind them,
+// outside those disjoint ranges.
 unsafe impl Sync for JobShared {}
 
 struct JobState {

@@ -192,11 +192,16 @@ mod tests {
     fn text_is_written_only_when_it_fits() {
         let mut buffer = [b'x' as c_char; 6];
         let mut length = 0usize;
+        // SAFETY: `buffer` holds the capacity passed, and a null buffer
+        // comes with capacity 0, as write_text's contract asks.
         let result = unsafe { write_text("hello", buffer.as_mut_ptr(), 5, &mut length) };
         assert_eq!((result.err().map(|f| f.code), length), (Some(netagg_result::NETAGG_BUFFER_TOO_SMALL), 5));
         assert_eq!(buffer[0], b'x' as c_char);
+        // SAFETY: as above.
         unsafe { write_text("hello", buffer.as_mut_ptr(), 6, &mut length) }.ok().unwrap();
+        // SAFETY: write_text succeeded, so the buffer holds a NUL-terminated string.
         assert_eq!(unsafe { CStr::from_ptr(buffer.as_ptr()) }.to_str().unwrap(), "hello");
+        // SAFETY: as above.
         let result = unsafe { write_text("hello", std::ptr::null_mut(), 0, &mut length) };
         assert_eq!(result.err().map(|f| f.code), Some(netagg_result::NETAGG_BUFFER_TOO_SMALL));
     }

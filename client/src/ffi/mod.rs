@@ -754,6 +754,7 @@ mod tests {
 
     #[test]
     fn version_is_the_crate_version() {
+        // SAFETY: netagg_version returns a static NUL-terminated string.
         let version = unsafe { CStr::from_ptr(netagg_version()) };
         assert_eq!(version.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
     }
