@@ -151,7 +151,7 @@ mod tests {
     }
 
     #[test]
-    fn a_job_that_cannot_run_is_refused_and_the_thread_stays_idle_or_running() {
+    fn a_job_that_cannot_run_is_refused_and_changes_nothing() {
         let start = Instant::now();
         let mut protocol = running(start, 2, 4, Duration::from_millis(10));
         assert_eq!(protocol.start_job(start, dense(4)), Err(JobError::Busy));
@@ -169,7 +169,7 @@ mod tests {
         let sparse_exponents =
             JobSpec { layout: Layout::Sparse(BlockMask::new(4)), exponents: true, ..dense(4) };
         assert_eq!(idle.start_job(start, sparse_exponents), Err(JobError::SparseExponents));
-        assert_eq!(idle.counters().jobs_failed, 0);
+        assert_eq!((idle.status(), idle.counters().jobs_failed), (&JobStatus::Done, 0));
     }
 
     #[test]
