@@ -46,6 +46,8 @@ impl WorkerProtocol {
         }
     }
 
+    /// What became of a datagram from the switch, or why it is rejected: the steps of
+    /// [`WorkerProtocol::handle_datagram`], which counts the outcome.
     fn receive(
         &mut self,
         now: Instant,
