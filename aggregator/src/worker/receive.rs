@@ -12,15 +12,6 @@ use super::streams::Layout;
 use super::{BlockIo, Contribution, Delivery, Job, RejectReason, Send, WorkerProtocol};
 use crate::round::is_after;
 
-/// A result new to its slot, as [`WorkerProtocol::check_result`] found it.
-#[derive(Debug, Clone, Copy)]
-struct NewResult {
-    /// How far its round is past the slot's `have`: 1 for the next in order.
-    offset: u32,
-    /// The slot's outstanding contribution it answers, if any.
-    answered: Option<Contribution>,
-}
-
 impl WorkerProtocol {
     /// Takes one datagram from the switch.
     pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8], io: &mut impl BlockIo) -> Delivery {
@@ -216,6 +207,15 @@ impl WorkerProtocol {
             slot.deadline = None;
         }
     }
+}
+
+/// A result new to its slot, as [`WorkerProtocol::check_result`] found it.
+#[derive(Debug, Clone, Copy)]
+struct NewResult {
+    /// How far its round is past the slot's `have`: 1 for the next in order.
+    offset: u32,
+    /// The slot's outstanding contribution it answers, if any.
+    answered: Option<Contribution>,
 }
 
 #[cfg(test)]
