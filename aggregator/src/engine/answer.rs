@@ -1,0 +1,108 @@
+//! What the engine answers: a round's result, to every worker or again to one, and the
+//! pending notice telling a worker that a round it asks about is still aggregating.
+
+use netagg_wire::packet::{BROADCAST_RANK, HEADER_LEN};
+use netagg_wire::{Flags, MessageType, PacketRepr};
+
+use super::session::Session;
+use super::{DropReason, Recipient, Transmit, Verdict};
+use crate::round::is_after;
+
+impl Session {
+    /// Answers a worker asking for the result of `repr`'s round, or contributing to it
+    /// again: with the result if the slot retains it (to contributors only, if
+    /// `only_contributors`), or with a pending notice if the round is still aggregating.
+    pub(super) fn resend_result(
+        &mut self,
+        repr: &PacketRepr,
+        only_contributors: bool,
+        out: &mut [u8],
+    ) -> Verdict {
+        let (slot, round, rank) = (repr.slot, repr.round, repr.rank);
+        let Some(index) = self.retained_set(slot, round) else {
+            if round == self.slots[slot as usize].open_round {
+                self.counters.not_ready += 1;
+                return self.emit_pending(repr, out);
+            }
+            if is_after(round, self.slots[slot as usize].open_round) {
+                return self.reject(DropReason::TooEarly);
+            }
+            self.counters.stale += 1;
+            return Verdict::Dropped(DropReason::Stale);
+        };
+        if only_contributors && !self.sets[index].contributed.contains(rank) {
+            return self.reject(DropReason::NotExpected);
+        }
+        self.counters.results_resent += 1;
+        self.emit_result(index, slot, Recipient::Worker(rank), out)
+    }
+
+    /// Tells the sender of `repr` that its round is still aggregating, and whether its
+    /// own contribution is in: so that a worker waiting for a late peer stops resending.
+    /// The notice also maps which of the next 64 slots' rounds wait for this worker, so
+    /// that one probe finds the contributions it lost anywhere in its window.
+    pub(super) fn emit_pending(&self, repr: &PacketRepr, out: &mut [u8]) -> Verdict {
+        let last = (repr.slot as u32 + 64).min(self.spec.slots as u32) as u16;
+        let lacking =
+            (repr.slot..last).rev().fold(0u64, |map, slot| map << 1 | self.waits_for(slot, repr.rank) as u64);
+        let mut notice = PacketRepr {
+            flags: if self.contributed(repr.slot, repr.rank) { Flags::CONTRIBUTED } else { Flags::NONE },
+            job: repr.job,
+            rank: repr.rank,
+            slot: repr.slot,
+            round: repr.round,
+            ..PacketRepr::new(MessageType::Pending, repr.element_type, self.id.0, self.token, 0)
+        };
+        notice.set_lacking(lacking);
+        // `handle` checked that `out` holds a full packet, so a header too.
+        match notice.emit(out) {
+            Ok(_) => Verdict::Send(Transmit {
+                session: self.id,
+                recipient: Recipient::Worker(repr.rank),
+                len: HEADER_LEN,
+            }),
+            Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
+        }
+    }
+
+    pub(super) fn emit_result(
+        &mut self,
+        index: usize,
+        slot: u16,
+        recipient: Recipient,
+        out: &mut [u8],
+    ) -> Verdict {
+        let set = &self.sets[index];
+        let mut repr = PacketRepr {
+            message_type: MessageType::Result,
+            element_type: set.element_type,
+            flags: if set.sparse { Flags::SPARSE } else { Flags::NONE },
+            session: self.id.0,
+            job: set.job,
+            packet_id: set.packet_id,
+            rank: match recipient {
+                Recipient::All => BROADCAST_RANK,
+                Recipient::Worker(rank) => rank,
+            },
+            element_count: set.element_count,
+            slot,
+            exponent: set.exponent,
+            round: set.round,
+            block: set.block,
+            next_block: set.next_block,
+            ack_round: 0,
+            token: self.token,
+        };
+        repr.set_completed_by(set.completed_by);
+        let len = repr.buffer_len();
+        // `handle` checked that `out` holds a full packet of the session.
+        match repr.emit(out) {
+            Ok(mut packet) => {
+                let payload = &self.payloads[index * self.payload_len..][..len - HEADER_LEN];
+                packet.payload_mut().copy_from_slice(payload);
+                Verdict::Send(Transmit { session: self.id, recipient, len })
+            }
+            Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
+        }
+    }
+}

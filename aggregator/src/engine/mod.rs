@@ -1,0 +1,338 @@
+//! The aggregation engine: sessions of slots that sum the workers' packets, without I/O.
+//!
+//! A datagram and the current time go in ([`Engine::handle_datagram`]); a [`Verdict`]
+//! comes out, naming the packet to send (written into a buffer the caller lends) and its
+//! recipients. Idle sessions expire through [`Engine::poll_timeout`] and
+//! [`Engine::handle_timeout`]. `docs/protocol.md` explains the protocol this implements.
+//!
+//! The engine's table of sessions and its public surface are here; the rest each have a
+//! module:
+//! - `session`: one session's shape, counters and checks of every datagram it receives.
+//! - `slot`: slots, their rounds, and the sets that aggregate and retain them.
+//! - `stream`: which workers a slot's next round expects, dense or sparse.
+//! - `answer`: results and pending notices, written into the caller's buffer.
+//! - `departures`: ranks that leave a session, and the rounds that then cannot complete.
+
+use std::time::{Duration, Instant};
+
+use netagg_wire::packet::MAX_ELEMENTS;
+use netagg_wire::{Packet, PacketRepr, WireError};
+
+mod answer;
+mod departures;
+mod session;
+mod slot;
+mod stream;
+#[cfg(test)]
+mod testing;
+
+pub use departures::Departure;
+pub use session::{SessionCounters, SessionError, SessionId, SessionSpec};
+
+use session::Session;
+
+/// Limits of one engine; every session is checked against them when it opens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// Sessions open at once (at most 65535).
+    pub max_sessions: u16,
+    /// Workers in one session.
+    pub max_workers: u16,
+    /// Slots in one session.
+    pub max_slots: u16,
+    /// Rounds a slot may retain; a power of two, at most [`MAX_DEPTH`].
+    pub max_depth: u8,
+    /// Elements in one packet.
+    pub max_packet_elements: u16,
+    /// Bytes of state all sessions together may hold.
+    pub max_bytes: usize,
+    /// Bytes of state one session may hold, so that one tenant cannot take the budget.
+    pub max_session_bytes: usize,
+    /// A session that receives nothing for this long is closed (`Duration::MAX`: never).
+    pub session_idle_timeout: Duration,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        EngineLimits {
+            max_sessions: 64,
+            max_workers: 1024,
+            max_slots: 8192,
+            max_depth: MAX_DEPTH,
+            max_packet_elements: MAX_ELEMENTS as u16,
+            max_bytes: 1 << 30,
+            max_session_bytes: 1 << 30,
+            session_idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The most sets a slot may keep: workers track received rounds in a 64-bit
+/// window.
+pub const MAX_DEPTH: u8 = 64;
+
+/// What to do after a datagram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Taken into the state; nothing to send.
+    Consumed,
+    /// Send the first `len` bytes of the output buffer.
+    Send(Transmit),
+    /// Not taken into any round. A packet dropped after passing its session's token,
+    /// rank, slot and source checks still keeps the session alive, and its `ack round`
+    /// still counts.
+    Dropped(DropReason),
+}
+
+/// A packet the engine wrote into the caller's output buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub session: SessionId,
+    pub recipient: Recipient,
+    pub len: usize,
+}
+
+/// Who a result goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipient {
+    /// Every worker of the session.
+    All,
+    /// One worker, by rank.
+    Worker(u16),
+}
+
+/// Why a datagram was dropped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DropReason {
+    #[error("malformed packet: {0}")]
+    Malformed(#[from] WireError),
+    #[error("no open session has this id")]
+    UnknownSession,
+    #[error("the token is not the session's")]
+    WrongToken,
+    #[error("the packet did not come from the address its rank registered")]
+    WrongSource,
+    #[error("results and pending notices are for workers, not for the switch")]
+    NotForSwitch,
+    #[error("rank is not below the session's worker count")]
+    RankOutOfRange,
+    #[error("slot is not below the session's slot count")]
+    SlotOutOfRange,
+    #[error("more elements than the session's packet size")]
+    TooManyElements,
+    #[error("round is older than any the slot retains")]
+    Stale,
+    #[error("round is ahead of the slot's open round")]
+    TooEarly,
+    #[error("worker is not expected to contribute to this round")]
+    NotExpected,
+    #[error("contribution disagrees with the round on its {0}")]
+    Mismatch(&'static str),
+    #[error("every set of the slot retains a result some worker has not acknowledged")]
+    Stalled,
+    #[error("output buffer cannot hold a result of this session")]
+    OutputTooSmall,
+    #[error("the round needs rank {0}, which has left the session")]
+    Departed(u16),
+}
+
+counters! {
+    /// Counters of the whole engine.
+    pub struct EngineCounters {
+        pub datagrams: u64,
+        pub malformed: u64,
+        pub unknown_session: u64,
+        pub sessions_opened: u64,
+        pub sessions_closed: u64,
+        pub sessions_expired: u64,
+    }
+}
+
+/// The aggregation engine.
+#[derive(Debug)]
+pub struct Engine {
+    limits: EngineLimits,
+    sessions: Vec<Option<Session>>,
+    /// Generation of each session index, so a reused index gets a new id.
+    generations: Vec<u16>,
+    bytes_in_use: usize,
+    counters: EngineCounters,
+    /// Sessions that received a contribution to a round a departed rank must complete,
+    /// with that rank, each once, until taken.
+    orphaned: Vec<(SessionId, u16)>,
+}
+
+impl Engine {
+    pub fn new(limits: EngineLimits) -> Engine {
+        Engine {
+            limits,
+            sessions: Vec::new(),
+            generations: Vec::new(),
+            bytes_in_use: 0,
+            counters: EngineCounters::default(),
+            orphaned: Vec::new(),
+        }
+    }
+
+    pub fn limits(&self) -> &EngineLimits {
+        &self.limits
+    }
+
+    pub fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+
+    /// Opens a session, checking it against every limit before allocating anything.
+    /// `token` is the secret its packets must carry; the caller draws it from a CSPRNG
+    /// (the engine reads no randomness of its own) and hands it to the workers.
+    pub fn open_session(
+        &mut self,
+        now: Instant,
+        spec: SessionSpec,
+        token: u64,
+    ) -> Result<SessionId, SessionError> {
+        let limits = &self.limits;
+        if spec.workers == 0 || spec.workers > limits.max_workers {
+            return Err(SessionError::Workers { requested: spec.workers, max: limits.max_workers });
+        }
+        if spec.slots == 0 || spec.slots > limits.max_slots {
+            return Err(SessionError::Slots { requested: spec.slots, max: limits.max_slots });
+        }
+        let max_depth = limits.max_depth.min(MAX_DEPTH);
+        if spec.depth < 2 || !spec.depth.is_power_of_two() || spec.depth > max_depth {
+            return Err(SessionError::Depth { requested: spec.depth, max: max_depth });
+        }
+        let max_elements = limits.max_packet_elements.min(MAX_ELEMENTS as u16);
+        if spec.packet_elements == 0 || spec.packet_elements > max_elements {
+            return Err(SessionError::PacketElements { requested: spec.packet_elements, max: max_elements });
+        }
+        let open = self.sessions.iter().filter(|s| s.is_some()).count();
+        if open >= limits.max_sessions as usize {
+            return Err(SessionError::TooManySessions { open, max: limits.max_sessions });
+        }
+        let needed = spec.state_bytes();
+        if needed > limits.max_session_bytes {
+            return Err(SessionError::SessionMemory { needed, max: limits.max_session_bytes });
+        }
+        let available = limits.max_bytes.saturating_sub(self.bytes_in_use);
+        if needed > available {
+            return Err(SessionError::Memory { needed, available });
+        }
+        let index = match self.sessions.iter().position(Option::is_none) {
+            Some(index) => index,
+            None => {
+                self.sessions.push(None);
+                self.generations.push(0);
+                self.sessions.len() - 1
+            }
+        };
+        // Generations start at 1 so that no session ever has id 0.
+        let generation = self.generations[index].wrapping_add(1).max(1);
+        self.generations[index] = generation;
+        let id = SessionId((generation as u32) << 16 | index as u32);
+        self.sessions[index] = Some(Session::new(id, spec, token, now));
+        self.bytes_in_use += needed;
+        self.counters.sessions_opened += 1;
+        Ok(id)
+    }
+
+    /// Closes a session, freeing its slots; returns its final counters.
+    pub fn close_session(&mut self, id: SessionId) -> Result<SessionCounters, SessionError> {
+        let session = self.take_session(id).ok_or(SessionError::Unknown(id.0))?;
+        self.counters.sessions_closed += 1;
+        Ok(session.counters)
+    }
+
+    fn take_session(&mut self, id: SessionId) -> Option<Session> {
+        let entry = self.sessions.get_mut(id.index())?;
+        if entry.as_ref().is_none_or(|s| s.id != id) {
+            return None;
+        }
+        let session = entry.take()?;
+        self.bytes_in_use -= session.spec.state_bytes();
+        Some(session)
+    }
+
+    fn session_mut(&mut self, id: SessionId) -> Option<&mut Session> {
+        self.sessions.get_mut(id.index())?.as_mut().filter(|s| s.id == id)
+    }
+
+    /// The shape and counters of an open session.
+    pub fn session(&self, id: SessionId) -> Option<(SessionSpec, SessionCounters)> {
+        let session = self.sessions.get(id.index())?.as_ref().filter(|s| s.id == id)?;
+        Some((session.spec, session.counters))
+    }
+
+    /// Ids of the open sessions.
+    pub fn sessions(&self) -> impl Iterator<Item = SessionId> + '_ {
+        self.sessions.iter().flatten().map(|s| s.id)
+    }
+
+    /// Bytes of state the open sessions hold.
+    pub fn bytes_in_use(&self) -> usize {
+        self.bytes_in_use
+    }
+
+    /// Takes one datagram from a worker. A result to send is written into `out`, which
+    /// must hold a header and a full packet of the session (a [`MAX_DATAGRAM_LEN`]-byte
+    /// buffer always does).
+    ///
+    /// [`MAX_DATAGRAM_LEN`]: netagg_wire::MAX_DATAGRAM_LEN
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8], out: &mut [u8]) -> Verdict {
+        self.handle_datagram_from(now, datagram, out, |_, _, _| true)
+    }
+
+    /// [`Engine::handle_datagram`] for a shell that knows where datagrams come from:
+    /// `from_its_rank(session, rank, slot)` says whether the datagram came from the
+    /// address that rank's thread for that slot registered. It is asked only once the
+    /// packet is well formed and carries its session's token.
+    pub fn handle_datagram_from(
+        &mut self,
+        now: Instant,
+        datagram: &[u8],
+        out: &mut [u8],
+        from_its_rank: impl FnOnce(SessionId, u16, u16) -> bool,
+    ) -> Verdict {
+        self.counters.datagrams += 1;
+        let packet = match Packet::new_checked(datagram) {
+            Ok(packet) => packet,
+            Err(error) => {
+                self.counters.malformed += 1;
+                return Verdict::Dropped(DropReason::Malformed(error));
+            }
+        };
+        let repr = PacketRepr::parse(&packet);
+        let Some(session) = self.session_mut(SessionId(repr.session)) else {
+            self.counters.unknown_session += 1;
+            return Verdict::Dropped(DropReason::UnknownSession);
+        };
+        let verdict = session.handle(now, &repr, packet.payload(), out, from_its_rank);
+        if let Verdict::Dropped(DropReason::Departed(rank)) = verdict {
+            self.orphan(SessionId(repr.session), rank);
+        }
+        verdict
+    }
+
+    /// When [`Engine::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let idle = self.limits.session_idle_timeout;
+        self.sessions.iter().flatten().filter_map(|s| s.last_activity.checked_add(idle)).min()
+    }
+
+    /// Closes every session idle for the configured timeout; returns their ids.
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<SessionId> {
+        let idle = self.limits.session_idle_timeout;
+        let expired: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .flatten()
+            .filter(|s| now.saturating_duration_since(s.last_activity) >= idle)
+            .map(|s| s.id)
+            .collect();
+        for &id in &expired {
+            self.take_session(id);
+            self.counters.sessions_expired += 1;
+        }
+        expired
+    }
+}

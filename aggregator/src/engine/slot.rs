@@ -1,0 +1,330 @@
+//! Slots, their rounds, and the sets that aggregate and retain them.
+//!
+//! Each use of a slot is a *round*, numbered per slot from 0 (wrapping). A slot owns
+//! `depth` *sets*; depth 2 is SwitchML's pair of a working copy and a shadow copy. A set
+//! passes through:
+//! - *free*: the open round's first contribution takes the slot's free set of lowest
+//!   index, so a dense stream, which frees each set one round after using it, keeps
+//!   alternating between two sets that stay in cache however deep the slot is;
+//! - *aggregating*: the first contribution writes the payload, each new one adds to it,
+//!   and a duplicate changes nothing; exponents are max-reduced;
+//! - *complete*: the last expected contribution makes the result, sent to every worker.
+//!   A duplicate from a contributor gets the result back, to that worker alone. The set
+//!   keeps the result until every worker has acknowledged it (the *unacked* bitmap,
+//!   SwitchML's cross-clear generalised), and is free again then. A slot with no free
+//!   set holds `depth` results some worker lacks: its open round waits (*stalled*).
+//!
+//! Rounds make stale packets harmless: a packet of a round that is neither open nor
+//! retained is dropped, where SwitchML's single set bit would let a late duplicate of an
+//! earlier job count as a contribution to a later one.
+
+use netagg_wire::packet::END_OF_STREAM;
+use netagg_wire::{ElementType, Flags, PacketRepr};
+
+use super::session::Session;
+use super::{DropReason, Recipient, Verdict};
+use crate::round::is_after;
+use crate::sum;
+use crate::workers::WorkerSet;
+
+#[derive(Debug)]
+pub(super) struct Slot {
+    /// The round now aggregating; every earlier round has completed.
+    pub(super) open_round: u32,
+    /// In a sparse stream, the block the open round aggregates; `None` for a start round,
+    /// which every worker contributes to.
+    pub(super) continuation: Option<u32>,
+    /// Workers expected in a continuation round.
+    pub(super) expected: WorkerSet,
+    /// Each worker's latest *next block* in this slot's sparse stream.
+    pub(super) next_blocks: Box<[u32]>,
+    /// The set (of the slot's own, counted from 0) aggregating the open round, once its
+    /// first contribution arrived.
+    pub(super) open_set: Option<u8>,
+    /// Bit `i`: the slot's set `i` holds a complete round's result that some worker has
+    /// not acknowledged. Every other set but `open_set` is free.
+    pub(super) retained: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Set {
+    /// The round the set aggregates or retains; meaningless while the set is free.
+    pub(super) round: u32,
+    pub(super) contributed: WorkerSet,
+    /// Workers that may still need this set's result; the set is reused only when empty.
+    pub(super) unacked: WorkerSet,
+    pub(super) contributions: u16,
+    /// What every contribution to the round must agree on; the first one sets it.
+    pub(super) job: u32,
+    pub(super) packet_id: u32,
+    pub(super) block: u32,
+    pub(super) element_type: ElementType,
+    pub(super) sparse: bool,
+    /// Elements of the sum; 0 until a contribution with a payload arrives.
+    pub(super) element_count: u16,
+    pub(super) exponent: i8,
+    pub(super) next_block: u32,
+    /// The rank whose contribution completed the round; `None` while it aggregates.
+    pub(super) completed_by: Option<u16>,
+}
+
+impl Slot {
+    /// A slot of a session of `workers`, whose round 0 is a start round.
+    pub(super) fn new(workers: u16) -> Slot {
+        Slot {
+            open_round: 0,
+            continuation: None,
+            expected: WorkerSet::new(workers),
+            next_blocks: vec![END_OF_STREAM; workers as usize].into_boxed_slice(),
+            open_set: None,
+            retained: 0,
+        }
+    }
+}
+
+impl Set {
+    /// A free set of a session of `workers`.
+    pub(super) fn new(workers: u16) -> Set {
+        Set {
+            round: 0,
+            contributed: WorkerSet::new(workers),
+            unacked: WorkerSet::new(workers),
+            contributions: 0,
+            job: 0,
+            packet_id: 0,
+            block: 0,
+            element_type: ElementType::Int32,
+            sparse: false,
+            element_count: 0,
+            exponent: i8::MIN,
+            next_block: END_OF_STREAM,
+            completed_by: None,
+        }
+    }
+
+    /// Resets the set for a new round; the first contribution writes rather than adds.
+    fn start(&mut self, repr: &PacketRepr) {
+        self.round = repr.round;
+        self.contributed.clear();
+        self.unacked.clear();
+        self.contributions = 0;
+        self.job = repr.job;
+        self.packet_id = repr.packet_id;
+        self.block = repr.block;
+        self.element_type = repr.element_type;
+        self.sparse = repr.flags.contains(Flags::SPARSE);
+        self.element_count = 0;
+        self.exponent = i8::MIN;
+        self.next_block = END_OF_STREAM;
+        self.completed_by = None;
+    }
+
+    /// Checks that a further contribution describes the same round as the first.
+    fn agrees_with(&self, repr: &PacketRepr) -> Result<(), &'static str> {
+        if repr.job != self.job {
+            return Err("job");
+        }
+        if repr.packet_id != self.packet_id {
+            return Err("packet id");
+        }
+        if repr.block != self.block {
+            return Err("block");
+        }
+        if repr.element_type != self.element_type {
+            return Err("element type");
+        }
+        if repr.flags.contains(Flags::SPARSE) != self.sparse {
+            return Err("mode");
+        }
+        if repr.element_count != 0 && self.element_count != 0 && repr.element_count != self.element_count {
+            return Err("element count");
+        }
+        Ok(())
+    }
+}
+
+impl Session {
+    /// The index in `sets` of the slot's own set `set`.
+    pub(super) fn set_index(&self, slot: u16, set: u32) -> usize {
+        slot as usize * self.spec.depth as usize + set as usize
+    }
+
+    /// The index in `sets` of the set retaining complete round `round` of `slot`.
+    pub(super) fn retained_set(&self, slot: u16, round: u32) -> Option<usize> {
+        let mut retained = self.slots[slot as usize].retained;
+        while retained != 0 {
+            let index = self.set_index(slot, retained.trailing_zeros());
+            if self.sets[index].round == round {
+                return Some(index);
+            }
+            retained &= retained - 1;
+        }
+        None
+    }
+
+    /// Records that `rank` holds every result of `slot` up to round `ack` (the cross-clear),
+    /// freeing the sets every worker now holds.
+    pub(super) fn apply_ack(&mut self, slot: u16, rank: u16, ack: u32) {
+        let first = slot as usize * self.spec.depth as usize;
+        let retained = &mut self.slots[slot as usize].retained;
+        let mut unvisited = *retained;
+        while unvisited != 0 {
+            let bit = unvisited & unvisited.wrapping_neg();
+            unvisited &= unvisited - 1;
+            let set = &mut self.sets[first + bit.trailing_zeros() as usize];
+            if !is_after(set.round, ack) {
+                set.unacked.remove(rank);
+                if set.unacked.is_empty() {
+                    *retained &= !bit;
+                }
+            }
+        }
+    }
+
+    pub(super) fn contribute(&mut self, repr: &PacketRepr, payload: &[u8], out: &mut [u8]) -> Verdict {
+        let slot_index = repr.slot as usize;
+        let open_round = self.slots[slot_index].open_round;
+        if repr.round != open_round {
+            if is_after(repr.round, open_round) {
+                return self.reject(DropReason::TooEarly);
+            }
+            let verdict = self.resend_result(repr, true, out);
+            if matches!(verdict, Verdict::Send(_)) {
+                self.counters.duplicates += 1;
+            }
+            return verdict;
+        }
+        if let Err(reason) = self.check_contribution(repr) {
+            return self.reject(reason);
+        }
+        if let Some(rank) = self.departed_needed(repr.slot) {
+            return self.reject(DropReason::Departed(rank));
+        }
+
+        let own_set = match self.slots[slot_index].open_set {
+            Some(own_set) => {
+                let set = &self.sets[self.set_index(repr.slot, own_set as u32)];
+                if set.contributed.contains(repr.rank) {
+                    self.counters.duplicates += 1;
+                    return self.emit_pending(repr, out);
+                }
+                if let Err(field) = set.agrees_with(repr) {
+                    return self.reject(DropReason::Mismatch(field));
+                }
+                own_set
+            }
+            None => {
+                let depth_mask = u64::MAX >> (64 - self.spec.depth as u32);
+                let free = !self.slots[slot_index].retained & depth_mask;
+                if free == 0 {
+                    self.counters.stalled += 1;
+                    return Verdict::Dropped(DropReason::Stalled);
+                }
+                let own_set = free.trailing_zeros() as u8;
+                self.slots[slot_index].open_set = Some(own_set);
+                let index = self.set_index(repr.slot, own_set as u32);
+                self.sets[index].start(repr);
+                own_set
+            }
+        };
+
+        let index = self.set_index(repr.slot, own_set as u32);
+        let set = &mut self.sets[index];
+        set.contributed.insert(repr.rank);
+        set.contributions += 1;
+        set.exponent = set.exponent.max(repr.exponent);
+        if repr.element_count > 0 {
+            let sum = &mut self.payloads[index * self.payload_len..][..payload.len()];
+            if set.element_count == 0 {
+                set.element_count = repr.element_count;
+                sum.copy_from_slice(payload);
+            } else {
+                sum::add_assign(set.element_type, sum, payload);
+            }
+        }
+        self.counters.contributions += 1;
+
+        let slot = &mut self.slots[slot_index];
+        if set.sparse {
+            slot.next_blocks[repr.rank as usize] = repr.next_block;
+        }
+        if (set.contributions as usize) < slot.expected_contributions(self.spec.workers) {
+            return Verdict::Consumed;
+        }
+
+        // The last expected contribution: the round completes.
+        set.completed_by = Some(repr.rank);
+        set.unacked.fill(self.spec.workers);
+        slot.open_set = None;
+        slot.retained |= 1 << own_set;
+        slot.open_round = repr.round.wrapping_add(1);
+        set.next_block = slot.schedule_next_round(set.sparse);
+        self.counters.results_broadcast += 1;
+        self.emit_result(index, repr.slot, Recipient::All, out)
+    }
+
+    /// Checks a contribution to the open round against the slot, before any state changes.
+    fn check_contribution(&self, repr: &PacketRepr) -> Result<(), DropReason> {
+        if repr.element_count > self.spec.packet_elements {
+            return Err(DropReason::TooManyElements);
+        }
+        let sparse = repr.flags.contains(Flags::SPARSE);
+        if sparse && repr.next_block <= repr.block {
+            return Err(DropReason::Mismatch("next block (it must follow the block)"));
+        }
+        let slot = &self.slots[repr.slot as usize];
+        if let Some(block) = slot.continuation {
+            if !sparse {
+                return Err(DropReason::Mismatch("mode (the slot streams a sparse tensor)"));
+            }
+            if repr.block != block {
+                return Err(DropReason::Mismatch("block"));
+            }
+            if !slot.expected.contains(repr.rank) {
+                return Err(DropReason::NotExpected);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{contribution, one_slot, sets_in_use};
+
+    use super::*;
+
+    #[test]
+    fn a_dense_stream_alternates_between_two_sets_however_deep_the_slot() {
+        let (mut engine, session, now, mut out) = one_slot(8);
+        let mut used = Vec::new();
+        for round in 0..20u32 {
+            // Each contribution acknowledges the round before, as a dense worker's does.
+            for rank in 0..2 {
+                let packet = contribution(session, rank, round, round.wrapping_sub(1));
+                let verdict = engine.handle_datagram(now, &packet, &mut out);
+                assert_eq!(matches!(verdict, Verdict::Send(_)), rank == 1, "round {round}");
+                used.extend(sets_in_use(&mut engine, session));
+            }
+        }
+        used.sort();
+        used.dedup();
+        assert_eq!(used, [0, 1]);
+    }
+
+    #[test]
+    fn a_round_waits_while_every_set_retains_a_result_someone_lacks() {
+        let (mut engine, session, now, mut out) = one_slot(4);
+        // Rank 1 never acknowledges: four rounds fill the four sets.
+        for round in 0..4u32 {
+            engine.handle_datagram(now, &contribution(session, 0, round, round.wrapping_sub(1)), &mut out);
+            engine.handle_datagram(now, &contribution(session, 1, round, u32::MAX), &mut out);
+        }
+        assert_eq!(sets_in_use(&mut engine, session), [0, 1, 2, 3]);
+        let stalled = engine.handle_datagram(now, &contribution(session, 0, 4, 3), &mut out);
+        assert_eq!(stalled, Verdict::Dropped(DropReason::Stalled));
+        // Rank 1 acknowledges rounds 0 and 1: sets 0 and 1 free, and round 4 takes set 0.
+        engine.handle_datagram(now, &contribution(session, 1, 4, 1), &mut out);
+        assert_eq!(sets_in_use(&mut engine, session), [2, 3, 0]);
+    }
+}

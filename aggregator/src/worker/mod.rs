@@ -1,0 +1,371 @@
+//! The worker side of the protocol, without I/O: one instance per worker thread.
+//!
+//! A thread owns a contiguous range of the session's slots. Its share of a job is cut
+//! into blocks of `packet_elements`; block `b` travels through local slot `b % slots`, so
+//! every slot carries a *stream* of blocks `s, s + slots, s + 2·slots, …`, and every rank
+//! maps the same elements to the same slot.
+//!
+//! Payloads never pass through this core: [`BlockIo`] loads a block into an outgoing
+//! packet and stores a result, so the caller does pre- and post-processing in place.
+//!
+//! The protocol's state and public surface are here; its mechanisms each have a module:
+//! - `job`: a job's description, and how it starts, finishes and fails.
+//! - `streams`: which block each slot contributes next, dense (SwitchML's self-clocked
+//!   window) or sparse (OmniReduce's streams of non-zero blocks).
+//! - `send`: building packets, data going out through the pacer of the worker's path.
+//! - `receive`: taking results and pending notices from the switch.
+//! - `timers`: the slots' retransmission timers, and the round-trip time they follow.
+//! - `recovery`: what a slot whose timer fires does: loss detection, resends, requests
+//!   and probes.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use netagg_wire::packet::END_OF_STREAM;
+use netagg_wire::WireError;
+
+use crate::pacer::{LinkPacer, PacingConfig};
+
+mod job;
+mod receive;
+mod recovery;
+mod send;
+mod streams;
+#[cfg(test)]
+mod testing;
+mod timers;
+
+pub use job::{JobError, JobSpec, JobStatus};
+pub use streams::{BlockMask, Layout};
+
+use timers::{RttEstimate, YEAR};
+
+/// Moves payloads between the caller's tensors and packets: the pre- and
+/// post-processing.
+pub trait BlockIo {
+    /// Writes block `block` (as many elements as `payload` holds, little-endian) into
+    /// `payload`. In a block-floating-point job `exponent` is the exponent every worker
+    /// agreed for this block, which the encoding must use; otherwise it is `None`.
+    fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>);
+    /// Takes the aggregate of block `block`, encoded as [`BlockIo::load`] encoded it.
+    /// An empty `payload` means the block is zero on every worker. Blocks of a sparse job
+    /// that no round visits are zero on every worker and are never stored: the caller
+    /// zeroes its output first.
+    fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>);
+    /// This worker's exponent of block `block`: what block floating point needs to
+    /// represent its largest element. Only block-floating-point jobs ask.
+    fn exponent(&mut self, block: u32) -> i8 {
+        let _ = block;
+        i8::MIN
+    }
+}
+
+/// Parameters of one worker thread in one session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub session: u32,
+    /// The session's secret from the switch's accept; sent in every packet, and a result
+    /// without it is not from the session's switch.
+    pub token: u64,
+    pub rank: u16,
+    /// This thread's slots are `slot_base..slot_base + slots`.
+    pub slot_base: u16,
+    pub slots: u16,
+    pub packet_elements: u16,
+    /// The session's depth: rounds each slot retains at the aggregator.
+    pub depth: u8,
+    /// Retransmission timeout before any round trip is measured, and its floor after;
+    /// it doubles on every timeout of a slot.
+    pub retransmit_timeout: Duration,
+    pub max_retransmit_timeout: Duration,
+    /// A job that makes no progress for this long fails.
+    pub job_timeout: Duration,
+    /// Spacing of the contributions' first sendings to the rate the path carries.
+    pub pacing: PacingConfig,
+}
+
+/// What became of a datagram received from the switch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// A new result, stored.
+    Accepted,
+    /// A result already held.
+    Duplicate,
+    /// A result of another job, or for a slot not in use.
+    Stale,
+    /// A pending notice: the round is still aggregating.
+    Pending,
+    /// Not a result for this worker.
+    Rejected(RejectReason),
+}
+
+/// Why a datagram from the switch was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    #[error("malformed packet: {0}")]
+    Malformed(#[from] WireError),
+    #[error("neither a result nor a pending notice")]
+    NotAResult,
+    #[error("result of another session")]
+    WrongSession,
+    #[error("result without the session's token")]
+    WrongToken,
+    #[error("result for another rank")]
+    WrongRank,
+    #[error("slot outside this thread's range")]
+    WrongSlot,
+    #[error("round outside the window this slot can receive")]
+    RoundOutOfWindow,
+    #[error("result does not match the block in flight")]
+    WrongBlock,
+    #[error("payload does not fit the block")]
+    WrongLength,
+}
+
+counters! {
+    /// Counters of one worker thread.
+    pub struct WorkerCounters {
+        pub packets_sent: u64,
+        /// Bytes of the datagrams sent, headers included.
+        pub bytes_sent: u64,
+        pub data_sent: u64,
+        pub acks_sent: u64,
+        pub retransmissions: u64,
+        /// Header-only requests sent while the whole thread waited: one per timeout of the
+        /// probing slot, instead of a window of retransmissions.
+        pub probes: u64,
+        /// First sendings the pacer held back, to space them at the rate the path carries.
+        pub paced: u64,
+        pub results_received: u64,
+        /// Bytes of the new results received, headers included.
+        pub bytes_received: u64,
+        pub duplicates: u64,
+        pub stale: u64,
+        pub rejected: u64,
+        /// Pending notices received: a round asked about is still aggregating.
+        pub pending: u64,
+        /// Slot timers that fired and sent a retransmission, a request or a probe (timers
+        /// that fired while a probe was out send nothing and are not counted).
+        pub timeouts: u64,
+        pub jobs_done: u64,
+        pub jobs_failed: u64,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Contribution {
+    round: u32,
+    block: u32,
+    /// The sender's next non-zero block after `block` (sparse), fixed at first sending so
+    /// that retransmissions repeat it.
+    next: u32,
+    /// The agreed exponent `block` is encoded with (block floating point).
+    exponent: Option<i8>,
+    /// This is the exponent round: no payload, the exponent of the first window.
+    exponent_round: bool,
+}
+
+impl Contribution {
+    /// A contribution of a block's data.
+    fn data(round: u32, block: u32, next: u32, exponent: Option<i8>) -> Contribution {
+        Contribution { round, block, next, exponent, exponent_round: false }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Send {
+    /// The slot's outstanding contribution; a retransmission names the round it resends,
+    /// and is dropped if that round was answered while it waited in the queue (the next
+    /// contribution is then queued on its own, and is no retransmission).
+    Data { retransmission: Option<u32> },
+    /// An acknowledgement of the results held.
+    Ack,
+    /// An acknowledgement asking for the result of `round`; dropped if that round was
+    /// answered while the request waited in the queue.
+    Request { round: u32 },
+}
+
+/// A contribution's first sending: the one send the pacer may hold back.
+const FIRST_SENDING: Send = Send::Data { retransmission: None };
+
+#[derive(Debug)]
+struct SlotState {
+    /// First round of this slot's next stream; persists across jobs.
+    next_round: u32,
+    active: bool,
+    /// Every result of this slot up to this round is held.
+    have: u32,
+    /// Bit `i`: the result of round `have + 2 + i` is held (`have + 1` never is).
+    ahead: u64,
+    outstanding: Option<Contribution>,
+    /// Sparse: the first non-zero block of this stream not yet contributed.
+    my_next: u32,
+    /// Sparse: the round whose result ended the stream.
+    end_round: Option<u32>,
+    /// The last `have` sent to the aggregator.
+    acked: u32,
+    /// When the slot's current wait began, as a count of the thread's transmissions: the
+    /// first sending of its contribution, or the transmissions before the result that left
+    /// it waiting.
+    /// A count rather than a time, since a burst of sends shares one clock reading.
+    waiting_since: u64,
+    /// The round whose contribution the switch said it holds: while it is the outstanding
+    /// one, it is never sent again, only asked after.
+    held: Option<u32>,
+    /// The slot's timer fired while another slot probed, and was put off until the probe
+    /// is answered.
+    deferred: bool,
+    /// The outstanding contribution waits in the pacer's queue and was never sent: no
+    /// timer runs for it, and nothing may send it but the pacer.
+    paced: bool,
+    /// Consecutive timeouts of this slot; each doubles its timeout.
+    backoff: u32,
+    /// When this slot's retransmission timer fires; re-armed at every send.
+    deadline: Option<Instant>,
+    /// The deadline of this slot's live entry in `timers`. Re-arming to a later deadline
+    /// leaves that entry alone (it moves when it reaches the top), so that a send costs
+    /// no heap operation: a timer is re-armed at every send but fires once per timeout.
+    queued: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Job {
+    spec: JobSpec,
+    blocks: u32,
+}
+
+/// The contribution whose round trip is being timed.
+#[derive(Debug, Clone, Copy)]
+struct TimedPacket {
+    slot: u16,
+    round: u32,
+    sent: Instant,
+    /// Its slot's timer fired before its result came, and found a loss, a thread
+    /// waiting as a whole, or a probe out (not results still coming in order). Its round
+    /// trip may then time a wait for a peer's loss recovery, not the path, and the
+    /// retransmission timeout does not take it (Karn's rule, widened); the pacer does,
+    /// since it looks past a lone long round trip.
+    expired: bool,
+}
+
+/// A header-only request sent while every slot of the thread waited.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// The slot the request went out on; its timer sends the next probe.
+    slot: u16,
+    /// The thread's transmissions before it.
+    sent: u64,
+    /// Probes sent in this wait; each doubles the timeout to the next.
+    count: u32,
+}
+
+/// The worker-side protocol core of one worker thread.
+#[derive(Debug)]
+pub struct WorkerProtocol {
+    config: WorkerConfig,
+    slots: Vec<SlotState>,
+    job: Option<Job>,
+    status: JobStatus,
+    broken: bool,
+    pending: VecDeque<(u16, Send)>,
+    /// Slots whose contribution's first sending waits for the pacer, in the order they
+    /// were queued.
+    paced: VecDeque<u16>,
+    /// Retransmissions waiting for the pacer, which go before the first sendings.
+    resends: VecDeque<(u16, Send)>,
+    /// The pacer of this worker's path, which its other threads may share.
+    pacer: Arc<LinkPacer>,
+    /// Slots by their timers' deadlines, at most one live entry per slot (`queued`).
+    timers: BinaryHeap<Reverse<(Instant, u16)>>,
+    last_progress: Instant,
+    rtt: Option<RttEstimate>,
+    /// One contribution at a time is timed, sent once and not since. RFC 6298's gains
+    /// assume about one sample per round trip: one per packet, with a window of packets
+    /// in flight, would weigh only the last few packets' delays, and cost clock
+    /// arithmetic on every packet.
+    timed: Option<TimedPacket>,
+    /// A slot's timeout before any backoff, from `rtt` and the configured floor: kept
+    /// rather than worked out at every send.
+    base_timeout: Duration,
+    /// Packets sent so far: the clock `waiting_since` is read on.
+    transmissions: u64,
+    /// The latest `waiting_since` of a slot whose wait a result answered, this job: a
+    /// slot waiting since earlier has evidence of a loss.
+    latest_answered: Option<u64>,
+    /// The probe out while the whole thread waits without evidence of a loss.
+    probe: Option<Probe>,
+    /// The latest result's round was completed by another worker's contribution.
+    peers_complete: bool,
+    counters: WorkerCounters,
+}
+
+impl WorkerProtocol {
+    /// A worker thread's protocol, with a pacer of its own; timeouts are capped at
+    /// a year.
+    pub fn new(config: WorkerConfig, now: Instant) -> WorkerProtocol {
+        let pacer = LinkPacer::new(config.pacing);
+        WorkerProtocol::with_pacer(config, now, pacer)
+    }
+
+    /// A worker thread's protocol that paces its packets with `pacer`, which the worker's
+    /// other threads share (its `config.pacing` is then `pacer`'s).
+    pub fn with_pacer(mut config: WorkerConfig, now: Instant, pacer: Arc<LinkPacer>) -> WorkerProtocol {
+        config.retransmit_timeout = config.retransmit_timeout.min(YEAR);
+        config.max_retransmit_timeout = config.max_retransmit_timeout.min(YEAR);
+        config.job_timeout = config.job_timeout.min(YEAR);
+        let slots = (0..config.slots)
+            .map(|_| SlotState {
+                next_round: 0,
+                active: false,
+                have: u32::MAX,
+                ahead: 0,
+                outstanding: None,
+                my_next: END_OF_STREAM,
+                end_round: None,
+                acked: u32::MAX,
+                waiting_since: 0,
+                held: None,
+                deferred: false,
+                paced: false,
+                backoff: 0,
+                deadline: None,
+                queued: None,
+            })
+            .collect();
+        WorkerProtocol {
+            base_timeout: config.retransmit_timeout,
+            pacer,
+            config,
+            slots,
+            job: None,
+            status: JobStatus::Idle,
+            broken: false,
+            pending: VecDeque::new(),
+            paced: VecDeque::new(),
+            resends: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            last_progress: now,
+            rtt: None,
+            timed: None,
+            transmissions: 0,
+            latest_answered: None,
+            probe: None,
+            peers_complete: false,
+            counters: WorkerCounters::default(),
+        }
+    }
+
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    pub fn status(&self) -> &JobStatus {
+        &self.status
+    }
+
+    pub fn counters(&self) -> &WorkerCounters {
+        &self.counters
+    }
+}

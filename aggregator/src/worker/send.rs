@@ -1,0 +1,250 @@
+//! Sending: the packets the slots queued, built into the caller's buffer.
+//!
+//! Data packets, first sendings and retransmissions, go out through the worker's
+//! [`LinkPacer`], which every thread of the worker shares: unpaced until the worker's
+//! path shows an overflowing queue, then spaced at the rate the path delivers (see
+//! [`crate::pacer`]). A contribution the pacer holds has never been sent: no timer runs
+//! for it, and no recovery may send it.
+//!
+//! [`LinkPacer`]: crate::pacer::LinkPacer
+
+use std::time::Instant;
+
+use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::{Flags, MessageType, PacketRepr};
+
+use super::job::block_len;
+use super::streams::Layout;
+use super::{BlockIo, Send, TimedPacket, WorkerProtocol, FIRST_SENDING};
+
+impl WorkerProtocol {
+    /// Writes the next packet to send into `buf` and returns its length.
+    ///
+    /// `buf` must hold a header and a full packet (a [`MAX_DATAGRAM_LEN`]-byte buffer
+    /// always does); a smaller one yields nothing.
+    ///
+    /// [`MAX_DATAGRAM_LEN`]: netagg_wire::MAX_DATAGRAM_LEN
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8], io: &mut impl BlockIo) -> Option<usize> {
+        if buf.len() < HEADER_LEN + self.config.packet_elements as usize * ELEMENT_LEN {
+            return None;
+        }
+        let pacing = self.pacer.rate().is_some();
+        while let Some((index, send)) = self.pending.pop_front() {
+            // Data waits behind data already waiting, in order, retransmissions first.
+            let waiting = !self.resends.is_empty() || !self.paced.is_empty();
+            match send {
+                FIRST_SENDING if pacing && (waiting || !self.pacer.allows(now)) => {
+                    self.queue_paced(index);
+                    continue;
+                }
+                Send::Data { retransmission: Some(_) } if pacing && (waiting || !self.pacer.allows(now)) => {
+                    // One copy waits: a later timeout or notice asking for the same adds
+                    // nothing.
+                    if !self.resends.contains(&(index, send)) {
+                        self.resends.push_back((index, send));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if let Some(len) = self.transmit(now, index, send, buf, io) {
+                return Some(len);
+            }
+        }
+        // Retransmissions first: they repair rounds every worker waits on.
+        while !self.resends.is_empty() || !self.paced.is_empty() {
+            if !self.pacer.allows(now) {
+                return None;
+            }
+            let (index, send) = match self.resends.pop_front() {
+                Some(resend) => resend,
+                None => {
+                    let index = self.paced.pop_front()?;
+                    self.slots[index as usize].paced = false;
+                    (index, FIRST_SENDING)
+                }
+            };
+            if let Some(len) = self.transmit(now, index, send, buf, io) {
+                return Some(len);
+            }
+        }
+        None
+    }
+
+    /// Puts a slot's first sending of its contribution in the pacer's queue.
+    fn queue_paced(&mut self, index: u16) {
+        let slot = &mut self.slots[index as usize];
+        if slot.active && slot.outstanding.is_some() && !slot.paced {
+            slot.paced = true;
+            self.paced.push_back(index);
+            self.counters.paced += 1;
+        }
+    }
+
+    /// Empties the pacer's queues: their packets are no longer to be sent.
+    pub(super) fn clear_paced(&mut self) {
+        self.resends.clear();
+        for index in self.paced.drain(..) {
+            self.slots[index as usize].paced = false;
+        }
+    }
+
+    /// Builds `send` for slot `index` into `buf`, and books it as sent at `now`.
+    fn transmit(
+        &mut self,
+        now: Instant,
+        index: u16,
+        send: Send,
+        buf: &mut [u8],
+        io: &mut impl BlockIo,
+    ) -> Option<usize> {
+        let len = self.build(index, send, buf, io)?;
+        self.counters.packets_sent += 1;
+        self.counters.bytes_sent += len as u64;
+        match send {
+            FIRST_SENDING if self.timed.is_none() => {
+                // `build` sent the slot's outstanding contribution.
+                if let Some(contribution) = self.slots[index as usize].outstanding {
+                    let round = contribution.round;
+                    self.timed = Some(TimedPacket { slot: index, round, sent: now, expired: false });
+                }
+            }
+            // Karn's rule: the result may answer either copy.
+            Send::Data { retransmission: Some(_) } if self.timed.is_some_and(|t| t.slot == index) => {
+                self.timed = None;
+            }
+            _ => {}
+        }
+        self.transmissions += 1;
+        // The wait starts with a contribution's first sending. An answer to a resent one
+        // or to a request may answer the first sending, so it must not count as the
+        // answer to a packet sent later than the others waiting.
+        if let Send::Data { retransmission } = send {
+            self.pacer.sent(now, len);
+            if retransmission.is_some() {
+                self.pacer.lost();
+            }
+        }
+        if send == FIRST_SENDING {
+            self.slots[index as usize].waiting_since = self.transmissions;
+        }
+        self.arm_timer(index, now);
+        Some(len)
+    }
+
+    fn build(&mut self, index: u16, send: Send, buf: &mut [u8], io: &mut impl BlockIo) -> Option<usize> {
+        let job = self.job.as_ref()?;
+        let slot = &self.slots[index as usize];
+        if !slot.active {
+            return None;
+        }
+        let sparse = matches!(job.spec.layout, Layout::Sparse(_));
+        let mut repr = PacketRepr {
+            message_type: MessageType::Ack,
+            element_type: job.spec.element_type,
+            flags: if sparse { Flags::SPARSE } else { Flags::NONE },
+            session: self.config.session,
+            job: job.spec.job,
+            packet_id: 0,
+            rank: self.config.rank,
+            element_count: 0,
+            slot: self.config.slot_base + index,
+            exponent: 0,
+            round: slot.have.wrapping_add(1),
+            block: 0,
+            next_block: 0,
+            ack_round: slot.have,
+            token: self.config.token,
+        };
+        match send {
+            Send::Ack => self.counters.acks_sent += 1,
+            Send::Request { round } => {
+                if round != repr.round {
+                    return None;
+                }
+                repr.flags = repr.flags | Flags::WANT_RESULT;
+                self.counters.acks_sent += 1;
+            }
+            Send::Data { retransmission } => {
+                let contribution = slot.outstanding?;
+                // Answered, or known to be at the switch, while it waited in the queue; or
+                // never sent yet, still in the pacer's queue.
+                if retransmission.is_some_and(|round| {
+                    round != contribution.round || slot.held == Some(round) || slot.paced
+                }) {
+                    return None;
+                }
+                let carries_data = !contribution.exponent_round
+                    && match &job.spec.layout {
+                        Layout::Dense => true,
+                        Layout::Sparse(mask) => mask.contains(contribution.block),
+                    };
+                repr.message_type = MessageType::Data;
+                repr.packet_id = contribution.block;
+                repr.round = contribution.round;
+                repr.block = contribution.block;
+                repr.next_block = contribution.next;
+                if carries_data {
+                    repr.element_count =
+                        block_len(&job.spec, contribution.block, self.config.packet_elements);
+                }
+                if retransmission.is_some() {
+                    repr.flags = repr.flags | Flags::RETRANSMISSION;
+                    self.counters.retransmissions += 1;
+                }
+                self.counters.data_sent += 1;
+            }
+        }
+        let contribution = slot.outstanding.filter(|_| repr.message_type == MessageType::Data);
+        if job.spec.exponents {
+            if let Some(contribution) = contribution {
+                repr.exponent = if contribution.exponent_round {
+                    // The first window's blocks share the exponent this round agrees.
+                    let first_window = job.blocks.min(self.config.slots as u32);
+                    (0..first_window).map(|block| io.exponent(block)).max().unwrap_or(i8::MIN)
+                } else {
+                    let next = contribution.block as u64 + self.config.slots as u64;
+                    if next < job.blocks as u64 {
+                        io.exponent(next as u32)
+                    } else {
+                        i8::MIN
+                    }
+                };
+            }
+        }
+        let len = repr.buffer_len();
+        // `poll_transmit` checked that `buf` holds a full packet.
+        let mut packet = repr.emit(buf).ok()?;
+        if repr.element_count > 0 {
+            io.load(repr.block, packet.payload_mut(), contribution.and_then(|c| c.exponent));
+        }
+        self.slots[index as usize].acked = repr.ack_round;
+        Some(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use netagg_wire::Packet;
+
+    use super::super::testing::{result_of, running, sent, Numbers};
+    use super::*;
+
+    #[test]
+    fn a_retransmission_of_a_round_answered_meanwhile_is_not_sent() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let mut protocol = running(start, 1, 2, timeout);
+        let first = sent(&mut protocol, start);
+        // The timer fires, and the result arrives before the retransmission goes out.
+        protocol.handle_timeout(start + timeout);
+        protocol.handle_datagram(start + timeout, &result_of(&first[0]), &mut Numbers);
+        let next = sent(&mut protocol, start + timeout);
+        assert_eq!(next.len(), 1, "the next block, once");
+        let repr = PacketRepr::parse(&Packet::new_checked(&next[0][..]).unwrap());
+        assert_eq!((repr.block, repr.flags), (1, Flags::NONE));
+        assert_eq!(protocol.counters().retransmissions, 0);
+    }
+}

@@ -1,0 +1,95 @@
+//! What the worker core's tests share: a switch's answers built from the worker's own
+//! packets, and a thread of one-element blocks.
+
+use std::time::{Duration, Instant};
+
+use netagg_wire::packet::{BROADCAST_RANK, HEADER_LEN};
+use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
+
+use super::{BlockIo, JobSpec, Layout, WorkerConfig, WorkerProtocol};
+use crate::pacer::PacingConfig;
+
+/// Blocks of one int32 element each, the element being the block's number.
+pub(super) struct Numbers;
+
+impl BlockIo for Numbers {
+    fn load(&mut self, block: u32, payload: &mut [u8], _: Option<i8>) {
+        payload.copy_from_slice(&(block as i32).to_le_bytes());
+    }
+    fn store(&mut self, _: u32, _: &[u8], _: Option<i8>) {}
+}
+
+/// The switch's result for a data packet, the sum being the packet itself; rank 1's
+/// contribution completed the round.
+pub(super) fn result_of(packet: &[u8]) -> Vec<u8> {
+    let mut result = packet.to_vec();
+    let mut view = Packet::new_unchecked(&mut result[..]);
+    view.set_message_type(MessageType::Result);
+    view.set_rank(BROADCAST_RANK);
+    view.set_ack_round(2);
+    result
+}
+
+/// The switch's pending notice answering a request: the round is still aggregating,
+/// and the asker's contribution is in it or not.
+pub(super) fn pending_of(request: &[u8], contributed: bool) -> Vec<u8> {
+    let asked = PacketRepr::parse(&Packet::new_checked(request).unwrap());
+    let notice = PacketRepr {
+        flags: if contributed { Flags::CONTRIBUTED } else { Flags::NONE },
+        job: asked.job,
+        rank: asked.rank,
+        slot: asked.slot,
+        round: asked.round,
+        ..PacketRepr::new(MessageType::Pending, asked.element_type, asked.session, asked.token, 0)
+    };
+    let mut bytes = vec![0; HEADER_LEN];
+    notice.emit(&mut bytes[..]).unwrap();
+    bytes
+}
+
+/// Rank 0's thread of `slots` slots of one int32 element each, in session 1 (token 2);
+/// retransmission timeout `timeout`.
+pub(super) fn config(slots: u16, timeout: Duration) -> WorkerConfig {
+    WorkerConfig {
+        session: 1,
+        token: 2,
+        rank: 0,
+        slot_base: 0,
+        slots,
+        packet_elements: 1,
+        depth: 2,
+        retransmit_timeout: timeout,
+        max_retransmit_timeout: timeout * 8,
+        job_timeout: Duration::from_secs(10),
+        pacing: PacingConfig::DEFAULT,
+    }
+}
+
+/// A protocol of `slots` slots of one int32 element each, running a dense job of
+/// `elements`; retransmission timeout `timeout`.
+pub(super) fn running(start: Instant, slots: u16, elements: u64, timeout: Duration) -> WorkerProtocol {
+    let mut protocol = WorkerProtocol::new(config(slots, timeout), start);
+    let job = JobSpec {
+        job: 1,
+        element_type: ElementType::Int32,
+        elements,
+        layout: Layout::Dense,
+        exponents: false,
+    };
+    protocol.start_job(start, job).unwrap();
+    protocol
+}
+
+/// Every packet the protocol has to send at `now`.
+pub(super) fn sent(protocol: &mut WorkerProtocol, now: Instant) -> Vec<Vec<u8>> {
+    let mut buffer = vec![0; 64];
+    std::iter::from_fn(|| {
+        protocol.poll_transmit(now, &mut buffer, &mut Numbers).map(|len| buffer[..len].to_vec())
+    })
+    .collect()
+}
+
+/// The header of a packet the protocol sent.
+pub(super) fn parsed(packet: &[u8]) -> PacketRepr {
+    PacketRepr::parse(&Packet::new_checked(packet).unwrap())
+}
