@@ -88,7 +88,9 @@ fn with_lcore(args: &[String]) -> Vec<String> {
 
 /// The first core of the calling thread's affinity mask; 0 if it cannot be read.
 fn first_allowed_core() -> usize {
-    // SAFETY: cpu_set_t is plain data, and sched_getaffinity writes at most its size.
+    // SAFETY: cpu_set_t is plain data, for which all zeroes is a valid (empty) set;
+    // sched_getaffinity writes at most the size it is given, that of the set it points to;
+    // CPU_ISSET reads the set at a core below CPU_SETSIZE, inside it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
@@ -107,6 +109,7 @@ fn start(args: &[String]) -> Result<Eal, DpdkError> {
         owned.push(CString::new(arg).map_err(|_| failed(format!("argument '{arg}' holds a NUL byte")))?);
     }
     let count = owned.len();
+    // SAFETY: no arguments; the shim installs its stream once, however often it is called.
     let installed = unsafe { ffi::netagg_dpdk_log_install() };
     if installed < 0 {
         return Err(failed(format!(
@@ -121,7 +124,13 @@ fn start(args: &[String]) -> Result<Eal, DpdkError> {
         .spawn(move || {
             // EAL may permute argv; the strings stay owned here.
             let mut argv: Vec<*mut c_char> = owned.iter().map(|arg| arg.as_ptr().cast_mut()).collect();
-            with_captured_log(|| unsafe { ffi::netagg_dpdk_eal_init(count as i32, argv.as_mut_ptr()) })
+            with_captured_log(|| {
+                // SAFETY: `argv` holds `count` pointers to NUL-terminated strings that
+                // `owned` keeps alive past the call; EAL may reorder the array, which is
+                // ours and mutable, and keeps no pointer into it. `STARTED` runs this once
+                // per process, as EAL requires.
+                unsafe { ffi::netagg_dpdk_eal_init(count as i32, argv.as_mut_ptr()) }
+            })
         })
         .map_err(|error| failed(format!("cannot start its thread: {error}")))?
         .join()
@@ -146,12 +155,19 @@ pub(crate) fn with_captured_log<T>(operation: impl FnOnce() -> T) -> (T, String)
     struct Capture(Vec<u8>);
     impl Drop for Capture {
         fn drop(&mut self) {
+            // SAFETY: ends this thread's capture, if any, before the buffer it writes into
+            // is freed (the field drops after this body).
             unsafe { ffi::netagg_dpdk_log_capture_end() };
         }
     }
     let mut capture = Capture(vec![0u8; 16 << 10]);
+    // SAFETY: the buffer is `capture.0.len()` (non-zero) writable bytes, and stays alive
+    // and unmoved until the capture ends, below or in `Capture`'s drop, on this thread, the
+    // only one that writes into it.
     unsafe { ffi::netagg_dpdk_log_capture_begin(capture.0.as_mut_ptr().cast(), capture.0.len()) };
     let result = operation();
+    // SAFETY: touches only this thread's capture, ending it; the length it returns is at
+    // most the buffer's, less its terminating NUL.
     let len = unsafe { ffi::netagg_dpdk_log_capture_end() };
     let text = String::from_utf8_lossy(&capture.0[..len]).into_owned();
     (result, text)
@@ -159,6 +175,9 @@ pub(crate) fn with_captured_log<T>(operation: impl FnOnce() -> T) -> (T, String)
 
 /// What went wrong, from an error code and what DPDK logged meanwhile.
 pub(crate) fn explain(code: i32, log: &str) -> String {
+    // SAFETY: rte_strerror returns a NUL-terminated string, static or in a buffer of this
+    // thread's that stays as it is until its next call, which nothing here makes before the
+    // text is copied out below.
     let error = unsafe { std::ffi::CStr::from_ptr(ffi::netagg_dpdk_strerror(-code)) };
     // EAL's inventory of the machine says nothing of what failed.
     let said: Vec<&str> = log

@@ -1,201 +1,149 @@
-//! The frames a DPDK endpoint reads and writes: Ethernet II carrying ARP for IPv4, or
-//! IPv4 without options carrying UDP. Pure functions over bytes, so that everything but
-//! the port is tested without DPDK.
+//! Owned mbufs and the pool they come from: a [`Frame`] is one mbuf, returned to its
+//! pool on drop; a [`Pool`] is freed once its port and every [`FrameAllocator`] are gone.
+//! Together with the port's queues, the one place where mbuf pointers are dereferenced.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
-use etherparse::{
-    ArpEthIpv4Packet, ArpOperation, EtherType, Ethernet2Header, IpNumber, Ipv4Header, NetSlice, SlicedPacket,
-    TransportSlice, UdpHeader,
-};
+use crate::eal::{explain, with_captured_log};
+use crate::ffi;
 
-use crate::MacAddr;
+/// A port's mbuf pool, freed when the port and every [`FrameAllocator`] are gone.
+pub(crate) struct Pool(NonNull<ffi::Mempool>);
 
-/// Bytes before a UDP payload: Ethernet II (14), IPv4 without options (20), UDP (8).
-pub const UDP_HEADERS_LEN: usize = Ethernet2Header::LEN + Ipv4Header::MIN_LEN + UdpHeader::LEN;
-/// Bytes of IPv4 and UDP headers: an MTU less these is the largest UDP payload.
-pub const IP_UDP_HEADERS_LEN: usize = Ipv4Header::MIN_LEN + UdpHeader::LEN;
-/// Length of an ARP frame for IPv4 over Ethernet, before padding.
-pub const ARP_FRAME_LEN: usize = Ethernet2Header::LEN + ArpEthIpv4Packet::LEN;
+// SAFETY: the pool is created with the "ring_mt_hts" ops, a ring that any number of
+// threads may take mbufs from and give them back to at once; the pointer itself is only
+// freed by `Drop`, when no other reference to the pool is left.
+unsafe impl Send for Pool {}
+// SAFETY: as for `Send`: every operation through `&Pool` is a take or a give on that
+// multi-producer, multi-consumer ring, or a read of the pool's fixed parameters.
+unsafe impl Sync for Pool {}
 
-/// Time to live of the IPv4 packets sent, as Linux's default.
-const TTL: u8 = 64;
+impl Pool {
+    /// A pool of `count` mbufs on the NUMA node of port `id`; an error says why not.
+    pub(crate) fn create(id: u16, count: u32) -> Result<Pool, String> {
+        // Pool names are process-wide, and a pool a port leaked keeps its name.
+        static POOLS: AtomicU32 = AtomicU32::new(0);
+        let name = format!("netagg-{}", POOLS.fetch_add(1, Ordering::Relaxed));
+        let name = CString::new(name).expect("no NUL in a number");
+        let mut code = 0;
+        let (pool, log) = with_captured_log(|| {
+            // SAFETY: `name` is a NUL-terminated string that outlives the call (DPDK copies
+            // it), `code` is a valid place for an int, and a port id DPDK does not know
+            // only makes the socket lookup answer "any node".
+            unsafe { ffi::netagg_dpdk_pool_create(name.as_ptr(), count, id, &mut code) }
+        });
+        NonNull::new(pool)
+            .map(Pool)
+            .ok_or_else(|| format!("cannot create a pool of {count} mbufs: {}", explain(code, &log)))
+    }
 
-/// What a received frame is to an endpoint at one IPv4 address.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Received<'a> {
-    /// A UDP datagram: its source with the MAC it came from, its destination port, and
-    /// where its payload lies in the frame.
-    Udp { source: SocketAddrV4, source_mac: MacAddr, port: u16, payload: std::ops::Range<usize> },
-    /// An ARP request or reply for IPv4 over Ethernet.
-    Arp(ArpEthIpv4Packet),
-    /// Anything else: another protocol, another destination, a malformed frame; the
-    /// text says which, for counters and logs.
-    Other(&'a str),
+    /// The longest frame one of the pool's mbufs holds.
+    pub(crate) fn frame_room(&self) -> usize {
+        // SAFETY: the pool is live for as long as `self` is (freed only in `Drop`).
+        usize::from(unsafe { ffi::netagg_dpdk_pool_frame_room(self.0.as_ptr()) })
+    }
+
+    /// The pool's pointer, to give a port's receive queues; valid while `self` is.
+    pub(crate) fn as_ptr(&self) -> *mut ffi::Mempool {
+        self.0.as_ptr()
+    }
+
+    /// A new frame of `len` bytes from this pool.
+    pub(crate) fn frame(&self, len: usize) -> Option<Frame> {
+        let len = u16::try_from(len).ok()?;
+        let mut data = std::ptr::null_mut();
+        // SAFETY: the pool is live for as long as `self` is, and `data` is a valid place for
+        // a pointer; the mbuf returned, if any, is this frame's alone.
+        let mbuf = unsafe { ffi::netagg_dpdk_frame_alloc(self.0.as_ptr(), len, &mut data) };
+        NonNull::new(mbuf).map(Frame)
+    }
 }
 
-/// Reads `frame` as received by the endpoint at `ip`.
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // A frame still held somewhere returns to the pool when it drops: the pool then
+        // stays, as a leak, rather than be freed under it.
+        // SAFETY: this is the last reference to the pool (it is only ever shared through an
+        // `Arc`), so nothing takes from it meanwhile; the shim frees it only if every mbuf is
+        // back, and the pointer is never used again.
+        if unsafe { ffi::netagg_dpdk_pool_free(self.0.as_ptr()) } == 0 {
+            eprintln!("netagg-dpdk: an mbuf pool outlives its port: frames are still held");
+        }
+    }
+}
+
+/// Makes frames from a port's pool, from any thread, without the port.
+#[derive(Clone)]
+pub struct FrameAllocator {
+    pool: Arc<Pool>,
+}
+
+impl FrameAllocator {
+    pub(crate) fn new(pool: &Arc<Pool>) -> FrameAllocator {
+        FrameAllocator { pool: Arc::clone(pool) }
+    }
+
+    /// A new frame of `len` bytes, their content unset; `None` when the pool is empty or
+    /// `len` does not fit one mbuf.
+    pub fn frame(&self, len: usize) -> Option<Frame> {
+        self.pool.frame(len)
+    }
+}
+
+/// One frame in an mbuf of a port's pool, freed (returned to the pool) on drop.
 ///
-/// UDP checksums are not checked: a kernel peer on a veth sends them unfilled (the
-/// offload that would fill them never runs), and Ethernet's CRC, checked by the NIC, is
-/// what catches bit errors. IPv4 fragments are refused: netagg's datagrams fit a frame.
-pub fn read(frame: &[u8], ip: Ipv4Addr) -> Received<'_> {
-    let Ok(packet) = SlicedPacket::from_ethernet(frame) else { return Received::Other("malformed") };
-    let source_mac = match &packet.link {
-        Some(etherparse::LinkSlice::Ethernet2(ethernet)) => MacAddr(ethernet.source()),
-        _ => return Received::Other("not Ethernet II"),
-    };
-    match packet.net {
-        Some(NetSlice::Arp(arp)) => match arp.to_packet().try_eth_ipv4() {
-            Ok(arp) => Received::Arp(arp),
-            Err(_) => Received::Other("ARP not for IPv4 over Ethernet"),
-        },
-        Some(NetSlice::Ipv4(ipv4)) => {
-            let header = ipv4.header();
-            if header.destination_addr() != ip {
-                return Received::Other("IPv4 for another address");
-            }
-            if header.is_fragmenting_payload() {
-                return Received::Other("IPv4 fragment");
-            }
-            let Some(TransportSlice::Udp(udp)) = packet.transport else { return Received::Other("not UDP") };
-            let payload = udp.payload();
-            let start = payload.as_ptr() as usize - frame.as_ptr() as usize;
-            Received::Udp {
-                source: SocketAddrV4::new(header.source_addr(), udp.source_port()),
-                source_mac,
-                port: udp.destination_port(),
-                payload: start..start + payload.len(),
-            }
+/// A transparent pointer to the mbuf, so that a slice of frames is the array of mbuf
+/// pointers DPDK's bursts take and fill.
+#[repr(transparent)]
+pub struct Frame(NonNull<ffi::Mbuf>);
+
+// SAFETY: a frame is the only reference to its mbuf (allocated for it, or handed over by a
+// receive burst), so moving it to another thread moves the mbuf's only owner; the pool it
+// returns to on drop takes mbufs back from any thread.
+unsafe impl Send for Frame {}
+
+impl Frame {
+    /// The frame's bytes; empty for a frame in several segments, which netagg never
+    /// sends and does not read.
+    pub fn bytes(&self) -> &[u8] {
+        let mut len = 0;
+        // SAFETY: the mbuf is live and this frame's alone; `len` is a valid place for it.
+        let data = unsafe { ffi::netagg_dpdk_frame_data(self.0.as_ptr(), &mut len) };
+        if data.is_null() {
+            return &[];
         }
-        _ => Received::Other("neither ARP nor IPv4"),
-    }
-}
-
-/// Writes the Ethernet, IPv4 and UDP headers of a datagram of `payload_len` bytes into
-/// the first [`UDP_HEADERS_LEN`] bytes of `frame`. The UDP checksum is 0 (none), which
-/// IPv4 allows.
-pub fn write_udp_headers(
-    frame: &mut [u8],
-    (source_mac, source): (MacAddr, SocketAddrV4),
-    (destination_mac, destination): (MacAddr, SocketAddrV4),
-    payload_len: usize,
-) {
-    let ethernet =
-        Ethernet2Header { source: source_mac.0, destination: destination_mac.0, ether_type: EtherType::IPV4 };
-    let udp_len = (UdpHeader::LEN + payload_len) as u16;
-    let mut ipv4 =
-        Ipv4Header::new(udp_len, TTL, IpNumber::UDP, source.ip().octets(), destination.ip().octets())
-            .expect("a netagg datagram is far below IPv4's limit");
-    ipv4.dont_fragment = true;
-    ipv4.header_checksum = ipv4.calc_header_checksum();
-    let udp = UdpHeader {
-        source_port: source.port(),
-        destination_port: destination.port(),
-        length: udp_len,
-        checksum: 0,
-    };
-    let (ethernet_bytes, rest) = frame.split_at_mut(Ethernet2Header::LEN);
-    ethernet_bytes.copy_from_slice(&ethernet.to_bytes());
-    let (ip_bytes, rest) = rest.split_at_mut(Ipv4Header::MIN_LEN);
-    ip_bytes.copy_from_slice(&ipv4.to_bytes());
-    rest[..UdpHeader::LEN].copy_from_slice(&udp.to_bytes());
-}
-
-/// Writes an ARP frame into the first [`ARP_FRAME_LEN`] bytes of `frame`: a request
-/// (broadcast) when `target_mac` is `None`, else a reply to it.
-pub fn write_arp(
-    frame: &mut [u8],
-    (sender_mac, sender_ip): (MacAddr, Ipv4Addr),
-    (target_mac, target_ip): (Option<MacAddr>, Ipv4Addr),
-) {
-    let (operation, destination, target) = match target_mac {
-        None => (ArpOperation::REQUEST, MacAddr::BROADCAST, MacAddr([0; 6])),
-        Some(mac) => (ArpOperation::REPLY, mac, mac),
-    };
-    let ethernet =
-        Ethernet2Header { source: sender_mac.0, destination: destination.0, ether_type: EtherType::ARP };
-    let arp = ArpEthIpv4Packet {
-        operation,
-        sender_mac: sender_mac.0,
-        sender_ipv4: sender_ip.octets(),
-        target_mac: target.0,
-        target_ipv4: target_ip.octets(),
-    };
-    frame[..Ethernet2Header::LEN].copy_from_slice(&ethernet.to_bytes());
-    frame[Ethernet2Header::LEN..ARP_FRAME_LEN].copy_from_slice(&arp.to_bytes());
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const A: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xa]);
-    const B: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xb]);
-
-    fn address(last: u8, port: u16) -> SocketAddrV4 {
-        SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, last), port)
+        // SAFETY: the shim returned the start of the mbuf's one segment and its length: `len`
+        // initialised bytes inside the mbuf, which lives and does not change while `self` is
+        // borrowed.
+        unsafe { std::slice::from_raw_parts(data, usize::from(len)) }
     }
 
-    #[test]
-    fn a_udp_frame_reads_back_as_written() {
-        let payload = b"netagg";
-        let mut frame = vec![0u8; UDP_HEADERS_LEN + payload.len()];
-        write_udp_headers(&mut frame, (A, address(1, 4000)), (B, address(2, 5000)), payload.len());
-        frame[UDP_HEADERS_LEN..].copy_from_slice(payload);
-        // What Linux would put on the wire for the same datagram (checksum 0), byte by byte.
-        assert_eq!(&frame[..6], &B.0);
-        assert_eq!(&frame[6..12], &A.0);
-        assert_eq!(&frame[12..14], &[0x08, 0x00]);
-        assert_eq!(frame[14], 0x45);
-        assert_eq!(u16::from_be_bytes([frame[16], frame[17]]), 20 + 8 + 6);
-        assert_eq!(frame[23], 17);
-        assert_eq!(&frame[26..30], &[10, 0, 0, 1]);
-        assert_eq!(&frame[30..34], &[10, 0, 0, 2]);
-        assert_eq!(&frame[34..38], &[0x0f, 0xa0, 0x13, 0x88]);
-        assert_eq!(&frame[38..42], &[0, 14, 0, 0]);
-        // The IPv4 header's checksum sums to 0xffff with it.
-        let sum: u32 =
-            frame[14..34].chunks(2).map(|pair| u32::from(u16::from_be_bytes([pair[0], pair[1]]))).sum();
-        assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff);
-
-        match read(&frame, *address(2, 0).ip()) {
-            Received::Udp { source, source_mac, port, payload: range } => {
-                assert_eq!((source, source_mac, port), (address(1, 4000), A, 5000));
-                assert_eq!(&frame[range], payload);
-            }
-            other => panic!("read {other:?}"),
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let mut len = 0;
+        // SAFETY: as in `bytes`.
+        let data = unsafe { ffi::netagg_dpdk_frame_data(self.0.as_ptr(), &mut len) };
+        if data.is_null() {
+            return &mut [];
         }
-        assert_eq!(read(&frame, *address(3, 0).ip()), Received::Other("IPv4 for another address"));
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only view of those bytes
+        // (a frame just allocated holds whatever its mbuf held last: stale, not undefined).
+        unsafe { std::slice::from_raw_parts_mut(data, usize::from(len)) }
     }
 
-    #[test]
-    fn arp_requests_and_replies_read_back() {
-        let mut frame = [0u8; 60];
-        write_arp(&mut frame, (A, *address(1, 0).ip()), (None, *address(2, 0).ip()));
-        assert_eq!(&frame[..6], &MacAddr::BROADCAST.0);
-        let Received::Arp(request) = read(&frame, *address(1, 0).ip()) else { panic!("not ARP") };
-        assert_eq!(request.operation, ArpOperation::REQUEST);
-        assert_eq!((request.sender_mac, request.sender_ipv4_addr()), (A.0, *address(1, 0).ip()));
-        assert_eq!(request.target_ipv4_addr(), *address(2, 0).ip());
-
-        write_arp(&mut frame, (B, *address(2, 0).ip()), (Some(A), *address(1, 0).ip()));
-        let Received::Arp(reply) = read(&frame, *address(1, 0).ip()) else { panic!("not ARP") };
-        assert_eq!(reply.operation, ArpOperation::REPLY);
-        assert_eq!((reply.sender_mac, reply.target_mac), (B.0, A.0));
-        assert_eq!(&frame[..6], &A.0);
+    /// Shortens the frame to `len` bytes (no longer than it is).
+    pub fn truncate(&mut self, len: usize) {
+        // SAFETY: the mbuf is live and this frame's alone; the shim never lengthens it.
+        unsafe { ffi::netagg_dpdk_frame_truncate(self.0.as_ptr(), u16::try_from(len).unwrap_or(u16::MAX)) }
     }
+}
 
-    #[test]
-    fn malformed_and_foreign_frames_are_other() {
-        assert_eq!(read(&[], Ipv4Addr::LOCALHOST), Received::Other("malformed"));
-        assert_eq!(read(&[0u8; 10], Ipv4Addr::LOCALHOST), Received::Other("malformed"));
-        let mut frame = vec![0u8; UDP_HEADERS_LEN + 4];
-        write_udp_headers(&mut frame, (A, address(1, 1)), (B, address(2, 2)), 4);
-        // A length beyond the frame is malformed, not read past the end.
-        frame[16..18].copy_from_slice(&1000u16.to_be_bytes());
-        assert_eq!(read(&frame, *address(2, 0).ip()), Received::Other("malformed"));
-        frame[12..14].copy_from_slice(&[0x86, 0xdd]);
-        assert!(matches!(read(&frame, *address(2, 0).ip()), Received::Other(_)));
+impl Drop for Frame {
+    fn drop(&mut self) {
+        // SAFETY: the frame owns the mbuf, gives it back once, here, and its pointer is
+        // never used again (a frame a transmit burst took leaves its vector without a drop).
+        unsafe { ffi::netagg_dpdk_frame_free(self.0.as_ptr()) }
     }
 }

@@ -6,9 +6,17 @@ use std::time::{Duration, Instant};
 const SPIN_BEFORE_NAPS: Duration = Duration::from_micros(100);
 const NAP: Duration = Duration::from_micros(50);
 
-/// One wait for frames, up to a timeout: polls without pause, or (napping) naps between
-/// polls once the queue has been idle for [`SPIN_BEFORE_NAPS`], for cores shared with
-/// other work.
+/// How a DPDK endpoint waits for frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    /// Polls the queue without pause: the lowest latency, a core per polling thread.
+    Busy,
+    /// Polls without pause while frames come, naps between polls once the queue has
+    /// been idle a while: for cores shared with other work.
+    Adaptive,
+}
+
+/// One wait for frames, up to a timeout, in a [`PollMode`].
 pub struct IdleWait {
     start: Instant,
     timeout: Duration,
@@ -16,8 +24,8 @@ pub struct IdleWait {
 }
 
 impl IdleWait {
-    pub fn new(timeout: Duration, naps: bool) -> IdleWait {
-        IdleWait { start: Instant::now(), timeout, naps }
+    pub fn new(timeout: Duration, mode: PollMode) -> IdleWait {
+        IdleWait { start: Instant::now(), timeout, naps: mode == PollMode::Adaptive }
     }
 
     /// Pauses before the next poll; false once the timeout has passed.

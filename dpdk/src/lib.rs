@@ -7,25 +7,46 @@
 //!   of receive and transmit queues, each owned by one user), closed with the last of
 //!   them; [`Frame`]: an mbuf, freed on drop;
 //! - [`Station`]: a UDP endpoint on a queue, with ARP, so that a DPDK worker or switch
-//!   speaks the same datagrams as a kernel socket; [`frame`]: the headers, as pure code;
-//!   [`IdleWait`]: how a poller waits while nothing comes.
+//!   speaks the same datagrams as a kernel socket; [`headers`]: the headers, as pure
+//!   code; [`PortReservation`]: the kernel's hold on the UDP ports a station answers at;
+//! - [`ThreadEndpoint`]: one of several threads' UDP endpoints on a port whose queues
+//!   they share, each receiving what others polled for it (netagg's worker threads);
+//!   [`PortEndpoint`]: the one UDP endpoint on a port, polled by one thread (its switch);
+//! - [`Settings`]: what a program's configuration gives; [`IdleWait`]: how a poller
+//!   waits while nothing comes, in a [`PollMode`].
 //!
-//! All unsafe code of netagg's DPDK path is in this crate.
+//! All unsafe code of netagg's DPDK path is in this crate, in its thin bottom layer:
+//! `ffi` (the shim's declarations), `eal`, `frame` (mbufs and their pool) and `port`
+//! (the port and its queues), each call with the reason it is sound. Everything above
+//! them is safe Rust.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod eal;
+mod endpoint;
 mod ffi;
-pub mod frame;
+mod frame;
+pub mod headers;
 mod idle;
 mod port;
+mod reservation;
+mod settings;
+mod shared;
 mod station;
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 pub use eal::Eal;
-pub use idle::IdleWait;
-pub use port::{Frame, FrameAllocator, Port, PortSettings, Queue};
-pub use station::{Datagram, OutgoingDatagram, PortReservation, Station, StationCounters};
+pub use endpoint::PortEndpoint;
+pub use frame::{Frame, FrameAllocator};
+pub use idle::{IdleWait, PollMode};
+pub use port::{Port, PortSettings, Queue};
+pub use reservation::PortReservation;
+pub use settings::Settings;
+pub use shared::ThreadEndpoint;
+pub use station::{Datagram, OutgoingDatagram, Station, StationCounters};
 
 /// Why DPDK could not do what was asked. Texts are whole sentences for the user, with
 /// DPDK's own explanation where it gave one.
@@ -49,6 +70,8 @@ pub enum DpdkError {
     Device { device: String, reason: String },
     #[error("no ARP reply from {ip} within {timeout:?}: is it up, on this port's network?")]
     Unresolved { ip: Ipv4Addr, timeout: Duration },
+    #[error("cannot reserve UDP port {port} at {ip}: {reason}")]
+    Reservation { ip: Ipv4Addr, port: u16, reason: String },
 }
 
 /// An Ethernet MAC address.

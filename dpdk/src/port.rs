@@ -1,14 +1,16 @@
-//! An Ethernet port with one receive and one transmit queue, its mbuf pool, and the frames
-//! that pass through it.
+//! An Ethernet port with its pairs of receive and transmit queues and its mbuf pool. The
+//! one place that calls DPDK's port functions: the port id they take is held only by a
+//! [`Port`] this process probed and started, and a queue's index only by its [`Queue`],
+//! so that the safe code above cannot name a port or queue that is not there.
 
 use std::collections::BTreeSet;
 use std::ffi::CString;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::eal::{self, explain, replay, with_captured_log};
+use crate::frame::{Frame, FrameAllocator, Pool};
+use crate::headers::{IP_UDP_HEADERS_LEN, UDP_HEADERS_LEN};
 use crate::{ffi, DpdkError, Eal, MacAddr};
 
 /// What a [`Port`] is opened with.
@@ -48,62 +50,6 @@ fn open_ports() -> MutexGuard<'static, BTreeSet<u16>> {
     OPEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A port's mbuf pool, freed when the port and every [`FrameAllocator`] are gone.
-struct Pool(NonNull<ffi::Mempool>);
-
-// DPDK's default mempool is multi-producer, multi-consumer: any thread may take and give.
-unsafe impl Send for Pool {}
-unsafe impl Sync for Pool {}
-
-impl Pool {
-    /// A new frame of `len` bytes from this pool.
-    fn frame(&self, len: usize) -> Option<Frame> {
-        let len = u16::try_from(len).ok()?;
-        let mut data = std::ptr::null_mut();
-        let mbuf = unsafe { ffi::netagg_dpdk_frame_alloc(self.0.as_ptr(), len, &mut data) };
-        NonNull::new(mbuf).map(Frame)
-    }
-
-    /// A pool of `count` mbufs for port `id`; an error says why not.
-    fn create(id: u16, count: u32) -> Result<Pool, String> {
-        // Pool names are process-wide, and a pool a port leaked keeps its name.
-        static POOLS: AtomicU32 = AtomicU32::new(0);
-        let name = format!("netagg-{}", POOLS.fetch_add(1, Ordering::Relaxed));
-        let name = CString::new(name).expect("no NUL in a number");
-        let mut code = 0;
-        let (pool, log) = with_captured_log(|| unsafe {
-            ffi::netagg_dpdk_pool_create(name.as_ptr(), count, id, &mut code)
-        });
-        NonNull::new(pool)
-            .map(Pool)
-            .ok_or_else(|| format!("cannot create a pool of {count} mbufs: {}", explain(code, &log)))
-    }
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        // A frame still held somewhere returns to the pool when it drops: the pool then
-        // stays, as a leak, rather than be freed under it.
-        if unsafe { ffi::netagg_dpdk_pool_free(self.0.as_ptr()) } == 0 {
-            eprintln!("netagg-dpdk: an mbuf pool outlives its port: frames are still held");
-        }
-    }
-}
-
-/// Makes frames from a port's pool, from any thread, without the port.
-#[derive(Clone)]
-pub struct FrameAllocator {
-    pool: Arc<Pool>,
-}
-
-impl FrameAllocator {
-    /// A new frame of `len` bytes, their content unset; `None` when the pool is empty or
-    /// `len` does not fit one mbuf.
-    pub fn frame(&self, len: usize) -> Option<Frame> {
-        self.pool.frame(len)
-    }
-}
-
 impl Port {
     /// Probes `settings.device`, gives it a pool and starts it; returns its queues. A
     /// device this process has open already is refused: a port has one owner.
@@ -130,8 +76,11 @@ impl Port {
         // From probe to start, no other thread changes the device list or the open ports.
         let control = eal::control();
         let mut id = 0u16;
-        let (probed, log) = with_captured_log(|| unsafe {
-            ffi::netagg_dpdk_probe(devargs.as_ptr(), c_name.as_ptr(), &mut id)
+        let (probed, log) = with_captured_log(|| {
+            // SAFETY: both strings are NUL-terminated and outlive the call, `id` is a valid
+            // place for a port id, and `control` keeps other threads from changing DPDK's
+            // device list meanwhile, which DPDK does not guard.
+            unsafe { ffi::netagg_dpdk_probe(devargs.as_ptr(), c_name.as_ptr(), &mut id) }
         });
         if probed < 0 {
             return Err(failed(format!("cannot probe it: {}", explain(probed, &log))));
@@ -149,7 +98,7 @@ impl Port {
                 return Err(failed(reason));
             }
         };
-        let frame_room = usize::from(unsafe { ffi::netagg_dpdk_pool_frame_room(pool.0.as_ptr()) });
+        let frame_room = pool.frame_room();
         let mut port = Port {
             id,
             device: device.clone(),
@@ -159,16 +108,21 @@ impl Port {
             frame_room,
         };
         let mut queues = queues;
-        let (started, log) = with_captured_log(|| unsafe {
-            ffi::netagg_dpdk_port_start(
-                id,
-                &mut queues,
-                settings.rx_descriptors,
-                settings.tx_descriptors,
-                port.pool.0.as_ptr(),
-                &mut port.mac.0,
-                &mut port.mtu,
-            )
+        let (started, log) = with_captured_log(|| {
+            // SAFETY: `id` is a port probed above and this process's alone (`open_ports`),
+            // `control` is held, the pool is live for as long as the port (it holds it), and
+            // the other pointers are valid places for what the shim reports.
+            unsafe {
+                ffi::netagg_dpdk_port_start(
+                    id,
+                    &mut queues,
+                    settings.rx_descriptors,
+                    settings.tx_descriptors,
+                    port.pool.as_ptr(),
+                    &mut port.mac.0,
+                    &mut port.mtu,
+                )
+            }
         });
         // Released before `port` may drop, which takes it to close the device.
         drop(control);
@@ -187,6 +141,8 @@ impl Port {
     fn wait_for_link(&self) {
         let deadline = Instant::now() + LINK_WAIT;
         loop {
+            // SAFETY: the port is probed and started, and stays so while `self` lives; DPDK
+            // checks the id besides.
             match unsafe { ffi::netagg_dpdk_link_up(self.id) } {
                 1 => return,
                 0 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
@@ -217,6 +173,13 @@ impl Port {
         self.frame_room
     }
 
+    /// The longest UDP payload that leaves in one frame: the MTU less the IPv4 and UDP
+    /// headers, and no more than an mbuf holds.
+    pub fn max_udp_payload(&self) -> usize {
+        (usize::from(self.mtu).saturating_sub(IP_UDP_HEADERS_LEN))
+            .min(self.frame_room.saturating_sub(UDP_HEADERS_LEN))
+    }
+
     pub fn device(&self) -> &str {
         &self.device
     }
@@ -229,7 +192,7 @@ impl Port {
 
     /// Makes frames from this port's pool, for threads that do not hold the port.
     pub fn allocator(&self) -> FrameAllocator {
-        FrameAllocator { pool: Arc::clone(&self.pool) }
+        FrameAllocator::new(&self.pool)
     }
 }
 
@@ -262,11 +225,17 @@ impl Queue {
     pub fn receive(&mut self, frames: &mut Vec<Frame>, max: u16) -> usize {
         frames.reserve(usize::from(max));
         let len = frames.len();
-        // Frame is a transparent pointer to an mbuf: the spare room is an array of them.
+        // SAFETY: the port is started and stays so while `self` holds it, `index` is one of
+        // its queues, and `&mut self` makes this the one thread on that queue, as DPDK
+        // requires. The vector has room for `max` more elements past `len` (reserved
+        // above), and a `Frame` is a transparent pointer to an mbuf, so that room is an
+        // array of `max` mbuf pointers, which the driver fills from the front.
         let received = unsafe {
             let room = frames.as_mut_ptr().add(len).cast::<*mut ffi::Mbuf>();
             ffi::netagg_dpdk_rx(self.port.id, self.index, room, max)
         };
+        // SAFETY: the driver wrote `received` (at most `max`) non-null mbuf pointers past
+        // `len`, each an mbuf now ours alone: valid frames, within the capacity reserved.
         unsafe { frames.set_len(len + usize::from(received)) };
         usize::from(received)
     }
@@ -277,8 +246,13 @@ impl Queue {
         let len = frames.len();
         let count = u16::try_from(len).unwrap_or(u16::MAX);
         let base = frames.as_mut_ptr();
+        // SAFETY: port and queue as in `receive`; `base` points to `len` frames, at least
+        // `count`, which as transparent mbuf pointers are the array the driver reads.
         let sent = usize::from(unsafe { ffi::netagg_dpdk_tx(self.port.id, self.index, base.cast(), count) });
         // The driver owns the frames it took: they leave the vector without a drop.
+        // SAFETY: `sent` <= `count` <= `len`: the copy moves the `len - sent` frames the
+        // driver left (an overlapping move, which `copy` allows) to the front, and the
+        // length then covers exactly those, so that no frame is dropped or kept twice.
         unsafe {
             std::ptr::copy(base.add(sent), base, len - sent);
             frames.set_len(len - sent);
@@ -290,47 +264,12 @@ impl Queue {
 /// Stops, closes and removes port `id`, which this process opened; the caller holds
 /// [`eal::control`].
 fn close(id: u16) {
-    let ((), log) = with_captured_log(|| unsafe { ffi::netagg_dpdk_port_close(id) });
+    let ((), log) = with_captured_log(|| {
+        // SAFETY: the caller holds `control` and this process opened `id`; no queue of it is
+        // left (this runs when its `Port` drops, or before any queue was made), so nothing
+        // polls it once it is closed.
+        unsafe { ffi::netagg_dpdk_port_close(id) }
+    });
     replay(&log);
     open_ports().remove(&id);
-}
-
-/// One frame in an mbuf of a port's pool, freed (returned to the pool) on drop.
-#[repr(transparent)]
-pub struct Frame(NonNull<ffi::Mbuf>);
-
-// An mbuf belongs to one owner at a time, which this type is.
-unsafe impl Send for Frame {}
-
-impl Frame {
-    /// The frame's bytes; empty for a frame in several segments, which netagg never
-    /// sends and does not read.
-    pub fn bytes(&self) -> &[u8] {
-        let mut len = 0;
-        let data = unsafe { ffi::netagg_dpdk_frame_data(self.0.as_ptr(), &mut len) };
-        if data.is_null() {
-            return &[];
-        }
-        unsafe { std::slice::from_raw_parts(data, usize::from(len)) }
-    }
-
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        let mut len = 0;
-        let data = unsafe { ffi::netagg_dpdk_frame_data(self.0.as_ptr(), &mut len) };
-        if data.is_null() {
-            return &mut [];
-        }
-        unsafe { std::slice::from_raw_parts_mut(data, usize::from(len)) }
-    }
-
-    /// Shortens the frame to `len` bytes (no longer than it is).
-    pub fn truncate(&mut self, len: usize) {
-        unsafe { ffi::netagg_dpdk_frame_truncate(self.0.as_ptr(), u16::try_from(len).unwrap_or(u16::MAX)) }
-    }
-}
-
-impl Drop for Frame {
-    fn drop(&mut self) {
-        unsafe { ffi::netagg_dpdk_frame_free(self.0.as_ptr()) }
-    }
 }

@@ -2,16 +2,15 @@
 //! learned from what arrives, datagrams written straight into mbufs.
 
 use std::collections::HashMap;
-use std::io;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etherparse::ArpOperation;
-use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::frame::{self, Received, ARP_FRAME_LEN, IP_UDP_HEADERS_LEN, UDP_HEADERS_LEN};
-use crate::{DpdkError, Eal, Frame, FrameAllocator, MacAddr, Port, PortSettings, Queue};
+use crate::headers::{self, Received, ARP_FRAME_LEN, UDP_HEADERS_LEN};
+use crate::{DpdkError, Eal, Frame, FrameAllocator, MacAddr, Port, Queue, Settings};
 
 /// Shortest Ethernet frame without its CRC; ARP frames are padded to it.
 const MIN_FRAME_LEN: usize = 60;
@@ -75,7 +74,7 @@ impl OutgoingDatagram {
         destination: (MacAddr, SocketAddrV4),
     ) -> Frame {
         self.frame.truncate(UDP_HEADERS_LEN + len);
-        frame::write_udp_headers(self.frame.bytes_mut(), source, destination, len);
+        headers::write_udp_headers(self.frame.bytes_mut(), source, destination, len);
         self.frame
     }
 }
@@ -104,30 +103,18 @@ pub struct Station {
 }
 
 impl Station {
-    /// Starts EAL and the port of a `[backend.dpdk]` or `[switch.dpdk]` section (named
-    /// `section` in errors) with up to `queues` queue pairs, and a station at `ip` on each
-    /// queue the port has. They learn neighbours each from its own frames.
-    pub fn start(
-        dpdk: &netagg_config::Dpdk,
-        section: &'static str,
-        ip: Ipv4Addr,
-        queues: u16,
-    ) -> Result<Vec<Station>, DpdkError> {
-        if dpdk.device.trim().is_empty() {
-            return Err(DpdkError::NoDevice { section });
+    /// Starts EAL and the port of `settings` with up to `queues` queue pairs, and a
+    /// station at `ip` on each queue the port has. They learn neighbours each from its
+    /// own frames.
+    pub fn start(settings: &Settings, ip: Ipv4Addr, queues: u16) -> Result<Vec<Station>, DpdkError> {
+        if settings.device.trim().is_empty() {
+            return Err(DpdkError::NoDevice { section: settings.section });
         }
-        let eal = Eal::start(&dpdk.eal_arguments())?;
-        let settings = PortSettings {
-            device: dpdk.device.clone(),
-            rx_descriptors: dpdk.rx_descriptors,
-            tx_descriptors: dpdk.tx_descriptors,
-            pool_size: dpdk.pool_size,
-            queues,
-        };
-        let queues = Port::open(eal, &settings)?;
+        let eal = Eal::start(&settings.eal_args)?;
+        let queues = Port::open(eal, &settings.port(queues))?;
         Ok(queues
             .into_iter()
-            .map(|queue| Station::new(queue, ip, dpdk.peer_mac.map(MacAddr), dpdk.burst))
+            .map(|queue| Station::new(queue, ip, settings.peer_mac, settings.burst))
             .collect())
     }
 
@@ -156,7 +143,7 @@ impl Station {
         self.mac
     }
 
-    pub fn port(&self) -> &Port {
+    pub fn port(&self) -> &Arc<Port> {
         self.queue.port()
     }
 
@@ -164,12 +151,9 @@ impl Station {
         self.counters
     }
 
-    /// The longest UDP payload that leaves in one frame: the port's MTU less the IPv4 and
-    /// UDP headers, and no more than an mbuf holds.
+    /// The longest UDP payload that leaves in one frame ([`Port::max_udp_payload`]).
     pub fn max_payload(&self) -> usize {
-        let port = self.port();
-        (usize::from(port.mtu()).saturating_sub(IP_UDP_HEADERS_LEN))
-            .min(port.frame_room().saturating_sub(UDP_HEADERS_LEN))
+        self.port().max_udp_payload()
     }
 
     /// Receives one burst: answers ARP, learns neighbours, and hands each UDP datagram
@@ -181,7 +165,7 @@ impl Station {
         let mut handed = 0;
         let mut frames = std::mem::take(&mut self.received);
         for frame in frames.drain(..) {
-            match frame::read(frame.bytes(), self.ip) {
+            match headers::read(frame.bytes(), self.ip) {
                 Received::Udp { source, source_mac, port, payload } => {
                     self.learn(*source.ip(), source_mac);
                     sink(Datagram { frame, payload, source, port });
@@ -324,42 +308,8 @@ impl Station {
         };
         let bytes = frame.bytes_mut();
         bytes.fill(0);
-        frame::write_arp(bytes, (self.mac, self.ip), (target_mac, target_ip));
+        headers::write_arp(bytes, (self.mac, self.ip), (target_mac, target_ip));
         const { assert!(ARP_FRAME_LEN <= MIN_FRAME_LEN) };
         self.outgoing.push(frame);
-    }
-}
-
-/// A kernel UDP socket that holds a port a DPDK endpoint uses, so that no kernel program
-/// takes it, and that drops whatever the kernel receives for it. Where the DPDK port
-/// shares its interface with the kernel (an af_packet device, a veth in tests), the
-/// kernel sees every datagram the endpoint receives and would otherwise answer each with
-/// an ICMP port-unreachable.
-pub struct PortReservation {
-    _socket: Socket,
-    port: u16,
-}
-
-impl PortReservation {
-    /// Reserves UDP port `port` (0: one the kernel chooses) at `ip`, or at every address
-    /// where `ip` is not the kernel's (a NIC DPDK took from it).
-    pub fn new(ip: Ipv4Addr, port: u16) -> io::Result<PortReservation> {
-        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-        let bound = socket.bind(&SocketAddr::from((ip, port)).into());
-        if let Err(error) = bound {
-            if error.raw_os_error() != Some(libc::EADDRNOTAVAIL) {
-                return Err(error);
-            }
-            socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())?;
-        }
-        // A classic BPF program of one instruction, "return 0": keep no byte of anything.
-        const BPF_RET_K: u16 = 0x06;
-        socket.attach_filter(&[libc::sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: 0 }])?;
-        let port = socket.local_addr()?.as_socket().map_or(port, |address| address.port());
-        Ok(PortReservation { _socket: socket, port })
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
     }
 }

@@ -1,10 +1,13 @@
 //! A DPDK port in this process, without hugepages or devices: EAL starts once for the
 //! whole test binary, as it does for a program.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use netagg_dpdk::{DpdkError, Eal, Port, PortSettings, Station};
+use netagg_dpdk::{
+    DpdkError, Eal, PollMode, Port, PortEndpoint, PortSettings, Settings, Station, ThreadEndpoint,
+};
 
 fn eal_args() -> Vec<String> {
     "--no-huge --no-shconf -m 64 --no-pci --log-level=lib.eal:warning"
@@ -24,6 +27,21 @@ fn settings(device: &str) -> PortSettings {
         tx_descriptors: 256,
         pool_size: 1023,
         queues: 1,
+    }
+}
+
+/// An endpoint's settings on `device`, with this binary's EAL arguments.
+fn endpoint_settings(device: &str) -> Settings {
+    Settings {
+        section: "test.dpdk",
+        eal_args: eal_args(),
+        device: device.into(),
+        peer_mac: None,
+        rx_descriptors: 256,
+        tx_descriptors: 256,
+        pool_size: 2047,
+        burst: 32,
+        poll: PollMode::Busy,
     }
 }
 
@@ -115,4 +133,56 @@ fn a_device_open_already_is_refused_and_opens_again_once_closed() {
     let queues =
         Port::open(eal, &PortSettings { queues: 3, pool_size: 2047, ..settings("net_null1") }).unwrap();
     assert_eq!(queues.iter().map(|queue| queue.index()).collect::<Vec<_>>(), [0, 1, 2]);
+}
+
+#[test]
+fn threads_sharing_a_port_receive_what_another_thread_polled_for_them() {
+    // net_ring's queues are loops of their own: what a queue sends, it receives.
+    let ip = Ipv4Addr::new(10, 9, 8, 6);
+    let mut endpoints = ThreadEndpoint::open(&endpoint_settings("net_ring4"), ip, 2, 16).unwrap();
+    let (mut second, mut first) = (endpoints.pop().unwrap(), endpoints.pop().unwrap());
+    assert!(first.to_string().ends_with("2 threads on 2 queues"), "{first}");
+    assert_eq!(second.send(8).unwrap_err().kind(), io::ErrorKind::NotConnected);
+
+    // Both threads' peer is the first thread's own address: the first one's datagrams
+    // come back to it, from the peer.
+    let peer = first.local_address();
+    first.connect(peer, IpAddr::V4(ip)).unwrap();
+    second.connect(peer, IpAddr::V4(ip)).unwrap();
+    for round in 0..4u8 {
+        first.send_buffer(8).fill(round);
+        first.send(8).unwrap();
+    }
+    first.flush();
+    // The second thread polls the first one's queue after its own, finds nothing for
+    // itself, and leaves what it found in the first one's inbox.
+    let none = second.recv(Duration::from_millis(50), |_| panic!("nothing is for the second thread"));
+    assert_eq!(none.unwrap(), 0);
+    let mut received = Vec::new();
+    assert_eq!(first.recv(Duration::from_secs(1), |payload| received.push(payload.to_vec())).unwrap(), 4);
+    assert_eq!(received, (0..4).map(|round| vec![round; 8]).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_port_endpoint_receives_at_its_own_udp_port_only() {
+    let ip = Ipv4Addr::new(10, 9, 8, 5);
+    let mut endpoint = PortEndpoint::open(&endpoint_settings("net_ring5"), ip, 0).unwrap();
+    let own = endpoint.local_address();
+    assert_eq!(*own.ip(), ip);
+    // The first datagram asks for the MAC and is lost; the endpoint answers its own ARP.
+    endpoint.send(own, b"lost");
+    endpoint.flush();
+    assert_eq!(endpoint.recv(Duration::from_millis(20), |_, _| panic!("the first datagram left")), 0);
+    assert_eq!(endpoint.counters().unresolved, 1);
+
+    endpoint.send(own, b"netagg");
+    endpoint.send(SocketAddrV4::new(ip, own.port().wrapping_add(1)), b"another port's");
+    endpoint.flush();
+    let mut received = Vec::new();
+    while received.is_empty() {
+        endpoint
+            .recv(Duration::from_millis(100), |source, payload| received.push((source, payload.to_vec())));
+    }
+    assert_eq!(received, [(own, b"netagg".to_vec())]);
+    assert_eq!(endpoint.max_payload(), 1500 - 28);
 }

@@ -1,23 +1,38 @@
 //! The DPDK port: the data path on a DPDK device, kernel bypassed, answering the same
 //! UDP datagrams a kernel socket would, so that UDP and DPDK workers alike reach it.
 //! Workers are addressed by their UDP address, as [`super::UdpPort`] addresses them;
-//! their MACs are learned from the frames they send.
+//! their MACs are learned from the frames they send. The endpoint is a
+//! [`netagg_dpdk::PortEndpoint`]; this module maps `[switch.dpdk]` onto it and makes it a
+//! [`DataPort`].
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use netagg_config::PollMode;
-use netagg_dpdk::{IdleWait, PortReservation, Station};
+use netagg_dpdk::{MacAddr, PortEndpoint, Settings};
 use netagg_wire::Endpoint;
 
 use super::{DataPort, ThreadLink};
 
-pub struct DpdkPort {
-    station: Station,
-    /// Holds the data port in the kernel and keeps the kernel quiet about it.
-    reservation: PortReservation,
-    poll: PollMode,
+pub struct DpdkPort(PortEndpoint);
+
+/// `[switch.dpdk]` in the DPDK crate's terms.
+fn dpdk_settings(dpdk: &netagg_config::Dpdk) -> Settings {
+    Settings {
+        section: "switch.dpdk",
+        eal_args: dpdk.eal_arguments(),
+        device: dpdk.device.clone(),
+        peer_mac: dpdk.peer_mac.map(MacAddr),
+        rx_descriptors: dpdk.rx_descriptors,
+        tx_descriptors: dpdk.tx_descriptors,
+        pool_size: dpdk.pool_size,
+        burst: dpdk.burst,
+        poll: match dpdk.poll {
+            PollMode::Busy => netagg_dpdk::PollMode::Busy,
+            PollMode::Adaptive => netagg_dpdk::PollMode::Adaptive,
+        },
+    }
 }
 
 impl DpdkPort {
@@ -35,32 +50,23 @@ impl DpdkPort {
                 ))
             }
         };
-        // One queue: the data path is one thread.
-        let station = Station::start(dpdk, "switch.dpdk", ip, 1)
-            .map_err(|error| error.to_string())?
-            .pop()
-            .expect("a port has a queue");
-        let reservation = PortReservation::new(ip, settings.data.port())
-            .map_err(|error| format!("cannot reserve UDP port {} at {ip}: {error}", settings.data.port()))?;
-        let port = station.port();
+        let endpoint = PortEndpoint::open(&dpdk_settings(dpdk), ip, settings.data.port())
+            .map_err(|error| error.to_string())?;
+        let port = endpoint.port();
         tracing::info!(
             device = port.device(),
             mac = %port.mac(),
             mtu = port.mtu(),
-            address = %SocketAddrV4::new(ip, reservation.port()),
+            address = %endpoint.local_address(),
             "data path on a DPDK port"
         );
-        Ok(DpdkPort { station, reservation, poll: dpdk.poll })
-    }
-
-    fn local(&self) -> SocketAddrV4 {
-        SocketAddrV4::new(self.station.ip(), self.reservation.port())
+        Ok(DpdkPort(endpoint))
     }
 }
 
 impl Drop for DpdkPort {
     fn drop(&mut self) {
-        let counters = self.station.counters();
+        let counters = self.0.counters();
         tracing::info!(?counters, "DPDK port closed");
     }
 }
@@ -69,7 +75,7 @@ impl DataPort for DpdkPort {
     type Address = SocketAddr;
 
     fn endpoint(&self) -> Endpoint {
-        Endpoint::Udp(SocketAddr::V4(self.local()))
+        Endpoint::Udp(SocketAddr::V4(self.0.local_address()))
     }
 
     fn resolve(&mut self, endpoint: &Endpoint, peer: IpAddr, _: ThreadLink) -> Result<SocketAddr, String> {
@@ -81,35 +87,20 @@ impl DataPort for DpdkPort {
     }
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
-        let port = self.reservation.port();
-        let idle = IdleWait::new(timeout, self.poll == PollMode::Adaptive);
-        loop {
-            let mut handed = 0;
-            self.station.poll(&mut |datagram| {
-                if datagram.port == port {
-                    sink(SocketAddr::V4(datagram.source), datagram.payload());
-                    handed += 1;
-                }
-            });
-            if handed > 0 || !idle.pause() {
-                return Ok(handed);
-            }
-        }
+        Ok(self.0.recv(timeout, |source, payload| sink(SocketAddr::V4(source), payload)))
     }
 
     fn send(&mut self, destination: SocketAddr, datagram: &[u8]) {
+        // `resolve` gives only IPv4 addresses.
         let SocketAddr::V4(destination) = destination else { return };
-        // An empty pool or an unknown MAC loses the datagram, as a congested link would.
-        let Some(mut outgoing) = self.station.datagram(datagram.len()) else { return };
-        outgoing.payload_mut()[..datagram.len()].copy_from_slice(datagram);
-        self.station.send(outgoing, datagram.len(), self.reservation.port(), destination);
+        self.0.send(destination, datagram);
     }
 
     fn flush(&mut self) {
-        self.station.flush();
+        self.0.flush();
     }
 
     fn max_datagram(&self) -> Option<usize> {
-        Some(self.station.max_payload())
+        Some(self.0.max_payload())
     }
 }
