@@ -20,9 +20,6 @@
 //! (the port and its queues), each call with the reason it is sound. Everything above
 //! them is safe Rust.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 mod eal;
 mod endpoint;
 mod ffi;
