@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::{ControlMessage, Endpoint, RejectCode, WireError};
 
 use crate::engine::{Departure, SessionError, SessionId, SessionSpec};
-use registration::Shape;
+use registration::{Registration, Shape};
 
 /// A control connection, as the [`Registry`] that numbered it knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -329,7 +329,7 @@ impl Registry {
         if state.stage != Stage::Live {
             return;
         }
-        let registered = state.membership.is_some();
+        let has_registered = state.membership.is_some();
         match message {
             ControlMessage::Register {
                 rank,
@@ -341,18 +341,12 @@ impl Registry {
                 sparse_blocks,
                 name,
                 endpoints,
-            } if !registered => {
-                let shape = Shape {
-                    world_size,
-                    packet_elements,
-                    slots,
-                    depth,
-                    encoding,
-                    sparse_blocks,
-                    threads: endpoints.len(),
-                };
+            } if !has_registered => {
+                let threads = endpoints.len();
+                let shape =
+                    Shape { world_size, packet_elements, slots, depth, encoding, sparse_blocks, threads };
                 let registered = Registered { peer: state.peer, endpoints };
-                self.register(now, connection, request_id, name, rank, shape, registered);
+                self.register(now, connection, request_id, Registration { name, rank, shape, registered });
             }
             ControlMessage::Leave { .. } => self.leave(connection),
             _ => {
@@ -510,21 +504,18 @@ impl Registry {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn register(
         &mut self,
         now: Instant,
         connection: ConnectionId,
         request_id: u32,
-        name: String,
-        rank: u16,
-        shape: Shape,
-        registered: Registered,
+        registration: Registration,
     ) {
-        if let Err(refusal) = self.admit(&name, rank, &shape, &registered) {
+        if let Err(refusal) = self.admit(&registration) {
             self.refuse(connection, request_id, refusal);
             return;
         }
+        let Registration { name, rank, shape, registered } = registration;
         let session = self.assembling.entry(name.clone()).or_insert_with(|| Assembling {
             shape,
             first_rank: rank,
@@ -546,8 +537,10 @@ impl Registry {
     }
 
     /// Refuses a registration that its session, or this switch, cannot take.
-    fn admit(&self, name: &str, rank: u16, shape: &Shape, registered: &Registered) -> Result<(), Refusal> {
-        registration::check(&self.limits, &self.data_endpoint, rank, shape, registered)?;
+    fn admit(&self, registration: &Registration) -> Result<(), Refusal> {
+        registration.check(&self.limits, &self.data_endpoint)?;
+        let Registration { name, rank, shape, .. } = registration;
+        let (name, rank) = (name.as_str(), *rank);
         // A session some rank has left after its last job is ending: the same program's
         // next context (or its restart) may assemble under its name beside it.
         let running = self.open.get(name).is_some_and(|open| open.departed.is_empty())

@@ -42,63 +42,69 @@ impl Shape {
     }
 }
 
-/// Refuses a registration that no session on this switch could take, whatever the other
-/// ranks say.
-pub(super) fn check(
-    limits: &ControlLimits,
-    data_endpoint: &Endpoint,
-    rank: u16,
-    shape: &Shape,
-    registered: &Registered,
-) -> Result<(), Refusal> {
-    if rank >= shape.world_size {
-        return Err(Refusal::new(
-            RejectCode::RankOutOfRange,
-            format!("rank {rank} is not below the world size {}", shape.world_size),
-        ));
+/// A rank's registration, as the registry keeps it.
+pub(super) struct Registration {
+    pub name: String,
+    pub rank: u16,
+    pub shape: Shape,
+    pub registered: Registered,
+}
+
+impl Registration {
+    /// Refuses a registration that no session on this switch could take, whatever the
+    /// other ranks say.
+    pub fn check(&self, limits: &ControlLimits, data_endpoint: &Endpoint) -> Result<(), Refusal> {
+        let Registration { rank, shape, registered, .. } = self;
+        let rank = *rank;
+        if rank >= shape.world_size {
+            return Err(Refusal::new(
+                RejectCode::RankOutOfRange,
+                format!("rank {rank} is not below the world size {}", shape.world_size),
+            ));
+        }
+        if shape.world_size > limits.max_workers {
+            return Err(Refusal::new(
+                RejectCode::Limit,
+                format!(
+                    "a world of {} workers is above this switch's limit of {}",
+                    shape.world_size, limits.max_workers
+                ),
+            ));
+        }
+        let datagram = packet::datagram_len(usize::from(shape.packet_elements));
+        if let Some(max) = limits.max_datagram.filter(|&max| datagram > max) {
+            return Err(Refusal::new(
+                RejectCode::Limit,
+                format!(
+                    "packets of {} elements make {datagram}-byte datagrams; this switch's data path carries \
+                     at most {max} bytes (its MTU): the largest packet_numel that fits is {}",
+                    shape.packet_elements,
+                    packet::elements_within(max)
+                ),
+            ));
+        }
+        if shape.slots as usize % shape.threads != 0 || (shape.slots as usize) < shape.threads {
+            return Err(Refusal::new(
+                RejectCode::Malformed,
+                format!("{} slots do not divide among {} threads", shape.slots, shape.threads),
+            ));
+        }
+        let served = data_endpoint.kind();
+        if let Some(other) = registered.endpoints.iter().find(|e| e.kind() != served) {
+            return Err(Refusal::new(
+                RejectCode::Transport,
+                format!(
+                    "this switch's data path speaks {served}; rank {rank} registered a {} endpoint",
+                    other.kind()
+                ),
+            ));
+        }
+        for endpoint in &registered.endpoints {
+            check_address(endpoint, registered.peer, &limits.data_networks)
+                .map_err(|message| Refusal::new(RejectCode::Transport, format!("rank {rank}: {message}")))?;
+        }
+        Ok(())
     }
-    if shape.world_size > limits.max_workers {
-        return Err(Refusal::new(
-            RejectCode::Limit,
-            format!(
-                "a world of {} workers is above this switch's limit of {}",
-                shape.world_size, limits.max_workers
-            ),
-        ));
-    }
-    let datagram = packet::datagram_len(usize::from(shape.packet_elements));
-    if let Some(max) = limits.max_datagram.filter(|&max| datagram > max) {
-        return Err(Refusal::new(
-            RejectCode::Limit,
-            format!(
-                "packets of {} elements make {datagram}-byte datagrams; this switch's data path carries \
-                 at most {max} bytes (its MTU): the largest packet_numel that fits is {}",
-                shape.packet_elements,
-                packet::elements_within(max)
-            ),
-        ));
-    }
-    if shape.slots as usize % shape.threads != 0 || (shape.slots as usize) < shape.threads {
-        return Err(Refusal::new(
-            RejectCode::Malformed,
-            format!("{} slots do not divide among {} threads", shape.slots, shape.threads),
-        ));
-    }
-    let served = data_endpoint.kind();
-    if let Some(other) = registered.endpoints.iter().find(|e| e.kind() != served) {
-        return Err(Refusal::new(
-            RejectCode::Transport,
-            format!(
-                "this switch's data path speaks {served}; rank {rank} registered a {} endpoint",
-                other.kind()
-            ),
-        ));
-    }
-    for endpoint in &registered.endpoints {
-        check_address(endpoint, registered.peer, &limits.data_networks)
-            .map_err(|message| Refusal::new(RejectCode::Transport, format!("rank {rank}: {message}")))?;
-    }
-    Ok(())
 }
 
 /// Refuses an endpoint elsewhere than at `peer`, the address its registration came from,
