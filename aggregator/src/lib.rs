@@ -11,7 +11,8 @@
 //! - [`faults`]: one direction of a faulty link (drop, duplicate, reorder, delay,
 //!   corrupt, from a seeded RNG), which the client and switch shells wrap their
 //!   transports with, and the links of [`sim`] are made of.
-//! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock.
+//! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock,
+//!   its session opened through [`control`].
 //! - [`sum`]: the element-wise sums.
 //!
 //! No core reads a clock, opens a socket or starts a thread: bytes and the time go in,
