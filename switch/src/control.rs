@@ -132,6 +132,7 @@ impl ControlPlane {
     /// Starts a thread for a new connection; false if the connection was refused (too
     /// many), which it is told before it is closed.
     fn start_connection(self: &Arc<Self>, stream: TcpStream) -> bool {
+        // Gone already (reset by its client): nothing to serve, and nothing refused.
         let Ok(peer) = stream.peer_addr() else { return true };
         // A host that crashes sends no FIN: keepalive probes find out within a minute.
         let keepalive = socket2::TcpKeepalive::new()
