@@ -1,5 +1,7 @@
 //! netagg's aggregation engine and the worker side of its protocol, without I/O.
 //!
+//! - [`control`]: the switch's control plane: registration, the barrier that opens a
+//!   session once every rank has registered, limits and departures.
 //! - [`engine`]: the switch's core: sessions of slots that sum the packets of every worker,
 //!   dense (SwitchML's semantics) and sparse (OmniReduce's block streams), loss-tolerant.
 //! - [`worker`]: the worker thread's core: window, rounds, retransmission timers and sparse
@@ -10,10 +12,11 @@
 //!   corrupt, from a seeded RNG), which the client and switch shells wrap their
 //!   transports with, and the links of [`sim`] are made of: the `netagg-faults` crate,
 //!   re-exported.
-//! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock.
+//! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock,
+//!   its session opened through [`control`].
 //! - [`sum`]: the element-wise sums.
 //!
-//! Neither core reads a clock, opens a socket or starts a thread: bytes and the time go in,
+//! No core reads a clock, opens a socket or starts a thread: bytes and the time go in,
 //! packets to send come out, so the switch process and the client library are thin shells
 //! and every behaviour can be tested deterministically in memory.
 
@@ -43,6 +46,7 @@ macro_rules! counters {
     };
 }
 
+pub mod control;
 pub mod engine;
 pub use netagg_faults as faults;
 pub mod pacer;

@@ -1,5 +1,6 @@
-//! An in-memory cluster: N workers running [`WorkerProtocol`], one [`Engine`], and links
-//! that drop, duplicate, reorder and delay packets from a seeded RNG, on a virtual clock.
+//! An in-memory cluster: N workers running [`WorkerProtocol`], one [`Engine`] whose
+//! session they open through a control [`Registry`], and links that drop, duplicate,
+//! reorder and delay packets from a seeded RNG, on a virtual clock.
 //! The faults are those of [`FaultInjector`], the one the client and switch shells use;
 //! the links add their latency to it.
 //!
@@ -8,13 +9,13 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use netagg_wire::{ElementType, MAX_DATAGRAM_LEN};
+use netagg_wire::{ControlMessage, ElementType, ValueEncoding, MAX_DATAGRAM_LEN};
 
-use crate::engine::{
-    Engine, EngineLimits, Recipient, SessionCounters, SessionError, SessionId, SessionSpec, Verdict,
-};
+use crate::control::{Action, ControlLimits, OpenError, Opened, Registry};
+use crate::engine::{Engine, EngineLimits, Recipient, SessionCounters, SessionId, Verdict};
 use crate::faults::{FaultInjector, FaultRates};
 use crate::pacer::PacingConfig;
 use crate::worker::{
@@ -252,7 +253,7 @@ impl Tensor {
     }
 }
 
-/// Why a simulated allreduce did not finish.
+/// Why a simulated cluster could not open its session, or an allreduce did not finish.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SimError {
     #[error("inputs disagree on length or element type")]
@@ -263,6 +264,8 @@ pub enum SimError {
     Livelock { steps: u64 },
     #[error("worker {rank} failed: {reason}")]
     Failed { rank: u16, reason: String },
+    #[error("the switch refused the session: {0}")]
+    Refused(String),
 }
 
 /// What one allreduce cost.
@@ -441,26 +444,69 @@ impl BlockIo for TensorIo {
 }
 
 impl Cluster {
-    pub fn new(config: ClusterConfig) -> Result<Cluster, SessionError> {
+    /// Opens the cluster's session as a switch does: every worker registers with a
+    /// control [`Registry`], which opens the session in the engine once every rank has,
+    /// and each worker takes its session, rank and token from its accept.
+    pub fn new(config: ClusterConfig) -> Result<Cluster, SimError> {
         let now = Instant::now();
         let mut engine = Engine::new(EngineLimits {
             session_idle_timeout: Duration::from_secs(3600),
             ..EngineLimits::default()
         });
+        let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let endpoint = netagg_wire::Endpoint::Udp(SocketAddr::new(host, 0));
+        let mut registry = Registry::new(
+            endpoint,
+            ControlLimits {
+                max_connections: usize::from(config.workers),
+                max_sessions: 1,
+                max_workers: config.workers,
+                register_timeout: Duration::from_secs(60),
+                data_networks: Vec::new(),
+                max_datagram: None,
+            },
+        );
+        for rank in 0..config.workers {
+            let connection = registry.handle_connect(now, host);
+            let register = ControlMessage::Register {
+                rank,
+                world_size: config.workers,
+                packet_elements: config.packet_elements,
+                slots: config.slots,
+                depth: config.depth,
+                encoding: ValueEncoding::Native,
+                sparse_blocks: false,
+                name: "sim".into(),
+                endpoints: vec![endpoint],
+            };
+            registry.handle_message(now, connection, 0, register);
+        }
         // Any value: the simulated links carry no forger.
         let token = config.seed.rotate_left(17) ^ 0x6e65_7461_6767;
-        let session = engine.open_session(
-            now,
-            SessionSpec {
-                workers: config.workers,
-                slots: config.slots,
-                packet_elements: config.packet_elements,
-                depth: config.depth,
-            },
-            token,
-        )?;
-        let workers = (0..config.workers)
-            .map(|rank| {
+        let mut accepts = Vec::new();
+        while let Some(action) = registry.poll_action() {
+            match action {
+                Action::OpenSession { request, spec, .. } => {
+                    let opened = engine.open_session(now, spec, token).map(|id| Opened { id, token });
+                    registry.handle_opened(request, opened.map_err(OpenError::from));
+                }
+                Action::Send { message: ControlMessage::Accept { session, rank, token, .. }, .. } => {
+                    accepts.push((session, rank, token))
+                }
+                Action::Send { message: ControlMessage::Reject { message, .. }, .. } => {
+                    return Err(SimError::Refused(message))
+                }
+                // Closes follow refusals; the registry asks nothing else of a new session.
+                _ => {}
+            }
+        }
+        let Some(&(session, ..)) = accepts.first() else {
+            return Err(SimError::Refused("a session needs at least one worker".into()));
+        };
+        let session = SessionId(session);
+        let workers = accepts
+            .into_iter()
+            .map(|(_, rank, token)| {
                 WorkerProtocol::new(
                     WorkerConfig {
                         session: session.0,

@@ -424,3 +424,17 @@ fn a_probe_that_finds_its_contribution_lost_sends_it_at_once() {
         assert_int32_results(&report.outputs, &inputs);
     }
 }
+
+#[test]
+fn a_cluster_opens_its_session_through_the_control_registry_which_says_why_it_refuses_one() {
+    // The registry's own check, then the engine's, passed on by the registry.
+    let no_slots = ClusterConfig::new(2, 0, 4);
+    let reason = "the switch refused the session: 0 slots do not divide among 1 threads";
+    assert_eq!(Cluster::new(no_slots).err().map(|e| e.to_string()).as_deref(), Some(reason));
+    let mut odd_depth = ClusterConfig::new(2, 4, 4);
+    odd_depth.depth = 3;
+    let reason = "depth 3 requested, it must be a power of two from 2 to 64";
+    assert_eq!(Cluster::new(odd_depth).err(), Some(SimError::Refused(reason.into())));
+    let cluster = Cluster::new(ClusterConfig::new(3, 4, 4)).unwrap();
+    assert!(cluster.engine().session(cluster.session()).is_some(), "open in the engine");
+}

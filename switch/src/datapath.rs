@@ -8,31 +8,21 @@
 //! instead of spinning.
 
 use std::io;
-use std::net::IpAddr;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use netagg_aggregator::control::{OpenError, Registered};
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::faults::FaultCounters;
-use netagg_aggregator::{
-    Departure, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Verdict,
-};
-use netagg_wire::{packet, Endpoint, MAX_DATAGRAM_LEN};
+use netagg_aggregator::{Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
+use netagg_wire::{packet, MAX_DATAGRAM_LEN};
 use rustc_hash::FxHashMap;
 
 use crate::port::{DataPort, ThreadLink};
 
 /// How long the data thread sleeps in `recv` before it looks at commands and timers.
 const IDLE_WAKEUP: Duration = Duration::from_millis(20);
-
-/// A worker as it registered: where its control connection came from, and the endpoint
-/// of each of its threads.
-#[derive(Debug, Clone)]
-pub struct Registered {
-    pub peer: IpAddr,
-    pub endpoints: Vec<Endpoint>,
-}
 
 /// Where each worker thread of a session listens, in the port's addresses.
 #[derive(Debug)]
@@ -81,15 +71,6 @@ impl<A: Copy> Peers<A> {
     fn all(&self) -> impl Iterator<Item = A> + '_ {
         self.workers.iter().flatten().copied()
     }
-}
-
-/// Why a session could not open.
-#[derive(Debug)]
-pub enum OpenError {
-    /// The engine refused it: a limit.
-    Session(SessionError),
-    /// The port cannot reach a worker's endpoint.
-    Endpoint(String),
 }
 
 /// Requests from the control plane.

@@ -28,11 +28,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
+use netagg_aggregator::control::ControlLimits;
 use netagg_aggregator::EngineLimits;
 use netagg_config::SwitchTransport;
 use netagg_wire::Endpoint;
 
-use crate::control::{ControlLimits, ControlPlane};
+use crate::control::ControlPlane;
 pub use crate::datapath::Counters;
 use crate::datapath::{Command, DataPath};
 pub use crate::port::udp::SOCKET_BUFFER as DATA_SOCKET_BUFFER;
@@ -83,6 +84,7 @@ struct Threads {
     datapath: Option<JoinHandle<io::Result<()>>>,
     acceptor: Option<JoinHandle<()>>,
     events: Option<JoinHandle<()>>,
+    timers: Option<JoinHandle<()>>,
 }
 
 /// How long [`Switch::counters`] waits for the data path to answer.
@@ -151,6 +153,8 @@ impl Switch {
         switch.threads.acceptor = Some(spawn("control", move || plane.serve(control))?);
         let plane = Arc::clone(&switch.plane);
         switch.threads.events = Some(spawn("control-events", move || plane.handle_events(event_receiver))?);
+        let plane = Arc::clone(&switch.plane);
+        switch.threads.timers = Some(spawn("control-timers", move || plane.drive_timers())?);
         tracing::info!(%control_addr, %data_endpoint, "switch ready");
         Ok(switch)
     }
@@ -197,6 +201,9 @@ impl Switch {
             }
         }
         self.plane.close_connections();
+        if let Some(timers) = self.threads.timers.take() {
+            let _ = timers.join();
+        }
         let _ = self.commands.send(Command::Shutdown);
         let result = match self.threads.datapath.take().map(JoinHandle::join) {
             None | Some(Ok(Ok(()))) => Ok(()),
