@@ -35,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use netagg_aggregator::control::{
-    Action, ConnectionId, ControlLimits, OpenError, OpenRequest, Opened, Registered, Registry, SessionEnd,
+    Action, Assembly, ConnectionId, ControlLimits, OpenError, OpenRequest, Opened, Registered, Registry,
+    SessionEnd,
 };
 use netagg_aggregator::engine::SessionCounters;
 use netagg_aggregator::{SessionId, SessionSpec};
@@ -259,7 +260,13 @@ impl ControlPlane {
         loop {
             match ControlMessage::read_from(&mut &*stream) {
                 Ok((request_id, message)) => self.feed(|registry| {
-                    registry.handle_message(Instant::now(), connection, request_id, message)
+                    let registers = matches!(message, ControlMessage::Register { .. });
+                    registry.handle_message(Instant::now(), connection, request_id, message);
+                    if let Some(Assembly { name, rank, joined, world_size }) =
+                        registry.assembly(connection).filter(|_| registers)
+                    {
+                        tracing::info!(%name, rank, joined, world = world_size, "worker registered");
+                    }
                 }),
                 Err(error) => {
                     match error.get_ref().and_then(|e| e.downcast_ref::<WireError>()) {

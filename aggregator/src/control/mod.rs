@@ -169,6 +169,17 @@ pub enum Action {
     Depart { connection: ConnectionId, id: SessionId, rank: u16 },
 }
 
+/// A registration in a session that is assembling, for the shell's log
+/// ([`Registry::assembly`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assembly<'a> {
+    pub name: &'a str,
+    pub rank: u16,
+    /// Ranks registered so far, this one included.
+    pub joined: usize,
+    pub world_size: u16,
+}
+
 /// A refusal of a request: its code and what to tell the worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Refusal {
@@ -291,6 +302,15 @@ impl Registry {
     /// stops reading it once it is not.
     pub fn is_live(&self, connection: ConnectionId) -> bool {
         self.connections.get(&connection).is_some_and(|c| c.stage != Stage::Closing)
+    }
+
+    /// Where `connection`'s registration stands while its session assembles: its
+    /// session's name, its rank, and how many of the session's ranks have registered.
+    pub fn assembly(&self, connection: ConnectionId) -> Option<Assembly<'_>> {
+        let Membership { name, rank } = self.connections.get(&connection)?.membership.as_ref()?;
+        let session = self.assembling.get(name).filter(|s| s.members.contains_key(rank))?;
+        let joined = session.members.len();
+        Some(Assembly { name, rank: *rank, joined, world_size: session.shape.world_size })
     }
 
     /// Sessions open, and assembling or opening.

@@ -217,6 +217,8 @@ fn a_session_opens_once_every_rank_has_registered_and_every_rank_is_accepted() {
     let second = harness.join(2, 3, "job");
     assert_eq!(harness.actions(), [], "two of three ranks: the barrier holds");
     assert_eq!(harness.registry.sessions(), (0, 1));
+    let assembly = Assembly { name: "job", rank: 2, joined: 2, world_size: 3 };
+    assert_eq!(harness.registry.assembly(second), Some(assembly));
     let third = harness.join(1, 3, "job");
     let request = harness.open_request("job", 3);
     assert_eq!(harness.registry.poll_timeout(), None, "an opening session has no deadline");
@@ -240,6 +242,7 @@ fn a_session_opens_once_every_rank_has_registered_and_every_rank_is_accepted() {
     };
     assert_eq!(harness.actions(), [accept(first, 10, 0), accept(third, 11, 1), accept(second, 12, 2)]);
     assert_eq!(harness.registry.sessions(), (1, 0));
+    assert_eq!(harness.registry.assembly(third), None, "an open session assembles no more");
 }
 
 #[test]
