@@ -13,11 +13,13 @@
 //!
 //! The library holds what the binaries share and what is worth unit-testing: tensor
 //! contents every rank can recompute, verification, summaries and sizes, and the traffic
-//! of sparse jobs against its model, and the cost model of allreduce on given links.
+//! of sparse jobs against its model, the cost model of allreduce on given links, and
+//! comparisons measured in rounds, which the comparison programs print.
 
 pub mod data;
 pub mod model;
 pub mod relay;
+pub mod rounds;
 pub mod summary;
 pub mod traffic;
 pub mod verify;
@@ -38,6 +40,25 @@ pub fn json_objects(output: &str) -> Vec<serde_json::Value> {
         .filter_map(|line| line.find('{').map(|start| &line[start..]))
         .filter_map(|json| serde_json::from_str(json).ok())
         .collect()
+}
+
+/// Runs a command and returns its standard output, or an error with the end of both
+/// outputs.
+pub fn stdout_of(command: &mut std::process::Command) -> Result<String, String> {
+    let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    if !output.status.success() {
+        let tail = |text: &str| {
+            text.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+        };
+        return Err(format!(
+            "{command:?} failed ({}):\n{}\n{}",
+            output.status,
+            tail(&stdout),
+            tail(&String::from_utf8_lossy(&output.stderr))
+        ));
+    }
+    Ok(stdout)
 }
 
 #[cfg(test)]

@@ -112,6 +112,13 @@ pub fn median(sorted: &[f64]) -> f64 {
     }
 }
 
+/// The median of values in any order (see [`median`]).
+pub fn median_of(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut sorted: Vec<f64> = values.into_iter().collect();
+    sorted.sort_by(f64::total_cmp);
+    median(&sorted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +167,12 @@ mod tests {
         );
         assert!((summary.median_ate_per_second() - 13.333333333e9 / 32.0).abs() < 1.0);
         assert_eq!(Summary::of(&[]), None);
+    }
+
+    #[test]
+    fn medians_of_unsorted_values() {
+        assert_eq!(median_of([3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median_of([4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median_of([7.5]), 7.5);
     }
 }

@@ -5,12 +5,8 @@
 //! data path on RDMA. Needs root and QEMU, as CI has (the script installs QEMU);
 //! ignored in a plain `cargo test`, run by `scripts/test` in its own stage.
 
-mod common;
-
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-
-use common::runs::benchmark;
 
 const SWITCH: &str = env!("CARGO_BIN_EXE_netagg-switch");
 
@@ -29,17 +25,23 @@ fn worker_environment(rank: usize) -> String {
 // Lines the tests look for start with a line feed: the benchmark's progress bar ends
 // without one.
 
+/// A program of another package of the workspace, built into the folder of
+/// `netagg-switch` (cargo names only this package's programs to its tests).
+fn beside_switch(name: &str) -> PathBuf {
+    let path = Path::new(SWITCH).with_file_name(name);
+    assert!(path.is_file(), "{} is missing: build the workspace's binaries first", path.display());
+    path
+}
+
 /// Runs `vm0` and `vm1` in the two VMs with the switch and the benchmark at hand;
 /// returns whether both succeeded, and everything printed.
 fn softroce_vms(vm0: &str, vm1: &str) -> (bool, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/softroce-vms");
-    let echo = Path::new(SWITCH).with_file_name("netagg-rdma-echo");
-    assert!(echo.is_file(), "{} is missing: build the workspace's binaries first", echo.display());
     let output = Command::new(script)
         .args(["--timeout", "240", "--bin", SWITCH, "--bin"])
-        .arg(benchmark())
+        .arg(beside_switch("allreduce_benchmark"))
         .arg("--bin")
-        .arg(echo)
+        .arg(beside_switch("netagg-rdma-echo"))
         .args(["--vm0", vm0, "--vm1", vm1])
         .output()
         .expect("scripts/softroce-vms runs");

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Parser;
-use netagg_benches::summary::median;
+use netagg_benches::rounds::{each_round, Rounds};
 use serde_json::Value;
 
 #[derive(Debug, Parser)]
@@ -53,13 +53,13 @@ struct Options {
     python: Option<PathBuf>,
 }
 
-/// One row: what is compared, its target, and each run's (ours, baseline) in a unit
-/// where more is better.
+/// One row: what is compared, its target, and each run's figures of ours and of the
+/// baseline, in a unit where more is better.
 struct Row {
     name: String,
     unit: &'static str,
     target: Option<f64>,
-    runs: Vec<(f64, f64)>,
+    runs: Rounds,
 }
 
 fn main() -> std::process::ExitCode {
@@ -237,42 +237,36 @@ struct Table {
 impl Table {
     /// Adds a row whose ratio should reach `target`; returns its index.
     fn row(&mut self, name: &str, unit: &'static str, target: f64) -> usize {
-        self.rows.push(Row { name: name.into(), unit, target: Some(target), runs: vec![] });
+        self.rows.push(Row { name: name.into(), unit, target: Some(target), runs: Rounds::default() });
         self.rows.len() - 1
     }
 
     /// Adds a row reported without a target; returns its index.
     fn untargeted(&mut self, name: &str, unit: &'static str) -> usize {
-        self.rows.push(Row { name: name.into(), unit, target: None, runs: vec![] });
+        self.rows.push(Row { name: name.into(), unit, target: None, runs: Rounds::default() });
         self.rows.len() - 1
     }
 
     /// One run's figures of row `row`.
     fn push(&mut self, row: usize, ours: f64, baseline: f64) {
-        self.rows[row].runs.push((ours, baseline));
+        self.rows[row].runs.push(ours, baseline);
     }
 
     fn print(&self, runs: usize) {
         println!("| comparison | ours (median) | baseline (median) | ratio, median of {runs} runs (each run's) | target |");
         println!("|---|---|---|---|---|");
         for row in self.rows.iter().filter(|r| !r.runs.is_empty()) {
-            let mut ours: Vec<f64> = row.runs.iter().map(|r| r.0).collect();
-            let mut baseline: Vec<f64> = row.runs.iter().map(|r| r.1).collect();
-            let mut ratios: Vec<f64> = row.runs.iter().map(|(o, b)| o / b).collect();
-            let each = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
-            for values in [&mut ours, &mut baseline, &mut ratios] {
-                values.sort_by(f64::total_cmp);
-            }
-            let ratio = median(&ratios);
+            let each = each_round(row.runs.ratios(), 2);
+            let ratio = row.runs.median_ratio();
             let target = row.target.map_or("—".to_string(), |t| {
                 format!("≥ {t} {}", if ratio >= t { "met" } else { "**missed**" })
             });
             println!(
                 "| {} | {:.3} {} | {:.3} {} | **{ratio:.2}** ({each}) | {target} |",
                 row.name,
-                median(&ours),
+                row.runs.median_ours(),
                 row.unit,
-                median(&baseline),
+                row.runs.median_baseline(),
                 row.unit
             );
         }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Parser;
-use netagg_benches::summary::median;
+use netagg_benches::summary::median_of;
 
 #[derive(Debug, Parser)]
 #[command(name = "emulated_compare")]
@@ -126,15 +126,10 @@ fn run(options: &Options) -> Result<(), String> {
             netagg.push(netagg_run(options, case)?);
             ring.push(mpi_run(options, case)?);
         }
-        let sorted = |values: Vec<f64>| {
-            let mut values = values;
-            values.sort_by(f64::total_cmp);
-            median(&values)
-        };
-        let netagg_s = sorted(netagg.iter().map(|run| run.median_s).collect());
-        let model_s = sorted(netagg.iter().map(|run| run.model_s).collect());
-        let ring_model_s = sorted(netagg.iter().map(|run| run.ring_model_s).collect());
-        let ring_s = sorted(ring.iter().map(|run| run.0).collect());
+        let netagg_s = median_of(netagg.iter().map(|run| run.median_s));
+        let model_s = median_of(netagg.iter().map(|run| run.model_s));
+        let ring_model_s = median_of(netagg.iter().map(|run| run.ring_model_s));
+        let ring_s = median_of(ring.iter().map(|run| run.0));
         let paces = |paces: Vec<&str>| {
             let mut paces = paces;
             paces.sort();
@@ -162,32 +157,13 @@ fn launcher(options: &Options, case: &Case) -> Command {
     command
 }
 
-/// Runs a command and returns its standard output, or an error with the end of both
-/// outputs.
-fn output_of(command: &mut Command) -> Result<String, String> {
-    let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
-    if !output.status.success() {
-        let tail = |text: &str| {
-            text.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
-        };
-        return Err(format!(
-            "{command:?} failed ({}):\n{}\n{}",
-            output.status,
-            tail(&stdout),
-            tail(&String::from_utf8_lossy(&output.stderr))
-        ));
-    }
-    Ok(stdout)
-}
-
 fn netagg_run(options: &Options, case: &Case) -> Result<NetaggRun, String> {
     let mut command = launcher(options, case);
     command.arg("--").arg(options.bin_dir.join("allreduce_benchmark"));
     command.args(["--tensor-type", "float32", "--tensor-numel", &options.tensor_numel.to_string()]);
     command.args(["--num-jobs", &options.num_jobs.to_string(), "--num-warmup-jobs", "1", "--json"]);
     command.args(&case.netagg_options);
-    let stdout = output_of(&mut command)?;
+    let stdout = netagg_benches::stdout_of(&mut command)?;
     let reports = netagg_benches::json_objects(&stdout);
     if reports.len() != case.workers {
         return Err(format!("{} of {} ranks reported:\n{stdout}", reports.len(), case.workers));
@@ -239,7 +215,7 @@ fn mpi_run(options: &Options, case: &Case) -> Result<(f64, String), String> {
         .env("OMPI_MCA_coll_tuned_allreduce_algorithm", "4");
     command.args(["--mpi", "--"]).arg(absolute(&options.mpi_program)?);
     command.args([options.tensor_numel.to_string(), options.num_jobs.to_string(), "1".into()]);
-    let stdout = output_of(&mut command)?;
+    let stdout = netagg_benches::stdout_of(&mut command)?;
     let report = netagg_benches::json_objects(&stdout).into_iter().next().ok_or("MPI printed no JSON")?;
     let median_s = report["median_ns"].as_f64().map(|ns| ns / 1e9).ok_or("MPI's report has no median_ns")?;
     Ok((median_s, pace(&stdout)))

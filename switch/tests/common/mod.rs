@@ -2,8 +2,6 @@
 //! [`MemorySocket`], and registrations of one thread with 4-element packets.
 #![allow(dead_code)]
 
-pub mod runs;
-
 use netagg_switch::port::{MemoryNetwork, MemorySocket};
 use netagg_switch::Switch;
 use netagg_wire::{ControlMessage, Endpoint, ValueEncoding};

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::runs::{benchmark, namespaces_of, pair, prefix, report_row, text, RUN};
+use common::{benchmark, launcher, launcher_path, namespaces_of, pair, prefix, report_row, text};
 
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
@@ -20,7 +20,7 @@ fn a_straggler_behind_delayed_lossy_links_gets_exact_sums_and_nothing_is_left() 
     // 100 Mbit/s, 2 ms and 1 % loss each way; rank 3 at 20 Mbit/s.
     let topology = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/topology-straggler.cfg");
     for (tensor_type, extra) in [("int32", &[][..]), ("float32", &["--density", "0.1"][..])] {
-        let output = Command::new(RUN)
+        let output = launcher()
             .args(["-n", "4", "--topology"])
             .arg(&topology)
             .args(["--rank-link", "2:jitter=500us", "--"])
@@ -75,7 +75,7 @@ fn mpi_runs_across_the_worker_namespaces_over_their_links() {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/mpi/allreduce.c");
     let built = Command::new("mpicc").arg("-O2").arg("-o").arg(&program).arg(&source).status();
     assert!(built.is_ok_and(|status| status.success()), "mpicc (scripts/install-deps installs OpenMPI)");
-    let output = Command::new(RUN)
+    let output = launcher()
         .args(["-n", "3", "--link", "rate=200mbit,delay=1ms", "--mpi", "--"])
         .arg(&program)
         .args(["262144", "2", "1"])
@@ -98,7 +98,7 @@ fn mpi_runs_across_the_worker_namespaces_over_their_links() {
 /// namespaces are made (the fabric, the switch and both workers) and its ranks run;
 /// with its namespaces' prefix.
 fn two_sleeping_ranks(link: &str) -> (std::process::Child, String) {
-    let mut run = Command::new(RUN)
+    let mut run = launcher()
         .args(["-n", "2", "--link", link, "--", "sleep", "60"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -141,7 +141,7 @@ fn ctrl_c_stops_the_ranks_and_removes_the_namespaces() {
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn bad_links_and_missing_privileges_are_clear_errors() {
     let error = |args: &[&str]| {
-        let output = Command::new(RUN).args(args).output().unwrap();
+        let output = launcher().args(args).output().unwrap();
         (output.status.code(), String::from_utf8_lossy(&output.stderr).trim().to_string())
     };
     let (code, message) = error(&["-n", "2", "--link", "speed=1gbit", "--", "true"]);
@@ -160,7 +160,7 @@ fn bad_links_and_missing_privileges_are_clear_errors() {
     assert!(message.contains("--mpi runs the program across an emulated network"), "{message}");
     // Not root: said before anything is made. (setpriv drops to nobody.)
     let output = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", RUN])
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", launcher_path()])
         .args(["-n", "2", "--link", "rate=1mbit", "--", "true"])
         .output()
         .unwrap();
@@ -175,7 +175,7 @@ fn bad_links_and_missing_privileges_are_clear_errors() {
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn a_failing_rank_ends_the_run_with_its_code_and_nothing_is_left() {
-    let output = Command::new(RUN)
+    let output = launcher()
         .args(["-n", "2", "--link", "rate=10mbit,delay=1ms", "--"])
         .args(["sh", "-c", r#"if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60"#])
         .output()
@@ -195,7 +195,7 @@ fn the_next_run_removes_what_a_killed_launcher_left() {
     killed.kill().unwrap();
     killed.wait().unwrap();
     assert_eq!(namespaces_of(&prefix).len(), 4, "a killed launcher leaves its namespaces");
-    let next = Command::new(RUN).args(["-n", "1", "--link", "rate=10mbit", "--", "true"]).output().unwrap();
+    let next = launcher().args(["-n", "1", "--link", "rate=10mbit", "--", "true"]).output().unwrap();
     assert!(next.status.success(), "{}", text(&next));
     assert_eq!(namespaces_of(&prefix), Vec::<String>::new());
 }
@@ -215,7 +215,7 @@ fn ctrl_c_stops_mpi_and_its_daemons() {
             .count()
     };
     assert_eq!(daemons(), 0, "OpenMPI daemons of another run are running");
-    let mut run = Command::new(RUN)
+    let mut run = launcher()
         .args(["-n", "2", "--link", "rate=10mbit,delay=1ms", "--mpi", "--", "sleep", "60"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -10,7 +10,7 @@ mod common;
 
 use std::process::Command;
 
-use common::runs::{benchmark, namespaces_of, pair, prefix, report_row, text, RUN};
+use common::{benchmark, launcher, namespaces_of, pair, prefix, program, report_row, text};
 
 /// Runs `allreduce_benchmark --verify` on 3 workers with `--dpdk sides` on `link`;
 /// returns what the run printed, after checking that it verified on every rank, that
@@ -27,7 +27,7 @@ fn verified_run_with(
     density: &str,
     environment: &[(&str, &str)],
 ) -> String {
-    let output = Command::new(RUN)
+    let output = launcher()
         .args(["-n", "3", "--link", link, "--dpdk", sides, "--"])
         .arg(benchmark())
         .args(["--tensor-numel", "96Ki", "--tensor-type", tensor_type, "--density", density])
@@ -111,7 +111,7 @@ fn dpdk_on_both_sides_recovers_lost_frames_exactly() {
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn a_missing_device_or_too_long_packets_fail_the_run_with_the_reason() {
-    let output = Command::new(RUN)
+    let output = launcher()
         .args(["-n", "2", "--link", "rate=1gbit", "--dpdk", "workers", "--"])
         .arg(benchmark())
         .args(["--tensor-numel", "1Ki", "--num-jobs", "1"])
@@ -126,7 +126,7 @@ fn a_missing_device_or_too_long_packets_fail_the_run_with_the_reason() {
 
     // Kernel-UDP workers whose packets the DPDK switch's MTU cannot carry are refused at
     // registration, with the size that fits, rather than lost as IP fragments.
-    let output = Command::new(RUN)
+    let output = launcher()
         .args(["-n", "2", "--link", "rate=1gbit", "--dpdk", "switch", "--"])
         .arg(benchmark())
         .args(["--tensor-numel", "4Ki", "--num-jobs", "1"])
@@ -145,7 +145,7 @@ fn a_missing_device_or_too_long_packets_fail_the_run_with_the_reason() {
     );
 
     // A switch whose DPDK port cannot start says why, and exits.
-    let output = Command::new(RUN.replace("netagg-run", "netagg-switch"))
+    let output = Command::new(program("netagg-switch"))
         .args(["--transport", "dpdk", "--control", "127.0.0.1:0", "--data", "127.0.0.1:0"])
         .env("NETAGG_SWITCH_DPDK__DEVICE", "net_nosuchdriver0")
         .output()

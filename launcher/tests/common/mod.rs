@@ -1,16 +1,42 @@
-//! What the tests of `netagg-run` on emulated networks share: the programs, and reading
-//! what a run printed.
+//! What the tests of `netagg-run` share: the programs they run, and reading what a run
+//! printed.
+#![allow(dead_code)]
 
-use std::path::PathBuf;
-use std::process::Output;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
-pub const RUN: &str = env!("CARGO_BIN_EXE_netagg-run");
+const RUN: &str = env!("CARGO_BIN_EXE_netagg-run");
 
-/// `allreduce_benchmark` from the benches package, built into the same folder.
-pub fn benchmark() -> PathBuf {
-    let path = PathBuf::from(RUN).with_file_name("allreduce_benchmark");
-    assert!(path.is_file(), "{} is missing: build the workspace's binaries first", path.display());
+/// A program of another package of the workspace (`netagg-switch`, `allreduce_benchmark`,
+/// `netagg-allreduce`), from the folder `netagg-run` was built into: cargo names only this
+/// package's programs to its tests, and builds no other package's.
+pub fn program(name: &str) -> PathBuf {
+    let folder = Path::new(RUN).parent().expect("netagg-run lies in a folder");
+    let path = folder.join(name);
+    let profile = if folder.ends_with("release") { " --release" } else { "" };
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace's binaries (cargo build --workspace --bins{profile})",
+        path.display()
+    );
     path
+}
+
+/// `netagg-run`, once the `netagg-switch` it starts is at hand beside it: without one
+/// there it would start whichever is first on the PATH.
+pub fn launcher_path() -> &'static str {
+    program("netagg-switch");
+    RUN
+}
+
+/// A command of [`launcher_path`].
+pub fn launcher() -> Command {
+    Command::new(launcher_path())
+}
+
+/// `allreduce_benchmark` from the benches package.
+pub fn benchmark() -> PathBuf {
+    program("allreduce_benchmark")
 }
 
 pub fn text(output: &Output) -> String {

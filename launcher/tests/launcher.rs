@@ -4,22 +4,18 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const RUN: &str = env!("CARGO_BIN_EXE_netagg-run");
+mod common;
 
-/// `netagg-allreduce` from the client package, built into the same target directory.
+use common::{launcher, launcher_path, program};
+
+/// `netagg-allreduce` from the client package.
 fn allreduce() -> PathBuf {
-    let path = PathBuf::from(RUN).with_file_name("netagg-allreduce");
-    assert!(
-        path.is_file(),
-        "{} is missing: build the workspace's binaries (cargo build --workspace)",
-        path.display()
-    );
-    path
+    program("netagg-allreduce")
 }
 
 #[test]
 fn runs_a_switch_and_every_rank_with_prefixed_output() {
-    let output = Command::new(RUN)
+    let output = launcher()
         .args(["-n", "3", "--"])
         .arg(allreduce())
         .args(["--numel", "1000,77", "--jobs", "2"])
@@ -38,7 +34,7 @@ fn runs_a_switch_and_every_rank_with_prefixed_output() {
 
 #[test]
 fn sets_the_rank_variables_of_netagg_and_of_pytorch() {
-    let output = Command::new(RUN)
+    let output = launcher()
         .args(["-n", "2", "--", "sh", "-c"])
         .arg("echo $RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT $NETAGG_GENERAL__SESSION")
         .output()
@@ -65,13 +61,13 @@ fn sets_the_rank_variables_of_netagg_and_of_pytorch() {
 #[test]
 fn exits_with_the_first_failure_and_stops_the_other_ranks() {
     let started = Instant::now();
-    let status = Command::new(RUN)
+    let status = launcher()
         .args(["-n", "2", "--", "sh", "-c", r#"if [ "$RANK" = 1 ]; then exit 7; fi; sleep 60"#])
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(7));
     assert!(started.elapsed() < Duration::from_secs(20), "rank 0 was not stopped: {:?}", started.elapsed());
-    let usage = Command::new(RUN).args(["-n", "0", "--", "true"]).output().unwrap();
+    let usage = launcher().args(["-n", "0", "--", "true"]).output().unwrap();
     assert_eq!(usage.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&usage.stderr).contains("-n takes a number of workers from 1 to 65535"));
 }
@@ -82,7 +78,7 @@ fn exits_with_the_first_failure_and_stops_the_other_ranks() {
 fn packets_larger_than_the_mtu_are_fragmented() {
     let script = format!(
         "ip link set lo up && ip link set lo mtu 1500 && NETAGG_GENERAL__PACKET_NUMEL=1024 {} -n 2 -- {} --numel 100000 --jobs 2",
-        RUN,
+        launcher_path(),
         allreduce().display()
     );
     let output = Command::new("unshare").args(["--net", "sh", "-c", &script]).output().expect("unshare runs");
