@@ -359,7 +359,8 @@ impl Connection {
         Ok(())
     }
 
-    /// [`Connection::check_peer_now`] at most every millisecond, for busy waits.
+    /// An error if the peer left, as rdma_cm says; it looks at most every millisecond,
+    /// for busy waits.
     pub fn check_peer(&mut self) -> io::Result<()> {
         if self.last_peer_check.elapsed() < PEER_CHECK_INTERVAL && self.broken.is_none() {
             return Ok(());
