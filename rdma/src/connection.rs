@@ -10,26 +10,30 @@
 //!
 //! Sends are written straight into registered send buffers ([`Connection::send_buffer`])
 //! and posted together, one chain of work requests per [`Connection::flush`].
+//!
+//! The verbs objects are [`crate::verbs`]' owning wrappers; this module only decides
+//! what to post and when.
 
-use std::ffi::CStr;
 use std::io;
-use std::marker::PhantomData;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
-use std::ptr::{self, NonNull};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_sys::{
-    ibv_access_flags, ibv_comp_channel, ibv_cq, ibv_mr, ibv_pd, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr,
-    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode, rdma_cm_event,
-    rdma_cm_event_type, rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space,
+use rdma_sys::{ibv_sge, ibv_wc_opcode, ibv_wc_status, rdma_cm_event_type};
+
+use crate::verbs::cm::{CmId, EventChannel};
+use crate::verbs::failed;
+use crate::verbs::ibv::{
+    completion_batch, status_name, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
+    QueuePair, POLL_BATCH,
 };
 
-/// How long rdma_cm may take to resolve an address or a route.
-const RESOLVE_TIMEOUT_MS: i32 = 2000;
 /// How many times a send is retried while the peer has no receive posted: finite (7
 /// would mean for ever), so that a peer that stops receiving fails the send.
-const RNR_RETRIES: u8 = 6;
+pub(crate) const RNR_RETRIES: u8 = 6;
+/// Transport retries, which the side that connects sets for both: the most there are.
+const TRANSPORT_RETRIES: u8 = 7;
 
 /// How often a busy wait looks at rdma_cm's channel for a departed peer.
 const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(1);
@@ -56,357 +60,31 @@ pub struct Options {
     pub wait: Wait,
 }
 
-/// An error of the connection: what failed, and why.
-fn failed(what: &str, error: io::Error) -> io::Error {
-    io::Error::new(error.kind(), format!("{what}: {error}"))
+impl Options {
+    /// These options with room for a peer's window of `window` messages and as much
+    /// again in answers to its retransmissions, so that the peer's sends never wait for
+    /// a receive to be posted.
+    pub fn with_window(self, window: usize) -> Options {
+        Options { depth: self.depth.max(2 * window), ..self }
+    }
 }
 
 /// What is left of the time until `deadline` (`None`: no deadline, for ever).
-fn remaining(deadline: Option<Instant>) -> Duration {
+pub(crate) fn remaining(deadline: Option<Instant>) -> Duration {
     deadline.map_or(Duration::MAX, |deadline| deadline.saturating_duration_since(Instant::now()))
 }
 
-/// Refuses a connection request, telling the peer `reason` (its first 148 bytes, what
-/// the connection manager carries).
-///
-/// # Safety
-/// `id` is a request's id not yet accepted.
-unsafe fn reject(id: NonNull<rdma_cm_id>, reason: &str) {
-    let reason = &reason.as_bytes()[..reason.len().min(148)];
-    rdma_sys::rdma_reject(id.as_ptr(), reason.as_ptr().cast(), reason.len() as u8);
-}
-
-/// [`reject`], then destroys the id.
-///
-/// # Safety
-/// As for [`reject`], and `id` is not used again.
-unsafe fn refuse(id: NonNull<rdma_cm_id>, reason: &str) {
-    reject(id, reason);
-    rdma_sys::rdma_destroy_id(id.as_ptr());
-}
-
-/// The errno of a verbs or rdma_cm call that returned `result` (-1 with errno set, or an
-/// errno itself).
-fn call(what: &str, result: i32) -> io::Result<()> {
-    match result {
-        0 => Ok(()),
-        -1 => Err(failed(what, io::Error::last_os_error())),
-        code => Err(failed(what, io::Error::from_raw_os_error(code.abs()))),
-    }
-}
-
-/// An rdma_cm event channel, destroyed on drop.
-struct Channel(NonNull<rdma_event_channel>);
-
-impl Channel {
-    /// A channel whose descriptor does not block: librdmacm may read it again inside
-    /// `rdma_get_cm_event`, which must then fail with EAGAIN rather than wait.
-    fn new() -> io::Result<Channel> {
-        let channel = unsafe { rdma_sys::rdma_create_event_channel() };
-        let channel = NonNull::new(channel)
-            .map(Channel)
-            .ok_or_else(|| failed("creating an rdma_cm event channel", io::Error::last_os_error()))?;
-        set_nonblocking(channel.fd(), "the rdma_cm channel")?;
-        Ok(channel)
-    }
-
-    /// A new rdma_cm id for reliable connections, whose events come to this channel.
-    fn create_id(&self) -> io::Result<NonNull<rdma_cm_id>> {
-        let mut id = ptr::null_mut();
-        call("creating an rdma_cm id", unsafe {
-            rdma_sys::rdma_create_id(self.0.as_ptr(), &mut id, ptr::null_mut(), rdma_port_space::RDMA_PS_TCP)
-        })?;
-        Ok(NonNull::new(id).expect("rdma_create_id succeeded"))
-    }
-
-    fn fd(&self) -> RawFd {
-        unsafe { (*self.0.as_ptr()).fd }
-    }
-
-    /// The next event, if one comes within `timeout`: its type, status, the id it is
-    /// for, and its private data (a connection request's).
-    fn next(&self, timeout: Duration) -> io::Result<Option<Event>> {
-        let fd = self.fd();
-        let deadline = Instant::now().checked_add(timeout);
-        let mut event: *mut rdma_cm_event = ptr::null_mut();
-        loop {
-            let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            let millis = i32::try_from(remaining(deadline).as_millis()).unwrap_or(i32::MAX);
-            match unsafe { libc::poll(&mut poll, 1, millis) } {
-                0 => return Ok(None),
-                -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
-                -1 => return Err(failed("waiting for an rdma_cm event", io::Error::last_os_error())),
-                _ => {}
-            }
-            if unsafe { rdma_sys::rdma_get_cm_event(self.0.as_ptr(), &mut event) } == 0 {
-                break;
-            }
-            let error = io::Error::last_os_error();
-            // Read by librdmacm for itself (a request it dropped), or woken by a signal.
-            if !matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) {
-                return Err(failed("reading an rdma_cm event", error));
-            }
-        }
-        let (kind, status, id, private) = unsafe {
-            let conn = (*event).param.conn;
-            let private = if conn.private_data.is_null() {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(conn.private_data.cast::<u8>(), usize::from(conn.private_data_len))
-                    .to_vec()
-            };
-            ((*event).event, (*event).status, (*event).id, private)
-        };
-        unsafe { rdma_sys::rdma_ack_cm_event(event) };
-        Ok(Some(Event { kind, status, id, private }))
-    }
-
-    /// Waits for an event of type `expected`; any other is an error that names it.
-    fn expect(&self, expected: rdma_cm_event_type::Type, timeout: Duration) -> io::Result<Event> {
-        let Some(event) = self.next(timeout)? else {
-            let wanted = unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(expected)) }.to_string_lossy();
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no {wanted} within {timeout:?}")));
-        };
-        if event.kind != expected {
-            let name = unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(event.kind)) }.to_string_lossy();
-            let wanted = unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(expected)) }.to_string_lossy();
-            let mut message =
-                format!("rdma_cm said {name} (status {}) where {wanted} was awaited", event.status);
-            // A listener that refuses says why in its private data (zero-padded).
-            let reason = String::from_utf8_lossy(&event.private);
-            let reason = reason.trim_end_matches('\0');
-            if event.kind == rdma_cm_event_type::RDMA_CM_EVENT_REJECTED && !reason.is_empty() {
-                message = format!("{message}: {reason}");
-            }
-            return Err(io::Error::new(io::ErrorKind::ConnectionRefused, message));
-        }
-        Ok(event)
-    }
-}
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        unsafe { rdma_sys::rdma_destroy_event_channel(self.0.as_ptr()) }
-    }
-}
-
-struct Event {
-    kind: rdma_cm_event_type::Type,
-    status: i32,
-    id: *mut rdma_cm_id,
-    private: Vec<u8>,
-}
-
-/// What both sides of a connection ask of it: one outstanding read each way (netagg
-/// reads nothing remote, but rdma_cm wants one), and finite RNR retries.
-fn connection_parameters() -> rdma_conn_param {
-    let mut parameters: rdma_conn_param = unsafe { std::mem::zeroed() };
-    parameters.responder_resources = 1;
-    parameters.initiator_depth = 1;
-    parameters.rnr_retry_count = RNR_RETRIES;
-    parameters
-}
-
-/// A socket address as rdma_cm takes it.
-fn sockaddr(address: SocketAddr) -> libc::sockaddr_storage {
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    match address {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
-                sin_zero: [0; 8],
-            };
-            unsafe { ptr::write(ptr::addr_of_mut!(storage).cast(), sin) };
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
-                sin6_scope_id: v6.scope_id(),
-            };
-            unsafe { ptr::write(ptr::addr_of_mut!(storage).cast(), sin6) };
-        }
-    }
-    storage
-}
-
-/// A socket address from rdma_cm's; `None` for a family other than IPv4 and IPv6.
-///
-/// # Safety
-/// `address` points to a `sockaddr_storage`'s worth of readable bytes.
-unsafe fn socket_address(address: *const libc::sockaddr_storage) -> Option<SocketAddr> {
-    // The family says which address the storage holds.
-    unsafe {
-        match i32::from((*address).ss_family) {
-            libc::AF_INET => {
-                let sin = &*address.cast::<libc::sockaddr_in>();
-                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
-            }
-            libc::AF_INET6 => {
-                let sin6 = &*address.cast::<libc::sockaddr_in6>();
-                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
-            }
-            _ => None,
-        }
-    }
-}
-
-/// A listening rdma_cm id, where peers connect.
-pub struct Listener {
-    id: NonNull<rdma_cm_id>,
-    channel: Channel,
-}
-
-unsafe impl Send for Listener {}
-
-impl Listener {
-    /// Listens at `address` (an RDMA device's IP address, or the unspecified address for
-    /// every device, and a port).
-    pub fn bind(address: SocketAddr) -> io::Result<Listener> {
-        let channel = Channel::new()?;
-        let id = channel.create_id()?;
-        let listener = Listener { id, channel };
-        let mut storage = sockaddr(address);
-        call(&format!("binding {address}"), unsafe {
-            rdma_sys::rdma_bind_addr(id.as_ptr(), ptr::addr_of_mut!(storage).cast())
-        })?;
-        call("listening", unsafe { rdma_sys::rdma_listen(id.as_ptr(), 64) })?;
-        Ok(listener)
-    }
-
-    /// The address listened at, with the port actually bound.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        // SAFETY: the route's source is a union as large as a sockaddr_storage.
-        let address = unsafe { ptr::addr_of!((*self.id.as_ptr()).route.addr.src_addr_union) };
-        unsafe { socket_address(address.cast()) }
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "rdma_cm bound no IP address"))
-    }
-
-    /// The descriptor that becomes readable when a request arrives, for a `poll` that
-    /// waits on connections too.
-    pub fn fd(&self) -> RawFd {
-        self.channel.fd()
-    }
-
-    /// The next connection request, if one waits (within `timeout`); events of other
-    /// kinds (an address change) are not the listener's to answer.
-    pub fn request(&self, timeout: Duration) -> io::Result<Option<Request<'_>>> {
-        let deadline = Instant::now().checked_add(timeout);
-        while let Some(event) = self.channel.next(remaining(deadline))? {
-            if event.kind == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
-                let id = NonNull::new(event.id).expect("a request names its id");
-                return Ok(Some(Request { id: Some(id), private: event.private, listener: PhantomData }));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Accepts the next connection within `timeout` and waits until it is established;
-    /// returns it and the private data its peer sent.
-    pub fn accept(&self, timeout: Duration, options: Options) -> io::Result<(Connection, Vec<u8>)> {
-        let deadline = Instant::now().checked_add(timeout);
-        let Some(request) = self.request(remaining(deadline))? else {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no connection within {timeout:?}")));
-        };
-        let private = request.private().to_vec();
-        let connection = request.accept(options)?;
-        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, remaining(deadline))?;
-        Ok((connection, private))
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        unsafe { rdma_sys::rdma_destroy_id(self.id.as_ptr()) };
-    }
-}
-
-/// A peer's connection request, to accept or reject; dropped, it is rejected. Until
-/// accepted, its id's events come to the listener's channel, so it cannot outlive it.
-pub struct Request<'listener> {
-    id: Option<NonNull<rdma_cm_id>>,
-    private: Vec<u8>,
-    listener: PhantomData<&'listener Listener>,
-}
-
-unsafe impl Send for Request<'_> {}
-
-impl Request<'_> {
-    /// What the peer sent with its request: over RoCE, padded with zeros to 56 bytes.
-    pub fn private(&self) -> &[u8] {
-        &self.private
-    }
-
-    /// Accepts the connection without waiting for it to be established: the queue pair
-    /// is ready to send once this returns, and the peer's first message can only follow
-    /// its own establishment.
-    pub fn accept(mut self, options: Options) -> io::Result<Connection> {
-        let id = self.id.take().expect("a request not yet answered");
-        // Its own channel at once, so that its events (a disconnect) are its own; a
-        // request that cannot be served is rejected, so that its peer learns it now.
-        let prepared = Channel::new().and_then(|channel| {
-            call("migrating the connection's id", unsafe {
-                rdma_sys::rdma_migrate_id(id.as_ptr(), channel.0.as_ptr())
-            })?;
-            Ok(channel)
-        });
-        let channel = match prepared {
-            Ok(channel) => channel,
-            Err(error) => {
-                unsafe { refuse(id, &error.to_string()) };
-                return Err(error);
-            }
-        };
-        let mut connection = Connection::new(id, channel, options);
-        if let Err(error) = connection.make_verbs() {
-            // The peer learns why (memory it cannot lock, say); the connection's drop
-            // then destroys the id.
-            unsafe { reject(id, &error.to_string()) };
-            return Err(error);
-        }
-        let mut parameters = connection_parameters();
-        call("accepting", unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut parameters) })?;
-        connection.established = true;
-        Ok(connection)
-    }
-
-    /// Refuses the connection, telling the peer `reason` (its first 148 bytes, what
-    /// the connection manager carries).
-    pub fn reject(mut self, reason: &str) {
-        let id = self.id.take().expect("a request not yet answered");
-        unsafe { refuse(id, reason) };
-    }
-}
-
-impl Drop for Request<'_> {
-    fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            unsafe { refuse(id, "") };
-        }
-    }
-}
-
 /// One connected RC queue pair and its registered buffer: `depth` receive buffers and
-/// `depth` send buffers of `message_size` bytes each. The verbs objects are null until
-/// made, so that a connection that fails half-way frees what it made, and only that.
+/// `depth` send buffers of `message_size` bytes each, receive buffers first.
 pub struct Connection {
-    id: NonNull<rdma_cm_id>,
-    pd: *mut ibv_pd,
+    /// First of the verbs objects to go: it holds the others it uses.
+    qp: QueuePair,
+    region: MemoryRegion,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
     /// Signals receive completions, in [`Wait::Event`] only.
-    completions: *mut ibv_comp_channel,
-    send_cq: *mut ibv_cq,
-    recv_cq: *mut ibv_cq,
-    mr: *mut ibv_mr,
-    /// The registered memory, owned here (from `Box::into_raw`) and reached only through
-    /// raw pointers: the device writes receive buffers and reads send buffers behind
-    /// Rust's back, so no reference may span them.
-    buffer: NonNull<[u8]>,
+    completions: Option<Arc<CompletionChannel>>,
+    id: Arc<CmId>,
     options: Options,
     /// Send buffers neither lent nor in flight.
     free_sends: Vec<usize>,
@@ -419,11 +97,7 @@ pub struct Connection {
     /// failed): every call after says so at once.
     broken: Option<String>,
     last_peer_check: Instant,
-    /// Last: destroyed after the id, whose events it carried.
-    channel: Channel,
 }
-
-unsafe impl Send for Connection {}
 
 impl Connection {
     /// Connects to the listener at `address` within `timeout`, from `source` if given
@@ -439,141 +113,82 @@ impl Connection {
     ) -> io::Result<Connection> {
         // One deadline for every step: the whole connection within `timeout`.
         let deadline = Instant::now().checked_add(timeout);
-        let channel = Channel::new()?;
-        let id = channel.create_id()?;
-        let mut storage = sockaddr(address);
-        let mut source = source.map(|ip| sockaddr(SocketAddr::new(ip, 0)));
-        let source_ptr = source.as_mut().map_or(ptr::null_mut(), |source| ptr::addr_of_mut!(*source).cast());
-        let resolved = unsafe {
-            rdma_sys::rdma_resolve_addr(
-                id.as_ptr(),
-                source_ptr,
-                ptr::addr_of_mut!(storage).cast(),
-                RESOLVE_TIMEOUT_MS,
-            )
-        };
-        if let Err(error) = call(&format!("resolving {address}"), resolved)
+        let channel = EventChannel::new()?;
+        let id = CmId::new(&channel)?;
+        id.resolve_addr(source.map(|ip| SocketAddr::new(ip, 0)), address)
             .and_then(|()| {
                 channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, remaining(deadline)).map(drop)
             })
-            .and_then(|()| {
-                call("resolving the route", unsafe {
-                    rdma_sys::rdma_resolve_route(id.as_ptr(), RESOLVE_TIMEOUT_MS)
-                })
-            })
+            .and_then(|()| id.resolve_route())
             .and_then(|()| {
                 channel
                     .expect(rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, remaining(deadline))
                     .map(drop)
-            })
-        {
-            unsafe { rdma_sys::rdma_destroy_id(id.as_ptr()) };
-            return Err(error);
-        }
-        let mut connection = Connection::new(id, channel, options);
-        connection.make_verbs()?;
-        let mut parameters = connection_parameters();
-        parameters.private_data = private.as_ptr().cast();
-        parameters.private_data_len = u8::try_from(private.len()).unwrap_or(u8::MAX).min(56);
-        // Transport retries: the side that connects sets them for both.
-        parameters.retry_count = 7;
-        call(&format!("connecting to {address}"), unsafe {
-            rdma_sys::rdma_connect(id.as_ptr(), &mut parameters)
-        })?;
-        connection.channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, remaining(deadline))?;
+            })?;
+        let id = Arc::new(id);
+        let mut connection = Connection::make(&id, options)?;
+        id.connect(private, RNR_RETRIES, TRANSPORT_RETRIES, address)?;
+        channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, remaining(deadline))?;
         connection.established = true;
         Ok(connection)
     }
 
-    /// A connection that owns `id` and has made nothing yet: dropping it destroys the id
-    /// and whatever [`Connection::make_verbs`] made.
-    fn new(id: NonNull<rdma_cm_id>, channel: Channel, options: Options) -> Connection {
-        Connection {
-            id,
-            pd: ptr::null_mut(),
-            completions: ptr::null_mut(),
-            send_cq: ptr::null_mut(),
-            recv_cq: ptr::null_mut(),
-            mr: ptr::null_mut(),
-            buffer: NonNull::from(Box::leak(Box::<[u8]>::default())),
-            options,
-            free_sends: (0..options.depth).rev().collect(),
-            lent: None,
-            queued: Vec::with_capacity(options.depth),
-            established: false,
-            broken: None,
-            last_peer_check: Instant::now(),
-            channel,
-        }
-    }
-
-    /// The buffer, protection domain, completion queues (and channel) and queue pair of a
-    /// connection whose id has its device; every receive buffer posted.
-    fn make_verbs(&mut self) -> io::Result<()> {
-        let Options { depth, message_size, wait } = self.options;
+    /// The buffer, protection domain, completion queues (and channel) and queue pair of
+    /// a connection on `id`, whose device is known; every receive buffer posted. What
+    /// was made before a failure is freed with the error.
+    pub(crate) fn make(id: &Arc<CmId>, options: Options) -> io::Result<Connection> {
+        let Options { depth, message_size, wait } = options;
         // Fallible, not an abort: the sizes come from a config file.
         let bytes = depth.checked_mul(message_size).and_then(|bytes| bytes.checked_mul(2));
-        let mut buffer = Vec::new();
-        if bytes.is_none_or(|bytes| buffer.try_reserve_exact(bytes).is_err()) {
+        let mut memory = Vec::new();
+        if bytes.is_none_or(|bytes| memory.try_reserve_exact(bytes).is_err()) {
             let what = format!("{depth} receive and {depth} send buffers of {message_size} bytes");
             return Err(io::Error::new(io::ErrorKind::OutOfMemory, format!("cannot allocate {what}")));
         }
-        buffer.resize(bytes.expect("checked"), 0u8);
-        // SAFETY: the empty buffer was never registered.
-        drop(unsafe { Box::from_raw(self.buffer.as_ptr()) });
-        self.buffer = NonNull::from(Box::leak(buffer.into_boxed_slice()));
-        let made = |made: bool, what: &str| match made {
-            true => Ok(()),
-            false => Err(failed(what, io::Error::last_os_error())),
+        memory.resize(bytes.expect("checked"), 0u8);
+        let pd = Arc::new(ProtectionDomain::new(id)?);
+        let completions = match wait {
+            Wait::Event => Some(Arc::new(CompletionChannel::new(id)?)),
+            Wait::Busy => None,
         };
-        let verbs = unsafe { (*self.id.as_ptr()).verbs };
-        self.pd = unsafe { rdma_sys::ibv_alloc_pd(verbs) };
-        made(!self.pd.is_null(), "allocating a protection domain")?;
-        if wait == Wait::Event {
-            self.completions = unsafe { rdma_sys::ibv_create_comp_channel(verbs) };
-            made(!self.completions.is_null(), "creating a completion channel")?;
-            set_nonblocking(unsafe { (*self.completions).fd }, "the completion channel")?;
-        }
-        let cq_depth = i32::try_from(depth).unwrap_or(i32::MAX);
-        self.send_cq =
-            unsafe { rdma_sys::ibv_create_cq(verbs, cq_depth, ptr::null_mut(), ptr::null_mut(), 0) };
-        made(!self.send_cq.is_null(), "creating a completion queue")?;
-        self.recv_cq =
-            unsafe { rdma_sys::ibv_create_cq(verbs, cq_depth, ptr::null_mut(), self.completions, 0) };
-        made(!self.recv_cq.is_null(), "creating a completion queue")?;
-        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
-        let (start, len) = (self.buffer.cast::<u8>().as_ptr(), self.buffer.len());
-        self.mr = unsafe { rdma_sys::ibv_reg_mr(self.pd, start.cast(), len, access) };
-        made(
-            !self.mr.is_null(),
-            &format!("registering {len} bytes of buffers (locked memory: ulimit -l, or run as root)"),
-        )?;
-        let mut attributes: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        attributes.send_cq = self.send_cq;
-        attributes.recv_cq = self.recv_cq;
-        attributes.cap.max_send_wr = depth as u32;
-        attributes.cap.max_recv_wr = depth as u32;
-        attributes.cap.max_send_sge = 1;
-        attributes.cap.max_recv_sge = 1;
-        attributes.qp_type = ibv_qp_type::IBV_QPT_RC;
-        // Every send completes, so that its buffer comes back.
-        attributes.sq_sig_all = 1;
-        call("creating the queue pair", unsafe {
-            rdma_sys::rdma_create_qp(self.id.as_ptr(), self.pd, &mut attributes)
-        })?;
+        let send_cq = Arc::new(CompletionQueue::new(id, depth, None)?);
+        let recv_cq = Arc::new(CompletionQueue::new(id, depth, completions.as_ref())?);
+        let region = MemoryRegion::register(&pd, memory.into_boxed_slice())?;
+        let qp = QueuePair::new(id, &pd, &send_cq, &recv_cq, depth)?;
+        let mut connection = Connection {
+            qp,
+            region,
+            send_cq,
+            recv_cq,
+            completions,
+            id: Arc::clone(id),
+            options,
+            free_sends: (0..depth).rev().collect(),
+            lent: None,
+            queued: Vec::with_capacity(depth),
+            established: false,
+            broken: None,
+            last_peer_check: Instant::now(),
+        };
         for buffer in 0..depth {
-            self.post_receive(buffer)?;
+            connection.post_receive(buffer)?;
         }
-        Ok(())
+        Ok(connection)
+    }
+
+    /// Marks a connection accepted: from now on dropping it disconnects it.
+    pub(crate) fn set_established(&mut self) {
+        self.established = true;
+    }
+
+    /// The rdma_cm channel of the connection's own events.
+    pub(crate) fn events(&self) -> &Arc<EventChannel> {
+        self.id.channel()
     }
 
     /// The verbs device the connection runs on (`rxe0`, `mlx5_0`).
     pub fn device_name(&self) -> String {
-        let name = unsafe { rdma_sys::ibv_get_device_name((*(*self.id.as_ptr()).verbs).device) };
-        if name.is_null() {
-            return String::new();
-        }
-        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        self.id.device_name()
     }
 
     /// The longest message, in bytes.
@@ -581,28 +196,21 @@ impl Connection {
         self.options.message_size
     }
 
-    /// The address of byte 0 of buffer `index`: receive buffers first, then send buffers.
-    fn buffer_start(&self, index: usize) -> *mut u8 {
-        // SAFETY: every index used is below 2 * depth, within the allocation.
-        unsafe { self.buffer.cast::<u8>().as_ptr().add(index * self.options.message_size) }
+    /// Where buffer `index` starts in the region: receive buffers first, then send
+    /// buffers.
+    fn buffer_start(&self, index: usize) -> usize {
+        index * self.options.message_size
     }
 
     fn sge(&self, index: usize, len: usize) -> ibv_sge {
-        ibv_sge {
-            addr: self.buffer_start(index) as u64,
-            length: len as u32,
-            lkey: unsafe { (*self.mr).lkey },
-        }
+        self.region.sge(self.buffer_start(index), len)
     }
 
     fn post_receive(&mut self, index: usize) -> io::Result<()> {
-        let mut sge = self.sge(index, self.options.message_size);
-        let mut request =
-            ibv_recv_wr { wr_id: index as u64, next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
-        let mut bad = ptr::null_mut();
-        call("posting a receive", unsafe {
-            rdma_sys::ibv_post_recv((*self.id.as_ptr()).qp, &mut request, &mut bad)
-        })
+        let sge = self.sge(index, self.options.message_size);
+        // SAFETY: receive buffer `index` lies in the connection's region, which outlives
+        // the queue pair (dropped first); it is read only once its completion is polled.
+        unsafe { self.qp.post_receive(index as u64, sge) }
     }
 
     /// Lends the next send buffer, all [`Connection::message_size`] bytes of it, waiting
@@ -633,10 +241,10 @@ impl Connection {
             }
             self.lent = self.free_sends.pop();
         }
-        let index = self.options.depth + self.lent.expect("a lent buffer");
-        // SAFETY: the buffer lies in the allocation and no send uses it (it was free);
-        // the borrow of self keeps it from being posted while lent.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.buffer_start(index), self.options.message_size) })
+        let start = self.buffer_start(self.options.depth + self.lent.expect("a lent buffer"));
+        // SAFETY: no send uses the buffer (it was free), and the borrow of self keeps it
+        // from being posted while lent.
+        Ok(unsafe { self.region.bytes_mut(start, self.options.message_size) })
     }
 
     /// Queues the first `len` bytes of the buffer lent last as one message; it leaves at
@@ -692,38 +300,21 @@ impl Connection {
             self.free_sends.extend(self.queued.drain(..).map(|(index, _)| index));
             return Err(error);
         }
-        let mut sges: Vec<ibv_sge> =
-            self.queued.iter().map(|&(index, len)| self.sge(self.options.depth + index, len)).collect();
-        let mut requests: Vec<ibv_send_wr> = Vec::with_capacity(sges.len());
-        for (sge, &(index, _)) in sges.iter_mut().zip(&self.queued) {
-            let mut request: ibv_send_wr = unsafe { std::mem::zeroed() };
-            request.wr_id = index as u64;
-            request.sg_list = sge;
-            request.num_sge = 1;
-            request.opcode = ibv_wr_opcode::IBV_WR_SEND;
-            requests.push(request);
-        }
-        // Linked only now that the vector no longer moves.
-        for i in 1..requests.len() {
-            let next: *mut ibv_send_wr = &mut requests[i];
-            requests[i - 1].next = next;
-        }
-        let mut bad: *mut ibv_send_wr = ptr::null_mut();
-        let result =
-            unsafe { rdma_sys::ibv_post_send((*self.id.as_ptr()).qp, requests.as_mut_ptr(), &mut bad) };
-        // The requests before the bad one were posted; the rest come back free.
-        let posted = match bad.is_null() {
-            true => requests.len(),
-            false => {
-                let index = unsafe { bad.offset_from(requests.as_ptr()) };
-                usize::try_from(index).unwrap_or(0).min(requests.len())
-            }
-        };
+        let sends: Vec<(u64, ibv_sge)> = self
+            .queued
+            .iter()
+            .map(|&(index, len)| (index as u64, self.sge(self.options.depth + index, len)))
+            .collect();
+        // SAFETY: the send buffers lie in the connection's region, which outlives the
+        // queue pair (dropped first); a queued buffer is neither lent nor written again
+        // until its completion frees it.
+        let (posted, result) = unsafe { self.qp.post_sends(&sends) };
+        // The requests after the first refused come back free.
         for &(index, _) in &self.queued[posted..] {
             self.free_sends.push(index);
         }
         self.queued.clear();
-        call("posting sends", result)
+        result
     }
 
     /// The error of a connection that can carry nothing more.
@@ -738,7 +329,7 @@ impl Connection {
     /// queue pair flushes now rather than at drop; returns the error.
     fn break_down(&mut self, why: String) -> io::Error {
         if self.established {
-            unsafe { rdma_sys::rdma_disconnect(self.id.as_ptr()) };
+            self.id.disconnect();
             self.established = false;
         }
         self.broken.get_or_insert(why);
@@ -751,7 +342,7 @@ impl Connection {
     fn check_peer_now(&mut self) -> io::Result<()> {
         self.check_broken()?;
         self.last_peer_check = Instant::now();
-        while let Some(event) = self.channel.next(Duration::ZERO)? {
+        while let Some(event) = self.events().next(Duration::ZERO)? {
             use rdma_cm_event_type::*;
             let why = match event.kind {
                 RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_TIMEWAIT_EXIT => "the peer disconnected",
@@ -768,7 +359,8 @@ impl Connection {
         Ok(())
     }
 
-    /// [`Connection::check_peer_now`] at most every millisecond, for busy waits.
+    /// An error if the peer left, as rdma_cm says; it looks at most every millisecond,
+    /// for busy waits.
     pub fn check_peer(&mut self) -> io::Result<()> {
         if self.last_peer_check.elapsed() < PEER_CHECK_INTERVAL && self.broken.is_none() {
             return Ok(());
@@ -782,27 +374,24 @@ impl Connection {
         if let Err(error) = self.check_peer_now() {
             return error;
         }
-        let status = unsafe { CStr::from_ptr(rdma_sys::ibv_wc_status_str(status)) }.to_string_lossy();
+        let status = status_name(status);
         self.break_down(format!("an RDMA completion failed: {status}"))
     }
 
     /// Takes the send completions there are, freeing their buffers; the first failed
     /// one breaks the connection, once all are taken.
     fn reap_sends(&mut self) -> io::Result<()> {
-        let mut completions: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        let mut completions = completion_batch();
         let mut failure = None;
         loop {
-            let count = unsafe { rdma_sys::ibv_poll_cq(self.send_cq, 32, completions.as_mut_ptr()) };
-            if count < 0 {
-                return Err(failed("polling the send completions", io::Error::last_os_error()));
-            }
-            for completion in &completions[..count as usize] {
+            let count = self.send_cq.poll(&mut completions, "polling the send completions")?;
+            for completion in &completions[..count] {
                 self.free_sends.push(completion.wr_id as usize);
                 if completion.status != ibv_wc_status::IBV_WC_SUCCESS && failure.is_none() {
                     failure = Some(completion.status);
                 }
             }
-            if count < 32 {
+            if count < POLL_BATCH {
                 break;
             }
         }
@@ -816,14 +405,11 @@ impl Connection {
     pub fn poll(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         self.check_broken()?;
         self.reap_sends()?;
-        let mut completions: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        let mut completions = completion_batch();
         let mut total = 0;
         loop {
-            let count = unsafe { rdma_sys::ibv_poll_cq(self.recv_cq, 32, completions.as_mut_ptr()) };
-            if count < 0 {
-                return Err(failed("polling the receive completions", io::Error::last_os_error()));
-            }
-            for completion in &completions[..count as usize] {
+            let count = self.recv_cq.poll(&mut completions, "polling the receive completions")?;
+            for completion in &completions[..count] {
                 if completion.status != ibv_wc_status::IBV_WC_SUCCESS {
                     // Once one fails, the queue pair is in error: the rest are flushed.
                     return Err(self.failed_completion(completion.status));
@@ -833,11 +419,11 @@ impl Connection {
                 let len = (completion.byte_len as usize).min(self.options.message_size);
                 // SAFETY: the device has finished with this receive buffer (its completion
                 // is here) and it is posted again only after `sink` returns.
-                sink(unsafe { std::slice::from_raw_parts(self.buffer_start(index), len) });
+                sink(unsafe { self.region.bytes(self.buffer_start(index), len) });
                 self.post_receive(index)?;
             }
-            total += count as usize;
-            if count < 32 {
+            total += count;
+            if count < POLL_BATCH {
                 return Ok(total);
             }
         }
@@ -847,33 +433,24 @@ impl Connection {
     /// completion. Messages that arrived meanwhile are not signalled: poll once more
     /// after arming, and sleep only if it found none.
     pub fn arm(&mut self) -> io::Result<()> {
-        if self.completions.is_null() {
-            return Ok(());
+        match self.completions {
+            Some(_) => self.recv_cq.arm(),
+            None => Ok(()),
         }
-        call("asking for a completion event", unsafe { rdma_sys::ibv_req_notify_cq(self.recv_cq, 0) })
     }
 
     /// The descriptors a sleeping waiter watches: the completion channel's (in
     /// [`Wait::Event`]) and rdma_cm's, where a departing peer shows.
     pub fn wait_fds(&self) -> impl Iterator<Item = RawFd> {
-        let completions = (!self.completions.is_null()).then(|| unsafe { (*self.completions).fd });
-        completions.into_iter().chain([self.channel.fd()])
+        let completions = self.completions.as_ref().map(|channel| channel.fd());
+        completions.into_iter().chain([self.events().fd()])
     }
 
     /// After a sleep: takes the completion events signalled and looks at rdma_cm's
     /// channel, so that a peer that left is an error now.
     pub fn woken(&mut self) -> io::Result<()> {
-        if !self.completions.is_null() {
-            let mut cq = ptr::null_mut();
-            let mut context = ptr::null_mut();
-            let mut events = 0;
-            // Non-blocking: fails with EAGAIN once every event is taken.
-            while unsafe { rdma_sys::ibv_get_cq_event(self.completions, &mut cq, &mut context) } == 0 {
-                events += 1;
-            }
-            if events > 0 {
-                unsafe { rdma_sys::ibv_ack_cq_events(self.recv_cq, events) };
-            }
+        if let Some(channel) = &self.completions {
+            self.recv_cq.acknowledge(channel.take_events());
         }
         self.check_peer_now()
     }
@@ -929,42 +506,11 @@ pub fn sleep_until_readable(fds: impl IntoIterator<Item = RawFd>, timeout: Durat
     }
 }
 
-fn set_nonblocking(fd: RawFd, what: &str) -> io::Result<()> {
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(failed(&format!("making {what} non-blocking"), io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
 impl Drop for Connection {
     fn drop(&mut self) {
-        // In the reverse order of making, each only if it was made.
-        unsafe {
-            let id = self.id.as_ptr();
-            if self.established {
-                rdma_sys::rdma_disconnect(id);
-            }
-            if !(*id).qp.is_null() {
-                rdma_sys::rdma_destroy_qp(id);
-            }
-            if !self.mr.is_null() {
-                rdma_sys::ibv_dereg_mr(self.mr);
-            }
-            for cq in [self.send_cq, self.recv_cq] {
-                if !cq.is_null() {
-                    rdma_sys::ibv_destroy_cq(cq);
-                }
-            }
-            if !self.completions.is_null() {
-                rdma_sys::ibv_destroy_comp_channel(self.completions);
-            }
-            if !self.pd.is_null() {
-                rdma_sys::ibv_dealloc_pd(self.pd);
-            }
-            rdma_sys::rdma_destroy_id(id);
-            // Deregistered above: the device no longer touches it.
-            drop(Box::from_raw(self.buffer.as_ptr()));
+        // Before the queue pair goes (first of the fields), so that the peer hears of it.
+        if self.established {
+            self.id.disconnect();
         }
     }
 }
@@ -973,16 +519,11 @@ impl Drop for Connection {
 mod tests {
     use super::*;
 
-    /// What rdma_cm is given comes back as the same address, both families.
     #[test]
-    fn socket_addresses_round_trip_through_rdma_cm_s_storage() {
-        for address in ["10.77.0.1:48864", "0.0.0.0:0", "[fd00::2]:7471", "[::]:1"] {
-            let address: SocketAddr = address.parse().unwrap();
-            let storage = sockaddr(address);
-            assert_eq!(unsafe { socket_address(&storage) }, Some(address));
-        }
-        let unknown: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { socket_address(&unknown) }, None);
+    fn a_window_deepens_the_queues_to_twice_it_and_never_makes_them_shallower() {
+        let options = Options { depth: 64, message_size: 1072, wait: Wait::Busy };
+        assert_eq!(options.with_window(128), Options { depth: 256, ..options });
+        assert_eq!(options.with_window(32), options);
     }
 
     #[test]

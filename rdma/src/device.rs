@@ -13,7 +13,8 @@ use crate::RdmaError;
 /// lists them; an error that says how to get one when there are none.
 pub fn devices() -> Result<Vec<String>, RdmaError> {
     let list = DeviceList::get()?;
-    Ok(list.devices().map(device_name).collect())
+    // SAFETY: devices of the list, alive while it is.
+    Ok(list.devices().map(|device| unsafe { device_name(device) }).collect())
 }
 
 /// libibverbs' device list, freed on drop.
@@ -26,6 +27,7 @@ impl DeviceList {
     /// The list; an error when it is empty or the kernel has no RDMA support at all.
     fn get() -> Result<DeviceList, RdmaError> {
         let mut len = 0;
+        // SAFETY: `len` is alive for the call; a null result is handled.
         let list = unsafe { rdma_sys::ibv_get_device_list(&mut len) };
         let Some(list) = NonNull::new(list) else {
             return Err(no_device(io::Error::last_os_error().raw_os_error()));
@@ -37,23 +39,33 @@ impl DeviceList {
         Ok(list)
     }
 
+    /// The devices, valid while the list lives.
     fn devices(&self) -> impl Iterator<Item = *mut ibv_device> + '_ {
-        // SAFETY: libibverbs returned an array of `len` device pointers.
+        // SAFETY: libibverbs returned an array of `len` device pointers, alive until
+        // the list is freed.
         (0..self.len).map(|index| unsafe { *self.list.as_ptr().add(index) })
     }
 }
 
 impl Drop for DeviceList {
     fn drop(&mut self) {
+        // SAFETY: owned; devices opened from it keep what they need (libibverbs counts
+        // references), so only the array goes.
         unsafe { rdma_sys::ibv_free_device_list(self.list.as_ptr()) }
     }
 }
 
-fn device_name(device: *mut ibv_device) -> String {
+/// A device's name (`rxe0`), empty if it has none.
+///
+/// # Safety
+/// `device` is a live device: of a device list not yet freed, or of an open context.
+pub(crate) unsafe fn device_name(device: *mut ibv_device) -> String {
+    // SAFETY: the caller vouches for the device.
     let name = unsafe { rdma_sys::ibv_get_device_name(device) };
     if name.is_null() {
         return String::new();
     }
+    // SAFETY: a device's name is a NUL-terminated string that lives as long as it.
     unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
 }
 
@@ -96,23 +108,26 @@ pub struct Device {
     name: String,
 }
 
-// A verbs context may be used from any thread (libibverbs is thread-safe).
+// SAFETY: a verbs context may be used from any thread (libibverbs is thread-safe).
 unsafe impl Send for Device {}
+// SAFETY: as for Send; `&Device` only queries the context.
 unsafe impl Sync for Device {}
 
 impl Device {
     /// Opens the device named `name`, or the first there is.
     pub fn open(name: Option<&str>) -> Result<Device, RdmaError> {
         let list = DeviceList::get()?;
+        // SAFETY: devices of the list, alive while it is.
+        let names = || list.devices().map(|device| (device, unsafe { device_name(device) }));
         let chosen = match name {
-            None => list.devices().next(),
-            Some(name) => list.devices().find(|&device| device_name(device) == name),
+            None => names().next(),
+            Some(name) => names().find(|(_, found)| found == name),
         };
-        let Some(device) = chosen else {
-            let available = list.devices().map(device_name).collect::<Vec<_>>().join(", ");
+        let Some((device, name)) = chosen else {
+            let available = names().map(|(_, name)| name).collect::<Vec<_>>().join(", ");
             return Err(RdmaError::UnknownDevice { name: name.unwrap_or_default().into(), available });
         };
-        let name = device_name(device);
+        // SAFETY: a device of the list, alive while it is; the context keeps what it needs.
         let context = unsafe { rdma_sys::ibv_open_device(device) };
         let Some(context) = NonNull::new(context) else {
             let reason = io::Error::last_os_error().to_string();
@@ -127,7 +142,9 @@ impl Device {
 
     /// What port `port` (numbered from 1) is.
     pub fn port(&self, port: u8) -> Result<PortInfo, RdmaError> {
+        // SAFETY: a C struct of integers, for which all zeros is valid.
         let mut attributes: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open (owned); `attributes` is alive for the call.
         let result = unsafe { rdma_sys::___ibv_query_port(self.context.as_ptr(), port, &mut attributes) };
         if result != 0 {
             return Err(self.failed("cannot query its port", result));
@@ -149,12 +166,15 @@ impl Device {
     /// GID `index` of port `port`: for RoCE, an IPv6 address or an IPv4-mapped one
     /// (`::ffff:10.0.0.1`); all zero where the entry is unused.
     pub fn gid(&self, port: u8, index: u32) -> Result<Ipv6Addr, RdmaError> {
+        // SAFETY: a union of byte arrays and integers, for which all zeros is valid.
         let mut gid: rdma_sys::ibv_gid = unsafe { std::mem::zeroed() };
         let index = i32::try_from(index).unwrap_or(i32::MAX);
+        // SAFETY: the context is open (owned); `gid` is alive for the call.
         let result = unsafe { rdma_sys::ibv_query_gid(self.context.as_ptr(), port, index, &mut gid) };
         if result != 0 {
             return Err(self.failed("cannot read its GID table", result));
         }
+        // SAFETY: every variant of the union is plain bytes; `raw` reads all 16.
         Ok(Ipv6Addr::from(unsafe { gid.raw }))
     }
 
@@ -168,6 +188,7 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        // SAFETY: owned, and nothing made from it outlives the device (it makes nothing).
         unsafe { rdma_sys::ibv_close_device(self.context.as_ptr()) };
     }
 }

@@ -5,16 +5,31 @@
 //! - [`Device`]: an opened device, its ports and their GID tables, closed on drop;
 //! - [`Listener`] and [`Connection`]: reliable connections (RC queue pairs) set up
 //!   through rdma_cm, carrying messages with SEND and RECV from registered buffers;
-//! - [`settings`]: `[backend.rdma]` and `[switch.rdma]` made into addresses and options.
+//! - [`tagged`]: connections bound to the peers that announced their tags, and
+//!   [`Port`], the listening side of many of them;
+//! - [`settings`]: an endpoint's [`Settings`] made into addresses and options.
 //!
-//! All unsafe code of netagg's RDMA path is in this crate.
+//! All unsafe code of netagg's RDMA path is in this crate: in thin owning wrappers over
+//! the verbs and rdma_cm objects (`verbs`) and in [`Device`]. The connection logic above
+//! them calls unsafe code only to lend its registered buffers and post them, where it
+//! alone knows which ones the device is using.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod connection;
 mod device;
+mod listener;
+mod port;
 pub mod settings;
+pub mod tagged;
+mod verbs;
 
-pub use connection::{sleep_until_readable, Connection, Listener, Options, Request, Wait};
+pub use connection::{sleep_until_readable, Connection, Options, Wait};
 pub use device::{devices, Device, PortInfo, PortState};
+pub use listener::{Listener, Request};
+pub use port::Port;
+pub use settings::Settings;
 
 /// Why RDMA could not do what was asked: whole sentences for the user.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,17 +1,31 @@
-//! `[backend.rdma]` and `[switch.rdma]` made into what connections need, the same way
-//! on both sides.
+//! What an RDMA endpoint is configured with, made into what connections need, the same
+//! way on both sides: the caller maps its own configuration onto [`Settings`].
 
 use std::net::IpAddr;
 
-use netagg_config::{Rdma, RdmaPoll};
-
 use crate::{devices, Device, Options, PortState, RdmaError, Wait};
+
+/// An RDMA endpoint's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The verbs device (`rxe0`, `mlx5_0`); empty: the one rdma_cm routes the peer through.
+    pub device: String,
+    /// The device's port, from 1.
+    pub device_port: u8,
+    /// With a named device, the GID whose address the endpoint takes.
+    pub gid_index: u32,
+    /// Messages each queue pair keeps posted for receiving, and sends in flight at most.
+    pub queue_depth: u32,
+    /// How a queue pair's completions are waited for.
+    pub wait: Wait,
+}
 
 /// Where this side's connections live: `None` where rdma_cm may choose (no device
 /// named), else the address in GID `gid_index` of the named device's port. An error if
 /// this host has no RDMA device at all, or not the one named, or its port is not up, or
-/// the GID holds no address.
-pub fn local_ip(settings: &Rdma, section: &str) -> Result<Option<IpAddr>, RdmaError> {
+/// the GID holds no address; `section` names where the settings came from
+/// (`backend.rdma`), so that the error names the key to change.
+pub fn local_ip(settings: &Settings, section: &str) -> Result<Option<IpAddr>, RdmaError> {
     // First, so that a host without RDMA says so whatever else is configured.
     devices()?;
     if settings.device.is_empty() {
@@ -42,26 +56,23 @@ pub fn local_ip(settings: &Rdma, section: &str) -> Result<Option<IpAddr>, RdmaEr
 }
 
 /// A connection's options from the settings, its buffers `message_size` bytes each.
-pub fn options(settings: &Rdma, message_size: usize) -> Options {
-    Options {
-        depth: settings.queue_depth as usize,
-        message_size,
-        wait: match settings.poll {
-            RdmaPoll::Busy => Wait::Busy,
-            RdmaPoll::Event => Wait::Event,
-        },
-    }
+pub fn options(settings: &Settings, message_size: usize) -> Options {
+    Options { depth: settings.queue_depth as usize, message_size, wait: settings.wait }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn settings(device: &str) -> Settings {
+        Settings { device: device.into(), device_port: 1, gid_index: 1, queue_depth: 64, wait: Wait::Busy }
+    }
+
     #[test]
     fn options_take_the_depth_the_wait_and_the_size_given() {
-        let mut settings = Rdma { queue_depth: 64, poll: RdmaPoll::Busy, ..Rdma::default() };
+        let mut settings = settings("");
         assert_eq!(options(&settings, 1072), Options { depth: 64, message_size: 1072, wait: Wait::Busy });
-        settings.poll = RdmaPoll::Event;
+        settings.wait = Wait::Event;
         assert_eq!(options(&settings, 4096).wait, Wait::Event);
     }
 
@@ -73,8 +84,7 @@ mod tests {
             return; // A host with RDMA devices: the VM tests cover it.
         }
         for device in ["", "rxe0"] {
-            let settings = Rdma { device: device.into(), ..Rdma::default() };
-            let error = local_ip(&settings, "backend.rdma").unwrap_err();
+            let error = local_ip(&settings(device), "backend.rdma").unwrap_err();
             assert!(matches!(error, RdmaError::NoDevice { .. }), "{error}");
         }
     }

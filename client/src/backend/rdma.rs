@@ -11,9 +11,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use netagg_config::Config;
-use netagg_rdma::{Connection, Options};
-use netagg_wire::control::rdma_hello;
+use netagg_config::{Config, RdmaPoll};
+use netagg_rdma::{Connection, Options, Settings, Wait};
 use netagg_wire::{packet, Endpoint};
 
 use super::{ControlAddresses, SwitchTransport, Transport};
@@ -40,12 +39,12 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
             )))
         }
     };
-    let local = netagg_rdma::settings::local_ip(rdma, "backend.rdma")
+    let settings = settings(rdma);
+    let local = netagg_rdma::settings::local_ip(&settings, "backend.rdma")
         .map_err(|error| Error::Backend(format!("backend.rdma: {error}")))?;
-    let mut options = netagg_rdma::settings::options(rdma, message_size);
-    // Room for the thread's window of results and as much again in answers to its
-    // retransmissions, so that the switch's sends never wait for a receive to be posted.
-    options.depth = options.depth.max(2 * usize::from(config.slots_per_thread()));
+    // Room for the thread's window of results and its retransmissions' answers.
+    let options = netagg_rdma::settings::options(&settings, message_size)
+        .with_window(usize::from(config.slots_per_thread()));
     let threads = usize::from(config.general.num_worker_threads);
     Ok((0..threads)
         .map(|_| {
@@ -61,6 +60,20 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
             }) as Box<dyn SwitchTransport>
         })
         .collect())
+}
+
+/// `[backend.rdma]` as the RDMA crate takes it.
+fn settings(rdma: &netagg_config::Rdma) -> Settings {
+    Settings {
+        device: rdma.device.clone(),
+        device_port: rdma.device_port,
+        gid_index: rdma.gid_index,
+        queue_depth: rdma.queue_depth,
+        wait: match rdma.poll {
+            RdmaPoll::Busy => Wait::Busy,
+            RdmaPoll::Event => Wait::Event,
+        },
+    }
 }
 
 pub struct RdmaTransport {
@@ -144,11 +157,8 @@ impl SwitchTransport for RdmaTransport {
             return Err(io::Error::new(io::ErrorKind::Unsupported, message));
         };
         let address = switch.address(control.switch);
-        let hello = rdma_hello(self.tag);
-        let connection = Connection::connect(address, self.local, &hello, self.connect_timeout, self.options)
-            .map_err(|error| {
-                io::Error::new(error.kind(), format!("RDMA connection to {address}: {error}"))
-            })?;
+        let connection =
+            netagg_rdma::tagged::connect(address, self.local, self.tag, self.connect_timeout, self.options)?;
         self.connection = Some(connection);
         Ok(())
     }

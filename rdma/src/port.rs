@@ -1,0 +1,193 @@
+//! The listening side of many tagged connections: a [`Listener`] whose connections are
+//! bound to the peers that announced their tags ([`Tags`]), received from and sent to
+//! as one port, as a switch's data path wants.
+//!
+//! Until its connection arrives, a peer's messages are dropped, as on a link not yet up.
+//! Each connection has its own completion queues, and in [`Wait::Event`] its own
+//! completion channel: waiting means one `poll` over every channel and the listener.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+
+use crate::tagged::{Peer, TagTaken, Tags};
+use crate::{sleep_until_readable, Connection, Listener, Options, Wait};
+
+/// How often a busy port looks for connection requests.
+const REQUEST_CHECK_INTERVAL: Duration = Duration::from_millis(1);
+
+/// A listener and the connections it accepted, each a peer's.
+pub struct Port {
+    listener: Listener,
+    local: SocketAddr,
+    /// How the port waits: every connection's [`Options::wait`] should be the same.
+    wait: Wait,
+    tags: Tags,
+    connections: FxHashMap<Peer, Connection>,
+    /// Connections with sends queued since the last flush.
+    queued: Vec<Peer>,
+    last_request_check: Instant,
+}
+
+impl Port {
+    /// Listens at `address` (see [`Listener::bind`]), waiting as `wait` says.
+    pub fn bind(address: SocketAddr, wait: Wait) -> io::Result<Port> {
+        let listener = Listener::bind(address)?;
+        let local = listener.local_addr()?;
+        Ok(Port {
+            listener,
+            local,
+            wait,
+            tags: Tags::default(),
+            connections: FxHashMap::default(),
+            queued: Vec::new(),
+            last_request_check: Instant::now(),
+        })
+    }
+
+    /// The address listened at, with the port actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Awaits the connection of a peer that announced `tag`, to have `options`.
+    pub fn expect(&mut self, tag: u64, options: Options) -> Result<Peer, TagTaken> {
+        self.tags.expect(tag, options)
+    }
+
+    /// Accepts every connection request waiting, or refuses it.
+    fn answer_requests(&mut self) -> io::Result<()> {
+        self.last_request_check = Instant::now();
+        while let Some(request) = self.listener.request(Duration::ZERO)? {
+            let (peer, options) = match self.tags.claim(request.private()) {
+                Ok(claimed) => claimed,
+                Err(refusal) => {
+                    request.reject(&refusal.to_string());
+                    continue;
+                }
+            };
+            match request.accept(options) {
+                Ok(connection) => {
+                    tracing::debug!(%peer, "worker thread connected");
+                    self.connections.insert(peer, connection);
+                }
+                Err(error) => tracing::warn!(%error, "cannot accept a worker thread's connection"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `operation` on every connection; a connection for which it fails (its peer
+    /// gone) is dropped. Returns the sum of what it returned.
+    fn for_each_connection(
+        &mut self,
+        mut operation: impl FnMut(Peer, &mut Connection) -> io::Result<usize>,
+    ) -> usize {
+        let mut total = 0;
+        let mut failed = Vec::new();
+        for (&peer, connection) in &mut self.connections {
+            match operation(peer, connection) {
+                Ok(count) => total += count,
+                Err(error) => failed.push((peer, error)),
+            }
+        }
+        for (peer, error) in failed {
+            self.close(peer, &error);
+        }
+        total
+    }
+
+    /// Drops a connection that failed (its peer gone, a completion failed).
+    fn close(&mut self, peer: Peer, error: &io::Error) {
+        tracing::info!(%peer, %error, "worker thread's connection closed");
+        self.connections.remove(&peer);
+    }
+
+    /// Hands what every connection received to `sink`.
+    fn poll_all(&mut self, sink: &mut dyn FnMut(Peer, &[u8])) -> usize {
+        self.for_each_connection(|peer, connection| connection.poll(&mut |message| sink(peer, message)))
+    }
+
+    /// Sleeps until a connection or the listener has something, or `timeout` passes;
+    /// hands over what arrived before the connections were armed.
+    fn sleep(&mut self, timeout: Duration, sink: &mut dyn FnMut(Peer, &[u8])) -> io::Result<usize> {
+        self.for_each_connection(|_, connection| connection.arm().map(|()| 0));
+        // What arrived before arming signals nothing: look once more.
+        let count = self.poll_all(sink);
+        if count > 0 {
+            return Ok(count);
+        }
+        let fds = self.connections.values().flat_map(Connection::wait_fds).chain([self.listener.fd()]);
+        sleep_until_readable(fds.collect::<Vec<_>>(), timeout)?;
+        self.for_each_connection(|_, connection| connection.woken().map(|()| 0));
+        Ok(0)
+    }
+
+    /// Waits up to `timeout` for messages and hands each, with its peer, to `sink`;
+    /// returns how many (0 when the time ran out). Answers connection requests
+    /// meanwhile; fails only when the listener does.
+    pub fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(Peer, &[u8])) -> io::Result<usize> {
+        let deadline = Instant::now() + timeout;
+        self.answer_requests()?;
+        loop {
+            let count = self.poll_all(sink);
+            if count > 0 {
+                return Ok(count);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(0);
+            }
+            if self.wait == Wait::Event {
+                let count = self.sleep(deadline - now, sink)?;
+                if count > 0 {
+                    return Ok(count);
+                }
+                self.answer_requests()?;
+            } else {
+                self.for_each_connection(|_, connection| connection.check_peer().map(|()| 0));
+                if now.duration_since(self.last_request_check) >= REQUEST_CHECK_INTERVAL {
+                    self.answer_requests()?;
+                }
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Queues a copy of `message` for `peer`, to leave at the next [`Port::flush`]; lost
+    /// if the peer has no connection or no free send buffer, or the
+    /// message is longer than its buffers.
+    pub fn send(&mut self, peer: Peer, message: &[u8]) {
+        let Some(connection) = self.connections.get_mut(&peer) else { return };
+        match connection.try_queue_copy(message) {
+            Ok(true) => {
+                if !self.queued.contains(&peer) {
+                    self.queued.push(peer);
+                }
+            }
+            // No free buffer, or a message longer than this peer's buffers: lost.
+            Ok(false) => {}
+            Err(error) if error.kind() == io::ErrorKind::InvalidInput => {}
+            Err(error) => self.close(peer, &error),
+        }
+    }
+
+    /// Sends what is queued.
+    pub fn flush(&mut self) {
+        // Only the connections with sends queued: this runs after every receive call.
+        for peer in std::mem::take(&mut self.queued) {
+            if let Some(Err(error)) = self.connections.get_mut(&peer).map(Connection::flush) {
+                self.close(peer, &error);
+            }
+        }
+    }
+
+    /// `peer` is done with: its connection, or the wait for it, goes.
+    pub fn forget(&mut self, peer: Peer) {
+        self.connections.remove(&peer);
+        self.tags.forget(peer);
+        self.queued.retain(|&queued| queued != peer);
+    }
+}
