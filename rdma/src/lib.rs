@@ -14,9 +14,6 @@
 //! them calls unsafe code only to lend its registered buffers and post them, where it
 //! alone knows which ones the device is using.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 mod connection;
 mod device;
 mod listener;
