@@ -50,6 +50,7 @@ pub fn base_is_current(kernel: &Kernel, inputs: &str) -> bool {
         && fs::read_to_string(inputs_file(&archive)).is_ok_and(|built_from| built_from == inputs)
 }
 
+/// Where the record of what an archive was built from is kept: beside it.
 fn inputs_file(archive: &Path) -> PathBuf {
     archive.with_extension("gz.inputs")
 }

@@ -110,7 +110,9 @@ impl Kernel {
     /// used.
     pub fn build(&self, deb: &Path) -> Result<(), Error> {
         let version = &self.version;
-        let tmp = scratch_folder(&self.folder.with_extension("tmp"))?;
+        let mut tmp = self.folder.clone().into_os_string();
+        tmp.push(".tmp");
+        let tmp = scratch_folder(Path::new(&tmp))?;
         let extract = tmp.path().join("extract");
         let extracted_tree = extract.join("lib/modules").join(version);
         let tree = tmp.path().join("lib/modules").join(version);
@@ -145,7 +147,12 @@ impl Kernel {
                 .arg(&extract)
                 .args(["-S", version, "--show-depends", "-a"])
                 .args(MODULES),
-        )?;
+        )
+        .map_err(|_| Error::ModulesNotFound {
+            modules: MODULES.join(" "),
+            version: version.clone(),
+            folders: MODULE_FOLDERS.join(" "),
+        })?;
         let closure = modules_to_insert(&closure);
         // depmod only sees the modules extracted: one that a wanted module needs but that
         // lies outside MODULE_FOLDERS would be missing without a word. Each module names
@@ -175,8 +182,9 @@ impl Kernel {
         let vmlinuz = tmp.path().join("vmlinuz");
         fs::rename(extract.join(format!("boot/vmlinuz-{version}")), &vmlinuz).map_err(at(&vmlinuz))?;
         fs::remove_dir_all(&extract).map_err(at(&extract))?;
-        extract_vmlinux(&vmlinuz, &tmp.path().join("vmlinux"))
-            .and_then(|found| found.then_some(()).ok_or(Error::NoVmlinux { version: version.clone() }))?;
+        if !extract_vmlinux(&vmlinuz, &tmp.path().join("vmlinux"))? {
+            return Err(Error::NoVmlinux { version: version.clone() });
+        }
         if self.folder.exists() {
             fs::remove_dir_all(&self.folder).map_err(at(&self.folder))?;
         }

@@ -36,6 +36,8 @@ pub enum Error {
     NoKernelPackage,
     #[error("apt-get download linux-image-{version} left no package in {folder}")]
     KernelNotDownloaded { version: String, folder: PathBuf },
+    #[error("a module of ({modules}) is not in linux-image-{version}'s folders ({folders})")]
+    ModulesNotFound { modules: String, version: String, folders: String },
     #[error("{module} needs {dependency}, which is not in linux-image-{version}'s folders ({folders}): add its folder")]
     ModuleOutsideFolders { module: String, dependency: String, version: String, folders: String },
     #[error("found no XZ-compressed ELF vmlinux in linux-image-{version}'s vmlinuz")]
