@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use netagg_fuzz::Raw;
 use netagg_aggregator::{BlockIo, BlockMask, JobSpec, Layout, PacingConfig, WorkerConfig, WorkerProtocol};
+use netagg_fuzz::Raw;
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
@@ -161,7 +161,11 @@ impl BlockIo for Tensor {
 
     fn exponent(&mut self, block: u32) -> i8 {
         let start = block as usize * BLOCK_BYTES;
-        assert!(start < self.input.len(), "exponent of block {block} past the job's {} bytes", self.input.len());
+        assert!(
+            start < self.input.len(),
+            "exponent of block {block} past the job's {} bytes",
+            self.input.len()
+        );
         block as i8
     }
 
