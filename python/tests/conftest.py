@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def bin_dir():
     """Where cargo built netagg-switch and netagg-run: the release profile's folder."""
     directory = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
-    if not (directory / "netagg-switch").is_file():
-        pytest.fail(f"{directory}/netagg-switch is missing: cargo build --release -p netagg-switch")
+    for program in ("netagg-switch", "netagg-run"):
+        if not (directory / program).is_file():
+            pytest.fail(f"{directory}/{program} is missing: cargo build --release --workspace --bins")
     return directory
 
 
