@@ -50,6 +50,26 @@ impl Dpdk {
     pub fn eal_arguments(&self) -> Vec<String> {
         self.eal_args.split_whitespace().map(String::from).collect()
     }
+
+    /// This section in the DPDK crate's terms; `section` (`backend.dpdk`,
+    /// `switch.dpdk`) is how its errors name the keys.
+    #[cfg(feature = "dpdk")]
+    pub fn settings(&self, section: &'static str) -> netagg_dpdk::Settings {
+        netagg_dpdk::Settings {
+            section,
+            eal_args: self.eal_arguments(),
+            device: self.device.clone(),
+            peer_mac: self.peer_mac.map(netagg_dpdk::MacAddr),
+            rx_descriptors: self.rx_descriptors,
+            tx_descriptors: self.tx_descriptors,
+            pool_size: self.pool_size,
+            burst: self.burst,
+            poll: match self.poll {
+                PollMode::Busy => netagg_dpdk::PollMode::Busy,
+                PollMode::Adaptive => netagg_dpdk::PollMode::Adaptive,
+            },
+        }
+    }
 }
 
 named_enum! {
@@ -78,6 +98,23 @@ pub struct Rdma {
     pub message_size: usize,
     /// How a queue pair's completions are waited for.
     pub poll: RdmaPoll,
+}
+
+impl Rdma {
+    /// This section in the RDMA crate's terms.
+    #[cfg(feature = "rdma")]
+    pub fn settings(&self) -> netagg_rdma::Settings {
+        netagg_rdma::Settings {
+            device: self.device.clone(),
+            device_port: self.device_port,
+            gid_index: self.gid_index,
+            queue_depth: self.queue_depth,
+            wait: match self.poll {
+                RdmaPoll::Busy => netagg_rdma::Wait::Busy,
+                RdmaPoll::Event => netagg_rdma::Wait::Event,
+            },
+        }
+    }
 }
 
 named_enum! {

@@ -128,8 +128,10 @@ impl Frame {
         if data.is_null() {
             return &mut [];
         }
-        // SAFETY: as in `bytes`, and `&mut self` makes this the only view of those bytes
-        // (a frame just allocated holds whatever its mbuf held last: stale, not undefined).
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only view of those bytes.
+        // They are initialised: a frame just allocated holds what its mbuf held last, or,
+        // never used, the zeros of the pool's memory as the kernel mapped it (DPDK takes
+        // its memory zero-filled from mmap, hugepages or not).
         unsafe { std::slice::from_raw_parts_mut(data, usize::from(len)) }
     }
 

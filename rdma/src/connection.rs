@@ -300,15 +300,12 @@ impl Connection {
             self.free_sends.extend(self.queued.drain(..).map(|(index, _)| index));
             return Err(error);
         }
-        let sends: Vec<(u64, ibv_sge)> = self
-            .queued
-            .iter()
-            .map(|&(index, len)| (index as u64, self.sge(self.options.depth + index, len)))
-            .collect();
+        let sends =
+            self.queued.iter().map(|&(index, len)| (index as u64, self.sge(self.options.depth + index, len)));
         // SAFETY: the send buffers lie in the connection's region, which outlives the
         // queue pair (dropped first); a queued buffer is neither lent nor written again
         // until its completion frees it.
-        let (posted, result) = unsafe { self.qp.post_sends(&sends) };
+        let (posted, result) = unsafe { self.qp.post_sends(sends) };
         // The requests after the first refused come back free.
         for &(index, _) in &self.queued[posted..] {
             self.free_sends.push(index);

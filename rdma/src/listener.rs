@@ -70,7 +70,9 @@ impl Listener {
 }
 
 /// A peer's connection request, to accept or reject; dropped, it is rejected. Until
-/// accepted, its id's events come to the listener's channel, so it cannot outlive it.
+/// accepted, its id's events come to the listener's channel (which the id keeps alive);
+/// the lifetime still ties it to its listener, so that a request is answered while the
+/// listener that took it listens.
 pub struct Request<'listener> {
     /// `None` once answered.
     id: Option<CmId>,

@@ -35,12 +35,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use netagg_aggregator::control::{
-    Action, Assembly, ConnectionId, ControlLimits, OpenError, OpenRequest, Opened, Registered, Registry,
-    SessionEnd,
+    Action, Assembly, Closure, ConnectionId, ControlLimits, OpenError, OpenRequest, Opened, Registered,
+    Registry, SessionEnd,
 };
 use netagg_aggregator::engine::SessionCounters;
 use netagg_aggregator::{SessionId, SessionSpec};
-use netagg_wire::{ControlMessage, Endpoint, WireError};
+use netagg_wire::{ControlMessage, Endpoint, RejectCode, WireError};
 use rand::RngCore;
 
 use crate::datapath::{Command, Event};
@@ -60,6 +60,18 @@ struct Shared {
 enum Io {
     Send(Stream, u32, ControlMessage),
     Close(Stream),
+    /// Close a session in the data path, waiting for its counters.
+    CloseSession {
+        id: SessionId,
+        name: String,
+        why: Closure,
+    },
+    /// Tell the data path a rank leaves, and feed its answer back to the registry.
+    Depart {
+        connection: ConnectionId,
+        id: SessionId,
+        rank: u16,
+    },
 }
 
 pub struct ControlPlane {
@@ -170,7 +182,7 @@ impl ControlPlane {
         }
         drop(shared);
         self.deadlines.notify_one();
-        deliver(io);
+        self.deliver(io);
         live
     }
 
@@ -205,7 +217,7 @@ impl ControlPlane {
                     shared.registry.handle_timeout(now);
                     let io = self.perform(&mut shared);
                     drop(shared);
-                    deliver(io);
+                    self.deliver(io);
                     self.lock()
                 }
                 Some(deadline) => self.wait(shared, Some(deadline - now)),
@@ -251,7 +263,7 @@ impl ControlPlane {
         let io = self.perform(&mut shared);
         drop(shared);
         self.deadlines.notify_one();
-        deliver(io);
+        self.deliver(io);
     }
 
     /// Reads a connection's messages into the registry until it is closed, by its client
@@ -294,7 +306,7 @@ impl ControlPlane {
         };
         shared.connections.remove(&connection);
         drop(shared);
-        deliver(io);
+        self.deliver(io);
         let _ = stream.shutdown(Shutdown::Both);
     }
 
@@ -308,8 +320,15 @@ impl ControlPlane {
                     let Some((stream, thread)) = shared.connections.get(&connection) else { continue };
                     // One refused as it arrives has no thread yet: the acceptor's throttled
                     // line counts those, which a flood could repeat thousands of times.
+                    // Bytes that are no request at all are for debugging: a flood of them
+                    // must not fill the log either.
                     if let (ControlMessage::Reject { code, message }, Some(_)) = (&message, thread) {
-                        tracing::info!(%connection, ?code, %message, "control request refused");
+                        let peer = stream.peer_addr().ok();
+                        if *code == RejectCode::Malformed {
+                            tracing::debug!(%connection, ?peer, ?code, %message, "control request refused");
+                        } else {
+                            tracing::info!(%connection, ?peer, ?code, %message, "control request refused");
+                        }
                     }
                     io.push(Io::Send(Arc::clone(stream), request_id, message));
                 }
@@ -322,15 +341,10 @@ impl ControlPlane {
                     let opened = self.open(request, &name, spec, workers);
                     shared.registry.handle_opened(request, opened);
                 }
-                Action::CloseSession { id, name, why } => {
-                    let counters = self.close_in_data_path(id);
-                    tracing::info!(%name, session = %session(id), ?counters, "session closed: {why}");
-                }
-                Action::Depart { connection, id, rank } => {
-                    let departure = self.ask(|reply| Command::Depart { id, rank, reply }).flatten();
-                    tracing::debug!(%connection, session = %session(id), rank, ?departure, "rank left");
-                    shared.registry.handle_departure(connection, departure);
-                }
+                // The data path is asked once the lock is released, as the sockets are
+                // written: a data path busy for a while must not hold up registrations.
+                Action::CloseSession { id, name, why } => io.push(Io::CloseSession { id, name, why }),
+                Action::Depart { connection, id, rank } => io.push(Io::Depart { connection, id, rank }),
             }
         }
         io
@@ -364,6 +378,29 @@ impl ControlPlane {
         self.ask(|reply| Command::Close { id, reply }).flatten()
     }
 
+    /// Does what [`ControlPlane::perform`] left for after the lock, in the registry's
+    /// order: writes and closings that never wait, and the data path's commands, whose
+    /// answers go back to the registry.
+    fn deliver(&self, io: Vec<Io>) {
+        for io in io {
+            match io {
+                Io::Send(stream, request_id, message) => send(&stream, request_id, &message),
+                Io::Close(stream) => {
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
+                Io::CloseSession { id, name, why } => {
+                    let counters = self.close_in_data_path(id);
+                    tracing::info!(%name, session = %session(id), ?counters, "session closed: {why}");
+                }
+                Io::Depart { connection, id, rank } => {
+                    let departure = self.ask(|reply| Command::Depart { id, rank, reply }).flatten();
+                    tracing::debug!(%connection, session = %session(id), rank, ?departure, "rank left");
+                    self.feed(|registry| registry.handle_departure(connection, departure));
+                }
+            }
+        }
+    }
+
     /// Sends the data path a command and waits for its answer; `None` if none comes.
     fn ask<T>(&self, command: impl FnOnce(Sender<T>) -> Command) -> Option<T> {
         let (reply, answer) = crossbeam_channel::bounded(1);
@@ -392,18 +429,6 @@ impl Throttled {
             log(self.count);
             self.count = 0;
             self.last_logged = Some(Instant::now());
-        }
-    }
-}
-
-/// Does what the lock's holder decided, now that the lock is released.
-fn deliver(io: Vec<Io>) {
-    for io in io {
-        match io {
-            Io::Send(stream, request_id, message) => send(&stream, request_id, &message),
-            Io::Close(stream) => {
-                let _ = stream.shutdown(Shutdown::Both);
-            }
         }
     }
 }

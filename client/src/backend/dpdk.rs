@@ -8,8 +8,8 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use netagg_config::{Config, PollMode};
-use netagg_dpdk::{DpdkError, MacAddr, Settings, ThreadEndpoint};
+use netagg_config::Config;
+use netagg_dpdk::{DpdkError, ThreadEndpoint};
 use netagg_wire::packet;
 use netagg_wire::Endpoint;
 
@@ -18,24 +18,6 @@ use crate::Error;
 
 /// One worker thread's share of the port.
 pub struct DpdkTransport(ThreadEndpoint);
-
-/// `[backend.dpdk]` in the DPDK crate's terms.
-fn settings(dpdk: &netagg_config::Dpdk) -> Settings {
-    Settings {
-        section: "backend.dpdk",
-        eal_args: dpdk.eal_arguments(),
-        device: dpdk.device.clone(),
-        peer_mac: dpdk.peer_mac.map(MacAddr),
-        rx_descriptors: dpdk.rx_descriptors,
-        tx_descriptors: dpdk.tx_descriptors,
-        pool_size: dpdk.pool_size,
-        burst: dpdk.burst,
-        poll: match dpdk.poll {
-            PollMode::Busy => netagg_dpdk::PollMode::Busy,
-            PollMode::Adaptive => netagg_dpdk::PollMode::Adaptive,
-        },
-    }
-}
 
 /// The transports of `config`'s DPDK port, one per worker thread.
 pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Error> {
@@ -50,11 +32,12 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
     };
     let threads = usize::from(config.general.num_worker_threads);
     let window = usize::from(config.slots_per_thread());
-    let endpoints =
-        ThreadEndpoint::open(&settings(dpdk), ip, threads, window).map_err(|error| match error {
+    let endpoints = ThreadEndpoint::open(&dpdk.settings("backend.dpdk"), ip, threads, window).map_err(
+        |error| match error {
             DpdkError::NoDevice { .. } => Error::InvalidConfig(error.to_string()),
             error => Error::Backend(format!("backend.dpdk: {error}")),
-        })?;
+        },
+    )?;
     check_packet_fits(config, &endpoints[0])?;
     Ok(endpoints
         .into_iter()

@@ -11,8 +11,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use netagg_config::{Config, RdmaPoll};
-use netagg_rdma::{Connection, Options, Settings, Wait};
+use netagg_config::Config;
+use netagg_rdma::{Connection, Options};
 use netagg_wire::{packet, Endpoint};
 
 use super::{ControlAddresses, SwitchTransport, Transport};
@@ -39,7 +39,7 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
             )))
         }
     };
-    let settings = settings(rdma);
+    let settings = rdma.settings();
     let local = netagg_rdma::settings::local_ip(&settings, "backend.rdma")
         .map_err(|error| Error::Backend(format!("backend.rdma: {error}")))?;
     // Room for the thread's window of results and its retransmissions' answers.
@@ -60,20 +60,6 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
             }) as Box<dyn SwitchTransport>
         })
         .collect())
-}
-
-/// `[backend.rdma]` as the RDMA crate takes it.
-fn settings(rdma: &netagg_config::Rdma) -> Settings {
-    Settings {
-        device: rdma.device.clone(),
-        device_port: rdma.device_port,
-        gid_index: rdma.gid_index,
-        queue_depth: rdma.queue_depth,
-        wait: match rdma.poll {
-            RdmaPoll::Busy => Wait::Busy,
-            RdmaPoll::Event => Wait::Event,
-        },
-    }
 }
 
 pub struct RdmaTransport {

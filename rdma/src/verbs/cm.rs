@@ -165,11 +165,14 @@ pub(crate) struct CmId {
     channel: Arc<EventChannel>,
 }
 
-// SAFETY: librdmacm's calls on an id may come from any thread; the crate's owning types
-// make them from one thread at a time.
+// SAFETY: librdmacm keeps no per-thread state for an id, so any thread may call on it;
+// it moves between threads only whole, with the connection or listener that owns it.
 unsafe impl Send for CmId {}
-// SAFETY: the calls made through `&CmId` (disconnect, reads of its device and address)
-// are thread-safe in librdmacm.
+// SAFETY: an id is shared (by `Arc`) only among the parts of one connection (its
+// protection domain, completion queues, queue pair and the connection itself) or one
+// listener, which are used by one thread at a time (`&mut`); so no two threads call
+// through the same id at once, although its calls (connect, accept, disconnect, ...)
+// take `&self`. Sync is what those parts need to hold the `Arc`, not a licence to share.
 unsafe impl Sync for CmId {}
 
 impl CmId {

@@ -322,18 +322,24 @@ impl QueuePair {
     /// # Safety
     /// Each `sge` lies in a region registered in this queue pair's domain that outlives
     /// the send, and nothing writes it until its completion is polled.
-    pub unsafe fn post_sends(&self, sends: &[(u64, ibv_sge)]) -> (usize, io::Result<()>) {
-        let mut sges: Vec<ibv_sge> = sends.iter().map(|&(_, sge)| sge).collect();
-        let mut requests: Vec<ibv_send_wr> = Vec::with_capacity(sges.len());
-        for (sge, &(wr_id, _)) in sges.iter_mut().zip(sends) {
+    pub unsafe fn post_sends(
+        &self,
+        sends: impl ExactSizeIterator<Item = (u64, ibv_sge)>,
+    ) -> (usize, io::Result<()>) {
+        let mut sges: Vec<ibv_sge> = Vec::with_capacity(sends.len());
+        let mut requests: Vec<ibv_send_wr> = Vec::with_capacity(sends.len());
+        for (wr_id, sge) in sends {
+            sges.push(sge);
             // SAFETY: a C struct of integers, pointers and unions, for which all zeros is
             // valid.
             let mut request: ibv_send_wr = unsafe { std::mem::zeroed() };
             request.wr_id = wr_id;
-            request.sg_list = sge;
             request.num_sge = 1;
             request.opcode = ibv_wr_opcode::IBV_WR_SEND;
             requests.push(request);
+        }
+        for (request, sge) in requests.iter_mut().zip(&mut sges) {
+            request.sg_list = sge;
         }
         // Linked only now that the vector no longer moves.
         for i in 1..requests.len() {

@@ -9,31 +9,12 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use netagg_config::PollMode;
-use netagg_dpdk::{MacAddr, PortEndpoint, Settings};
+use netagg_dpdk::PortEndpoint;
 use netagg_wire::Endpoint;
 
 use super::{DataPort, ThreadLink};
 
 pub struct DpdkPort(PortEndpoint);
-
-/// `[switch.dpdk]` in the DPDK crate's terms.
-fn dpdk_settings(dpdk: &netagg_config::Dpdk) -> Settings {
-    Settings {
-        section: "switch.dpdk",
-        eal_args: dpdk.eal_arguments(),
-        device: dpdk.device.clone(),
-        peer_mac: dpdk.peer_mac.map(MacAddr),
-        rx_descriptors: dpdk.rx_descriptors,
-        tx_descriptors: dpdk.tx_descriptors,
-        pool_size: dpdk.pool_size,
-        burst: dpdk.burst,
-        poll: match dpdk.poll {
-            PollMode::Busy => netagg_dpdk::PollMode::Busy,
-            PollMode::Adaptive => netagg_dpdk::PollMode::Adaptive,
-        },
-    }
-}
 
 impl DpdkPort {
     /// Starts EAL and the `[switch.dpdk]` port, at `switch.dpdk.ip` (else
@@ -50,7 +31,7 @@ impl DpdkPort {
                 ))
             }
         };
-        let endpoint = PortEndpoint::open(&dpdk_settings(dpdk), ip, settings.data.port())
+        let endpoint = PortEndpoint::open(&dpdk.settings("switch.dpdk"), ip, settings.data.port())
             .map_err(|error| error.to_string())?;
         let port = endpoint.port();
         tracing::info!(

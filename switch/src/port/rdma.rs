@@ -13,9 +13,8 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use netagg_config::RdmaPoll;
 use netagg_rdma::tagged::Peer;
-use netagg_rdma::{Options, Port, Settings, Wait};
+use netagg_rdma::{Options, Port};
 use netagg_wire::Endpoint;
 
 use super::{DataPort, ThreadLink};
@@ -33,16 +32,7 @@ impl RdmaPort {
     /// device's, if `[switch.rdma]` names one).
     pub fn open(settings: &netagg_config::Switch) -> Result<RdmaPort, String> {
         let rdma = &settings.rdma;
-        let rdma_settings = Settings {
-            device: rdma.device.clone(),
-            device_port: rdma.device_port,
-            gid_index: rdma.gid_index,
-            queue_depth: rdma.queue_depth,
-            wait: match rdma.poll {
-                RdmaPoll::Busy => Wait::Busy,
-                RdmaPoll::Event => Wait::Event,
-            },
-        };
+        let rdma_settings = rdma.settings();
         let ip = netagg_rdma::settings::local_ip(&rdma_settings, "switch.rdma")
             .map_err(|error| error.to_string())?;
         let address = SocketAddr::new(ip.unwrap_or(settings.data.ip()), settings.data.port());
