@@ -116,6 +116,7 @@ impl WorkerProtocol {
     /// Queues the contribution that the new result `repr` of slot `index` releases, if
     /// any, or marks the round that ends the slot's stream. `exponent_round`: the result
     /// is the exponent round's, which releases every slot's first block.
+    #[inline]
     pub(super) fn release_next(&mut self, index: u16, repr: &PacketRepr, exponent_round: bool) {
         // Only a running job's results are taken.
         let Some(job) = &self.job else {
@@ -165,6 +166,7 @@ impl WorkerProtocol {
 
     /// Whether slot `index`'s stream is over: the result that ended it, and every one
     /// before, is held, and nothing is outstanding.
+    #[inline]
     pub(super) fn stream_ended(&self, index: u16) -> bool {
         let slot = &self.slots[index as usize];
         slot.end_round == Some(slot.have) && slot.outstanding.is_none()
