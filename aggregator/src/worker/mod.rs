@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::END_OF_STREAM;
 use netagg_wire::WireError;
 
-use crate::pacer::{LinkPacer, PacingConfig};
+use crate::pacer::{DeliveryBatch, LinkPacer, PacingConfig};
 
 mod job;
 mod receive;
@@ -277,6 +277,8 @@ pub struct WorkerProtocol {
     resends: VecDeque<(u16, Send)>,
     /// The pacer of this worker's path, which its other threads may share.
     pacer: Arc<LinkPacer>,
+    /// Results received and not yet in the pacer's count.
+    delivered: DeliveryBatch,
     /// Slots by their timers' deadlines, at most one live entry per slot (`queued`).
     timers: BinaryHeap<Reverse<(Instant, u16)>>,
     last_progress: Instant,
@@ -337,6 +339,7 @@ impl WorkerProtocol {
         WorkerProtocol {
             base_timeout: config.retransmit_timeout,
             pacer,
+            delivered: DeliveryBatch::default(),
             config,
             slots,
             job: None,

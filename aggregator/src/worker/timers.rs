@@ -82,7 +82,7 @@ impl WorkerProtocol {
             self.sample_rtt(rtt);
         }
         let completed_here = repr.completed_by() == Some(self.config.rank);
-        self.pacer.sample(now, rtt, completed_here);
+        self.pacer.sample(now, rtt, completed_here, &mut self.delivered);
     }
 
     fn sample_rtt(&mut self, sample: Duration) {
