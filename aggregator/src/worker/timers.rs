@@ -42,8 +42,10 @@ impl WorkerProtocol {
         }
         let job_deadline = self.last_progress + self.config.job_timeout;
         let timer = self.timers.peek().map(|Reverse((at, _))| *at);
+        // Asked only with a packet held back: the pacer's lock, which the worker's threads
+        // share, is not for every turn of every thread's loop.
         let held = !self.paced.is_empty() || !self.resends.is_empty();
-        let paced = self.pacer.ready_at().filter(|_| held);
+        let paced = if held { self.pacer.ready_at() } else { None };
         [timer, paced].into_iter().flatten().chain([job_deadline]).min()
     }
 
