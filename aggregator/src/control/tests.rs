@@ -48,58 +48,18 @@ fn register(rank: u16, world_size: u16, name: &str) -> ControlMessage {
     }
 }
 
-fn with_slots(message: ControlMessage, new_slots: u16) -> ControlMessage {
-    match message {
-        ControlMessage::Register {
-            slots: _,
-            rank,
-            world_size,
-            packet_elements,
-            depth,
-            encoding,
-            sparse_blocks,
-            name,
-            endpoints,
-        } => ControlMessage::Register {
-            slots: new_slots,
-            rank,
-            world_size,
-            packet_elements,
-            depth,
-            encoding,
-            sparse_blocks,
-            name,
-            endpoints,
-        },
-        other => other,
+fn with_slots(mut message: ControlMessage, new_slots: u16) -> ControlMessage {
+    if let ControlMessage::Register { slots, .. } = &mut message {
+        *slots = new_slots;
     }
+    message
 }
 
-fn with_endpoints(message: ControlMessage, new_endpoints: Vec<Endpoint>) -> ControlMessage {
-    match message {
-        ControlMessage::Register {
-            endpoints: _,
-            rank,
-            world_size,
-            packet_elements,
-            slots,
-            depth,
-            encoding,
-            sparse_blocks,
-            name,
-        } => ControlMessage::Register {
-            endpoints: new_endpoints,
-            rank,
-            world_size,
-            packet_elements,
-            slots,
-            depth,
-            encoding,
-            sparse_blocks,
-            name,
-        },
-        other => other,
+fn with_endpoints(mut message: ControlMessage, new_endpoints: Vec<Endpoint>) -> ControlMessage {
+    if let ControlMessage::Register { endpoints, .. } = &mut message {
+        *endpoints = new_endpoints;
     }
+    message
 }
 
 fn send(connection: ConnectionId, request_id: u32, message: ControlMessage) -> Action {
