@@ -55,6 +55,7 @@ pub mod sim;
 pub mod sum;
 pub mod worker;
 pub mod workers;
+pub mod zero_scan;
 
 pub use engine::{
     Departure, DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit,

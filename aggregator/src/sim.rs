@@ -18,9 +18,8 @@ use crate::control::{Action, ControlLimits, OpenError, Opened, Registry};
 use crate::engine::{Engine, EngineLimits, Recipient, SessionCounters, SessionId, Verdict};
 use crate::faults::{FaultInjector, FaultRates};
 use crate::pacer::PacingConfig;
-use crate::worker::{
-    BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol,
-};
+use crate::worker::{BlockIo, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol};
+use crate::zero_scan::nonzero_blocks;
 
 /// Faults and timing of one direction of every worker's link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -589,11 +588,9 @@ impl Cluster {
         let mut specs = Vec::with_capacity(ios.len());
         for io in &ios {
             let layout = if sparse {
-                Layout::Sparse(BlockMask::from_fn(blocks, |b| {
-                    let start = b as usize * packet_elements * 4;
-                    let end = (start + packet_elements * 4).min(io.input.len());
-                    io.input[start..end].iter().any(|&byte| byte != 0)
-                }))
+                // Blocks of a whole packet each (never empty), as many as `blocks` counts.
+                let mask = nonzero_blocks(&io.input, io.block_bytes).expect("blocks of whole packets");
+                Layout::Sparse(mask)
             } else {
                 Layout::Dense
             };

@@ -3,9 +3,11 @@
 //! OmniReduce's insight is that gradients are often sparse at the granularity of blocks,
 //! so a worker sends only its non-zero blocks and a block zero on every worker never
 //! travels. The worker protocol already streams sparse jobs ([`Layout::Sparse`]); this
-//! builds a slice's mask of non-zero blocks by looking at the bytes.
+//! chooses a slice's layout, with its mask of non-zero blocks found by
+//! [`nonzero_blocks`].
 
-use netagg_aggregator::{BlockMask, Layout};
+use netagg_aggregator::zero_scan::nonzero_blocks;
+use netagg_aggregator::Layout;
 use netagg_config::SparseMode;
 
 use crate::codec::Codec;
@@ -32,20 +34,15 @@ pub fn layout(
     block_bytes: usize,
     mut zero_output: impl FnMut(std::ops::Range<usize>),
 ) -> Layout {
-    if mode == SparseMode::Off || !codec.keeps_zero_blocks_zero(data_type) || block_bytes == 0 {
+    if mode == SparseMode::Off || !codec.keeps_zero_blocks_zero(data_type) {
         return Layout::Dense;
     }
-    let blocks = input.chunks(block_bytes);
-    let Ok(count) = u32::try_from(blocks.len()) else {
-        // More blocks than the protocol numbers: the protocol refuses the job either way.
+    let Some(mask) = nonzero_blocks(input, block_bytes) else {
+        // Blocks of no bytes, or more than the protocol numbers: the protocol refuses the
+        // job either way.
         return Layout::Dense;
     };
-    let mask = BlockMask::from_fn(count, |block| {
-        let start = block as usize * block_bytes;
-        let bytes = &input[start..(start + block_bytes).min(input.len())];
-        bytes.iter().any(|&b| b != 0)
-    });
-    for block in (0..count).filter(|&b| !mask.contains(b)) {
+    for block in (0..mask.blocks()).filter(|&b| !mask.contains(b)) {
         let start = block as usize * block_bytes;
         zero_output(start..(start + block_bytes).min(input.len()));
     }
@@ -55,6 +52,8 @@ pub fn layout(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use netagg_aggregator::BlockMask;
+
     use crate::codec::{BlockFloatingPoint, Native};
 
     fn int_bytes(values: &[i32]) -> Vec<u8> {
