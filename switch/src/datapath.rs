@@ -1,4 +1,10 @@
-//! The data path: one thread that owns the engine and a [`DataPort`].
+//! The data path: threads ("lanes") that each own an engine and a [`DataPort`].
+//!
+//! A switch runs one lane or several (`switch.threads`). Every lane's engine holds every
+//! session, under the same id, and sums the slots the lane owns ([`SlotSplit::Ranges`]
+//! over the lanes' endpoints, announced at registration): workers send each slot's
+//! packets to its lane, so lanes share no state on the per-packet path.
+//! [`crate::lanes::Lanes`] opens, closes and parts sessions in all of them.
 //!
 //! It hands each datagram the port receives to the engine, keeps the results of one
 //! receive call, and gives them to the port once the call returns, so that the port can
@@ -9,14 +15,16 @@
 
 use std::io;
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use netagg_aggregator::control::{OpenError, Registered};
+use netagg_aggregator::engine::SessionError;
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::{Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
-use netagg_wire::{packet, MAX_DATAGRAM_LEN};
+use netagg_wire::{packet, SlotSplit, MAX_DATAGRAM_LEN};
 use rustc_hash::FxHashMap;
 
 use crate::port::{DataPort, ThreadLink};
@@ -31,6 +39,8 @@ struct Peers<A> {
     workers: Vec<Vec<A>>,
     /// Slots of one worker thread: slot `s` belongs to thread `s / slots_per_thread`.
     slots_per_thread: u16,
+    /// The session's slots this lane owns: packets for others are misdirected.
+    owned: Range<u16>,
 }
 
 impl<A: Copy> Peers<A> {
@@ -40,6 +50,7 @@ impl<A: Copy> Peers<A> {
         workers: &[Registered],
         spec: &SessionSpec,
         slots_per_thread: u16,
+        owned: Range<u16>,
     ) -> Result<Peers<A>, String> {
         let slots_per_thread = slots_per_thread.max(1);
         let link = ThreadLink {
@@ -60,7 +71,7 @@ impl<A: Copy> Peers<A> {
             }
             resolved.push(threads);
         }
-        Ok(Peers { workers: resolved, slots_per_thread })
+        Ok(Peers { workers: resolved, slots_per_thread, owned })
     }
 
     fn address(&self, rank: u16, slot: u16) -> Option<A> {
@@ -75,7 +86,10 @@ impl<A: Copy> Peers<A> {
 
 /// Requests from the control plane.
 pub enum Command {
+    /// Opens a session under `id`, or under an id of the engine's choosing (the first
+    /// lane's, which the others then take).
     Open {
+        id: Option<SessionId>,
         spec: SessionSpec,
         token: u64,
         /// Per rank, in rank order.
@@ -117,11 +131,24 @@ pub enum Event {
     Orphaned { id: SessionId, departed: u16, counters: Option<SessionCounters> },
 }
 
+/// The latest activity of each open session on any lane, shared by the lanes so that a
+/// session busy on one does not expire, idle, on another.
+pub type Activity = Arc<Mutex<FxHashMap<SessionId, Instant>>>;
+
+/// Which lane a data path is, of how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane {
+    pub index: usize,
+    pub count: usize,
+}
+
 pub struct DataPath<P: DataPort> {
     port: P,
     board: Switchboard<P::Address>,
     commands: Receiver<Command>,
     events: Sender<Event>,
+    lane: Lane,
+    activity: Activity,
 }
 
 /// Everything but the port, so that datagrams are handled while the port still holds
@@ -181,15 +208,17 @@ impl<P: DataPort> DataPath<P> {
     pub fn new(
         port: P,
         limits: EngineLimits,
+        lane: Lane,
         commands: Receiver<Command>,
         events: Sender<Event>,
+        activity: Activity,
     ) -> DataPath<P> {
         let board = Switchboard {
             engine: Engine::new(limits),
             peers: FxHashMap::default(),
             results: Results { bytes: Vec::new(), len: 0, entries: Vec::new(), recipients: Vec::new() },
         };
-        DataPath { port, board, commands, events }
+        DataPath { port, board, commands, events, lane, activity }
     }
 
     /// Runs until a [`Command::Shutdown`] arrives or the command channel closes.
@@ -216,6 +245,7 @@ impl<P: DataPort> DataPath<P> {
             }
             let now = Instant::now();
             if now >= next_timer_check {
+                self.share_activity();
                 for id in self.board.engine.handle_timeout(now) {
                     self.forget(id);
                     tracing::info!(session = format_args!("{:#010x}", id.0), "session expired: idle");
@@ -235,8 +265,8 @@ impl<P: DataPort> DataPath<P> {
                 Err(crossbeam_channel::TryRecvError::Disconnected) => return false,
             };
             match command {
-                Command::Open { spec, token, workers, reply } => {
-                    let _ = reply.send(self.open(spec, token, &workers));
+                Command::Open { id, spec, token, workers, reply } => {
+                    let _ = reply.send(self.open(id, spec, token, &workers));
                 }
                 Command::Close { id, reply } => {
                     self.forget(id);
@@ -257,16 +287,46 @@ impl<P: DataPort> DataPath<P> {
         }
     }
 
+    /// Publishes each session's latest activity on this lane, and takes the latest of
+    /// any lane as its own.
+    fn share_activity(&mut self) {
+        let engine = &mut self.board.engine;
+        let sessions: Vec<SessionId> = engine.sessions().collect();
+        let mut latest = self.activity.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Only sessions every lane has opened are listed (by `Lanes`); the others wait.
+        for id in sessions {
+            let (Some(shared), Some(own)) = (latest.get_mut(&id), engine.last_activity(id)) else { continue };
+            *shared = (*shared).max(own);
+            engine.note_activity(id, *shared);
+        }
+    }
+
     fn open(
         &mut self,
+        id: Option<SessionId>,
         spec: SessionSpec,
         token: u64,
         workers: &[Registered],
     ) -> Result<SessionId, OpenError> {
         let threads = workers.first().map_or(1, |worker| worker.endpoints.len().max(1));
-        let peers = Peers::resolve(&mut self.port, workers, &spec, spec.slots / threads as u16)
+        let owned = SlotSplit::Ranges.owned(self.lane.index, spec.slots, self.lane.count);
+        let peers = Peers::resolve(&mut self.port, workers, &spec, spec.slots / threads as u16, owned)
             .map_err(OpenError::Endpoint)?;
-        match self.board.engine.open_session(Instant::now(), spec, token) {
+        let now = Instant::now();
+        let opened = match id {
+            None => self.board.engine.open_session(now, spec, token),
+            Some(id) => match self.board.engine.open_session_as(now, id, spec, token) {
+                // The first lane chose the id, so it has closed the session there: one
+                // whose closing has not reached this lane yet, which it can only hasten.
+                Err(SessionError::Taken { open, .. }) => {
+                    self.forget(SessionId(open));
+                    let _ = self.board.engine.close_session(SessionId(open));
+                    self.board.engine.open_session_as(now, id, spec, token)
+                }
+                other => other,
+            },
+        };
+        match opened {
             Ok(id) => {
                 self.board.peers.insert(id, peers);
                 Ok(id)
@@ -292,7 +352,11 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
         // A rank's packets for a slot come from the address of its thread owning the
         // slot: anything else is forged or misdirected, whatever it says.
         let from_its_rank = |session, rank, slot| {
-            peers.get(&session).and_then(|p: &Peers<A>| p.address(rank, slot)) == Some(source)
+            peers
+                .get(&session)
+                .filter(|p: &&Peers<A>| p.owned.contains(&slot))
+                .and_then(|p| p.address(rank, slot))
+                == Some(source)
         };
         // Room for the longest result: an ack may bring back a full one.
         let out = self.results.room(MAX_DATAGRAM_LEN);

@@ -1,0 +1,169 @@
+//! The control plane's handle on the data path's lanes: it opens, closes and parts
+//! sessions in every lane's engine, and adds up their counters.
+//!
+//! A session opens in the first lane, whose engine chooses its id, then in the others
+//! under that id, so that every packet's session id is valid in whichever lane owns its
+//! slot; if any lane refuses, the lanes that opened it close it again. A session ends in
+//! all lanes together: closed, expired or orphaned in one, it is closed in the rest.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use netagg_aggregator::control::{OpenError, Registered};
+use netagg_aggregator::engine::SessionCounters;
+use netagg_aggregator::faults::FaultCounters;
+use netagg_aggregator::{Departure, SessionId, SessionSpec};
+use rustc_hash::FxHashMap;
+
+use crate::datapath::{Activity, Command, Counters};
+
+/// How long a lane has to answer a request of the control plane.
+const LANE_WAIT: Duration = Duration::from_secs(5);
+
+/// Senders to every lane's command channel, in lane order.
+#[derive(Clone)]
+pub struct Lanes {
+    commands: Vec<Sender<Command>>,
+    activity: Activity,
+}
+
+impl Lanes {
+    pub fn new(commands: Vec<Sender<Command>>, activity: Activity) -> Lanes {
+        Lanes { commands, activity }
+    }
+
+    /// Opens a session in every lane under one id.
+    pub fn open(
+        &self,
+        spec: SessionSpec,
+        token: u64,
+        workers: Vec<Registered>,
+    ) -> Result<SessionId, OpenError> {
+        let Some((first, others)) = self.commands.split_first() else { return Err(OpenError::Unanswered) };
+        let open = |id, reply| Command::Open { id, spec, token, workers: workers.clone(), reply };
+        let id = ask(first, |reply| open(None, reply)).unwrap_or(Err(OpenError::Unanswered))?;
+        // The other lanes open it at once, each between two of its receive calls.
+        let answers: Vec<_> = others.iter().map(|lane| send(lane, |reply| open(Some(id), reply))).collect();
+        let refusal = answers
+            .into_iter()
+            .map(|answer| answer.and_then(|answer| answer.recv_timeout(LANE_WAIT).ok()))
+            .find_map(|opened| match opened {
+                Some(Ok(_)) => None,
+                Some(Err(error)) => Some(error),
+                None => Some(OpenError::Unanswered),
+            });
+        match refusal {
+            None => {
+                self.activity().insert(id, Instant::now());
+                Ok(id)
+            }
+            Some(error) => {
+                self.close(id);
+                Err(error)
+            }
+        }
+    }
+
+    /// Closes a session in every lane that holds it; its final counters, added up over
+    /// the lanes, if any held it.
+    pub fn close(&self, id: SessionId) -> Option<SessionCounters> {
+        let closed = self.ask_all(|reply| Command::Close { id, reply });
+        self.activity().remove(&id);
+        closed.into_iter().flatten().flatten().reduce(|sum, lane| sum + lane)
+    }
+
+    /// Tells every lane that `rank` leaves after its last job: [`Departure::Needed`] if
+    /// any lane's rounds still wait for it, `None` if a lane has no such session.
+    pub fn depart(&self, id: SessionId, rank: u16) -> Option<Departure> {
+        let answers = self.ask_all(|reply| Command::Depart { id, rank, reply });
+        let departures: Option<Vec<Departure>> = answers.into_iter().map(Option::flatten).collect();
+        let departures = departures?;
+        Some(if departures.contains(&Departure::Needed) {
+            Departure::Needed
+        } else if departures.iter().all(|&departure| departure == Departure::AllGone) {
+            Departure::AllGone
+        } else {
+            Departure::Lingers
+        })
+    }
+
+    /// Every lane's counters, added up; `None` if a lane does not answer in time.
+    pub fn counters(&self, wait: Duration) -> Option<Counters> {
+        let pending: Vec<_> =
+            self.commands.iter().map(|lane| send(lane, |reply| Command::Counters { reply })).collect();
+        let mut total: Option<Counters> = None;
+        for answer in pending {
+            let lane = answer?.recv_timeout(wait).ok()?;
+            total = Some(match total {
+                None => lane,
+                Some(sum) => add(sum, lane),
+            });
+        }
+        total
+    }
+
+    /// Asks every lane to stop.
+    pub fn shut_down(&self) {
+        for lane in &self.commands {
+            let _ = lane.send(Command::Shutdown);
+        }
+    }
+
+    /// Sends every lane a command, then waits for each answer; `None` for a lane that
+    /// gives none.
+    fn ask_all<T>(&self, command: impl Fn(Sender<T>) -> Command) -> Vec<Option<T>> {
+        let pending: Vec<_> = self.commands.iter().map(|lane| send(lane, &command)).collect();
+        pending
+            .into_iter()
+            .map(|answer| answer.and_then(|answer| answer.recv_timeout(LANE_WAIT).ok()))
+            .collect()
+    }
+
+    fn activity(&self) -> std::sync::MutexGuard<'_, FxHashMap<SessionId, Instant>> {
+        self.activity.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Sends a lane a command; where its answer will come, unless the lane has stopped.
+fn send<T>(
+    lane: &Sender<Command>,
+    command: impl FnOnce(Sender<T>) -> Command,
+) -> Option<crossbeam_channel::Receiver<T>> {
+    let (reply, answer) = crossbeam_channel::bounded(1);
+    lane.send(command(reply)).ok()?;
+    Some(answer)
+}
+
+/// Sends a lane a command and waits for its answer; `None` if none comes.
+fn ask<T>(lane: &Sender<Command>, command: impl FnOnce(Sender<T>) -> Command) -> Option<T> {
+    send(lane, command)?.recv_timeout(LANE_WAIT).ok()
+}
+
+/// Two lanes' counters as one switch's.
+fn add(sum: Counters, lane: Counters) -> Counters {
+    let mut sessions: FxHashMap<SessionId, SessionCounters> = FxHashMap::default();
+    for (id, counters) in sum.sessions.into_iter().chain(lane.sessions) {
+        let total = sessions.entry(id).or_default();
+        *total = *total + counters;
+    }
+    let mut sessions: Vec<_> = sessions.into_iter().collect();
+    sessions.sort_by_key(|&(id, _)| id);
+    let faults = match (sum.faults, lane.faults) {
+        (Some((a_in, a_out)), Some((b_in, b_out))) => {
+            Some((add_faults(a_in, b_in), add_faults(a_out, b_out)))
+        }
+        (one, other) => one.or(other),
+    };
+    Counters { engine: sum.engine + lane.engine, sessions, faults }
+}
+
+fn add_faults(a: FaultCounters, b: FaultCounters) -> FaultCounters {
+    FaultCounters {
+        datagrams: a.datagrams + b.datagrams,
+        dropped: a.dropped + b.dropped,
+        duplicated: a.duplicated + b.duplicated,
+        reordered: a.reordered + b.reordered,
+        corrupted: a.corrupted + b.corrupted,
+        delayed: a.delayed + b.delayed,
+    }
+}
