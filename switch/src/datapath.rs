@@ -6,9 +6,9 @@
 //! packets to its lane, so lanes share no state on the per-packet path.
 //! [`crate::lanes::Lanes`] opens, closes and parts sessions in all of them.
 //!
-//! It hands each datagram the port receives to the engine, keeps the results of one
-//! receive call, and gives them to the port once the call returns, so that the port can
-//! send them together (the UDP port: one GSO send per worker thread). The control plane
+//! It hands each datagram the port receives to the engine, which writes each result
+//! straight into the batch it leaves in ([`Outbox`]), and gives the batches to the port
+//! once the receive call returns (the UDP port: one GSO send per worker thread). The control plane
 //! talks to it through a channel of [`Command`]s, which it drains between receive calls;
 //! the receive timeout bounds how long that can wait, and keeps an idle switch asleep
 //! instead of spinning.
@@ -24,9 +24,11 @@ use netagg_aggregator::engine::SessionError;
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::{Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
-use netagg_wire::{packet, SlotSplit, MAX_DATAGRAM_LEN};
+use netagg_wire::packet::HEADER_LEN;
+use netagg_wire::{packet, Packet, SlotSplit};
 use rustc_hash::FxHashMap;
 
+use crate::outbox::{GroupKey, Outbox};
 use crate::port::{DataPort, ThreadLink};
 
 /// How long the data thread sleeps in `recv` before it looks at commands and timers.
@@ -75,8 +77,21 @@ impl<A: Copy> Peers<A> {
     }
 
     fn address(&self, rank: u16, slot: u16) -> Option<A> {
-        let thread = (slot / self.slots_per_thread) as usize;
-        self.workers.get(rank as usize)?.get(thread).copied()
+        self.workers.get(rank as usize)?.get(usize::from(self.thread(slot))).copied()
+    }
+
+    /// The worker thread that owns `slot`, in every rank.
+    fn thread(&self, slot: u16) -> u16 {
+        slot / self.slots_per_thread
+    }
+
+    /// The addresses of worker thread `thread` of every rank, or of `rank`'s alone.
+    fn group(&self, thread: u16, rank: Option<u16>) -> Vec<A> {
+        let ranks = match rank {
+            None => 0..self.workers.len(),
+            Some(rank) => usize::from(rank)..usize::from(rank) + 1,
+        };
+        self.workers[ranks].iter().filter_map(|threads| threads.get(usize::from(thread)).copied()).collect()
     }
 
     fn all(&self) -> impl Iterator<Item = A> + '_ {
@@ -156,52 +171,7 @@ pub struct DataPath<P: DataPort> {
 struct Switchboard<A> {
     engine: Engine,
     peers: FxHashMap<SessionId, Peers<A>>,
-    results: Results<A>,
-}
-
-/// The results of one receive call, each with its recipients, written in place by the
-/// engine and handed to the port once the call returns.
-struct Results<A> {
-    /// Results back to back in `bytes[..len]`; the buffer only grows, so it is neither
-    /// allocated nor zeroed per packet.
-    bytes: Vec<u8>,
-    len: usize,
-    /// Each result's bytes, and its recipients in `recipients`.
-    entries: Vec<(Range<usize>, Range<usize>)>,
-    recipients: Vec<A>,
-}
-
-impl<A: Copy> Results<A> {
-    /// Room for one more result of up to `len` bytes.
-    fn room(&mut self, len: usize) -> &mut [u8] {
-        let end = self.len + len;
-        if self.bytes.len() < end {
-            self.bytes.resize(end, 0);
-        }
-        &mut self.bytes[self.len..end]
-    }
-
-    /// Keeps the first `len` bytes of the last [`Results::room`] as a result for
-    /// `recipients`.
-    fn push(&mut self, len: usize, recipients: impl Iterator<Item = A>) {
-        let first = self.recipients.len();
-        self.recipients.extend(recipients);
-        self.entries.push((self.len..self.len + len, first..self.recipients.len()));
-        self.len += len;
-    }
-
-    /// Hands every result to the port, and forgets them.
-    fn send(&mut self, port: &mut impl DataPort<Address = A>) {
-        for (bytes, recipients) in self.entries.drain(..) {
-            let (result, recipients) = (&self.bytes[bytes], &self.recipients[recipients]);
-            match recipients {
-                [one] => port.send(*one, result),
-                all => port.broadcast(all, result),
-            }
-        }
-        self.len = 0;
-        self.recipients.clear();
-    }
+    results: Outbox<A>,
 }
 
 impl<P: DataPort> DataPath<P> {
@@ -216,7 +186,7 @@ impl<P: DataPort> DataPath<P> {
         let board = Switchboard {
             engine: Engine::new(limits),
             peers: FxHashMap::default(),
-            results: Results { bytes: Vec::new(), len: 0, entries: Vec::new(), recipients: Vec::new() },
+            results: Outbox::new(port.batch_segments()),
         };
         DataPath { port, board, commands, events, lane, activity }
     }
@@ -340,6 +310,7 @@ impl<P: DataPort> DataPath<P> {
 
     /// Drops a closed session's addresses and whatever the port keeps for them.
     fn forget(&mut self, id: SessionId) {
+        self.board.results.forget(id);
         if let Some(peers) = self.board.peers.remove(&id) {
             peers.all().for_each(|address| self.port.forget(address));
         }
@@ -348,9 +319,10 @@ impl<P: DataPort> DataPath<P> {
 
 impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
     fn handle(&mut self, now: Instant, source: A, datagram: &[u8]) {
-        let peers = &self.peers;
+        let Switchboard { engine, peers, results } = self;
         // A rank's packets for a slot come from the address of its thread owning the
-        // slot: anything else is forged or misdirected, whatever it says.
+        // slot, to the lane owning it: anything else is forged or misdirected, whatever
+        // it says.
         let from_its_rank = |session, rank, slot| {
             peers
                 .get(&session)
@@ -358,9 +330,23 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
                 .and_then(|p| p.address(rank, slot))
                 == Some(source)
         };
-        // Room for the longest result: an ack may bring back a full one.
-        let out = self.results.room(MAX_DATAGRAM_LEN);
-        let transmit = match self.engine.handle_datagram_from(now, datagram, out, from_its_rank) {
+        // Most results of a datagram are its slot's broadcast: the engine writes into that
+        // group's batch. Bytes too short to name a session get scratch space.
+        let header = (datagram.len() >= HEADER_LEN).then(|| Packet::new_unchecked(datagram));
+        let session_peers =
+            header.as_ref().and_then(|packet| Some((packet, peers.get(&SessionId(packet.session()))?)));
+        let predicted = session_peers.map(|(packet, session_peers)| {
+            let group = GroupKey {
+                session: SessionId(packet.session()),
+                thread: session_peers.thread(packet.slot()),
+                rank: None,
+            };
+            (group, session_peers)
+        });
+        let (lent, out) = results.room(predicted.map(|(group, _)| group), || {
+            predicted.map_or_else(Vec::new, |(group, session_peers)| session_peers.group(group.thread, None))
+        });
+        let transmit = match engine.handle_datagram_from(now, datagram, out, from_its_rank) {
             Verdict::Send(transmit) => transmit,
             Verdict::Consumed => return,
             Verdict::Dropped(reason) => {
@@ -368,12 +354,13 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
                 return;
             }
         };
-        let Some(peers) = self.peers.get(&transmit.session) else { return };
-        let slot = netagg_wire::Packet::new_unchecked(&out[..transmit.len]).slot();
-        let ranks = match transmit.recipient {
-            Recipient::All => 0..peers.workers.len() as u16,
-            Recipient::Worker(rank) => rank..rank + 1,
+        let Some(session_peers) = peers.get(&transmit.session) else { return };
+        let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
+        let rank = match transmit.recipient {
+            Recipient::All => None,
+            Recipient::Worker(rank) => Some(rank),
         };
-        self.results.push(transmit.len, ranks.filter_map(|rank| peers.address(rank, slot)));
+        let group = GroupKey { session: transmit.session, thread: session_peers.thread(slot), rank };
+        results.commit(lent, transmit.len, group, || session_peers.group(group.thread, rank));
     }
 }

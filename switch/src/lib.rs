@@ -20,6 +20,7 @@
 mod control;
 mod datapath;
 mod lanes;
+mod outbox;
 pub mod port;
 
 use std::io;

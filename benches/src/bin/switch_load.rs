@@ -307,8 +307,8 @@ impl Generator {
             // Lost on a full socket buffer: the window again, as a worker's timer would.
             if received == 0 && last_progress.elapsed() >= RESEND_AFTER {
                 copies.iter_mut().for_each(|c| *c = 0);
-                for index in 0..self.slots.len() {
-                    self.queue(&socket, &mut batches, index, rounds[index]);
+                for (index, &round) in rounds.iter().enumerate() {
+                    self.queue(&socket, &mut batches, index, round);
                 }
                 last_progress = Instant::now();
             }
