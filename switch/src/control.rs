@@ -11,11 +11,10 @@
 //! they happened. Opening a session in the data path (in every lane, through [`Lanes`])
 //! is done under the lock: each lane answers between two receive calls, within
 //! milliseconds, involves no socket, and so keeps a session's opening atomic for the
-//! other connections. Writes to
-//! sockets are not: what to send is decided under the lock and sent after it. Every
-//! write is non-blocking: a control message is a few hundred bytes, and a client whose
-//! socket cannot take one has stopped reading, so it is disconnected rather than waited
-//! for.
+//! other connections. Writes to sockets are not: what to send is decided under the lock
+//! and sent after it. Every write is non-blocking: a control message is a few hundred
+//! bytes, and a client whose socket cannot take one has stopped reading, so it is
+//! disconnected rather than waited for.
 //!
 //! One thread per connection, each blocked in a read: connections are few and live as
 //! long as their sessions, the registry's cap bounds the threads, and a read is all a
@@ -84,6 +83,7 @@ pub struct ControlPlane {
     stopping: AtomicBool,
     lanes: Lanes,
 }
+
 /// The longest the acceptor waits after `accept` fails before it tries again (out of
 /// descriptors, say: retrying at once would spin).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);

@@ -6,12 +6,12 @@
 //! packets to its lane, so lanes share no state on the per-packet path.
 //! [`crate::lanes::Lanes`] opens, closes and parts sessions in all of them.
 //!
-//! It hands each datagram the port receives to the engine, which writes each result
+//! A lane hands each datagram its port receives to the engine, which writes each result
 //! straight into the batch it leaves in ([`Outbox`]), and gives the batches to the port
-//! once the receive call returns (the UDP port: one GSO send per worker thread). The control plane
-//! talks to it through a channel of [`Command`]s, which it drains between receive calls;
-//! the receive timeout bounds how long that can wait, and keeps an idle switch asleep
-//! instead of spinning.
+//! once the receive call returns (the UDP port: one GSO send per worker thread). The
+//! control plane talks to it through a channel of [`Command`]s, which it drains between
+//! receive calls; the receive timeout bounds how long that can wait, and keeps an idle
+//! switch asleep instead of spinning.
 
 use std::io;
 use std::ops::Range;
@@ -91,7 +91,8 @@ impl<A: Copy> Peers<A> {
             None => 0..self.workers.len(),
             Some(rank) => usize::from(rank)..usize::from(rank) + 1,
         };
-        self.workers[ranks].iter().filter_map(|threads| threads.get(usize::from(thread)).copied()).collect()
+        let ranks = self.workers.get(ranks).unwrap_or_default();
+        ranks.iter().filter_map(|threads| threads.get(usize::from(thread)).copied()).collect()
     }
 
     fn all(&self) -> impl Iterator<Item = A> + '_ {
