@@ -167,3 +167,104 @@ fn add_faults(a: FaultCounters, b: FaultCounters) -> FaultCounters {
         delayed: a.delayed + b.delayed,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use crossbeam_channel::Receiver;
+
+    use super::*;
+
+    const SPEC: SessionSpec = SessionSpec { workers: 2, slots: 4, packet_elements: 8, depth: 2 };
+
+    /// A lane that departs as `departure` says, opens if `opens`, and records what it was
+    /// asked.
+    fn lane(
+        asked: Arc<Mutex<Vec<(usize, String)>>>,
+        index: usize,
+        commands: Receiver<Command>,
+        departure: Option<Departure>,
+        opens: bool,
+    ) {
+        std::thread::spawn(move || {
+            for command in commands {
+                let note = |what: String| asked.lock().unwrap().push((index, what));
+                match command {
+                    Command::Open { id, reply, .. } => {
+                        note(format!("open {id:?}"));
+                        let opened = if opens {
+                            Ok(id.unwrap_or(SessionId(0x0001_0003)))
+                        } else {
+                            Err(OpenError::Endpoint("unreachable".into()))
+                        };
+                        let _ = reply.send(opened);
+                    }
+                    Command::Close { id, reply } => {
+                        note(format!("close {:#x}", id.0));
+                        let _ = reply.send(Some(SessionCounters {
+                            packets_in: 10 + index as u64,
+                            ..Default::default()
+                        }));
+                    }
+                    Command::Depart { reply, .. } => {
+                        let _ = reply.send(departure);
+                    }
+                    Command::Counters { .. } | Command::Shutdown => {}
+                }
+            }
+        });
+    }
+
+    fn lanes(answers: &[(Option<Departure>, bool)]) -> (Lanes, Arc<Mutex<Vec<(usize, String)>>>) {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let senders = answers
+            .iter()
+            .enumerate()
+            .map(|(index, &(departure, opens))| {
+                let (sender, receiver) = crossbeam_channel::unbounded();
+                lane(Arc::clone(&asked), index, receiver, departure, opens);
+                sender
+            })
+            .collect();
+        (Lanes::new(senders, Activity::default()), asked)
+    }
+
+    #[test]
+    fn a_session_opens_under_the_first_lane_s_id_and_closes_everywhere_if_one_refuses() {
+        let (both, asked) = lanes(&[(None, true), (None, true)]);
+        assert_eq!(both.open(SPEC, 7, Vec::new()), Ok(SessionId(0x0001_0003)));
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [(0, "open None".into()), (1, "open Some(SessionId(65539))".into())]
+        );
+        assert_eq!(
+            both.close(SessionId(0x0001_0003)).map(|c| c.packets_in),
+            Some(21),
+            "both lanes' counters"
+        );
+
+        let (second_refuses, asked) = lanes(&[(None, true), (None, false)]);
+        assert_eq!(second_refuses.open(SPEC, 7, Vec::new()), Err(OpenError::Endpoint("unreachable".into())));
+        let mut closes: Vec<_> =
+            asked.lock().unwrap().iter().filter(|(_, what)| what.starts_with("close")).cloned().collect();
+        closes.sort();
+        assert_eq!(closes, [(0, "close 0x10003".into()), (1, "close 0x10003".into())]);
+    }
+
+    #[test]
+    fn a_departure_is_needed_if_any_lane_needs_it_and_all_gone_only_if_every_lane_says_so() {
+        use Departure::{AllGone, Lingers, Needed};
+        let id = SessionId(1);
+        let cases = [
+            (vec![Some(Lingers), Some(Needed)], Some(Needed)),
+            (vec![Some(AllGone), Some(AllGone)], Some(AllGone)),
+            (vec![Some(AllGone), Some(Lingers)], Some(Lingers)),
+            (vec![Some(Lingers), None], None),
+        ];
+        for (answers, merged) in cases {
+            let answers: Vec<_> = answers.into_iter().map(|departure| (departure, true)).collect();
+            assert_eq!(lanes(&answers).0.depart(id, 1), merged, "{answers:?}");
+        }
+    }
+}
