@@ -176,12 +176,15 @@ mod tests {
 
     use super::*;
 
+    /// What each fake lane was asked, with its index.
+    type Asked = Arc<Mutex<Vec<(usize, String)>>>;
+
     const SPEC: SessionSpec = SessionSpec { workers: 2, slots: 4, packet_elements: 8, depth: 2 };
 
     /// A lane that departs as `departure` says, opens if `opens`, and records what it was
     /// asked.
     fn lane(
-        asked: Arc<Mutex<Vec<(usize, String)>>>,
+        asked: Asked,
         index: usize,
         commands: Receiver<Command>,
         departure: Option<Departure>,
@@ -216,7 +219,7 @@ mod tests {
         });
     }
 
-    fn lanes(answers: &[(Option<Departure>, bool)]) -> (Lanes, Arc<Mutex<Vec<(usize, String)>>>) {
+    fn lanes(answers: &[(Option<Departure>, bool)]) -> (Lanes, Asked) {
         let asked = Arc::new(Mutex::new(Vec::new()));
         let senders = answers
             .iter()
