@@ -60,17 +60,20 @@ const SOCKET_BUFFER: usize = netagg_switch::DATA_SOCKET_BUFFER;
 
 fn main() -> ExitCode {
     let options = Options::parse();
-    let mut runs: Vec<(u16, Vec<f64>)> =
+    let mut runs: Vec<(u16, Vec<Run>)> =
         options.threads.iter().map(|&threads| (threads, Vec::new())).collect();
     for round in 0..options.rounds {
         for (threads, rates) in &mut runs {
             match measure(&options, *threads) {
-                Ok(rate) => {
+                Ok(run) => {
                     println!(
-                        "run {round} threads {threads}: {rate:.0} rounds/s, {:.2} Gbit/s per worker",
-                        gbps(&options, rate)
+                        "run {round} threads {threads}: {:.0} rounds/s, {:.2} Gbit/s per worker, {:.0} rounds per CPU second, {} windows sent again",
+                        run.rate,
+                        gbps(&options, run.rate),
+                        run.per_cpu_second,
+                        run.resends
                     );
-                    rates.push(rate);
+                    rates.push(run);
                 }
                 Err(message) => {
                     eprintln!("switch_load: {message}");
@@ -79,14 +82,22 @@ fn main() -> ExitCode {
             }
         }
     }
-    let baseline = median(&runs[0].1);
+    let medians = |runs: &[Run]| {
+        let rates: Vec<f64> = runs.iter().map(|run| run.rate).collect();
+        let per_cpu: Vec<f64> = runs.iter().map(|run| run.per_cpu_second).collect();
+        (median(&rates), median(&per_cpu))
+    };
+    let (baseline, baseline_per_cpu) = medians(&runs[0].1);
     for (threads, rates) in &runs {
-        let rate = median(rates);
+        let (rate, per_cpu) = medians(rates);
         println!(
-            "threads {threads}: median {rate:.0} rounds/s ({:.0} datagrams/s in), {:.2} Gbit/s per worker, {:.2} of threads {}",
+            "threads {threads}: median {rate:.0} rounds/s ({:.0} datagrams/s in), {:.2} Gbit/s per worker, {:.2} of \
+             threads {}; {per_cpu:.0} rounds per CPU second, {:.2} of threads {}",
             rate * f64::from(options.workers),
             gbps(&options, rate),
             rate / baseline,
+            runs[0].0,
+            per_cpu / baseline_per_cpu,
             runs[0].0
         );
     }
@@ -103,9 +114,32 @@ fn median(values: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
-/// One run: a switch of `threads` data-path threads, loaded until the time is up;
-/// returns the rounds completed per second.
-fn measure(options: &Options, threads: u16) -> Result<f64, String> {
+/// What one run measured.
+struct Run {
+    /// Rounds completed per second.
+    rate: f64,
+    /// Rounds completed per second of CPU the process (switch and generator) used: on a
+    /// machine shared with other work, more threads also take a larger share of its
+    /// cores, which this sets apart.
+    per_cpu_second: f64,
+    /// How often a generator thread sent its window again after a loss.
+    resends: u64,
+}
+
+/// User and system CPU seconds this process has used (`/proc/self/stat`, in ticks of
+/// 1/100 s).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |index: usize| fields.get(index).and_then(|field| field.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are the 14th and 15th fields, the 12th and 13th after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// One run: a switch of `threads` data-path threads, loaded until the time is up.
+fn measure(options: &Options, threads: u16) -> Result<Run, String> {
     let mut settings = netagg::Config::default().switch;
     settings.control = "127.0.0.1:0".parse().expect("an address");
     settings.data = "127.0.0.1:0".parse().expect("an address");
@@ -124,10 +158,11 @@ fn measure(options: &Options, threads: u16) -> Result<f64, String> {
     let (session, token, lanes, _control) = register(options, &switch, slots, endpoints)?;
 
     let stop = AtomicBool::new(false);
+    let mut cpu = 0.0;
     let start = Barrier::new(usize::from(options.generators) + 1);
     let warmup = Duration::from_secs_f64(options.seconds / 4.0);
     let measured = Duration::from_secs_f64(options.seconds);
-    let counts: Vec<(u64, u64)> = std::thread::scope(|scope| {
+    let counts: Vec<(u64, u64, u64)> = std::thread::scope(|scope| {
         let generators: Vec<_> = (0..options.generators)
             .zip(sockets)
             .map(|(index, socket)| {
@@ -137,19 +172,27 @@ fn measure(options: &Options, threads: u16) -> Result<f64, String> {
             })
             .collect();
         start.wait();
-        std::thread::sleep(warmup + measured);
+        std::thread::sleep(warmup);
+        let cpu_before = process_cpu_seconds();
+        std::thread::sleep(measured);
+        cpu = process_cpu_seconds() - cpu_before;
         stop.store(true, Ordering::Relaxed);
         generators.into_iter().map(|g| g.join().expect("a generator did not panic")).collect()
     });
     switch.stop().map_err(|e| e.to_string())?;
-    let mut rounds = 0;
-    for (completed, wrong) in counts {
+    let (mut rounds, mut resends) = (0, 0);
+    for (completed, wrong, resent) in counts {
         if wrong > 0 {
             return Err(format!("{wrong} results with a wrong sum"));
         }
         rounds += completed;
+        resends += resent;
     }
-    Ok(rounds as f64 / measured.as_secs_f64())
+    Ok(Run {
+        rate: rounds as f64 / measured.as_secs_f64(),
+        per_cpu_second: rounds as f64 / cpu.max(0.01),
+        resends,
+    })
 }
 
 /// Registers every rank with the same generator endpoints; the session, its token, the
@@ -246,22 +289,22 @@ impl Generator {
         }
     }
 
-    /// Drives the window until `stop`; returns the rounds completed after `warmup` and
-    /// the results whose sum was wrong.
+    /// Drives the window until `stop`; returns the rounds completed after `warmup`, the
+    /// results whose sum was wrong and how often the window was sent again.
     fn run(
         mut self,
         mut socket: BatchSocket,
         start: &Barrier,
         stop: &AtomicBool,
         warmup: Duration,
-    ) -> (u64, u64) {
+    ) -> (u64, u64, u64) {
         let first_slot = self.slots[0].0;
         // Per slot of this thread: its round, and the copies of its result back.
         let mut rounds = vec![0u32; self.slots.len()];
         let mut copies = vec![0u16; self.slots.len()];
         let mut batches: Vec<SegmentBatch> =
             self.lanes.iter().map(|_| SegmentBatch::new(socket.max_segments())).collect();
-        let (mut completed, mut wrong) = (0u64, 0u64);
+        let (mut completed, mut wrong, mut resends) = (0u64, 0u64, 0u64);
         start.wait();
         let counting_from = Instant::now() + warmup;
         let mut counting = false;
@@ -306,6 +349,7 @@ impl Generator {
             }
             // Lost on a full socket buffer: the window again, as a worker's timer would.
             if received == 0 && last_progress.elapsed() >= RESEND_AFTER {
+                resends += 1;
                 copies.iter_mut().for_each(|c| *c = 0);
                 for (index, &round) in rounds.iter().enumerate() {
                     self.queue(&socket, &mut batches, index, round);
@@ -314,7 +358,7 @@ impl Generator {
             }
             self.flush(&socket, &mut batches);
         }
-        (completed, wrong)
+        (completed, wrong, resends)
     }
 
     /// Queues every rank's contribution to `round` of this thread's slot `index`.
