@@ -455,7 +455,7 @@ impl Cluster {
         let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let endpoint = netagg_wire::Endpoint::Udp(SocketAddr::new(host, 0));
         let mut registry = Registry::new(
-            endpoint,
+            vec![endpoint],
             ControlLimits {
                 max_connections: usize::from(config.workers),
                 max_sessions: 1,

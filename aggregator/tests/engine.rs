@@ -401,6 +401,49 @@ fn idle_sessions_expire_and_free_their_memory() {
 }
 
 #[test]
+fn activity_seen_by_another_engine_keeps_a_session_from_expiring() {
+    let limits = EngineLimits { session_idle_timeout: Duration::from_secs(5), ..EngineLimits::default() };
+    let mut switch = Switch::with_limits(limits);
+    let session = switch.open(2, 2, 2);
+    let elsewhere = switch.now + Duration::from_secs(4);
+    switch.engine.note_activity(session, elsewhere);
+    // Older activity changes nothing: the latest counts.
+    switch.engine.note_activity(session, switch.now);
+    assert_eq!(switch.engine.last_activity(session), Some(elsewhere));
+    assert_eq!(switch.engine.handle_timeout(switch.now + Duration::from_secs(8)), vec![]);
+    assert_eq!(switch.engine.handle_timeout(elsewhere + Duration::from_secs(5)), vec![session]);
+    assert_eq!(switch.engine.last_activity(session), None);
+}
+
+#[test]
+fn a_session_opened_under_another_engine_s_id_takes_that_id_s_packets() {
+    let mut first = Switch::new();
+    let mut second = Switch::new();
+    let earlier = first.open(1, 1, 2);
+    first.engine.close_session(earlier).unwrap();
+    let id = first.open(2, 2, 2);
+    let spec = first.engine.session(id).unwrap().0;
+    assert_eq!(second.engine.open_session_as(second.now, id, spec, TOKEN), Ok(id));
+    let taken = second.engine.open_session_as(second.now, id, spec, TOKEN).unwrap_err();
+    assert_eq!(taken, SessionError::Taken { id: id.0, open: id.0 });
+    assert_eq!(
+        taken.to_string(),
+        format!("session id {0:#010x} is taken: session {0:#010x} is open at its index", id.0)
+    );
+    // Each engine sums the slots it is sent, under the one id.
+    second.feed(&data(id, 0, 1, 0, &[7, -2]));
+    let (_, repr, values) = second.result(&data(id, 1, 1, 0, &[1, 1]));
+    assert_eq!((repr.session, repr.slot, values), (id.0, 1, vec![8, -1]));
+    // Its own next session does not collide with the id it was given.
+    let own = second.open(1, 1, 2);
+    assert_ne!(own, id);
+    assert_eq!(
+        second.engine.bytes_in_use(),
+        spec.state_bytes() + second.engine.session(own).unwrap().0.state_bytes()
+    );
+}
+
+#[test]
 fn a_sparse_stream_expects_only_the_workers_holding_its_next_block() {
     let mut switch = Switch::new();
     let session = switch.open(3, 1, 4);

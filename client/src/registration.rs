@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use netagg_config::{Config, SparseMode};
 use netagg_wire::{ControlMessage, ValueEncoding, WireError};
 
-use crate::backend::{ControlAddresses, SwitchTransport};
+use crate::backend::{ControlAddresses, DataPaths, SwitchTransport};
 use crate::driver::Shared;
 use crate::Error;
 
@@ -65,14 +65,15 @@ pub(crate) fn register(
     })?;
     stream.set_read_timeout(None).map_err(failed)?;
     match reply {
-        (_, ControlMessage::Accept { session, token, data, .. }) => {
+        (_, ControlMessage::Accept { session, token, data, split, slots, .. }) => {
             let control = ControlAddresses {
                 switch: stream.peer_addr().map_err(failed)?.ip(),
                 local: stream.local_addr().map_err(failed)?.ip(),
             };
+            let paths = DataPaths { endpoints: data, split, slots };
             for transport in transports.iter_mut() {
-                transport.connect(&data, control).map_err(|source| {
-                    Error::io(format!("connecting to the switch's data path at {data}"), source)
+                transport.connect(&paths, control).map_err(|source| {
+                    Error::io(format!("connecting to the switch's data path at {paths}"), source)
                 })?;
             }
             Ok(Registration { control: stream, session, token })

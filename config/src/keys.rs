@@ -249,6 +249,11 @@ struct_keys! {
         /// ([switch.dpdk]) answering UDP at data's port; rdma, RDMA reliable connections accepted
         /// through rdma_cm at data's address and port ([switch.rdma]).
         transport = SwitchTransport::Udp, Choice { choices: SwitchTransport::NAMES, quoted: true };
+        /// Data-path threads, each with a UDP socket of its own (thread i at data's port + i, or
+        /// any free port when that is 0) and a contiguous share of every session's slots, which
+        /// registration tells the workers. 1 suits a host that also runs workers; a switch host
+        /// of its own may give it a core each up to its workers' threads. udp only.
+        threads = 1, Integer { min: 1, max: 64 };
         /// A worker's data endpoint must be at the address its registration comes from, so that
         /// no one can aim a session's results at a third party; except inside these networks
         /// (comma-separated, 10.0.0.0/24,fd00::/64), for workers whose DPDK or RDMA NIC has an

@@ -28,6 +28,8 @@ pub struct Switch {
     pub data: SocketAddr,
     /// What the data path runs on.
     pub transport: SwitchTransport,
+    /// Data-path threads, each with a socket and a share of every session's slots.
+    pub threads: u16,
     /// Control connections at once (each holds a descriptor and a thread).
     pub max_connections: usize,
     /// Sessions open or assembling at once.

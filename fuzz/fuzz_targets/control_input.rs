@@ -121,7 +121,7 @@ impl Harness {
     fn new() -> Harness {
         let data = Endpoint::Udp("10.0.0.100:48864".parse().expect("an address"));
         Harness {
-            registry: Registry::new(data, LIMITS),
+            registry: Registry::new(vec![data], LIMITS),
             now: Instant::now(),
             connections: BTreeMap::new(),
             gone: BTreeSet::new(),

@@ -8,13 +8,13 @@
 //!
 //! One lock holds the registry and the table of connections, and every event is fed and
 //! its actions taken under it, so the registry sees events one at a time in the order
-//! they happened. Asking the data path (to open, close or part a session) is done under
-//! the lock: it answers between two receive calls, within milliseconds, involves no
-//! socket, and so keeps a session's opening atomic for the other connections. Writes to
-//! sockets are not: what to send is decided under the lock and sent after it. Every
-//! write is non-blocking: a control message is a few hundred bytes, and a client whose
-//! socket cannot take one has stopped reading, so it is disconnected rather than waited
-//! for.
+//! they happened. Opening a session in the data path (in every lane, through [`Lanes`])
+//! is done under the lock: each lane answers between two receive calls, within
+//! milliseconds, involves no socket, and so keeps a session's opening atomic for the
+//! other connections. Writes to sockets are not: what to send is decided under the lock
+//! and sent after it. Every write is non-blocking: a control message is a few hundred
+//! bytes, and a client whose socket cannot take one has stopped reading, so it is
+//! disconnected rather than waited for.
 //!
 //! One thread per connection, each blocked in a read: connections are few and live as
 //! long as their sessions, the registry's cap bounds the threads, and a read is all a
@@ -33,17 +33,16 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
 use netagg_aggregator::control::{
     Action, Assembly, Closure, ConnectionId, ControlLimits, OpenError, OpenRequest, Opened, Registered,
     Registry, SessionEnd,
 };
-use netagg_aggregator::engine::SessionCounters;
 use netagg_aggregator::{SessionId, SessionSpec};
 use netagg_wire::{ControlMessage, Endpoint, RejectCode, WireError};
 use rand::RngCore;
 
-use crate::datapath::{Command, Event};
+use crate::datapath::Event;
+use crate::lanes::Lanes;
 
 /// A connection's stream, shared by its thread and the table of connections: one
 /// descriptor per connection.
@@ -82,11 +81,9 @@ pub struct ControlPlane {
     /// Set when the switch stops: the acceptor takes no more connections, and closing
     /// connections no longer counts as ranks leaving.
     stopping: AtomicBool,
-    commands: Sender<Command>,
+    lanes: Lanes,
 }
 
-/// How long the data path has to answer a request of the control plane.
-const DATA_PATH_WAIT: Duration = Duration::from_secs(5);
 /// The longest the acceptor waits after `accept` fails before it tries again (out of
 /// descriptors, say: retrying at once would spin).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
@@ -94,17 +91,13 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl ControlPlane {
-    pub fn new(
-        commands: Sender<Command>,
-        data_endpoint: Endpoint,
-        limits: ControlLimits,
-    ) -> Arc<ControlPlane> {
-        let registry = Registry::new(data_endpoint, limits);
+    pub fn new(lanes: Lanes, data_endpoints: Vec<Endpoint>, limits: ControlLimits) -> Arc<ControlPlane> {
+        let registry = Registry::new(data_endpoints, limits);
         Arc::new(ControlPlane {
             shared: Mutex::new(Shared { registry, connections: HashMap::new() }),
             deadlines: Condvar::new(),
             stopping: AtomicBool::new(false),
-            commands,
+            lanes,
         })
     }
 
@@ -226,12 +219,17 @@ impl ControlPlane {
         }
     }
 
-    /// Tells the ranks of sessions the data path closed why.
+    /// Closes in every lane the sessions one lane closed, and tells their ranks why.
     pub fn handle_events(&self, events: crossbeam_channel::Receiver<Event>) {
         for event in events {
             let (id, end) = match event {
-                Event::Expired(id) => (id, SessionEnd::Expired),
+                Event::Expired(id) => {
+                    self.lanes.close(id);
+                    (id, SessionEnd::Expired)
+                }
                 Event::Orphaned { id, departed, counters } => {
+                    let others = self.lanes.close(id);
+                    let counters = counters.into_iter().chain(others).reduce(|sum, lane| sum + lane);
                     tracing::info!(session = %session(id), rank = departed, ?counters, "session closed: a round needs a rank that left");
                     (id, SessionEnd::Orphaned { departed })
                 }
@@ -360,10 +358,7 @@ impl ControlPlane {
     ) -> Result<Opened, OpenError> {
         // The token is the session's credential: unguessable, so only a CSPRNG will do.
         let token = rand::rngs::OsRng.next_u64();
-        let opened = self
-            .ask(|reply| Command::Open { spec, token, workers, reply })
-            .unwrap_or(Err(OpenError::Unanswered))
-            .map(|id| Opened { id, token });
+        let opened = self.lanes.open(spec, token, workers).map(|id| Opened { id, token });
         match &opened {
             Ok(Opened { id, .. }) => {
                 tracing::info!(%name, session = %session(*id), workers = spec.workers, "session open")
@@ -371,11 +366,6 @@ impl ControlPlane {
             Err(error) => tracing::warn!(%name, ?request, %error, "session could not open"),
         }
         opened
-    }
-
-    /// Closes a session in the data path; its final counters, if it was open there.
-    fn close_in_data_path(&self, id: SessionId) -> Option<SessionCounters> {
-        self.ask(|reply| Command::Close { id, reply }).flatten()
     }
 
     /// Does what [`ControlPlane::perform`] left for after the lock, in the registry's
@@ -389,23 +379,16 @@ impl ControlPlane {
                     let _ = stream.shutdown(Shutdown::Both);
                 }
                 Io::CloseSession { id, name, why } => {
-                    let counters = self.close_in_data_path(id);
+                    let counters = self.lanes.close(id);
                     tracing::info!(%name, session = %session(id), ?counters, "session closed: {why}");
                 }
                 Io::Depart { connection, id, rank } => {
-                    let departure = self.ask(|reply| Command::Depart { id, rank, reply }).flatten();
+                    let departure = self.lanes.depart(id, rank);
                     tracing::debug!(%connection, session = %session(id), rank, ?departure, "rank left");
                     self.feed(|registry| registry.handle_departure(connection, departure));
                 }
             }
         }
-    }
-
-    /// Sends the data path a command and waits for its answer; `None` if none comes.
-    fn ask<T>(&self, command: impl FnOnce(Sender<T>) -> Command) -> Option<T> {
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        self.commands.send(command(reply)).ok()?;
-        answer.recv_timeout(DATA_PATH_WAIT).ok()
     }
 }
 

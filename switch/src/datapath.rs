@@ -1,24 +1,34 @@
-//! The data path: one thread that owns the engine and a [`DataPort`].
+//! The data path: threads ("lanes") that each own an engine and a [`DataPort`].
 //!
-//! It hands each datagram the port receives to the engine, keeps the results of one
-//! receive call, and gives them to the port once the call returns, so that the port can
-//! send them together (the UDP port: one GSO send per worker thread). The control plane
-//! talks to it through a channel of [`Command`]s, which it drains between receive calls;
-//! the receive timeout bounds how long that can wait, and keeps an idle switch asleep
-//! instead of spinning.
+//! A switch runs one lane or several (`switch.threads`). Every lane's engine holds every
+//! session, under the same id, and sums the slots the lane owns ([`SlotSplit::Ranges`]
+//! over the lanes' endpoints, announced at registration): workers send each slot's
+//! packets to its lane, so lanes share no state on the per-packet path.
+//! [`crate::lanes::Lanes`] opens, closes and parts sessions in all of them.
+//!
+//! A lane hands each datagram its port receives to the engine, which writes each result
+//! straight into the batch it leaves in ([`Outbox`]), and gives the batches to the port
+//! once the receive call returns (the UDP port: one GSO send per worker thread). The
+//! control plane talks to it through a channel of [`Command`]s, which it drains between
+//! receive calls; the receive timeout bounds how long that can wait, and keeps an idle
+//! switch asleep instead of spinning.
 
 use std::io;
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use netagg_aggregator::control::{OpenError, Registered};
+use netagg_aggregator::engine::SessionError;
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::{Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
-use netagg_wire::{packet, MAX_DATAGRAM_LEN};
+use netagg_wire::packet::HEADER_LEN;
+use netagg_wire::{packet, Packet, SlotSplit};
 use rustc_hash::FxHashMap;
 
+use crate::outbox::{GroupKey, Outbox};
 use crate::port::{DataPort, ThreadLink};
 
 /// How long the data thread sleeps in `recv` before it looks at commands and timers.
@@ -31,6 +41,8 @@ struct Peers<A> {
     workers: Vec<Vec<A>>,
     /// Slots of one worker thread: slot `s` belongs to thread `s / slots_per_thread`.
     slots_per_thread: u16,
+    /// The session's slots this lane owns: packets for others are misdirected.
+    owned: Range<u16>,
 }
 
 impl<A: Copy> Peers<A> {
@@ -40,6 +52,7 @@ impl<A: Copy> Peers<A> {
         workers: &[Registered],
         spec: &SessionSpec,
         slots_per_thread: u16,
+        owned: Range<u16>,
     ) -> Result<Peers<A>, String> {
         let slots_per_thread = slots_per_thread.max(1);
         let link = ThreadLink {
@@ -60,12 +73,26 @@ impl<A: Copy> Peers<A> {
             }
             resolved.push(threads);
         }
-        Ok(Peers { workers: resolved, slots_per_thread })
+        Ok(Peers { workers: resolved, slots_per_thread, owned })
     }
 
     fn address(&self, rank: u16, slot: u16) -> Option<A> {
-        let thread = (slot / self.slots_per_thread) as usize;
-        self.workers.get(rank as usize)?.get(thread).copied()
+        self.workers.get(rank as usize)?.get(usize::from(self.thread(slot))).copied()
+    }
+
+    /// The worker thread that owns `slot`, in every rank.
+    fn thread(&self, slot: u16) -> u16 {
+        slot / self.slots_per_thread
+    }
+
+    /// The addresses of worker thread `thread` of every rank, or of `rank`'s alone.
+    fn group(&self, thread: u16, rank: Option<u16>) -> Vec<A> {
+        let ranks = match rank {
+            None => 0..self.workers.len(),
+            Some(rank) => usize::from(rank)..usize::from(rank) + 1,
+        };
+        let ranks = self.workers.get(ranks).unwrap_or_default();
+        ranks.iter().filter_map(|threads| threads.get(usize::from(thread)).copied()).collect()
     }
 
     fn all(&self) -> impl Iterator<Item = A> + '_ {
@@ -75,7 +102,10 @@ impl<A: Copy> Peers<A> {
 
 /// Requests from the control plane.
 pub enum Command {
+    /// Opens a session under `id`, or under an id of the engine's choosing (the first
+    /// lane's, which the others then take).
     Open {
+        id: Option<SessionId>,
         spec: SessionSpec,
         token: u64,
         /// Per rank, in rank order.
@@ -117,11 +147,24 @@ pub enum Event {
     Orphaned { id: SessionId, departed: u16, counters: Option<SessionCounters> },
 }
 
+/// The latest activity of each open session on any lane, shared by the lanes so that a
+/// session busy on one does not expire, idle, on another.
+pub type Activity = Arc<Mutex<FxHashMap<SessionId, Instant>>>;
+
+/// Which lane a data path is, of how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane {
+    pub index: usize,
+    pub count: usize,
+}
+
 pub struct DataPath<P: DataPort> {
     port: P,
     board: Switchboard<P::Address>,
     commands: Receiver<Command>,
     events: Sender<Event>,
+    lane: Lane,
+    activity: Activity,
 }
 
 /// Everything but the port, so that datagrams are handled while the port still holds
@@ -129,67 +172,24 @@ pub struct DataPath<P: DataPort> {
 struct Switchboard<A> {
     engine: Engine,
     peers: FxHashMap<SessionId, Peers<A>>,
-    results: Results<A>,
-}
-
-/// The results of one receive call, each with its recipients, written in place by the
-/// engine and handed to the port once the call returns.
-struct Results<A> {
-    /// Results back to back in `bytes[..len]`; the buffer only grows, so it is neither
-    /// allocated nor zeroed per packet.
-    bytes: Vec<u8>,
-    len: usize,
-    /// Each result's bytes, and its recipients in `recipients`.
-    entries: Vec<(Range<usize>, Range<usize>)>,
-    recipients: Vec<A>,
-}
-
-impl<A: Copy> Results<A> {
-    /// Room for one more result of up to `len` bytes.
-    fn room(&mut self, len: usize) -> &mut [u8] {
-        let end = self.len + len;
-        if self.bytes.len() < end {
-            self.bytes.resize(end, 0);
-        }
-        &mut self.bytes[self.len..end]
-    }
-
-    /// Keeps the first `len` bytes of the last [`Results::room`] as a result for
-    /// `recipients`.
-    fn push(&mut self, len: usize, recipients: impl Iterator<Item = A>) {
-        let first = self.recipients.len();
-        self.recipients.extend(recipients);
-        self.entries.push((self.len..self.len + len, first..self.recipients.len()));
-        self.len += len;
-    }
-
-    /// Hands every result to the port, and forgets them.
-    fn send(&mut self, port: &mut impl DataPort<Address = A>) {
-        for (bytes, recipients) in self.entries.drain(..) {
-            let (result, recipients) = (&self.bytes[bytes], &self.recipients[recipients]);
-            match recipients {
-                [one] => port.send(*one, result),
-                all => port.broadcast(all, result),
-            }
-        }
-        self.len = 0;
-        self.recipients.clear();
-    }
+    results: Outbox<A>,
 }
 
 impl<P: DataPort> DataPath<P> {
     pub fn new(
         port: P,
         limits: EngineLimits,
+        lane: Lane,
         commands: Receiver<Command>,
         events: Sender<Event>,
+        activity: Activity,
     ) -> DataPath<P> {
         let board = Switchboard {
             engine: Engine::new(limits),
             peers: FxHashMap::default(),
-            results: Results { bytes: Vec::new(), len: 0, entries: Vec::new(), recipients: Vec::new() },
+            results: Outbox::new(port.batch_segments()),
         };
-        DataPath { port, board, commands, events }
+        DataPath { port, board, commands, events, lane, activity }
     }
 
     /// Runs until a [`Command::Shutdown`] arrives or the command channel closes.
@@ -216,6 +216,7 @@ impl<P: DataPort> DataPath<P> {
             }
             let now = Instant::now();
             if now >= next_timer_check {
+                self.share_activity();
                 for id in self.board.engine.handle_timeout(now) {
                     self.forget(id);
                     tracing::info!(session = format_args!("{:#010x}", id.0), "session expired: idle");
@@ -235,8 +236,8 @@ impl<P: DataPort> DataPath<P> {
                 Err(crossbeam_channel::TryRecvError::Disconnected) => return false,
             };
             match command {
-                Command::Open { spec, token, workers, reply } => {
-                    let _ = reply.send(self.open(spec, token, &workers));
+                Command::Open { id, spec, token, workers, reply } => {
+                    let _ = reply.send(self.open(id, spec, token, &workers));
                 }
                 Command::Close { id, reply } => {
                     self.forget(id);
@@ -257,16 +258,46 @@ impl<P: DataPort> DataPath<P> {
         }
     }
 
+    /// Publishes each session's latest activity on this lane, and takes the latest of
+    /// any lane as its own.
+    fn share_activity(&mut self) {
+        let engine = &mut self.board.engine;
+        let sessions: Vec<SessionId> = engine.sessions().collect();
+        let mut latest = self.activity.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Only sessions every lane has opened are listed (by `Lanes`); the others wait.
+        for id in sessions {
+            let (Some(shared), Some(own)) = (latest.get_mut(&id), engine.last_activity(id)) else { continue };
+            *shared = (*shared).max(own);
+            engine.note_activity(id, *shared);
+        }
+    }
+
     fn open(
         &mut self,
+        id: Option<SessionId>,
         spec: SessionSpec,
         token: u64,
         workers: &[Registered],
     ) -> Result<SessionId, OpenError> {
         let threads = workers.first().map_or(1, |worker| worker.endpoints.len().max(1));
-        let peers = Peers::resolve(&mut self.port, workers, &spec, spec.slots / threads as u16)
+        let owned = SlotSplit::Ranges.owned(self.lane.index, spec.slots, self.lane.count);
+        let peers = Peers::resolve(&mut self.port, workers, &spec, spec.slots / threads as u16, owned)
             .map_err(OpenError::Endpoint)?;
-        match self.board.engine.open_session(Instant::now(), spec, token) {
+        let now = Instant::now();
+        let opened = match id {
+            None => self.board.engine.open_session(now, spec, token),
+            Some(id) => match self.board.engine.open_session_as(now, id, spec, token) {
+                // The first lane chose the id, so it has closed the session there: one
+                // whose closing has not reached this lane yet, which it can only hasten.
+                Err(SessionError::Taken { open, .. }) => {
+                    self.forget(SessionId(open));
+                    let _ = self.board.engine.close_session(SessionId(open));
+                    self.board.engine.open_session_as(now, id, spec, token)
+                }
+                other => other,
+            },
+        };
+        match opened {
             Ok(id) => {
                 self.board.peers.insert(id, peers);
                 Ok(id)
@@ -280,6 +311,7 @@ impl<P: DataPort> DataPath<P> {
 
     /// Drops a closed session's addresses and whatever the port keeps for them.
     fn forget(&mut self, id: SessionId) {
+        self.board.results.forget(id);
         if let Some(peers) = self.board.peers.remove(&id) {
             peers.all().for_each(|address| self.port.forget(address));
         }
@@ -288,15 +320,34 @@ impl<P: DataPort> DataPath<P> {
 
 impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
     fn handle(&mut self, now: Instant, source: A, datagram: &[u8]) {
-        let peers = &self.peers;
+        let Switchboard { engine, peers, results } = self;
         // A rank's packets for a slot come from the address of its thread owning the
-        // slot: anything else is forged or misdirected, whatever it says.
+        // slot, to the lane owning it: anything else is forged or misdirected, whatever
+        // it says.
         let from_its_rank = |session, rank, slot| {
-            peers.get(&session).and_then(|p: &Peers<A>| p.address(rank, slot)) == Some(source)
+            peers
+                .get(&session)
+                .filter(|p: &&Peers<A>| p.owned.contains(&slot))
+                .and_then(|p| p.address(rank, slot))
+                == Some(source)
         };
-        // Room for the longest result: an ack may bring back a full one.
-        let out = self.results.room(MAX_DATAGRAM_LEN);
-        let transmit = match self.engine.handle_datagram_from(now, datagram, out, from_its_rank) {
+        // Most results of a datagram are its slot's broadcast: the engine writes into that
+        // group's batch. Bytes too short to name a session get scratch space.
+        let header = (datagram.len() >= HEADER_LEN).then(|| Packet::new_unchecked(datagram));
+        let session_peers =
+            header.as_ref().and_then(|packet| Some((packet, peers.get(&SessionId(packet.session()))?)));
+        let predicted = session_peers.map(|(packet, session_peers)| {
+            let group = GroupKey {
+                session: SessionId(packet.session()),
+                thread: session_peers.thread(packet.slot()),
+                rank: None,
+            };
+            (group, session_peers)
+        });
+        let (lent, out) = results.room(predicted.map(|(group, _)| group), || {
+            predicted.map_or_else(Vec::new, |(group, session_peers)| session_peers.group(group.thread, None))
+        });
+        let transmit = match engine.handle_datagram_from(now, datagram, out, from_its_rank) {
             Verdict::Send(transmit) => transmit,
             Verdict::Consumed => return,
             Verdict::Dropped(reason) => {
@@ -304,12 +355,13 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
                 return;
             }
         };
-        let Some(peers) = self.peers.get(&transmit.session) else { return };
-        let slot = netagg_wire::Packet::new_unchecked(&out[..transmit.len]).slot();
-        let ranks = match transmit.recipient {
-            Recipient::All => 0..peers.workers.len() as u16,
-            Recipient::Worker(rank) => rank..rank + 1,
+        let Some(session_peers) = peers.get(&transmit.session) else { return };
+        let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
+        let rank = match transmit.recipient {
+            Recipient::All => None,
+            Recipient::Worker(rank) => Some(rank),
         };
-        self.results.push(transmit.len, ranks.filter_map(|rank| peers.address(rank, slot)));
+        let group = GroupKey { session: transmit.session, thread: session_peers.thread(slot), rank };
+        results.commit(lent, transmit.len, group, || session_peers.group(group.thread, rank));
     }
 }

@@ -10,7 +10,7 @@
 //! settings.control = "127.0.0.1:0".parse()?;
 //! settings.data = "127.0.0.1:0".parse()?;
 //! let switch = netagg_switch::Switch::start(&settings)?;
-//! println!("workers register at {}, send to {}", switch.control_addr(), switch.data_endpoint());
+//! println!("workers register at {}, send to {:?}", switch.control_addr(), switch.data_endpoints());
 //! switch.stop()?; // dropping it stops it too, ignoring a data path error
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -19,15 +19,16 @@
 
 mod control;
 mod datapath;
+mod lanes;
+mod outbox;
 pub mod port;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
 use netagg_aggregator::control::ControlLimits;
 use netagg_aggregator::EngineLimits;
 use netagg_config::SwitchTransport;
@@ -35,7 +36,8 @@ use netagg_wire::Endpoint;
 
 use crate::control::ControlPlane;
 pub use crate::datapath::Counters;
-use crate::datapath::{Command, DataPath};
+use crate::datapath::{DataPath, Lane};
+use crate::lanes::Lanes;
 pub use crate::port::udp::SOCKET_BUFFER as DATA_SOCKET_BUFFER;
 pub use crate::port::DataPort;
 
@@ -46,6 +48,15 @@ pub enum SwitchError {
     Listen { address: SocketAddr, source: io::Error },
     #[error("cannot bind UDP {address}: {source}")]
     Bind { address: SocketAddr, source: io::Error },
+    /// `switch.threads` above 1 for a transport whose data path runs on one thread.
+    #[error(
+        "switch.threads = {threads}, but the {transport} data path runs on one thread: only udp \
+         runs several; set switch.threads = 1"
+    )]
+    Threads { transport: SwitchTransport, threads: u16 },
+    /// The data port of the last of `switch.threads` lanes would be past port 65535.
+    #[error("switch.data = {data} leaves no room for {threads} data ports (one per thread) below 65536")]
+    Ports { data: SocketAddr, threads: u16 },
     #[error("cannot start the DPDK data path: {0}")]
     Dpdk(String),
     #[error("cannot start the RDMA data path: {0}")]
@@ -72,8 +83,8 @@ pub enum SwitchError {
 /// thread the switch started.
 pub struct Switch {
     control_addr: SocketAddr,
-    data_endpoint: Endpoint,
-    commands: Sender<Command>,
+    data_endpoints: Vec<Endpoint>,
+    lanes: Lanes,
     plane: Arc<ControlPlane>,
     threads: Threads,
 }
@@ -81,7 +92,8 @@ pub struct Switch {
 /// The switch's threads; each is `None` before it starts and once it is joined.
 #[derive(Default)]
 struct Threads {
-    datapath: Option<JoinHandle<io::Result<()>>>,
+    /// One per lane of the data path, in lane order.
+    datapath: Vec<JoinHandle<io::Result<()>>>,
     acceptor: Option<JoinHandle<()>>,
     events: Option<JoinHandle<()>>,
     timers: Option<JoinHandle<()>>,
@@ -95,15 +107,30 @@ impl Switch {
     /// a free port, and starts serving with its limits and faults. `stats_interval` and
     /// `log_level` are left to the caller, who owns the output and the logger.
     ///
-    /// This is where the configured transport becomes a [`DataPort`]: a new transport
-    /// adds its port here. DPDK and RDMA are Cargo features of the same names (on by
-    /// default): a build without one refuses its transport by name.
+    /// This is where the configured transport becomes [`DataPort`]s, one per lane
+    /// (`switch.threads`): a new transport adds its port here. UDP runs any number of
+    /// lanes, lane `i` at the data port + `i` (each on a free port if that is 0); DPDK
+    /// and RDMA run one, and refuse more by name. They are Cargo features of the same
+    /// names (on by default): a build without one refuses its transport by name.
     pub fn start(settings: &netagg_config::Switch) -> Result<Switch, SwitchError> {
+        let threads = settings.threads.max(1);
+        if threads > 1 && settings.transport != SwitchTransport::Udp {
+            return Err(SwitchError::Threads { transport: settings.transport, threads });
+        }
         match settings.transport {
             SwitchTransport::Udp => {
-                let port = port::UdpPort::bind(settings.data)
-                    .map_err(|source| SwitchError::Bind { address: settings.data, source })?;
-                Switch::start_with_port(settings, port)
+                let ports = (0..threads)
+                    .map(|lane| {
+                        let mut address = settings.data;
+                        if address.port() != 0 {
+                            let port = address.port().checked_add(lane);
+                            address
+                                .set_port(port.ok_or(SwitchError::Ports { data: settings.data, threads })?);
+                        }
+                        port::UdpPort::bind(address).map_err(|source| SwitchError::Bind { address, source })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Switch::start_with_ports(settings, ports)
             }
             #[cfg(feature = "dpdk")]
             SwitchTransport::Dpdk => {
@@ -121,41 +148,77 @@ impl Switch {
     }
 
     /// [`Switch::start`] with a data port of one's own (a [`port::MemorySocket`] in
-    /// tests, say); `settings.data` is not used. The port is wrapped in a
-    /// [`port::FaultyPort`] if `settings.faults` sets any fault.
+    /// tests, say): [`Switch::start_with_ports`] with one lane.
     pub fn start_with_port<P: DataPort>(
         settings: &netagg_config::Switch,
         port: P,
     ) -> Result<Switch, SwitchError> {
-        if settings.faults.is_active() {
-            tracing::warn!(faults = ?settings.faults, "injecting faults into the data path");
-            Switch::serve(settings, port::FaultyPort::new(port, &settings.faults))
-        } else {
-            Switch::serve(settings, port)
-        }
+        Switch::start_with_ports(settings, vec![port])
     }
 
-    fn serve<P: DataPort>(settings: &netagg_config::Switch, port: P) -> Result<Switch, SwitchError> {
+    /// [`Switch::start`] with data ports of one's own, one lane each, whatever
+    /// `settings.data` and `settings.threads` say. Each port is wrapped in a
+    /// [`port::FaultyPort`] (seeded apart) if `settings.faults` sets any fault.
+    pub fn start_with_ports<P: DataPort>(
+        settings: &netagg_config::Switch,
+        ports: Vec<P>,
+    ) -> Result<Switch, SwitchError> {
+        if !settings.faults.is_active() {
+            return Switch::serve(settings, ports);
+        }
+        tracing::warn!(faults = ?settings.faults, "injecting faults into the data path");
+        let faulty = (0u64..)
+            .zip(ports)
+            .map(|(lane, port)| {
+                let faults = netagg_config::Faults {
+                    seed: settings.faults.seed.wrapping_add(lane),
+                    ..settings.faults
+                };
+                port::FaultyPort::new(port, &faults)
+            })
+            .collect();
+        Switch::serve(settings, faulty)
+    }
+
+    fn serve<P: DataPort>(settings: &netagg_config::Switch, ports: Vec<P>) -> Result<Switch, SwitchError> {
+        if ports.is_empty() {
+            return Err(SwitchError::Start(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no data port to serve",
+            )));
+        }
         let control = TcpListener::bind(settings.control)
             .map_err(|source| SwitchError::Listen { address: settings.control, source })?;
         let control_addr = control.local_addr().map_err(SwitchError::Start)?;
-        let data_endpoint = port.endpoint();
+        let data_endpoints: Vec<Endpoint> = ports.iter().map(DataPort::endpoint).collect();
+        let max_datagram = ports.iter().filter_map(DataPort::max_datagram).min();
 
-        let (commands, command_receiver) = crossbeam_channel::unbounded();
         let (events, event_receiver) = crossbeam_channel::unbounded();
-        let plane_limits = ControlLimits { max_datagram: port.max_datagram(), ..control_limits(settings) };
-        let plane = ControlPlane::new(commands.clone(), data_endpoint, plane_limits);
+        let activity = Arc::new(Mutex::new(Default::default()));
+        let channels: Vec<_> = ports.iter().map(|_| crossbeam_channel::unbounded()).collect();
+        let lanes =
+            Lanes::new(channels.iter().map(|(sender, _)| sender.clone()).collect(), Arc::clone(&activity));
+        let plane_limits = ControlLimits { max_datagram, ..control_limits(settings) };
+        let plane = ControlPlane::new(lanes.clone(), data_endpoints.clone(), plane_limits);
         // Built before any thread starts, so that a failed start stops what did start.
-        let mut switch = Switch { control_addr, data_endpoint, commands, plane, threads: Threads::default() };
-        let datapath = DataPath::new(port, limits(settings), command_receiver, events);
-        switch.threads.datapath = Some(spawn("datapath", move || datapath.run())?);
+        let mut switch = Switch { control_addr, data_endpoints, lanes, plane, threads: Threads::default() };
+        let count = ports.len();
+        for (index, (port, (_, commands))) in ports.into_iter().zip(channels).enumerate() {
+            let lane = Lane { index, count };
+            let datapath =
+                DataPath::new(port, limits(settings), lane, commands, events.clone(), Arc::clone(&activity));
+            let name = if count == 1 { "datapath".to_string() } else { format!("datapath-{index}") };
+            switch.threads.datapath.push(spawn(&name, move || datapath.run())?);
+        }
+        drop(events);
         let plane = Arc::clone(&switch.plane);
         switch.threads.acceptor = Some(spawn("control", move || plane.serve(control))?);
         let plane = Arc::clone(&switch.plane);
         switch.threads.events = Some(spawn("control-events", move || plane.handle_events(event_receiver))?);
         let plane = Arc::clone(&switch.plane);
         switch.threads.timers = Some(spawn("control-timers", move || plane.drive_timers())?);
-        tracing::info!(%control_addr, %data_endpoint, "switch ready");
+        let data = switch.data_endpoints.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        tracing::info!(%control_addr, %data, "switch ready");
         Ok(switch)
     }
 
@@ -164,22 +227,28 @@ impl Switch {
         self.control_addr
     }
 
-    /// Where workers send their packets, with the port actually bound.
+    /// Where the first lane of the data path takes packets, with the port actually
+    /// bound: with one lane, where workers send all their packets.
     pub fn data_endpoint(&self) -> Endpoint {
-        self.data_endpoint
+        self.data_endpoints[0]
     }
 
-    /// False once the data path has stopped on its own (a socket error or a panic);
-    /// [`Switch::stop`] then reports why.
+    /// Where each lane of the data path takes packets, in lane order, as every accept
+    /// announces them.
+    pub fn data_endpoints(&self) -> &[Endpoint] {
+        &self.data_endpoints
+    }
+
+    /// False once a lane of the data path has stopped on its own (a socket error or a
+    /// panic); [`Switch::stop`] then reports why.
     pub fn is_running(&self) -> bool {
-        self.threads.datapath.as_ref().is_some_and(|datapath| !datapath.is_finished())
+        !self.threads.datapath.is_empty() && self.threads.datapath.iter().all(|lane| !lane.is_finished())
     }
 
-    /// A snapshot of the data path's counters; `None` if it does not answer in time.
+    /// A snapshot of the data path's counters, every lane's added up; `None` if a lane
+    /// does not answer in time.
     pub fn counters(&self) -> Option<Counters> {
-        let (reply, result) = crossbeam_channel::bounded(1);
-        self.commands.send(Command::Counters { reply }).ok()?;
-        result.recv_timeout(COUNTERS_WAIT).ok()
+        self.lanes.counters(COUNTERS_WAIT)
     }
 
     /// Stops the switch and waits for its threads; the error is the data path's, if it
@@ -204,13 +273,18 @@ impl Switch {
         if let Some(timers) = self.threads.timers.take() {
             let _ = timers.join();
         }
-        let _ = self.commands.send(Command::Shutdown);
-        let result = match self.threads.datapath.take().map(JoinHandle::join) {
-            None | Some(Ok(Ok(()))) => Ok(()),
-            Some(Ok(Err(error))) => Err(SwitchError::DataPath(error)),
-            Some(Err(_)) => Err(SwitchError::DataPathPanicked),
-        };
-        // The data path's end closed the event channel, which ends this thread.
+        self.lanes.shut_down();
+        let mut result = Ok(());
+        for lane in self.threads.datapath.drain(..) {
+            let ended = match lane.join() {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(error)) => Err(SwitchError::DataPath(error)),
+                Err(_) => Err(SwitchError::DataPathPanicked),
+            };
+            // The first lane's error is the one reported.
+            result = result.and(ended);
+        }
+        // The lanes' ends closed the event channel, which ends this thread.
         if let Some(events) = self.threads.events.take() {
             let _ = events.join();
         }
@@ -324,5 +398,54 @@ mod tests {
             );
             assert!(message.contains(&format!("the Cargo feature `{transport}`")), "{message}");
         }
+    }
+}
+
+#[cfg(test)]
+mod thread_tests {
+    use super::*;
+
+    /// DPDK and RDMA serve one data-path thread: more is refused by name, before any
+    /// device or address is touched.
+    #[test]
+    fn more_than_one_thread_is_refused_for_dpdk_and_rdma_by_name() {
+        for transport in [SwitchTransport::Dpdk, SwitchTransport::Rdma] {
+            let settings =
+                netagg_config::Switch { transport, threads: 2, ..netagg_config::Switch::default() };
+            let Err(error) = Switch::start(&settings) else { panic!("{transport} started with 2 threads") };
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    "switch.threads = 2, but the {transport} data path runs on one thread: only udp runs \
+                     several; set switch.threads = 1"
+                )
+            );
+        }
+    }
+
+    /// UDP lanes take consecutive ports from the configured one, and say so when the
+    /// last would be past 65535.
+    #[test]
+    fn udp_threads_take_consecutive_ports() {
+        let mut settings = netagg_config::Switch {
+            control: "127.0.0.1:0".parse().unwrap(),
+            threads: 2,
+            ..netagg_config::Switch::default()
+        };
+        settings.data = "127.0.0.1:65535".parse().unwrap();
+        let Err(error) = Switch::start(&settings) else { panic!("a port past 65535") };
+        assert_eq!(
+            error.to_string(),
+            "switch.data = 127.0.0.1:65535 leaves no room for 2 data ports (one per thread) below 65536"
+        );
+        // A free pair: bind one port, then ask for the two after it.
+        let probe = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let base = probe.local_addr().unwrap().port();
+        drop(probe);
+        settings.data.set_port(base);
+        let Ok(switch) = Switch::start(&settings) else { return }; // Taken meanwhile: nothing to check.
+        let ports: Vec<u16> = switch.data_endpoints().iter().map(|e| e.socket_addr().port()).collect();
+        assert_eq!(ports, [base, base + 1]);
+        switch.stop().unwrap();
     }
 }

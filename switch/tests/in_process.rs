@@ -54,7 +54,7 @@ fn reports_the_ports_it_bound_and_accepts_a_session() {
     assert!(switch.is_running());
     let (stream, reply) = register_alone(&switch);
     assert!(
-        matches!(reply, ControlMessage::Accept { data: Endpoint::Udp(at), world_size: 1, .. } if at == data),
+        matches!(&reply, ControlMessage::Accept { data: endpoints, world_size: 1, .. } if endpoints[..] == [Endpoint::Udp(data)]),
         "{reply:?}"
     );
     assert_eq!(switch.counters().expect("the data path answers").engine.sessions_opened, 1);

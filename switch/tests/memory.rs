@@ -40,7 +40,7 @@ fn open_session(switch: &Switch, name: &str, workers: &[&MemorySocket]) -> (Vec<
         stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         match ControlMessage::read_from(&mut stream).unwrap() {
             (1, ControlMessage::Accept { session, token, data, .. }) => {
-                assert_eq!(data, Endpoint::Udp(SWITCH_DATA.parse().unwrap()));
+                assert_eq!(data, [Endpoint::Udp(SWITCH_DATA.parse().unwrap())]);
                 accepted = Some((session, token));
             }
             other => panic!("{other:?}"),

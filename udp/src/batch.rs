@@ -93,6 +93,11 @@ impl SegmentBatch {
         &self.bytes[..self.filled]
     }
 
+    /// The datagrams, one by one: for a sender without segmentation offload.
+    pub fn datagrams(&self) -> impl Iterator<Item = &[u8]> {
+        self.contents().chunks(self.segment.max(1))
+    }
+
     /// The segment size to give the kernel, or `None` for a single datagram.
     pub fn segment_size(&self) -> Option<usize> {
         (self.count > 1).then_some(self.segment)
@@ -120,7 +125,10 @@ mod tests {
         batch.push(&[3; 60]);
         assert!(!batch.accepts(60), "a shorter datagram ends the batch");
         assert_eq!((batch.len(), batch.segment_size(), batch.contents().len()), (3, Some(100), 260));
+        let datagrams: Vec<&[u8]> = batch.datagrams().collect();
+        assert_eq!(datagrams, [&[1; 100][..], &[2; 100], &[3; 60]]);
         batch.clear();
+        assert_eq!(batch.datagrams().count(), 0);
         assert!(batch.accepts(500));
     }
 

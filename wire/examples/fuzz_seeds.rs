@@ -10,7 +10,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use netagg_wire::{
-    ControlMessage, ElementType, Endpoint, Flags, MessageType, Packet, PacketRepr, RejectCode, ValueEncoding,
+    ControlMessage, ElementType, Endpoint, Flags, MessageType, Packet, PacketRepr, RejectCode, SlotSplit,
+    ValueEncoding,
 };
 
 const SESSION: u32 = 0x0001_0001;
@@ -87,6 +88,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         depth: 2,
         token: TOKEN,
         data,
+        split: SlotSplit::Ranges,
     };
     let rdma =
         |address: &str, tag| Endpoint::Rdma { address: address.parse().expect("a literal address"), tag };
@@ -98,8 +100,9 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("pending", packet(&pending, &[])),
         ("register", control(&register("job", vec![udp("0.0.0.0:40000"), udp("10.0.0.2:40001")]))),
         ("register-rdma", control(&register("job", vec![rdma("10.0.0.2:0", 0x0123_4567_89ab_cdef)]))),
-        ("accept", control(&accept(udp("0.0.0.0:48864")))),
-        ("accept-rdma", control(&accept(rdma("[::]:48864", 0)))),
+        ("accept", control(&accept(vec![udp("0.0.0.0:48864")]))),
+        ("accept-threads", control(&accept(vec![udp("0.0.0.0:48864"), udp("0.0.0.0:48865")]))),
+        ("accept-rdma", control(&accept(vec![rdma("[::]:48864", 0)]))),
         ("reject", control(&ControlMessage::Reject { code: RejectCode::Limit, message: "limit".into() })),
         ("leave", control(&ControlMessage::Leave { session: 0xdead_beef, rank: 1 })),
     ]

@@ -19,11 +19,12 @@ use crate::{Result, WireError};
 
 /// Version of the control protocol (4: registration and accept carry transport-tagged
 /// endpoints instead of UDP ports; 5: the same messages, for packets of
-/// [`PACKET_VERSION`](crate::PACKET_VERSION) 4). Registration is where a worker and a
+/// [`PACKET_VERSION`](crate::PACKET_VERSION) 4; 6: an accept lists the switch's data
+/// endpoints and how the session's slots split over them). Registration is where a worker and a
 /// switch meet, so this version also stands for the packet format they will speak: peers
 /// of another version refuse each other's first message with [`WireError::Version`],
 /// which names both versions.
-pub const CONTROL_VERSION: u8 = 5;
+pub const CONTROL_VERSION: u8 = 6;
 
 /// Length of the control header.
 pub const CONTROL_HEADER_LEN: usize = 8;
@@ -33,6 +34,8 @@ pub const MAX_SESSION_NAME_LEN: usize = 64;
 pub const MAX_REJECT_MESSAGE_LEN: usize = 1024;
 /// Most worker threads one registration may announce.
 pub const MAX_THREADS: usize = 1024;
+/// Most data endpoints one accept may list.
+pub const MAX_DATA_ENDPOINTS: usize = 1024;
 
 const REGISTER: u8 = 1;
 const ACCEPT: u8 = 2;
@@ -56,6 +59,53 @@ impl TryFrom<u8> for ValueEncoding {
             0 => Ok(Self::Native),
             1 => Ok(Self::BlockFloatingPoint),
             _ => Err(WireError::InvalidField { field: "encoding", reason: "unknown encoding" }),
+        }
+    }
+}
+
+/// Which of an accept's data endpoints owns each slot of the session: its packets go
+/// there, and its results come from there.
+///
+/// One rule serves both a switch whose data-path threads each own a share of the slots
+/// and a session spread over several switches: the worker sends each slot's packets to
+/// its owner, whatever serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum SlotSplit {
+    /// Contiguous ranges, in endpoint order: of `slots` slots over `endpoints`, slot `s`
+    /// belongs to endpoint `s · endpoints / slots`. A worker thread's slots are a
+    /// contiguous range too, so that with as many endpoints as threads each thread talks
+    /// to one endpoint and its send batches stay whole.
+    Ranges = 0,
+}
+
+impl SlotSplit {
+    /// The index of the endpoint, of `endpoints`, that owns `slot` of `slots`.
+    pub fn owner(self, slot: u16, slots: u16, endpoints: usize) -> usize {
+        match self {
+            SlotSplit::Ranges => usize::from(slot) * endpoints / usize::from(slots.max(1)),
+        }
+    }
+
+    /// The slots, of `slots`, that endpoint `endpoint` of `endpoints` owns: those whose
+    /// [`SlotSplit::owner`] it is (possibly none, with fewer slots than endpoints).
+    pub fn owned(self, endpoint: usize, slots: u16, endpoints: usize) -> std::ops::Range<u16> {
+        match self {
+            SlotSplit::Ranges => {
+                // The first slot s with s · endpoints / slots ≥ e is ⌈e · slots / endpoints⌉.
+                let first = |e: usize| (e * usize::from(slots)).div_ceil(endpoints.max(1)) as u16;
+                first(endpoint)..first(endpoint + 1)
+            }
+        }
+    }
+}
+
+impl TryFrom<u8> for SlotSplit {
+    type Error = WireError;
+    fn try_from(value: u8) -> Result<Self> {
+        match value {
+            0 => Ok(Self::Ranges),
+            _ => Err(WireError::InvalidField { field: "slot split", reason: "unknown rule" }),
         }
     }
 }
@@ -292,7 +342,8 @@ pub enum ControlMessage {
     /// Switch → worker, once every rank has registered: the session is open.
     ///
     /// Body: session u32, rank u16, world size u16, packet elements u16, slots u16,
-    /// depth u8, reserved u8, token u64, data [`Endpoint`].
+    /// depth u8, slot split u8, token u64, endpoint count u16, one data [`Endpoint`]
+    /// each.
     Accept {
         session: u32,
         rank: u16,
@@ -303,9 +354,11 @@ pub enum ControlMessage {
         /// The session's secret, drawn from the switch's CSPRNG: every aggregation
         /// packet of the session carries it, and the switch drops those that do not.
         token: u64,
-        /// Where the switch's data path takes this worker's packets: a port of the
-        /// transport the worker registered with.
-        data: Endpoint,
+        /// Where the switch's data path takes this worker's packets, all of the
+        /// transport the worker registered with: each slot's packets go to the endpoint
+        /// that `split` names its owner.
+        data: Vec<Endpoint>,
+        split: SlotSplit,
     },
     /// Switch → worker: the request is refused.
     ///
@@ -327,7 +380,7 @@ impl ControlMessage {
             Self::Register { name, endpoints, .. } => {
                 14 + name.len() + endpoints.iter().map(Endpoint::buffer_len).sum::<usize>()
             }
-            Self::Accept { data, .. } => 22 + data.buffer_len(),
+            Self::Accept { data, .. } => 24 + data.iter().map(Endpoint::buffer_len).sum::<usize>(),
             Self::Reject { message, .. } => 4 + message.len(),
             Self::Leave { .. } => 6,
         }
@@ -386,13 +439,18 @@ impl ControlMessage {
                 packet_elements: body.u16()?,
                 slots: body.u16()?,
                 depth: body.u8()?,
-                token: {
-                    if body.u8()? != 0 {
-                        return Err(WireError::InvalidField { field: "reserved", reason: "must be zero" });
+                split: SlotSplit::try_from(body.u8()?)?,
+                token: body.u64()?,
+                data: {
+                    let endpoints = body.u16()? as usize;
+                    if endpoints == 0 || endpoints > MAX_DATA_ENDPOINTS {
+                        return Err(WireError::InvalidField {
+                            field: "data endpoints",
+                            reason: "not 1 to 1024",
+                        });
                     }
-                    body.u64()?
+                    (0..endpoints).map(|_| Endpoint::read(&mut body)).collect::<Result<Vec<_>>>()?
                 },
-                data: Endpoint::read(&mut body)?,
             },
             REJECT => Self::Reject {
                 code: RejectCode::try_from(body.u16()?)?,
@@ -444,6 +502,9 @@ impl ControlMessage {
             Self::Register { endpoints, .. } if endpoints.is_empty() || endpoints.len() > MAX_THREADS => {
                 return Err(WireError::InvalidField { field: "threads", reason: "not 1 to 1024" })
             }
+            Self::Accept { data, .. } if data.is_empty() || data.len() > MAX_DATA_ENDPOINTS => {
+                return Err(WireError::InvalidField { field: "data endpoints", reason: "not 1 to 1024" })
+            }
             Self::Reject { message, .. } if message.len() > MAX_REJECT_MESSAGE_LEN => {
                 return Err(WireError::InvalidField { field: "message", reason: "longer than 1024 bytes" })
             }
@@ -479,7 +540,7 @@ impl ControlMessage {
                 out.u16(endpoints.len() as u16);
                 endpoints.iter().for_each(|endpoint| endpoint.write(&mut out));
             }
-            Self::Accept { session, rank, world_size, packet_elements, slots, depth, token, data } => {
+            Self::Accept { session, rank, world_size, packet_elements, slots, depth, token, data, split } => {
                 out.header(ACCEPT, self.body_len(), request_id);
                 out.u32(*session);
                 out.u16(*rank);
@@ -487,9 +548,10 @@ impl ControlMessage {
                 out.u16(*packet_elements);
                 out.u16(*slots);
                 out.u8(*depth);
-                out.u8(0);
+                out.u8(*split as u8);
                 out.u64(*token);
-                data.write(&mut out);
+                out.u16(data.len() as u16);
+                data.iter().for_each(|endpoint| endpoint.write(&mut out));
             }
             Self::Reject { code, message } => {
                 out.header(REJECT, self.body_len(), request_id);
@@ -612,13 +674,14 @@ mod tests {
             slots: 128,
             depth: 2,
             token: 0x1122_3344_5566_7788,
-            data,
+            data: vec![data],
+            split: SlotSplit::Ranges,
         }
     }
 
     #[rustfmt::skip]
     const REGISTER_BYTES: [u8; 41] = [
-        0x05, 0x01, 0x21, 0x00, 0x2A, 0x00, 0x00, 0x00, // version 5, register, body 33, request 42
+        0x06, 0x01, 0x21, 0x00, 0x2A, 0x00, 0x00, 0x00, // version 6, register, body 33, request 42
         0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
         0x02, 0x01, 0x00, 0x03, b'j', b'o', b'b',       // depth 2, block fp, dense, name "job"
         0x02, 0x00,                                     // 2 threads:
@@ -635,21 +698,63 @@ mod tests {
     }
 
     #[test]
-    fn accept_carries_the_token_and_then_the_data_endpoint() {
+    fn accept_carries_the_token_and_then_the_data_endpoints() {
         #[rustfmt::skip]
-        let expected: [u8; 38] = [
-            0x05, 0x02, 0x1E, 0x00, 0x07, 0x00, 0x00, 0x00, // version 5, accept, body 30, request 7
+        let expected: [u8; 48] = [
+            0x06, 0x02, 0x28, 0x00, 0x07, 0x00, 0x00, 0x00, // version 6, accept, body 40, request 7
             0x02, 0x00, 0x01, 0x00,                         // session
             0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
-            0x02, 0x00,                                     // depth 2, reserved
+            0x02, 0x00,                                     // depth 2, slot split: ranges
             0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // token
+            0x02, 0x00,                                     // 2 data endpoints
             0x01, 0x06, 0, 0, 0, 0, 0xE0, 0xBE,             // udp, 6 bytes, 0.0.0.0 port 48864
+            0x01, 0x06, 0, 0, 0, 0, 0xE1, 0xBE,             // udp, 6 bytes, 0.0.0.0 port 48865
         ];
-        let accept = accept(udp("0.0.0.0:48864"));
-        let mut buffer = [0u8; 38];
-        assert_eq!(accept.emit(7, &mut buffer).unwrap(), 38);
+        let mut accept = accept(udp("0.0.0.0:48864"));
+        let ControlMessage::Accept { data, .. } = &mut accept else { unreachable!("an accept") };
+        data.push(udp("0.0.0.0:48865"));
+        let mut buffer = [0u8; 48];
+        assert_eq!(accept.emit(7, &mut buffer).unwrap(), 48);
         assert_eq!(buffer, expected);
         assert_eq!(ControlMessage::parse(&expected).unwrap(), (7, accept));
+    }
+
+    #[test]
+    fn ranges_give_each_endpoint_the_slots_it_owns_and_no_other() {
+        for (slots, endpoints) in [(128, 1), (128, 2), (128, 3), (6, 4), (1, 2), (7, 7), (1000, 24)] {
+            let owned: Vec<_> =
+                (0..endpoints).map(|e| SlotSplit::Ranges.owned(e, slots, endpoints)).collect();
+            assert_eq!(owned.first().map(|r| r.start), Some(0));
+            assert_eq!(owned.last().map(|r| r.end), Some(slots));
+            for (endpoint, range) in owned.iter().enumerate() {
+                for slot in range.clone() {
+                    assert_eq!(
+                        SlotSplit::Ranges.owner(slot, slots, endpoints),
+                        endpoint,
+                        "{slots} over {endpoints}"
+                    );
+                }
+            }
+        }
+        // As many endpoints as worker threads: each thread's slots have one owner.
+        assert_eq!(SlotSplit::Ranges.owned(1, 128, 2), 64..128);
+        assert_eq!(SlotSplit::Ranges.owned(1, 1, 2), 1..1);
+    }
+
+    #[test]
+    fn an_accept_lists_one_to_1024_data_endpoints() {
+        let mut none = accept(udp("0.0.0.0:9"));
+        let ControlMessage::Accept { data, .. } = &mut none else { unreachable!("an accept") };
+        data.clear();
+        let error = none.emit(0, &mut [0u8; 64]).unwrap_err();
+        assert_eq!(error, WireError::InvalidField { field: "data endpoints", reason: "not 1 to 1024" });
+        let mut bytes = vec![0u8; accept(udp("0.0.0.0:9")).buffer_len()];
+        accept(udp("0.0.0.0:9")).emit(0, &mut bytes).unwrap();
+        bytes[30] = 0;
+        assert_eq!(
+            ControlMessage::parse(&bytes).unwrap_err(),
+            WireError::InvalidField { field: "data endpoints", reason: "not 1 to 1024" }
+        );
     }
 
     #[test]
@@ -684,7 +789,7 @@ mod tests {
     #[test]
     fn an_rdma_hello_carries_the_tag_and_nothing_else_passes_for_one() {
         let hello = rdma_hello(0xDEAD_BEEF_0000_0001);
-        assert_eq!(&hello[..8], b"netaggR\x05");
+        assert_eq!(&hello[..8], b"netaggR\x06");
         let mut padded = hello.to_vec();
         padded.resize(56, 0);
         assert_eq!(rdma_hello_tag(&padded), Some(0xDEAD_BEEF_0000_0001));
@@ -773,11 +878,11 @@ mod tests {
 
     #[test]
     fn a_peer_of_the_previous_version_is_refused_by_name() {
-        // Version 4's register: the same layout, for the packets of version 3.
+        // Version 5's register: the same layout, answered by an accept of one endpoint.
         let mut old = REGISTER_BYTES;
-        old[0] = 4;
+        old[0] = 5;
         let error = ControlMessage::parse(&old).unwrap_err();
-        assert_eq!(error.to_string(), "protocol version 4 is not supported (this side speaks 5)");
+        assert_eq!(error.to_string(), "protocol version 5 is not supported (this side speaks 6)");
     }
 
     #[test]
@@ -830,14 +935,14 @@ mod tests {
     }
 
     #[test]
-    fn reserved_bytes_must_be_zero() {
+    fn an_unknown_slot_split_is_refused() {
         let accept = accept(udp("0.0.0.0:9"));
         let mut bytes = vec![0u8; accept.buffer_len()];
         accept.emit(0, &mut bytes).unwrap();
         bytes[21] = 1;
         assert_eq!(
             ControlMessage::parse(&bytes).unwrap_err(),
-            WireError::InvalidField { field: "reserved", reason: "must be zero" }
+            WireError::InvalidField { field: "slot split", reason: "unknown rule" }
         );
     }
 

@@ -27,7 +27,9 @@
 pub mod control;
 pub mod packet;
 
-pub use control::{ControlMessage, Endpoint, EndpointKind, RejectCode, ValueEncoding, CONTROL_VERSION};
+pub use control::{
+    ControlMessage, Endpoint, EndpointKind, RejectCode, SlotSplit, ValueEncoding, CONTROL_VERSION,
+};
 pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
 /// Version of the aggregation-packet format (2: the 48-byte header with the session

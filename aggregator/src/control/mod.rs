@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use netagg_wire::{ControlMessage, Endpoint, RejectCode, WireError};
+use netagg_wire::{ControlMessage, Endpoint, RejectCode, SlotSplit, WireError};
 
 use crate::engine::{Departure, SessionError, SessionId, SessionSpec};
 use registration::{Registration, Shape};
@@ -256,9 +256,9 @@ struct Leave {
 /// they call for. See the [module docs](self).
 pub struct Registry {
     limits: ControlLimits,
-    /// The data path's endpoint, announced in every accept: registrations must name
-    /// endpoints of its kind.
-    data_endpoint: Endpoint,
+    /// The data path's endpoints, announced in every accept with the slots each owns
+    /// ([`SlotSplit::Ranges`]): registrations must name endpoints of their kind.
+    data_endpoints: Vec<Endpoint>,
     connections: BTreeMap<ConnectionId, Connection>,
     assembling: HashMap<String, Assembling>,
     open: HashMap<String, OpenSession>,
@@ -269,10 +269,16 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(data_endpoint: Endpoint, limits: ControlLimits) -> Registry {
+    /// A registry for a data path reached at `data_endpoints`, all of one transport.
+    ///
+    /// # Panics
+    ///
+    /// If `data_endpoints` is empty: a data path is reached somewhere.
+    pub fn new(data_endpoints: Vec<Endpoint>, limits: ControlLimits) -> Registry {
+        assert!(!data_endpoints.is_empty(), "a registry needs the data path's endpoints");
         Registry {
             limits,
-            data_endpoint,
+            data_endpoints,
             connections: BTreeMap::new(),
             assembling: HashMap::new(),
             open: HashMap::new(),
@@ -558,7 +564,8 @@ impl Registry {
 
     /// Refuses a registration that its session, or this switch, cannot take.
     fn admit(&self, registration: &Registration) -> Result<(), Refusal> {
-        registration.check(&self.limits, &self.data_endpoint)?;
+        // Not empty: `new` checked.
+        registration.check(&self.limits, &self.data_endpoints[0])?;
         let Registration { name, rank, shape, .. } = registration;
         let (name, rank) = (name.as_str(), *rank);
         // A session some rank has left after its last job is ending: the same program's
@@ -636,7 +643,8 @@ impl Registry {
                 slots: shape.slots,
                 depth: shape.depth,
                 token: opened.token,
-                data: self.data_endpoint,
+                data: self.data_endpoints.clone(),
+                split: SlotSplit::Ranges,
             };
             self.send(member.connection, member.request_id, message);
             members.insert(rank, member.connection);

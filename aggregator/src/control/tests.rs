@@ -21,8 +21,12 @@ fn limits() -> ControlLimits {
     }
 }
 
-fn data_endpoint() -> Endpoint {
-    Endpoint::Udp("10.0.0.100:48864".parse().unwrap())
+/// The switch's data endpoints: two data-path threads, each with a port of its own.
+fn data_endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::Udp("10.0.0.100:48864".parse().unwrap()),
+        Endpoint::Udp("10.0.0.100:48865".parse().unwrap()),
+    ]
 }
 
 /// Where rank `rank`'s worker registers from.
@@ -82,7 +86,8 @@ fn accept(connection: ConnectionId, request_id: u32, rank: u16, opened: Opened) 
             slots: 2,
             depth: 2,
             token: opened.token,
-            data: data_endpoint(),
+            data: data_endpoints(),
+            split: SlotSplit::Ranges,
         },
     )
 }
@@ -102,7 +107,7 @@ impl Harness {
 
     fn with_limits(limits: ControlLimits) -> Harness {
         let now = Instant::now();
-        Harness { registry: Registry::new(data_endpoint(), limits), start: now, now }
+        Harness { registry: Registry::new(data_endpoints(), limits), start: now, now }
     }
 
     fn actions(&mut self) -> Vec<Action> {
@@ -196,7 +201,8 @@ fn a_session_opens_once_every_rank_has_registered_and_every_rank_is_accepted() {
                 slots: 2,
                 depth: 2,
                 token: 99,
-                data: data_endpoint(),
+                data: data_endpoints(),
+                split: SlotSplit::Ranges,
             },
         )
     };

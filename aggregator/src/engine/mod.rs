@@ -191,6 +191,46 @@ impl Engine {
         spec: SessionSpec,
         token: u64,
     ) -> Result<SessionId, SessionError> {
+        self.check_room(&spec)?;
+        let index = match self.sessions.iter().position(Option::is_none) {
+            Some(index) => index,
+            None => {
+                self.sessions.push(None);
+                self.generations.push(0);
+                self.sessions.len() - 1
+            }
+        };
+        // Generations start at 1 so that no session ever has id 0.
+        let generation = self.generations[index].wrapping_add(1).max(1);
+        let id = SessionId((generation as u32) << 16 | index as u32);
+        self.place(now, id, spec, token);
+        Ok(id)
+    }
+
+    /// [`Engine::open_session`] under an id another engine chose: for a switch whose
+    /// data-path threads each hold the same sessions, every thread's engine summing its
+    /// share of the slots, so that a packet's session id is valid in all of them.
+    pub fn open_session_as(
+        &mut self,
+        now: Instant,
+        id: SessionId,
+        spec: SessionSpec,
+        token: u64,
+    ) -> Result<SessionId, SessionError> {
+        if let Some(Some(open)) = self.sessions.get(id.index()) {
+            return Err(SessionError::Taken { id: id.0, open: open.id.0 });
+        }
+        self.check_room(&spec)?;
+        if self.sessions.len() <= id.index() {
+            self.sessions.resize_with(id.index() + 1, || None);
+            self.generations.resize(id.index() + 1, 0);
+        }
+        self.place(now, id, spec, token);
+        Ok(id)
+    }
+
+    /// Checks a session of `spec` against every limit.
+    fn check_room(&self, spec: &SessionSpec) -> Result<(), SessionError> {
         let limits = &self.limits;
         if spec.workers == 0 || spec.workers > limits.max_workers {
             return Err(SessionError::Workers { requested: spec.workers, max: limits.max_workers });
@@ -218,22 +258,15 @@ impl Engine {
         if needed > available {
             return Err(SessionError::Memory { needed, available });
         }
-        let index = match self.sessions.iter().position(Option::is_none) {
-            Some(index) => index,
-            None => {
-                self.sessions.push(None);
-                self.generations.push(0);
-                self.sessions.len() - 1
-            }
-        };
-        // Generations start at 1 so that no session ever has id 0.
-        let generation = self.generations[index].wrapping_add(1).max(1);
-        self.generations[index] = generation;
-        let id = SessionId((generation as u32) << 16 | index as u32);
-        self.sessions[index] = Some(Session::new(id, spec, token, now));
-        self.bytes_in_use += needed;
+        Ok(())
+    }
+
+    /// Puts a session checked by [`Engine::check_room`] at its id's free index.
+    fn place(&mut self, now: Instant, id: SessionId, spec: SessionSpec, token: u64) {
+        self.generations[id.index()] = id.generation();
+        self.sessions[id.index()] = Some(Session::new(id, spec, token, now));
+        self.bytes_in_use += spec.state_bytes();
         self.counters.sessions_opened += 1;
-        Ok(id)
     }
 
     /// Closes a session, freeing its slots; returns its final counters.
@@ -266,6 +299,21 @@ impl Engine {
     /// Ids of the open sessions.
     pub fn sessions(&self) -> impl Iterator<Item = SessionId> + '_ {
         self.sessions.iter().flatten().map(|s| s.id)
+    }
+
+    /// When an open session last received a packet that passed its token, rank, slot
+    /// and source checks.
+    pub fn last_activity(&self, id: SessionId) -> Option<Instant> {
+        Some(self.sessions.get(id.index())?.as_ref().filter(|s| s.id == id)?.last_activity)
+    }
+
+    /// Counts `at` as activity of session `id`, if it is later than the session's own:
+    /// for a switch whose threads each hold a share of a session's slots, so that a
+    /// session busy on one thread does not expire on another.
+    pub fn note_activity(&mut self, id: SessionId, at: Instant) {
+        if let Some(session) = self.session_mut(id) {
+            session.last_activity = session.last_activity.max(at);
+        }
     }
 
     /// Bytes of state the open sessions hold.

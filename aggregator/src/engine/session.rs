@@ -52,6 +52,8 @@ pub enum SessionError {
     Unknown(u32),
     #[error("rank {rank} is not below the session's {workers} workers")]
     Rank { rank: u16, workers: u16 },
+    #[error("session id {id:#010x} is taken: session {open:#010x} is open at its index")]
+    Taken { id: u32, open: u32 },
 }
 
 /// Handle of an open session; also the `session` field of its packets.
@@ -61,6 +63,10 @@ pub struct SessionId(pub u32);
 impl SessionId {
     pub(super) fn index(self) -> usize {
         (self.0 & 0xFFFF) as usize
+    }
+
+    pub(super) fn generation(self) -> u16 {
+        (self.0 >> 16) as u16
     }
 }
 

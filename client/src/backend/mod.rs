@@ -26,7 +26,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use netagg_config::{BackendKind, Config};
-use netagg_wire::Endpoint;
+use netagg_wire::packet::HEADER_LEN;
+use netagg_wire::{Endpoint, Packet, SlotSplit};
 
 use crate::Error;
 
@@ -57,14 +58,69 @@ pub trait Transport: Send {
 }
 
 /// A transport to a real switch: the context announces its endpoint when it registers,
-/// then connects it to the data endpoint of the switch's accept.
+/// then connects it to the data endpoints of the switch's accept.
 pub trait SwitchTransport: Transport {
     /// Where the switch reaches this worker thread. An unspecified IP stands for the
     /// address the registration comes from.
     fn endpoint(&self) -> Endpoint;
-    /// From now on exchanges datagrams with the switch's data path at `switch`; an
-    /// unspecified IP in it stands for `control.switch`, the control connection's peer.
-    fn connect(&mut self, switch: &Endpoint, control: ControlAddresses) -> io::Result<()>;
+    /// From now on exchanges datagrams with the switch's data path at `paths`, each
+    /// datagram with the endpoint that owns its slot; an unspecified IP in them stands
+    /// for `control.switch`, the control connection's peer.
+    fn connect(&mut self, paths: &DataPaths, control: ControlAddresses) -> io::Result<()>;
+}
+
+/// Where a session's packets go: the switch's data endpoints, and the rule of its accept
+/// that names the one owning each slot (a lane of a switch with several data-path
+/// threads, say).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataPaths {
+    /// In the accept's order; never empty.
+    pub endpoints: Vec<Endpoint>,
+    pub split: SlotSplit,
+    /// The session's slots.
+    pub slots: u16,
+}
+
+impl DataPaths {
+    /// The index in [`DataPaths::endpoints`] of the endpoint that takes `datagram`: the
+    /// owner of its slot, or the first for bytes too short to name one (mangled by a
+    /// fault injector, say).
+    pub fn owner(&self, datagram: &[u8]) -> usize {
+        let endpoints = self.endpoints.len();
+        if endpoints <= 1 || datagram.len() < HEADER_LEN {
+            return 0;
+        }
+        let slot = Packet::new_unchecked(datagram).slot();
+        // A slot beyond the session's, as corruption may make, still goes somewhere.
+        self.split.owner(slot, self.slots, endpoints).min(endpoints - 1)
+    }
+
+    /// The one endpoint of a transport that reaches a single one (DPDK and RDMA: a
+    /// switch of one data-path thread); an error naming `backend` otherwise.
+    pub fn single(&self, backend: &str) -> io::Result<&Endpoint> {
+        match &self.endpoints[..] {
+            [one] => Ok(one),
+            all => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "the switch announces {} data endpoints (switch.threads > 1); the {backend} backend \
+                     reaches one: run that switch with switch.threads = 1, or use backend = udp",
+                    all.len()
+                ),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for DataPaths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut separator = "";
+        for endpoint in &self.endpoints {
+            write!(f, "{separator}{endpoint}")?;
+            separator = ", ";
+        }
+        Ok(())
+    }
 }
 
 /// The two ends of the control connection a context registered over.
@@ -106,6 +162,48 @@ pub fn open(config: &Config) -> Result<Links, Error> {
         BackendKind::Rdma => Ok(Links::Switch(rdma::transports(config)?)),
         #[cfg(not(all(feature = "dpdk", feature = "rdma")))]
         backend => Err(Error::NotBuiltIn { backend }),
+    }
+}
+
+#[cfg(test)]
+mod paths_tests {
+    use netagg_wire::{ElementType, MessageType, PacketRepr};
+
+    use super::*;
+
+    fn paths(endpoints: usize) -> DataPaths {
+        let endpoints =
+            (0..endpoints).map(|i| Endpoint::Udp(([10, 0, 0, 1], 48864 + i as u16).into())).collect();
+        DataPaths { endpoints, split: SlotSplit::Ranges, slots: 8 }
+    }
+
+    fn packet(slot: u16) -> Vec<u8> {
+        let repr = PacketRepr { slot, ..PacketRepr::new(MessageType::Data, ElementType::Int32, 1, 2, 0) };
+        let mut bytes = vec![0; repr.buffer_len()];
+        repr.emit(&mut bytes).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn each_datagram_goes_to_the_owner_of_its_slot() {
+        let owners: Vec<usize> = (0..8).map(|slot| paths(2).owner(&packet(slot))).collect();
+        assert_eq!(owners, [0, 0, 0, 0, 1, 1, 1, 1]);
+        // A slot past the session's, or bytes too short for a header, still go somewhere.
+        assert_eq!(paths(2).owner(&packet(40)), 1);
+        assert_eq!(paths(2).owner(&[1, 2, 3]), 0);
+        assert_eq!(paths(1).owner(&packet(7)), 0);
+    }
+
+    #[test]
+    fn a_backend_that_reaches_one_endpoint_refuses_several_by_name() {
+        assert_eq!(paths(1).single("dpdk").unwrap(), &paths(1).endpoints[0]);
+        let error = paths(2).single("dpdk").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the switch announces 2 data endpoints (switch.threads > 1); the dpdk backend reaches one: run that \
+             switch with switch.threads = 1, or use backend = udp"
+        );
+        assert_eq!(paths(2).to_string(), "udp 10.0.0.1:48864, udp 10.0.0.1:48865");
     }
 }
 

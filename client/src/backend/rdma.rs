@@ -15,7 +15,7 @@ use netagg_config::Config;
 use netagg_rdma::{Connection, Options};
 use netagg_wire::{packet, Endpoint};
 
-use super::{ControlAddresses, SwitchTransport, Transport};
+use super::{ControlAddresses, DataPaths, SwitchTransport, Transport};
 use crate::Error;
 
 /// How long a lent send buffer is waited for while every one is in flight: far beyond
@@ -137,7 +137,8 @@ impl SwitchTransport for RdmaTransport {
         Endpoint::Rdma { address: SocketAddr::new(ip, 0), tag: self.tag }
     }
 
-    fn connect(&mut self, switch: &Endpoint, control: ControlAddresses) -> io::Result<()> {
+    fn connect(&mut self, paths: &DataPaths, control: ControlAddresses) -> io::Result<()> {
+        let switch = paths.single("rdma")?;
         let Endpoint::Rdma { .. } = switch else {
             let message = format!("the switch's data path is {switch}, not RDMA");
             return Err(io::Error::new(io::ErrorKind::Unsupported, message));

@@ -33,6 +33,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use netagg_aggregator::faults::FaultCounters;
+use netagg_udp::SegmentBatch;
 use netagg_wire::Endpoint;
 
 #[cfg(feature = "dpdk")]
@@ -79,6 +80,21 @@ pub trait DataPort: Send + 'static {
         for &destination in destinations {
             self.send(destination, datagram);
         }
+    }
+
+    /// Queues every datagram of `batch` for each of `destinations`. The data path writes
+    /// results straight into such batches, one per group of recipients: a port that sends
+    /// a batch as it is (UDP, with segmentation offload) overrides this to take it without
+    /// a copy.
+    fn send_batch(&mut self, destinations: &[Self::Address], batch: &SegmentBatch) {
+        for datagram in batch.datagrams() {
+            self.broadcast(destinations, datagram);
+        }
+    }
+
+    /// Most datagrams a batch for [`DataPort::send_batch`] should hold.
+    fn batch_segments(&self) -> usize {
+        64
     }
 
     /// Sends everything queued.

@@ -1,10 +1,12 @@
 //! The kernel UDP port: one socket, batched system calls.
 //!
-//! Datagrams arrive through recvmmsg, with GRO where the kernel coalesces them; results
-//! wait in one [`SegmentBatch`] per destination and leave together at
-//! [`DataPort::flush`], one GSO send each, so that a receive call's worth of results
-//! costs a system call per worker thread rather than one per datagram. A result for
-//! every rank is written once, into a batch shared by its destinations and sent to each.
+//! Datagrams arrive through recvmmsg, with GRO where the kernel coalesces them. The data
+//! path's results come in batches it wrote them into ([`DataPort::send_batch`]), each
+//! sent as it is, one GSO send per recipient, so that a receive call's worth of results
+//! costs a system call per worker thread rather than one per datagram. Results sent one
+//! by one (through a [`super::FaultyPort`]) wait in one [`SegmentBatch`] per group of
+//! destinations and leave together at [`DataPort::flush`]; a result for every rank is
+//! written once, into a batch shared by its destinations and sent to each.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -97,6 +99,18 @@ impl DataPort for UdpPort {
             queue.send(&self.socket);
         }
         queue.batch.push(datagram);
+    }
+
+    fn send_batch(&mut self, destinations: &[SocketAddr], batch: &SegmentBatch) {
+        for &destination in destinations {
+            if let Err(error) = self.socket.send(destination, batch) {
+                tracing::debug!(%error, %destination, "send failed");
+            }
+        }
+    }
+
+    fn batch_segments(&self) -> usize {
+        self.socket.max_segments()
     }
 
     fn flush(&mut self) {
