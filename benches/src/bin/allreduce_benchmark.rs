@@ -466,11 +466,8 @@ impl Rounding16 {
 
     /// The bound as the output states it.
     fn describe(&self) -> String {
-        let inputs = if self.narrowed {
-            "u * sum|x| + n * e (each float32 input rounded to 16 bits) + "
-        } else {
-            ""
-        };
+        let inputs =
+            if self.narrowed { "u * sum|x| + n * e (each float32 input rounded to 16 bits) + " } else { "" };
         format!(
             "Error bound ({} on the wire, u = {}, e = {}): |result - float64 sum| <= {inputs}(n - 1) * 2^-24 * sum|x| \
              (float32 additions at the switch) + u * (|sum| + the bound so far) + e (one rounding of the \
@@ -497,7 +494,8 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
     let general = &context.config().general;
     let (rank, workers, numel) = (general.rank, general.num_workers, options.tensor_numel);
     let rounding = Rounding16::of(T::DATA_TYPE, general.wire_precision);
-    let (element_size, wire_element_size) = (T::DATA_TYPE.size(), rounding.map_or(T::DATA_TYPE.size(), |_| 2));
+    let (element_size, wire_element_size) =
+        (T::DATA_TYPE.size(), rounding.map_or(T::DATA_TYPE.size(), |_| 2));
     let contents = Contents {
         seed,
         random: options.random,
@@ -633,8 +631,15 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         cpp_double(received / tensor_bytes.max(1.0)),
         numel * element_size
     );
-    let (upstream, downstream) =
-        payload_fractions(&contents, numel, wire_element_size, rank, workers, &Traffic::of(&wire), jobs_timed);
+    let (upstream, downstream) = payload_fractions(
+        &contents,
+        numel,
+        wire_element_size,
+        rank,
+        workers,
+        &Traffic::of(&wire),
+        jobs_timed,
+    );
     print_traffic(&Traffic::of(&wire), jobs_timed, options.density, workers, &upstream, &downstream);
     let model = match (&options.link_rate, &summary) {
         (Some(rates), Some(summary)) => {
