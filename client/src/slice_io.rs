@@ -47,10 +47,11 @@ pub(crate) struct SliceIo<'a> {
     bytes: usize,
     block_bytes: usize,
     data_type: DataType,
-    /// Bytes of an element in the caller's buffers and in a payload: they differ where
-    /// the codec narrows float32 to 16 bits.
-    element_size: usize,
-    wire_element_size: usize,
+    /// Bytes of an element in the caller's buffers and in a payload, as powers of two
+    /// (every type takes 2 or 4 bytes): they differ where the codec narrows float32 to 16
+    /// bits. Shifts, as this converts lengths twice a packet, where a division costs.
+    element_size_log2: u32,
+    wire_element_size_log2: u32,
     codec: Arc<dyn Codec>,
     /// The exponents of the slice's first blocks, found [`EXPONENT_RUN`] at a time; the
     /// worker thread's buffer, empty at the start of a slice.
@@ -80,8 +81,8 @@ impl<'a> SliceIo<'a> {
             bytes: elements * job.data_type.size(),
             block_bytes,
             data_type: job.data_type,
-            element_size: job.data_type.size(),
-            wire_element_size: codec.wire_type(job.data_type).size(),
+            element_size_log2: job.data_type.size().ilog2(),
+            wire_element_size_log2: codec.wire_type(job.data_type).size().ilog2(),
             codec,
             exponents,
         }
@@ -108,12 +109,12 @@ impl SliceIo<'_> {
 
     /// Bytes in the caller's buffers of the elements of `payload_len` payload bytes.
     fn memory_len(&self, payload_len: usize) -> usize {
-        payload_len / self.wire_element_size * self.element_size
+        payload_len >> self.wire_element_size_log2 << self.element_size_log2
     }
 
     /// Payload bytes of the elements of `memory_len` bytes in the caller's buffers.
     fn payload_len(&self, memory_len: usize) -> usize {
-        memory_len / self.element_size * self.wire_element_size
+        memory_len >> self.element_size_log2 << self.wire_element_size_log2
     }
 
     fn input(&self, block: u32, len: usize) -> &[u8] {

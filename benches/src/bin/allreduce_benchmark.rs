@@ -615,6 +615,12 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         for line in summary.lines() {
             println!("{line}");
         }
+        if element_size != 4 {
+            println!(
+                "Goodput counts 32 bits an element, as SwitchML's does; these elements have {}.",
+                element_size * 8
+            );
+        }
     }
     let wire = counted.iter().fold(ThreadCounters::default(), |sum, group| sum + *group);
     let jobs_timed = options.num_jobs.max(1) as f64;
