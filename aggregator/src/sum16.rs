@@ -54,9 +54,10 @@ fn float16_to_float32(half: u16) -> u32 {
     let shifted = magnitude << 13;
     let normal = shifted + (112 << 23);
     let special = shifted | 0x7F80_0000;
-    // A subnormal is its mantissa times 2^-24: converted from the integer, with no
-    // subnormal float32 on the way, which a host's denormals-are-zero mode would flush.
-    let subnormal = (magnitude as f32 * f32::from_bits((127 - 24) << 23)).to_bits();
+    // A subnormal is its mantissa times 2^-24: converted from the integer (a signed one,
+    // which vector instructions convert), with no subnormal float32 on the way, which a
+    // host's denormals-are-zero mode would flush.
+    let subnormal = (magnitude as i32 as f32 * f32::from_bits((127 - 24) << 23)).to_bits();
     sign | if magnitude >= 0x7C00 {
         special
     } else if magnitude < 0x400 {

@@ -480,6 +480,15 @@ impl Rounding16 {
     }
 }
 
+/// What a result may differ by from the float64 sum of the inputs.
+#[derive(Debug, Clone, Copy)]
+enum Tolerance {
+    /// `--err` percent (int32 exactly).
+    Percent(f64),
+    /// The bound of a 16-bit format's roundings.
+    Rounding(Rounding16),
+}
+
 /// A progress bar on a terminal; none when the output goes to a pipe or a file.
 fn progress_bar(jobs: usize) -> ProgressBar {
     let target = if std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
@@ -604,8 +613,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
             results,
             (!options.inplace).then_some(&input[..]),
             reductions,
-            options.err,
-            rounding,
+            rounding.map_or(Tolerance::Percent(options.err), Tolerance::Rounding),
         )
     });
 
@@ -656,8 +664,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
                 options.link_delay,
                 workers,
                 elements * wire_element_size as u64,
-                general.packet_numel,
-                wire_element_size,
+                u64::from(general.packet_numel) * wire_element_size as u64,
                 window,
                 summary,
             )?)
@@ -700,18 +707,13 @@ fn predict(
     delay: Duration,
     workers: u16,
     group_bytes: u64,
-    packet_numel: u16,
-    wire_element_size: usize,
+    packet_payload_bytes: u64,
     window: u64,
     summary: &Summary,
 ) -> Result<ModelReport, String> {
     let links = rates.links(delay, workers)?;
-    let scenario = Scenario {
-        links,
-        tensor_bytes: group_bytes,
-        packet_payload_bytes: u64::from(packet_numel) * wire_element_size as u64,
-        window_packets: window,
-    };
+    let scenario =
+        Scenario { links, tensor_bytes: group_bytes, packet_payload_bytes, window_packets: window };
     let (netagg, ring) = (scenario.netagg(), scenario.ring());
     let bound = match netagg.bound {
         Bound::LinkRate => "link rate",
@@ -800,12 +802,11 @@ fn verify<T: Value>(
     results: &[T],
     input: Option<&[T]>,
     reductions: u32,
-    err: f64,
-    rounding: Option<Rounding16>,
+    tolerance: Tolerance,
 ) -> bool {
     println!("Verifying final results");
-    let sums = match rounding {
-        Some(rounding) => {
+    let sums = match tolerance {
+        Tolerance::Rounding(rounding) => {
             println!("{}", rounding.describe());
             Verification::check_within(
                 results.len(),
@@ -818,7 +819,7 @@ fn verify<T: Value>(
                 |i| results[i].to_f64(),
             )
         }
-        None => Verification::check(
+        Tolerance::Percent(err) => Verification::check(
             results.len(),
             T::EXACT,
             err,
