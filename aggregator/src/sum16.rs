@@ -21,8 +21,8 @@
 //! checks them against the `half` crate's on every 16-bit value and a sweep of float32
 //! ones. The `half` crate's slice conversions, which need aligned typed slices and so
 //! copies of the unaligned payloads, were a third to a quarter as fast for bfloat16 (it
-//! converts those one at a time) and about as fast for float16 (where it uses the F16C
-//! instructions), and their float16 sum a third slower (`benches/RESULTS.md`, issue 30).
+//! converts those one at a time); for float16, where it uses the F16C instructions, its
+//! sum was slower and its narrowing faster (`benches/RESULTS.md`, issue 30).
 
 use netagg_wire::ElementType;
 
