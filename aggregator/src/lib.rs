@@ -14,7 +14,8 @@
 //!   re-exported.
 //! - [`sim`]: an in-memory cluster that drives both over faulty links on a virtual clock,
 //!   its session opened through [`control`].
-//! - [`sum`]: the element-wise sums.
+//! - [`sum`]: the element-wise sums; [`sum16`]: the 16-bit floats' conversions to and
+//!   from the float32 they are summed in.
 //!
 //! No core reads a clock, opens a socket or starts a thread: bytes and the time go in,
 //! packets to send come out, so the switch process and the client library are thin shells
@@ -53,6 +54,7 @@ pub mod pacer;
 mod round;
 pub mod sim;
 pub mod sum;
+pub mod sum16;
 pub mod worker;
 pub mod workers;
 pub mod zero_scan;

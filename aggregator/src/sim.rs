@@ -12,6 +12,7 @@ use std::collections::BinaryHeap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use half::{bf16, f16};
 use netagg_wire::{ControlMessage, ElementType, ValueEncoding, MAX_DATAGRAM_LEN};
 
 use crate::control::{Action, ControlLimits, OpenError, Opened, Registry};
@@ -215,6 +216,8 @@ impl ClusterConfig {
 pub enum Tensor {
     Int32(Vec<i32>),
     Float32(Vec<f32>),
+    Float16(Vec<f16>),
+    BFloat16(Vec<bf16>),
 }
 
 impl Tensor {
@@ -222,6 +225,8 @@ impl Tensor {
         match self {
             Tensor::Int32(v) => v.len(),
             Tensor::Float32(v) => v.len(),
+            Tensor::Float16(v) => v.len(),
+            Tensor::BFloat16(v) => v.len(),
         }
     }
 
@@ -233,6 +238,8 @@ impl Tensor {
         match self {
             Tensor::Int32(_) => ElementType::Int32,
             Tensor::Float32(_) => ElementType::Float32,
+            Tensor::Float16(_) => ElementType::Float16,
+            Tensor::BFloat16(_) => ElementType::BFloat16,
         }
     }
 
@@ -240,14 +247,19 @@ impl Tensor {
         match self {
             Tensor::Int32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Tensor::Float32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Tensor::Float16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Tensor::BFloat16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
 
     fn from_le_bytes(element_type: ElementType, bytes: &[u8]) -> Tensor {
         let words = bytes.chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]);
+        let halves = bytes.chunks_exact(2).map(|b| [b[0], b[1]]);
         match element_type {
             ElementType::Int32 => Tensor::Int32(words.map(i32::from_le_bytes).collect()),
             ElementType::Float32 => Tensor::Float32(words.map(f32::from_le_bytes).collect()),
+            ElementType::Float16 => Tensor::Float16(halves.map(f16::from_le_bytes).collect()),
+            ElementType::BFloat16 => Tensor::BFloat16(halves.map(bf16::from_le_bytes).collect()),
         }
     }
 }
@@ -574,7 +586,7 @@ impl Cluster {
                 TensorIo {
                     output: vec![0; input.len()],
                     input,
-                    block_bytes: packet_elements * 4,
+                    block_bytes: packet_elements * first.element_type().size(),
                     exponents: vec![None; blocks as usize],
                 }
             })

@@ -7,8 +7,11 @@
 
 use netagg_wire::ElementType;
 
+use crate::sum16::{self, Half};
+
 /// `acc[i] += src[i]` for every element, in the arithmetic of `element_type`: int32 wraps
-/// as switch hardware does, float32 adds natively.
+/// as switch hardware does, float32 adds natively, and the 16-bit floats add in float32:
+/// their `acc` holds float32 sums ([`crate::sum16`]).
 ///
 /// Both slices hold little-endian elements; `src` may be shorter than `acc` (a packet's
 /// tail), in which case only its elements are added.
@@ -16,15 +19,20 @@ pub fn add_assign(element_type: ElementType, acc: &mut [u8], src: &[u8]) {
     match element_type {
         ElementType::Int32 => add_assign_i32(acc, src),
         ElementType::Float32 => add_assign_f32(acc, src),
+        ElementType::Float16 => sum16::add_assign_widened(Half::Float16, acc, src),
+        ElementType::BFloat16 => sum16::add_assign_widened(Half::BFloat16, acc, src),
     }
 }
 
 /// `out[i] = a[i] + b[i]` for every element the three slices all hold, in the
-/// arithmetic of `element_type` (as [`add_assign`]): a copy and a sum in one pass.
+/// arithmetic of `element_type` (as [`add_assign`], `out` of float32 for the 16-bit
+/// types): a copy and a sum in one pass.
 pub fn add(element_type: ElementType, out: &mut [u8], a: &[u8], b: &[u8]) {
     match element_type {
         ElementType::Int32 => add_i32(out, a, b),
         ElementType::Float32 => add_f32(out, a, b),
+        ElementType::Float16 => sum16::add_widened(Half::Float16, out, a, b),
+        ElementType::BFloat16 => sum16::add_widened(Half::BFloat16, out, a, b),
     }
 }
 

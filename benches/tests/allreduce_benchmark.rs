@@ -318,3 +318,44 @@ fn without_an_rdma_device_the_benchmark_says_so_and_how_to_get_one() {
     assert!(stderr.contains("rdma link add rxe0 type rxe netdev eth0"), "{stderr}");
     assert!(stderr.contains("backend = udp needs none"), "{stderr}");
 }
+
+#[test]
+fn sixteen_bit_jobs_verify_within_the_stated_bound_and_send_two_bytes_an_element() {
+    // Random inputs differ by rank, so the sums are real sums, checked against the
+    // float64 sum of the inputs; in place, 3 jobs after a warm-up reduce 4 times.
+    let sixteen_bit: [&[&str]; 2] =
+        [&["--tensor-type", "float16"], &["--tensor-type", "float", "--wire-precision", "bfloat16"]];
+    for args in sixteen_bit {
+        let (output, ranks) = run_two_ranks(
+            &[
+                args,
+                &[
+                    "--tensor-numel",
+                    "10Ki",
+                    "--num-jobs",
+                    "3",
+                    "--num-warmup-jobs",
+                    "1",
+                    "--verify",
+                    "--random",
+                ],
+                &["--seed", "5", "--json"],
+            ]
+            .concat(),
+        );
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        for lines in &ranks {
+            assert_in_order(
+                lines,
+                &["Verifying final results", "Error bound (", "Data verified successfully."],
+            );
+            let report: serde_json::Value =
+                serde_json::from_str(lines.last().unwrap()).expect("the last line is JSON");
+            assert_eq!(report["verified"], true, "{args:?}: {lines:?}");
+            // The whole tensor once per job, at 2 bytes an element (4 would make it 2), and
+            // what a loaded machine retransmits.
+            let measured = report["upstream"]["measured"].as_f64().unwrap();
+            assert!((1.0..1.5).contains(&measured), "{args:?}: {}", report["upstream"]);
+        }
+    }
+}

@@ -10,7 +10,8 @@ use netagg_wire::ElementType;
 
 use crate::DataType;
 
-/// Turns elements into payloads and sums back into elements (little-endian, 4 bytes each).
+/// Turns elements into payloads and sums back into elements (little-endian), each of its
+/// own size: the tensor's [`DataType::size`] and the wire type's [`ElementType::size`].
 pub trait Codec: Send + Sync + 'static {
     /// The element type the switch sums for a job of `data_type`.
     fn wire_type(&self, data_type: DataType) -> ElementType;
@@ -44,10 +45,12 @@ pub trait Codec: Send + Sync + 'static {
         i8::MIN
     }
 
-    /// Encodes `elements` into `payload` (as long); `exponent` is the agreed one.
+    /// Encodes `elements` into `payload` (as many elements, of the wire type);
+    /// `exponent` is the agreed one.
     fn encode(&self, data_type: DataType, elements: &[u8], payload: &mut [u8], exponent: Option<i8>);
 
-    /// Decodes the sum in `payload` into `elements` (as long).
+    /// Decodes the sum in `payload` into `elements` (as many elements, of the tensor's
+    /// type).
     fn decode(&self, data_type: DataType, payload: &[u8], elements: &mut [u8], exponent: Option<i8>);
 }
 
@@ -231,18 +234,21 @@ fn dequantise_scaled(payload: &[u8], elements: &mut [u8], scale: impl Fn(f32) ->
 }
 
 impl Codec for BlockFloatingPoint {
-    fn wire_type(&self, _: DataType) -> ElementType {
-        ElementType::Int32
+    fn wire_type(&self, data_type: DataType) -> ElementType {
+        match data_type {
+            DataType::Float32 => ElementType::Int32,
+            other => other.element_type(),
+        }
     }
 
     fn uses_exponents(&self, data_type: DataType) -> bool {
         data_type == DataType::Float32
     }
 
-    /// Only int32, which travels as is: float32 blocks need an agreed exponent each, so
-    /// their jobs stay dense.
+    /// All but float32, which alone it encodes: float32 blocks need an agreed exponent
+    /// each, so their jobs stay dense.
     fn keeps_zero_blocks_zero(&self, data_type: DataType) -> bool {
-        data_type == DataType::Int32
+        data_type != DataType::Float32
     }
 
     fn exponent(&self, _: DataType, elements: &[u8]) -> i8 {

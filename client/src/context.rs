@@ -22,6 +22,7 @@ use netagg_wire::ControlMessage;
 use crate::backend::faults::with_faults;
 use crate::backend::{Links, SwitchTransport, Transport};
 use crate::codec::{BlockFloatingPoint, Codec, Native};
+use crate::codec16::Float32As16Bit;
 use crate::driver::{worker_thread, Shared, Slice};
 use crate::job::{DataType, Element, Job, JobShared, TensorJob};
 use crate::registration::{register, watch_session};
@@ -341,10 +342,14 @@ impl Drop for Context {
     }
 }
 
-/// The codec `general.prepostprocessor` names.
+/// The codec `general.prepostprocessor` and `general.wire_precision` name (the
+/// configuration's validation refuses a 16-bit wire with block floating point).
 fn configured_codec(config: &Config) -> Arc<dyn Codec> {
     match config.general.prepostprocessor.as_str() {
         "cpu_exponent_quantizer" => Arc::new(BlockFloatingPoint::new(config.general.num_workers)),
-        _ => Arc::new(Native),
+        _ => match Float32As16Bit::new(config.general.wire_precision) {
+            Some(codec) => Arc::new(codec),
+            None => Arc::new(Native),
+        },
     }
 }

@@ -96,7 +96,6 @@ pub(crate) fn worker_thread(
     // reset_stats may have zeroed since.
     let mut reported = *protocol.counters();
     let mut exponents = Vec::new();
-    let block_bytes = config.packet_elements as usize * ELEMENT_LEN;
     while let Ok(slice) = slices.recv() {
         let outcome = if shared.stopping.load(Ordering::Acquire) {
             Err(Error::Stopped)
@@ -108,7 +107,7 @@ pub(crate) fn worker_thread(
                 &slice.job,
                 slice.first_block,
                 slice.elements,
-                block_bytes,
+                config.packet_elements as usize * slice.job.data_type.size(),
                 Arc::clone(&codec),
                 &mut exponents,
             );

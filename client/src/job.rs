@@ -21,25 +21,36 @@ use crate::Error;
 pub enum DataType {
     Int32,
     Float32,
+    /// IEEE binary16 ([`half::f16`]): summed in float32 by the switch, rounded once.
+    Float16,
+    /// bfloat16 ([`half::bf16`]): summed as [`DataType::Float16`].
+    BFloat16,
 }
 
 impl DataType {
+    /// Bytes of one element in the caller's buffers.
     pub const fn size(self) -> usize {
-        4
+        self.element_type().size()
     }
 
-    /// The type's name as NumPy and PyTorch spell it: `int32`, `float32`.
+    /// The type's name as NumPy and PyTorch spell it: `int32`, `float32`, `float16`,
+    /// `bfloat16`.
     pub const fn name(self) -> &'static str {
         match self {
             DataType::Int32 => "int32",
             DataType::Float32 => "float32",
+            DataType::Float16 => "float16",
+            DataType::BFloat16 => "bfloat16",
         }
     }
 
-    pub(crate) fn element_type(self) -> ElementType {
+    /// The wire's element type of the same representation.
+    pub(crate) const fn element_type(self) -> ElementType {
         match self {
             DataType::Int32 => ElementType::Int32,
             DataType::Float32 => ElementType::Float32,
+            DataType::Float16 => ElementType::Float16,
+            DataType::BFloat16 => ElementType::BFloat16,
         }
     }
 }
@@ -55,6 +66,14 @@ impl Element for i32 {
 
 impl Element for f32 {
     const DATA_TYPE: DataType = DataType::Float32;
+}
+
+impl Element for half::f16 {
+    const DATA_TYPE: DataType = DataType::Float16;
+}
+
+impl Element for half::bf16 {
+    const DATA_TYPE: DataType = DataType::BFloat16;
 }
 
 /// Where a job stands.

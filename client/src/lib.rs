@@ -35,6 +35,7 @@
 
 pub mod backend;
 pub mod codec;
+mod codec16;
 mod context;
 mod driver;
 pub mod ffi;
@@ -49,11 +50,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use codec::{BlockFloatingPoint, Codec, Native};
+pub use codec16::Float32As16Bit;
 pub use context::Context;
+/// The 16-bit float types [`Element`] is implemented for, re-exported so that callers
+/// name the same crate version.
+pub use half::{bf16, f16};
 pub use job::{DataType, Element, Job, JobStatus, TensorJob};
 pub use netagg_aggregator::worker::JobError;
 pub use netagg_config as config;
-pub use netagg_config::{BackendKind, Config, ConfigError, SparseMode};
+pub use netagg_config::{BackendKind, Config, ConfigError, SparseMode, WirePrecision};
 pub use netagg_wire::{Endpoint, RejectCode};
 pub use stats::{Stats, ThreadCounters};
 

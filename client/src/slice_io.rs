@@ -47,6 +47,11 @@ pub(crate) struct SliceIo<'a> {
     bytes: usize,
     block_bytes: usize,
     data_type: DataType,
+    /// Bytes of an element in the caller's buffers and in a payload, as powers of two
+    /// (every type takes 2 or 4 bytes): they differ where the codec narrows float32 to 16
+    /// bits. Shifts, as this converts lengths twice a packet, where a division costs.
+    element_size_log2: u32,
+    wire_element_size_log2: u32,
     codec: Arc<dyn Codec>,
     /// The exponents of the slice's first blocks, found [`EXPONENT_RUN`] at a time; the
     /// worker thread's buffer, empty at the start of a slice.
@@ -76,6 +81,8 @@ impl<'a> SliceIo<'a> {
             bytes: elements * job.data_type.size(),
             block_bytes,
             data_type: job.data_type,
+            element_size_log2: job.data_type.size().ilog2(),
+            wire_element_size_log2: codec.wire_type(job.data_type).size().ilog2(),
             codec,
             exponents,
         }
@@ -100,6 +107,16 @@ impl SliceIo<'_> {
         block * self.block_bytes < self.bytes
     }
 
+    /// Bytes in the caller's buffers of the elements of `payload_len` payload bytes.
+    fn memory_len(&self, payload_len: usize) -> usize {
+        payload_len >> self.wire_element_size_log2 << self.element_size_log2
+    }
+
+    /// Payload bytes of the elements of `memory_len` bytes in the caller's buffers.
+    fn payload_len(&self, memory_len: usize) -> usize {
+        memory_len >> self.element_size_log2 << self.wire_element_size_log2
+    }
+
     fn input(&self, block: u32, len: usize) -> &[u8] {
         let range = self.range(block, len);
         // SAFETY: the protocol only asks for blocks of this slice, whose bytes lie within
@@ -113,8 +130,8 @@ compile_error!("netagg's wire format is little-endian; big-endian hosts need a b
 
 impl BlockIo for SliceIo<'_> {
     fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>) {
-        let elements = self.input(block, payload.len());
-        let len = elements.len();
+        let elements = self.input(block, self.memory_len(payload.len()));
+        let len = self.payload_len(elements.len());
         self.codec.encode(self.data_type, elements, &mut payload[..len], exponent);
         // Blocks go out about in order: the input a later one reads is fetched now, unless
         // the codec's exponent runs read ahead already.
@@ -126,13 +143,14 @@ impl BlockIo for SliceIo<'_> {
     }
 
     fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>) {
-        let range = self.range(block, if payload.is_empty() { self.block_bytes } else { payload.len() });
+        let len = if payload.is_empty() { self.block_bytes } else { self.memory_len(payload.len()) };
+        let range = self.range(block, len);
         // SAFETY: as in `input`; this thread alone writes this slice's bytes.
         let target = unsafe { std::slice::from_raw_parts_mut(self.output.add(range.start), range.len()) };
         if payload.is_empty() {
             target.fill(0);
         } else {
-            let len = target.len();
+            let len = self.payload_len(target.len());
             self.codec.decode(self.data_type, &payload[..len], target, exponent);
         }
         // Results come back about in block order: the output a later one writes is

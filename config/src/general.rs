@@ -38,6 +38,21 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// How float32 tensors travel on the wire; other types always travel as they are.
+    pub enum WirePrecision {
+        /// As float32: 4 bytes an element.
+        Float32 = "float32",
+        /// Rounded to IEEE binary16 by the worker threads as they load each packet, and
+        /// widened back as they store its sum: half the bytes, as PyTorch DDP's
+        /// `fp16_compress_hook` sends.
+        Float16 = "float16",
+        /// Rounded to bfloat16 the same way (float32's range, 8 significant bits), as
+        /// `bf16_compress_hook` sends.
+        BFloat16 = "bfloat16",
+    }
+}
+
 /// `[general]`: what every backend shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct General {
@@ -51,6 +66,8 @@ pub struct General {
     /// How float32 travels: `native` (summed as floats by the switch) or
     /// `cpu_exponent_quantizer` (block floating point: int32 with a per-packet exponent).
     pub prepostprocessor: String,
+    /// How float32 tensors travel: as float32, or narrowed to 16 bits by the workers.
+    pub wire_precision: WirePrecision,
     /// First retransmission timeout; doubles on each timeout of a slot.
     pub timeout: Duration,
     /// A job that makes no progress for this long fails.

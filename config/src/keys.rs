@@ -25,7 +25,7 @@ use crate::kind::Unit::*;
 use crate::table::{keys_at, sections, struct_keys};
 use crate::{
     BackendKind, Dpdk, Dummy, Faults, General, PollMode, Rdma, RdmaPoll, SparseMode, Switch, SwitchTransport,
-    Udp, MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN,
+    Udp, WirePrecision, MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN,
 };
 
 /// The comment that opens `configs/netagg.cfg`.
@@ -104,6 +104,14 @@ struct_keys! {
         /// worker comes back NaN on every worker).
         prepostprocessor = "native".into(),
             Choice { choices: &["native", "cpu_exponent_quantizer"], quoted: true };
+        /// How float32 tensors travel with prepostprocessor = native: float32, or float16 or
+        /// bfloat16 (half the bytes, as PyTorch DDP's fp16_compress_hook and bf16_compress_hook
+        /// send): each worker thread rounds its elements to 16 bits as it fills a packet and widens
+        /// the sums as it stores them, and the switch sums them in float32, rounding once. float16
+        /// keeps 11 significant bits up to 65504 (a larger sum is infinite); bfloat16 keeps 8, with
+        /// float32's range. Every rank of a session must use the same setting. float16 and
+        /// bfloat16 tensors always travel as they are.
+        wire_precision = WirePrecision::Float32, Choice { choices: WirePrecision::NAMES, quoted: true };
         /// Retransmission timeout in milliseconds before a round trip is measured, and its floor
         /// afterwards; it then follows the measured round-trip time and doubles on each timeout.
         timeout = Duration::from_millis(10), Timeout { unit: Milliseconds, zero: None };

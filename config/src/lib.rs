@@ -42,7 +42,7 @@ mod validation;
 pub use backends::{Dpdk, Dummy, PollMode, Rdma, RdmaPoll, Udp};
 pub use error::ConfigError;
 pub use faults::Faults;
-pub use general::{BackendKind, General, SparseMode, MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN};
+pub use general::{BackendKind, General, SparseMode, WirePrecision, MAX_PACKET_NUMEL, MAX_SESSION_NAME_LEN};
 pub use ipnet::IpNet;
 pub use sources::Origin;
 pub use switch::{Switch, SwitchTransport};

@@ -1,7 +1,7 @@
 //! What no single key can check: combinations of values, with messages that name where
 //! each value came from.
 
-use crate::{Config, ConfigError, Origin};
+use crate::{Config, ConfigError, Origin, WirePrecision};
 
 impl Config {
     /// Checks what no single key can: combinations. The message names every value it
@@ -20,6 +20,14 @@ impl Config {
                 "{} must be at least {}: every thread needs a slot",
                 self.described("general.max_outstanding_packets"),
                 self.described("general.num_worker_threads")
+            ));
+        }
+        if g.wire_precision != WirePrecision::Float32 && g.prepostprocessor != "native" {
+            return Err(format!(
+                "{} needs general.prepostprocessor native, not {}: block floating point sends \
+                 float32 as int32",
+                self.described("general.wire_precision"),
+                self.described("general.prepostprocessor")
             ));
         }
         Ok(())
@@ -57,6 +65,16 @@ mod tests {
         let message =
             ini("[general]\nnum_worker_threads = 8\nmax_outstanding_packets = 4\n").unwrap_err().to_string();
         assert!(message.contains("every thread needs a slot"), "{message}");
+        let message =
+            ini("[general]\nprepostprocessor = cpu_exponent_quantizer\nwire_precision = bfloat16\n")
+                .unwrap_err()
+                .to_string();
+        assert_eq!(
+            message,
+            "general.wire_precision bfloat16 (from test.cfg) needs general.prepostprocessor native, not \
+             general.prepostprocessor cpu_exponent_quantizer (from test.cfg): block floating point sends \
+             float32 as int32"
+        );
     }
 
     #[test]

@@ -51,6 +51,9 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ..header(MessageType::Result, ElementType::Float32, 1)
     };
     result.set_completed_by(Some(1));
+    // 16-bit elements, two bytes each: a float16 contribution and a bfloat16 result.
+    let data_float16 = PacketRepr { element_type: ElementType::Float16, element_count: 3, ..data };
+    let result_bfloat16 = PacketRepr { element_type: ElementType::BFloat16, element_count: 2, ..result };
     let ack = PacketRepr {
         flags: Flags::SPARSE | Flags::WANT_RESULT,
         rank: 2,
@@ -96,6 +99,9 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("data", packet(&data, &[1i32.to_le_bytes(), (-1i32).to_le_bytes()].concat())),
         ("result", packet(&result, &1.0f32.to_le_bytes())),
+        // float16 1.0, -2.0 and +infinity; bfloat16 1.0 and a quiet NaN.
+        ("data-float16", packet(&data_float16, &[0x00, 0x3C, 0x00, 0xC0, 0x00, 0x7C])),
+        ("result-bfloat16", packet(&result_bfloat16, &[0x80, 0x3F, 0xC0, 0x7F])),
         ("ack", packet(&ack, &[])),
         ("pending", packet(&pending, &[])),
         ("register", control(&register("job", vec![udp("0.0.0.0:40000"), udp("10.0.0.2:40001")]))),

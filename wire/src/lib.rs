@@ -19,8 +19,8 @@
 //! # Panics
 //! Accessors of a view made with `new_checked` never panic. A view made with
 //! `new_unchecked` over a buffer shorter than its header panics in the accessors that read
-//! past its end, and the enum getters (`message_type`, `element_type`) panic on a value no
-//! valid packet holds: build with `new_unchecked`, read untrusted bytes with `new_checked`.
+//! past its end, and the enum getters (`message_type`, `element_type`, and the payload
+//! accessors, which the element type sizes) panic on a value no valid packet holds: build with `new_unchecked`, read untrusted bytes with `new_checked`.
 
 #![forbid(unsafe_code)]
 

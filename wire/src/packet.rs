@@ -2,7 +2,7 @@
 //! *pending*.
 //!
 //! All four share one 48-byte header (little-endian), followed by `element_count`
-//! 4-byte elements:
+//! elements of the header's element type, [`ElementType::size`] bytes each:
 //!
 //! | offset | size | field          | meaning |
 //! |-------:|-----:|----------------|---------|
@@ -23,18 +23,20 @@
 //! | 32     | 4    | next block     | sparse: sender's next non-zero block; result: everyone's next |
 //! | 36     | 4    | ack round      | data/ack: every result of this slot up to this round is held |
 //! | 40     | 8    | token          | the session's secret from the control plane's accept; echoed in results |
-//! | 48     | 4·n  | payload        | elements, little-endian |
+//! | 48     | s·n  | payload        | elements of `s` bytes (4 or 2), little-endian |
 
 use crate::{Result, WireError, MAX_DATAGRAM_LEN, PACKET_VERSION};
 
 /// Length of the aggregation-packet header.
 pub const HEADER_LEN: usize = field::PAYLOAD;
-/// Size of one payload element (int32 and float32 alike).
+/// Size of the widest payload element (int32, float32): a buffer sized with it holds a
+/// packet of the same element count of any type, and a switch's float32 sum of any type.
 pub const ELEMENT_LEN: usize = 4;
-/// Most elements one packet can carry inside a 64 KiB datagram.
+/// Most elements of the widest type one packet can carry inside a 64 KiB datagram.
 pub const MAX_ELEMENTS: usize = elements_within(MAX_DATAGRAM_LEN);
 
-/// Bytes of a packet of `elements` elements.
+/// Bytes of a packet of `elements` elements of the widest type: the most a packet of that
+/// many elements takes.
 pub const fn datagram_len(elements: usize) -> usize {
     HEADER_LEN + elements * ELEMENT_LEN
 }
@@ -113,7 +115,7 @@ impl TryFrom<u8> for MessageType {
     }
 }
 
-/// How the payload's 4-byte elements are summed.
+/// What the payload's elements are, and how the switch sums them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ElementType {
@@ -122,6 +124,26 @@ pub enum ElementType {
     Int32 = 1,
     /// IEEE-754 binary32, summed natively (what a server aggregator does).
     Float32 = 2,
+    /// IEEE-754 binary16, 2 bytes: summed in float32 and rounded once, to nearest even,
+    /// when the result leaves the switch.
+    Float16 = 3,
+    /// bfloat16 (the upper half of a binary32), 2 bytes: summed as [`ElementType::Float16`].
+    BFloat16 = 4,
+}
+
+impl ElementType {
+    /// Bytes of one element on the wire: the one place an element's size is declared.
+    pub const fn size(self) -> usize {
+        match self {
+            ElementType::Int32 | ElementType::Float32 => 4,
+            ElementType::Float16 | ElementType::BFloat16 => 2,
+        }
+    }
+
+    /// Whether the type is one of the 16-bit floats, which the switch sums in float32.
+    pub const fn is_16_bit(self) -> bool {
+        matches!(self, ElementType::Float16 | ElementType::BFloat16)
+    }
 }
 
 impl TryFrom<u8> for ElementType {
@@ -130,6 +152,8 @@ impl TryFrom<u8> for ElementType {
         match value {
             1 => Ok(Self::Int32),
             2 => Ok(Self::Float32),
+            3 => Ok(Self::Float16),
+            4 => Ok(Self::BFloat16),
             other => Err(WireError::UnknownElementType(other)),
         }
     }
@@ -206,7 +230,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(WireError::Version { found: data[field::VERSION], supported: PACKET_VERSION });
         }
         let message_type = MessageType::try_from(data[field::MESSAGE_TYPE])?;
-        ElementType::try_from(data[field::ELEMENT_TYPE])?;
+        let element_type = ElementType::try_from(data[field::ELEMENT_TYPE])?;
         Flags::from_bits(data[field::FLAGS])?;
         if data[field::RESERVED] != 0 {
             return Err(WireError::InvalidField { field: "reserved", reason: "must be zero" });
@@ -215,7 +239,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if message_type.is_header_only() && count != 0 {
             return Err(HEADER_ONLY);
         }
-        let expected = HEADER_LEN + count * ELEMENT_LEN;
+        let expected = HEADER_LEN + count * element_type.size();
         if len != expected {
             return Err(if len < expected {
                 WireError::Truncated { len, needed: expected }
@@ -297,8 +321,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
         u64::from_le_bytes(bytes.try_into().expect("the token field is 8 bytes"))
     }
     /// The payload: `element_count` little-endian elements.
+    ///
+    /// # Panics
+    /// As [`Packet::element_type`], which sizes it.
     pub fn payload(&self) -> &[u8] {
-        let end = HEADER_LEN + self.element_count() as usize * ELEMENT_LEN;
+        let end = HEADER_LEN + self.element_count() as usize * self.element_type().size();
         &self.buffer.as_ref()[HEADER_LEN..end]
     }
 }
@@ -358,9 +385,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_token(&mut self, value: u64) {
         self.buffer.as_mut()[field::TOKEN].copy_from_slice(&value.to_le_bytes());
     }
-    /// The payload, sized by the element count already written.
+    /// The payload, sized by the element count and type already written.
+    ///
+    /// # Panics
+    /// As [`Packet::element_type`].
     pub fn payload_mut(&mut self) -> &mut [u8] {
-        let end = HEADER_LEN + self.element_count() as usize * ELEMENT_LEN;
+        let end = HEADER_LEN + self.element_count() as usize * self.element_type().size();
         &mut self.buffer.as_mut()[HEADER_LEN..end]
     }
 }
@@ -469,7 +499,7 @@ impl PacketRepr {
 
     /// Bytes of the whole packet: header and payload.
     pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN + self.element_count as usize * ELEMENT_LEN
+        HEADER_LEN + self.element_count as usize * self.element_type.size()
     }
 
     /// Writes the header into the front of `buffer` and returns a view over exactly
@@ -569,6 +599,29 @@ mod tests {
     }
 
     #[test]
+    fn sixteen_bit_elements_take_two_bytes_each() {
+        // The sample's 8 payload bytes are 4 float16 or bfloat16 elements, or 2 int32 ones.
+        for (element_type, byte, count) in
+            [(ElementType::Float16, 3, 4), (ElementType::BFloat16, 4, 4), (ElementType::Float32, 2, 2)]
+        {
+            let repr = PacketRepr { element_type, element_count: count, ..sample() };
+            assert_eq!(repr.buffer_len(), 56, "{element_type:?}");
+            let mut buffer = [0u8; 56];
+            repr.emit(&mut buffer).unwrap().payload_mut().copy_from_slice(&SAMPLE_BYTES[48..]);
+            assert_eq!(buffer[2], byte);
+            let packet = Packet::new_checked(&buffer[..]).unwrap();
+            assert_eq!((packet.element_type(), packet.payload()), (element_type, &SAMPLE_BYTES[48..]));
+        }
+        // Two float16 elements announced, four bytes' worth sent: the rest is surplus.
+        let mut bytes = SAMPLE_BYTES;
+        bytes[2] = ElementType::Float16 as u8;
+        assert_eq!(
+            Packet::new_checked(bytes).unwrap_err(),
+            WireError::LengthMismatch { len: 56, expected: 52 }
+        );
+    }
+
+    #[test]
     fn truncated_header_and_payload_are_rejected() {
         assert_eq!(
             Packet::new_checked(&SAMPLE_BYTES[..47]).unwrap_err(),
@@ -622,7 +675,7 @@ mod tests {
         assert_eq!(with(0, 1), WireError::Version { found: 1, supported: PACKET_VERSION });
         assert_eq!(with(1, 0), WireError::UnknownMessageType(0));
         assert_eq!(with(1, 9), WireError::UnknownMessageType(9));
-        assert_eq!(with(2, 3), WireError::UnknownElementType(3));
+        assert_eq!(with(2, 5), WireError::UnknownElementType(5));
         assert_eq!(with(3, 0x83), WireError::UnknownFlags(0x80));
         assert!(matches!(with(23, 1), WireError::InvalidField { field: "reserved", .. }));
     }

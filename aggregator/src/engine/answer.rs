@@ -1,12 +1,13 @@
 //! What the engine answers: a round's result, to every worker or again to one, and the
 //! pending notice telling a worker that a round it asks about is still aggregating.
 
-use netagg_wire::packet::{BROADCAST_RANK, HEADER_LEN};
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::{Flags, MessageType, PacketRepr};
 
 use super::session::Session;
 use super::{DropReason, Recipient, Transmit, Verdict};
 use crate::round::is_after;
+use crate::sum16;
 
 impl Session {
     /// Answers a worker asking for the result of `repr`'s round, or contributing to it
@@ -98,8 +99,11 @@ impl Session {
         // `handle` checked that `out` holds a full packet of the session.
         match repr.emit(out) {
             Ok(mut packet) => {
-                let payload = &self.payloads[index * self.payload_len..][..len - HEADER_LEN];
-                packet.payload_mut().copy_from_slice(payload);
+                // Every emission of the round rounds the same float32 sums the same way:
+                // a result sent again is the same bytes.
+                let sum =
+                    &self.payloads[index * self.payload_len..][..set.element_count as usize * ELEMENT_LEN];
+                sum16::narrow(set.element_type, packet.payload_mut(), sum);
                 Verdict::Send(Transmit { session: self.id, recipient, len })
             }
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),

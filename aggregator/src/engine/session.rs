@@ -25,7 +25,7 @@ impl SessionSpec {
     /// Bytes of engine state a session of this shape holds.
     pub fn state_bytes(&self) -> usize {
         let bitmap = WorkerSet::heap_bytes(self.workers);
-        let set = core::mem::size_of::<Set>() + 2 * bitmap + self.packet_elements as usize * 4;
+        let set = core::mem::size_of::<Set>() + 2 * bitmap + self.packet_elements as usize * ELEMENT_LEN;
         let slot = core::mem::size_of::<Slot>() + bitmap + self.workers as usize * 4;
         self.slots as usize * (slot + self.depth as usize * set)
     }

@@ -18,14 +18,14 @@
 //! retained is dropped, where SwitchML's single set bit would let a late duplicate of an
 //! earlier job count as a contribution to a later one.
 
-use netagg_wire::packet::END_OF_STREAM;
+use netagg_wire::packet::{ELEMENT_LEN, END_OF_STREAM};
 use netagg_wire::{ElementType, Flags, PacketRepr};
 
 use super::session::Session;
 use super::{DropReason, Recipient, Verdict};
 use crate::round::is_after;
-use crate::sum;
 use crate::workers::WorkerSet;
+use crate::{sum, sum16};
 
 #[derive(Debug)]
 pub(super) struct Slot {
@@ -234,10 +234,12 @@ impl Session {
         set.contributions += 1;
         set.exponent = set.exponent.max(repr.exponent);
         if repr.element_count > 0 {
-            let sum = &mut self.payloads[index * self.payload_len..][..payload.len()];
+            // Sums of 16-bit floats are held in float32: twice the payload's bytes.
+            let sum_len = repr.element_count as usize * ELEMENT_LEN;
+            let sum = &mut self.payloads[index * self.payload_len..][..sum_len];
             if set.element_count == 0 {
                 set.element_count = repr.element_count;
-                sum.copy_from_slice(payload);
+                sum16::widen(set.element_type, sum, payload);
             } else {
                 sum::add_assign(set.element_type, sum, payload);
             }

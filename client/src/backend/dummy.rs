@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::sum::{add, add_assign};
+use netagg_aggregator::sum16;
 use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Verdict};
 use netagg_config::Config;
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
@@ -191,13 +192,17 @@ impl Transport for DummyTransport {
         // As a switch adds: the first contribution copied, each further one added to it
         // (the first addition fused with the copy).
         let sum = contribution.payload_mut();
-        if self.workers == 1 {
+        if element_type.is_16_bit() {
+            // A 16-bit payload cannot carry float32 partial sums: the n-fold sum is made
+            // at once and rounded once, as the engine rounds its float32 sum.
+            sum16::scale(element_type, sum, payload, self.workers);
+        } else if self.workers == 1 {
             sum.copy_from_slice(payload);
         } else {
             add(element_type, sum, payload, payload);
-        }
-        for _ in 2..self.workers {
-            add_assign(element_type, sum, payload);
+            for _ in 2..self.workers {
+                add_assign(element_type, sum, payload);
+            }
         }
         let out = self.results.room(self.max_result_len);
         if let Verdict::Send(transmit) =
