@@ -4,8 +4,8 @@
 //! the other types' sums: each contribution is widened exactly and added in float32, and
 //! the sum is rounded once, to nearest even, as the result leaves ([`narrow`]). A 16-bit
 //! accumulator would round after every addition, and a 16-bit block floating point
-//! would lose the small elements of a block beside its largest (`docs/protocol.md` §3
-//! compares them); float32 sums n contributions with an error of about n·2⁻²⁴ of their
+//! would lose the small elements of a block beside its largest (`docs/protocol.md` §2,
+//! *float16 and bfloat16*, compares them); float32 sums n contributions with an error of about n·2⁻²⁴ of their
 //! magnitudes, far below one 16-bit rounding. NaN and infinities behave as float32's do,
 //! and a sum beyond float16's largest finite value (65504) rounds to infinity, as IEEE
 //! conversion does.

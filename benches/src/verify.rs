@@ -65,6 +65,37 @@ impl Verification {
         }
         verification
     }
+
+    /// Checks `len` elements against an absolute bound: element `i` must lie within
+    /// `bound` of `expected`, where `(expected, bound) = reference(i)`, or, where that
+    /// interval reaches `overflow` in magnitude, may be the infinity of `expected`'s
+    /// sign, and beyond it must be (what IEEE rounding gives a sum past the largest
+    /// finite value of a format).
+    pub fn check_within(
+        len: usize,
+        overflow: f64,
+        reference: impl Fn(usize) -> (f64, f64),
+        found: impl Fn(usize) -> f64,
+    ) -> Verification {
+        let mut verification = Verification::default();
+        for index in 0..len {
+            let ((expected, bound), found) = (reference(index), found(index));
+            let infinite = found.is_infinite() && found.is_sign_positive() == expected.is_sign_positive();
+            let right = if expected.abs() - bound >= overflow {
+                infinite
+            } else {
+                (found - expected).abs() <= bound || (infinite && expected.abs() + bound >= overflow)
+            };
+            if !right {
+                verification.wrong += 1;
+                if verification.first.len() < Verification::SHOWN {
+                    let error_percent = error_percent(expected, found);
+                    verification.first.push(Mismatch { index, expected, found, error_percent });
+                }
+            }
+        }
+        verification
+    }
 }
 
 #[cfg(test)]
@@ -102,5 +133,21 @@ mod tests {
             Verification::check(120, true, 50.0, |i| i as f64, |i| if i == 9 { 9.5 } else { i as f64 });
         assert_eq!(exact.wrong, 1, "int32 sums must be exact whatever the allowed error");
         assert!(Verification::check(5, false, 1.0, |i| i as f64, |i| i as f64).passed());
+    }
+
+    #[test]
+    fn bounded_checks_take_the_bound_and_infinity_only_past_the_overflow() {
+        let found = [10.5, 11.5, f64::INFINITY, 100.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+        let reference = |i: usize| match i {
+            0 | 1 => (10.0, 1.0),
+            2 | 3 => (99.0, 2.0),
+            4 => (50.0, 1.0),
+            _ => (-200.0, 1.0),
+        };
+        let check = Verification::check_within(found.len(), 100.0, reference, |i| found[i]);
+        // 1 is beyond its bound; 2 and 3 straddle the overflow (either passes); 4 is
+        // infinite below it; 5 is past it and infinite; 6 is NaN.
+        let wrong: Vec<usize> = check.first.iter().map(|m| m.index).collect();
+        assert_eq!(wrong, [1, 4, 6]);
     }
 }

@@ -51,10 +51,10 @@ use std::time::Duration;
 
 pub use codec::{BlockFloatingPoint, Codec, Native};
 pub use codec16::Float32As16Bit;
+pub use context::Context;
 /// The 16-bit float types [`Element`] is implemented for, re-exported so that callers
 /// name the same crate version.
 pub use half::{bf16, f16};
-pub use context::Context;
 pub use job::{DataType, Element, Job, JobStatus, TensorJob};
 pub use netagg_aggregator::worker::JobError;
 pub use netagg_config as config;

@@ -65,9 +65,10 @@ mod tests {
         let message =
             ini("[general]\nnum_worker_threads = 8\nmax_outstanding_packets = 4\n").unwrap_err().to_string();
         assert!(message.contains("every thread needs a slot"), "{message}");
-        let message = ini("[general]\nprepostprocessor = cpu_exponent_quantizer\nwire_precision = bfloat16\n")
-            .unwrap_err()
-            .to_string();
+        let message =
+            ini("[general]\nprepostprocessor = cpu_exponent_quantizer\nwire_precision = bfloat16\n")
+                .unwrap_err()
+                .to_string();
         assert_eq!(
             message,
             "general.wire_precision bfloat16 (from test.cfg) needs general.prepostprocessor native, not \

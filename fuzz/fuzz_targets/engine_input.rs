@@ -14,7 +14,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
 use netagg_fuzz::Raw;
-use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
+use netagg_wire::packet::{BROADCAST_RANK, END_OF_STREAM, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
 
 /// The two sessions every input starts with: different shapes, so that rank, slot and
@@ -68,7 +68,8 @@ struct Header {
     /// How far `ack round` trails `round`; 1 is what a worker in step sends.
     ack_lag: u8,
     flags: u8,
-    float: bool,
+    /// One of the four element types, taken modulo 4.
+    element_type: u8,
     job: u8,
     /// The packet id is the block, as workers send it, or one more.
     other_packet_id: bool,
@@ -175,7 +176,9 @@ impl Harness {
         };
         let round = h.round as i32 as u32;
         let block = h.block as u32 % BLOCKS;
-        let element_type = if h.float { ElementType::Float32 } else { ElementType::Int32 };
+        let element_type =
+            [ElementType::Int32, ElementType::Float32, ElementType::Float16, ElementType::BFloat16]
+                [h.element_type as usize % 4];
         let session = self.sessions[h.session as usize % SPECS.len()].0;
         let token = TOKENS[(h.session as usize + h.wrong_token as usize) % SPECS.len()];
         let elements = (h.elements % (max_elements + 1)) as u16;
@@ -194,9 +197,9 @@ impl Harness {
         };
         let mut bytes = vec![0; repr.buffer_len()];
         let mut packet = repr.emit(&mut bytes).expect("fields are in range");
-        for (i, element) in packet.payload_mut().chunks_exact_mut(ELEMENT_LEN).enumerate() {
-            let value = h.value.rotate_left(i as u32);
-            element.copy_from_slice(&value.to_le_bytes());
+        for (i, element) in packet.payload_mut().chunks_exact_mut(element_type.size()).enumerate() {
+            let value = h.value.rotate_left(i as u32).to_le_bytes();
+            element.copy_from_slice(&value[..element.len()]);
         }
         bytes
     }

@@ -615,7 +615,10 @@ mod tests {
         // Two float16 elements announced, four bytes' worth sent: the rest is surplus.
         let mut bytes = SAMPLE_BYTES;
         bytes[2] = ElementType::Float16 as u8;
-        assert_eq!(Packet::new_checked(bytes).unwrap_err(), WireError::LengthMismatch { len: 56, expected: 52 });
+        assert_eq!(
+            Packet::new_checked(bytes).unwrap_err(),
+            WireError::LengthMismatch { len: 56, expected: 52 }
+        );
     }
 
     #[test]

@@ -101,7 +101,8 @@ impl Session {
             Ok(mut packet) => {
                 // Every emission of the round rounds the same float32 sums the same way:
                 // a result sent again is the same bytes.
-                let sum = &self.payloads[index * self.payload_len..][..set.element_count as usize * ELEMENT_LEN];
+                let sum =
+                    &self.payloads[index * self.payload_len..][..set.element_count as usize * ELEMENT_LEN];
                 sum16::narrow(set.element_type, packet.payload_mut(), sum);
                 Verdict::Send(Transmit { session: self.id, recipient, len })
             }

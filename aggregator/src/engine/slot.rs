@@ -24,8 +24,8 @@ use netagg_wire::{ElementType, Flags, PacketRepr};
 use super::session::Session;
 use super::{DropReason, Recipient, Verdict};
 use crate::round::is_after;
-use crate::{sum, sum16};
 use crate::workers::WorkerSet;
+use crate::{sum, sum16};
 
 #[derive(Debug)]
 pub(super) struct Slot {

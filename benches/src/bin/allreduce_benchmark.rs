@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget};
-use netagg::{Config, Context, DataType, Element, Job, SparseMode, ThreadCounters};
+use netagg::config::Origin;
+use netagg::{bf16, f16, Config, Context, DataType, Element, Job, SparseMode, ThreadCounters, WirePrecision};
 use netagg_benches::data::Contents;
 use netagg_benches::model::{Bound, Link, Scenario};
 use netagg_benches::parse_count;
@@ -43,9 +44,13 @@ struct Options {
     /// Elements per allreduce: 1000, 1M (10^6), 64Mi (64 · 2^20).
     #[arg(long, default_value = "268435456", value_parser = parse_count)]
     tensor_numel: usize,
-    /// Element type: float (float32) or int32.
+    /// Element type: float (float32), int32, float16 (half) or bfloat16.
     #[arg(long, default_value = "int32", value_parser = parse_type)]
     tensor_type: DataType,
+    /// How float32 tensors travel (`general.wire_precision`, overriding the config):
+    /// float32, or float16 or bfloat16 (rounded by the workers, half the bytes).
+    #[arg(long)]
+    wire_precision: Option<String>,
     /// Timed jobs.
     #[arg(long, default_value_t = 10)]
     num_jobs: usize,
@@ -63,7 +68,8 @@ struct Options {
     #[arg(long, default_value_t = 1)]
     sync_every: usize,
     /// Error allowed in float results, in percent of the expected value (int32 sums must
-    /// be exact).
+    /// be exact; 16-bit floats on the wire are checked against a bound derived from their
+    /// rounding instead, which the output states).
     #[arg(long, default_value_t = 1.0, value_parser = parse_percent)]
     err: f64,
     /// Random tensors (each rank its own); otherwise x[i] = i · (-1)^i on every rank.
@@ -135,7 +141,9 @@ fn parse_type(text: &str) -> Result<DataType, String> {
     match text {
         "float" | "float32" => Ok(DataType::Float32),
         "int32" => Ok(DataType::Int32),
-        other => Err(format!("'{other}': expected float or int32")),
+        "float16" | "half" => Ok(DataType::Float16),
+        "bfloat16" => Ok(DataType::BFloat16),
+        other => Err(format!("'{other}': expected float, int32, float16 or bfloat16")),
     }
 }
 
@@ -162,6 +170,7 @@ struct Report {
     packet_numel: u16,
     backend: String,
     prepostprocessor: String,
+    wire_precision: String,
     sparse: bool,
     tensor_numel: usize,
     tensor_type: &'static str,
@@ -254,6 +263,11 @@ fn run(options: &Options) -> Result<bool, String> {
         // Every rank runs with the same options, so all agree on the layout.
         config.general.sparse = SparseMode::Auto;
     }
+    if let Some(precision) = &options.wire_precision {
+        let flag = Origin::Flag("--wire-precision".into());
+        config.set_from(&flag, "general.wire_precision", precision).map_err(|e| e.to_string())?;
+        config.validate()?;
+    }
     if let Some(rates) = &options.link_rate {
         // Refused before the session rather than after the jobs.
         rates.links(options.link_delay, config.general.num_workers)?;
@@ -264,6 +278,8 @@ fn run(options: &Options) -> Result<bool, String> {
     let outcome = match options.tensor_type {
         DataType::Int32 => benchmark::<i32>(&context, options, seed),
         DataType::Float32 => benchmark::<f32>(&context, options, seed),
+        DataType::Float16 => benchmark::<f16>(&context, options, seed),
+        DataType::BFloat16 => benchmark::<bf16>(&context, options, seed),
     };
     println!("Cleaning up.");
     context.stop();
@@ -331,11 +347,136 @@ impl Value for f32 {
         contents.float32(rank, index)
     }
     fn expected(contents: &Contents, workers: u16, index: usize, reductions: u32) -> f64 {
-        let sum: f64 = (0..workers).map(|rank| contents.float32(rank, index) as f64).sum();
-        sum * (workers as f64).powi(reductions.saturating_sub(1) as i32)
+        sum_of::<f32>(contents, workers, index, reductions)
     }
     fn to_f64(self) -> f64 {
         self as f64
+    }
+}
+
+impl Value for f16 {
+    const NAME: &'static str = "float16";
+    const EXACT: bool = false;
+    const UNWRITTEN: f16 = f16::from_f32_const(12345.0);
+    /// The float32 element rounded to float16: the pattern's elements past 65504 are
+    /// infinite, and so are their sums.
+    fn generate(contents: &Contents, rank: u16, index: usize) -> f16 {
+        f16::from_f32(contents.float32(rank, index))
+    }
+    fn expected(contents: &Contents, workers: u16, index: usize, reductions: u32) -> f64 {
+        sum_of::<f16>(contents, workers, index, reductions)
+    }
+    fn to_f64(self) -> f64 {
+        self.into()
+    }
+}
+
+impl Value for bf16 {
+    const NAME: &'static str = "bfloat16";
+    const EXACT: bool = false;
+    const UNWRITTEN: bf16 = bf16::from_f32_const(12345.0);
+    fn generate(contents: &Contents, rank: u16, index: usize) -> bf16 {
+        bf16::from_f32(contents.float32(rank, index))
+    }
+    fn expected(contents: &Contents, workers: u16, index: usize, reductions: u32) -> f64 {
+        sum_of::<bf16>(contents, workers, index, reductions)
+    }
+    fn to_f64(self) -> f64 {
+        self.into()
+    }
+}
+
+/// The float64 sum of every rank's element `index`, times `workers` for each reduction
+/// after the first.
+fn sum_of<T: Value>(contents: &Contents, workers: u16, index: usize, reductions: u32) -> f64 {
+    let sum: f64 = (0..workers).map(|rank| T::generate(contents, rank, index).to_f64()).sum();
+    sum * (workers as f64).powi(reductions.saturating_sub(1) as i32)
+}
+
+/// A 16-bit float format on the wire: what its roundings may cost a sum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Rounding16 {
+    name: &'static str,
+    /// The unit roundoff: half the spacing of the format's numbers at 1 (2^-11 for
+    /// float16's 11 significant bits, 2^-8 for bfloat16's 8), the largest relative
+    /// error of one rounding to nearest in the normal range.
+    unit: f64,
+    /// Half the smallest subnormal: the largest absolute error of a rounding below the
+    /// normal range.
+    half_subnormal: f64,
+    /// The magnitude from which rounding gives infinity: the largest finite value plus
+    /// half a spacing.
+    overflow: f64,
+    /// Whether the inputs are float32, rounded to the format by the workers (a float32
+    /// tensor with `--wire-precision`); otherwise they are 16-bit already.
+    narrowed: bool,
+}
+
+impl Rounding16 {
+    /// The format a tensor of `data_type` travels in, if 16-bit.
+    fn of(data_type: DataType, precision: WirePrecision) -> Option<Rounding16> {
+        let float16 = Rounding16 {
+            name: "float16",
+            unit: 2f64.powi(-11),
+            half_subnormal: 2f64.powi(-25),
+            overflow: 65520.0,
+            narrowed: false,
+        };
+        let bfloat16 = Rounding16 {
+            name: "bfloat16",
+            unit: 2f64.powi(-8),
+            half_subnormal: 2f64.powi(-134),
+            overflow: (2.0 - 2f64.powi(-8)) * 2f64.powi(127),
+            narrowed: false,
+        };
+        match (data_type, precision) {
+            (DataType::Float16, _) => Some(float16),
+            (DataType::BFloat16, _) => Some(bfloat16),
+            (DataType::Float32, WirePrecision::Float16) => Some(Rounding16 { narrowed: true, ..float16 }),
+            (DataType::Float32, WirePrecision::BFloat16) => Some(Rounding16 { narrowed: true, ..bfloat16 }),
+            _ => None,
+        }
+    }
+
+    /// The expected sum of `workers` inputs whose sum is `sum` and whose magnitudes sum
+    /// to `magnitudes`, after `reductions` in-place reductions, and the bound of a
+    /// result's error: each input's rounding to 16 bits (if narrowed), the switch's
+    /// float32 additions ((n - 1) · 2^-24 of the magnitudes added), and one rounding of
+    /// the sum to 16 bits, per reduction. A reduction after the first sums results every
+    /// rank holds, already 16-bit: n times the previous sum, with n times its error.
+    fn reference(&self, workers: u16, sum: f64, magnitudes: f64, reductions: u32) -> (f64, f64) {
+        let n = f64::from(workers);
+        let float32_unit = 2f64.powi(-24);
+        let (mut expected, mut bound) = (sum, 0.0);
+        if self.narrowed {
+            bound = self.unit * magnitudes + n * self.half_subnormal;
+        }
+        let mut added = magnitudes + bound;
+        for reduction in 0..reductions.max(1) {
+            if reduction > 0 {
+                added = n * (expected.abs() + bound);
+                expected *= n;
+                bound *= n;
+            }
+            bound += (n - 1.0) * float32_unit * added;
+            bound += self.unit * (expected.abs() + bound) + self.half_subnormal;
+        }
+        (expected, bound)
+    }
+
+    /// The bound as the output states it.
+    fn describe(&self) -> String {
+        let inputs =
+            if self.narrowed { "u * sum|x| + n * e (each float32 input rounded to 16 bits) + " } else { "" };
+        format!(
+            "Error bound ({} on the wire, u = {}, e = {}): |result - float64 sum| <= {inputs}(n - 1) * 2^-24 * sum|x| \
+             (float32 additions at the switch) + u * (|sum| + the bound so far) + e (one rounding of the \
+             result), per reduction; a sum past {} is infinite. --err does not apply.",
+            self.name,
+            cpp_double(self.unit),
+            cpp_double(self.half_subnormal),
+            cpp_double(self.overflow)
+        )
     }
 }
 
@@ -352,6 +493,9 @@ fn progress_bar(jobs: usize) -> ProgressBar {
 fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Result<Report, String> {
     let general = &context.config().general;
     let (rank, workers, numel) = (general.rank, general.num_workers, options.tensor_numel);
+    let rounding = Rounding16::of(T::DATA_TYPE, general.wire_precision);
+    let (element_size, wire_element_size) =
+        (T::DATA_TYPE.size(), rounding.map_or(T::DATA_TYPE.size(), |_| 2));
     let contents = Contents {
         seed,
         random: options.random,
@@ -461,6 +605,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
             (!options.inplace).then_some(&input[..]),
             reductions,
             options.err,
+            rounding,
         )
     });
 
@@ -477,17 +622,24 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
     if let Some(summary) = &summary {
         println!("Median ATE/s {}", cpp_double(summary.median_ate_per_second()));
     }
-    let tensor_bytes = (numel * 4) as f64;
+    let tensor_bytes = (numel * element_size) as f64;
     println!(
         "Wire bytes per job (this worker): {} sent, {} received ({} and {} times the tensor's {} bytes)",
         cpp_double(sent),
         cpp_double(received),
         cpp_double(sent / tensor_bytes.max(1.0)),
         cpp_double(received / tensor_bytes.max(1.0)),
-        numel * 4
+        numel * element_size
     );
-    let (upstream, downstream) =
-        payload_fractions(&contents, numel, rank, workers, &Traffic::of(&wire), jobs_timed);
+    let (upstream, downstream) = payload_fractions(
+        &contents,
+        numel,
+        wire_element_size,
+        rank,
+        workers,
+        &Traffic::of(&wire),
+        jobs_timed,
+    );
     print_traffic(&Traffic::of(&wire), jobs_timed, options.density, workers, &upstream, &downstream);
     let model = match (&options.link_rate, &summary) {
         (Some(rates), Some(summary)) => {
@@ -497,8 +649,9 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
                 rates,
                 options.link_delay,
                 workers,
-                elements * 4,
+                elements * wire_element_size as u64,
                 general.packet_numel,
+                wire_element_size,
                 window,
                 summary,
             )?)
@@ -512,6 +665,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         packet_numel: general.packet_numel,
         backend: format!("{:?}", general.backend).to_lowercase(),
         prepostprocessor: general.prepostprocessor.clone(),
+        wire_precision: general.wire_precision.to_string(),
         sparse: general.sparse == SparseMode::Auto,
         tensor_numel: numel,
         tensor_type: T::NAME,
@@ -541,6 +695,7 @@ fn predict(
     workers: u16,
     group_bytes: u64,
     packet_numel: u16,
+    wire_element_size: usize,
     window: u64,
     summary: &Summary,
 ) -> Result<ModelReport, String> {
@@ -548,7 +703,7 @@ fn predict(
     let scenario = Scenario {
         links,
         tensor_bytes: group_bytes,
-        packet_payload_bytes: u64::from(packet_numel) * 4,
+        packet_payload_bytes: u64::from(packet_numel) * wire_element_size as u64,
         window_packets: window,
     };
     let (netagg, ring) = (scenario.netagg(), scenario.ring());
@@ -572,18 +727,19 @@ fn predict(
     })
 }
 
-/// This worker's payload per job each way as fractions of the tensor's bytes: the model's,
-/// this seed's blocks' and the measured.
+/// This worker's payload per job each way as fractions of the tensor's bytes on the wire
+/// (`wire_element_size` an element): the model's, this seed's blocks' and the measured.
 fn payload_fractions(
     contents: &Contents,
     numel: usize,
+    wire_element_size: usize,
     rank: u16,
     workers: u16,
     traffic: &Traffic,
     jobs: f64,
 ) -> (Fractions, Fractions) {
     let elements = numel.max(1) as f64;
-    let tensor_bytes = elements * 4.0;
+    let tensor_bytes = elements * wire_element_size as f64;
     let upstream = Fractions {
         model: upstream_model(contents.density),
         seed: contents.elements_with_data(numel, std::iter::once(rank)) as f64 / elements,
@@ -639,15 +795,31 @@ fn verify<T: Value>(
     input: Option<&[T]>,
     reductions: u32,
     err: f64,
+    rounding: Option<Rounding16>,
 ) -> bool {
     println!("Verifying final results");
-    let sums = Verification::check(
-        results.len(),
-        T::EXACT,
-        err,
-        |i| T::expected(contents, workers, i, reductions),
-        |i| results[i].to_f64(),
-    );
+    let sums = match rounding {
+        Some(rounding) => {
+            println!("{}", rounding.describe());
+            Verification::check_within(
+                results.len(),
+                rounding.overflow,
+                |i| {
+                    let inputs = (0..workers).map(|rank| T::generate(contents, rank, i).to_f64());
+                    let (sum, magnitudes) = inputs.fold((0.0, 0.0), |(s, m), x| (s + x, m + x.abs()));
+                    rounding.reference(workers, sum, magnitudes, reductions)
+                },
+                |i| results[i].to_f64(),
+            )
+        }
+        None => Verification::check(
+            results.len(),
+            T::EXACT,
+            err,
+            |i| T::expected(contents, workers, i, reductions),
+            |i| results[i].to_f64(),
+        ),
+    };
     let unchanged = input.map(|input| {
         Verification::check(
             input.len(),
