@@ -126,7 +126,8 @@ typedef uint32_t netagg_job_state;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// Element types: the values match SwitchML's `DataType`.
+// Element types: FLOAT32 and INT32 have the values of SwitchML's `DataType`, which
+// has no 16-bit type.
 enum netagg_data_type
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : uint32_t
@@ -134,6 +135,13 @@ enum netagg_data_type
  {
   NETAGG_FLOAT32 = 0,
   NETAGG_INT32 = 1,
+  // IEEE 754 half precision (`_Float16`), 2 bytes on the wire, summed in float32 by
+  // the switch and rounded once: a sum past 65504 is infinity, as IEEE arithmetic
+  // gives.
+  NETAGG_FLOAT16 = 2,
+  // bfloat16, float32's upper 16 bits, 2 bytes on the wire, summed in float32 by the
+  // switch and rounded once.
+  NETAGG_BFLOAT16 = 3,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -307,7 +315,9 @@ void netagg_context_free(struct netagg_context *context);
 // Sums `numel` elements of `data_type` (a `netagg_data_type`) over every rank: reads
 // `input`, writes the sums to `output` (the same pointer for in place) and returns when
 // they are there, or the job failed (within `general.job_timeout` if the switch or a
-// worker died). The buffers may not overlap unless they are the same. Thread-safe.
+// worker died). The buffers may not overlap unless they are the same. float32 elements
+// travel as the configuration's `general.wire_precision` says: as they are, or rounded
+// to float16 or bfloat16 (half the bytes) and their sums widened back. Thread-safe.
 //
 // # Safety
 // `context` is NULL or live; `input` is readable and `output` writable for `numel`

@@ -10,6 +10,8 @@
 //   context.allreduce(gradients.data(), gradients.data(), gradients.size());
 //   netagg::Job job = context.allreduce_async(in, out, n);   // in, out: int32_t* or float*
 //   job.wait();
+//   // 16-bit elements, which C++11 has no type for, name their type:
+//   context.allreduce(halves, halves, n, NETAGG_BFLOAT16);
 //
 // Thread safety is that of the C API: a Context may be used from several threads at once
 // (but destroyed by one, last); a Job may be waited on from any thread.

@@ -74,7 +74,7 @@ fn c_and_cpp_examples_build_against_the_installed_package_and_sum_across_two_wor
 
     let launcher = prefix.join("bin/netagg-run");
     let output = run_two_ranks(&launcher, &make_build.join("hello_world_static"));
-    assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
+    assert_both_ranks_say(&output, "All 65536 int32, 65536 float32 and 65536 bfloat16 sums verified");
     // The same C program with its data on DPDK ports, the workers' and the switch's, in
     // network namespaces (root, as CI has): only the configuration differs, which the
     // launcher sets (backend = dpdk; there is no fallback to sockets).
@@ -82,12 +82,12 @@ fn c_and_cpp_examples_build_against_the_installed_package_and_sum_across_two_wor
         .args(["-n", "2", "--link", "rate=1gbit", "--dpdk", "both", "--"])
         .arg(make_build.join("hello_world_c"))
         .env_remove("NETAGG_CONFIG"));
-    assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
+    assert_both_ranks_say(&output, "All 65536 int32, 65536 float32 and 65536 bfloat16 sums verified");
     assert!(output.contains("data path on a DPDK port"), "{output}");
     c_and_cpp_examples_over_rdma_between_two_vms(&prefix, &make_build);
     for build in [&make_build, &cmake_build] {
         let output = run_two_ranks(&launcher, &build.join("hello_world_c"));
-        assert_both_ranks_say(&output, "All 65536 int32 and 65536 float32 sums verified");
+        assert_both_ranks_say(&output, "All 65536 int32, 65536 float32 and 65536 bfloat16 sums verified");
         let output = run_two_ranks(&launcher, &build.join("hello_world_cpp"));
         assert_both_ranks_say(&output, "Data verified: 8 tensors of 32768 floats summed over 2 workers");
         assert_both_ranks_say(&output, "Submitted jobs: #8#");
@@ -134,7 +134,7 @@ fn c_and_cpp_examples_over_rdma_between_two_vms(prefix: &Path, build: &Path) {
     for vm in ["vm0", "vm1"] {
         let says =
             |line: &str| output.lines().any(|l| l.starts_with(&format!("[{vm}] ")) && l.contains(line));
-        assert!(says("All 65536 int32 and 65536 float32 sums verified"), "{vm}:\n{output}");
+        assert!(says("All 65536 int32, 65536 float32 and 65536 bfloat16 sums verified"), "{vm}:\n{output}");
         assert!(says("Data verified: 8 tensors of 32768 floats summed over 2 workers"), "{vm}:\n{output}");
     }
     assert!(output.contains("[vm0] netagg-switch: control 10.77.0.1:50099 data 10.77.0.1:48864"), "{output}");

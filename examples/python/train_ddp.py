@@ -2,13 +2,18 @@
 
     netagg-run -n 4 -- python3 examples/python/train_ddp.py
     netagg-run -n 4 -- python3 examples/python/train_ddp.py --baseline gloo
+    netagg-run -n 4 -- python3 examples/python/train_ddp.py --gradients bfloat16
 
 netagg-run starts a switch and the ranks, and sets what both netagg and PyTorch read
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); under torchrun, point netagg at a running
 netagg-switch with NETAGG_GENERAL__CONTROLLER_IP and NETAGG_GENERAL__CONTROLLER_PORT.
 The images are synthetic, each a random pattern of its class under noise, so that the
 loss falls; nothing is downloaded. With ``--baseline gloo`` the same model trains with
-PyTorch's own allreduce (DDP's built-in path over gloo) in place of netagg. Each rank
+PyTorch's own allreduce (DDP's built-in path over gloo) in place of netagg.
+
+``--gradients float16`` or ``bfloat16`` keeps the model in float32 and sends its gradients
+as 16-bit values: netagg's ``general.wire_precision``, or with ``--baseline gloo``
+PyTorch's ``fp16_compress_hook`` or ``bf16_compress_hook``. Each rank
 prints its loss per step; rank 0 then prints throughput and what communication costs a
 step: the median step against the median of as many steps again without gradient
 synchronisation (forward and backward under ``model.no_sync()``, parameters untouched),
@@ -25,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 import netagg
@@ -65,6 +71,12 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--baseline", choices=["gloo"], help="train with PyTorch's allreduce instead")
+    parser.add_argument(
+        "--gradients",
+        choices=["float32", "float16", "bfloat16"],
+        default="float32",
+        help="how a float32 model's gradients travel (gloo: PyTorch's compress hook)",
+    )
     parser.add_argument("--bucket-mb", type=float, default=25, help="DDP's bucket size (its default: 25)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
     parser.add_argument("--config", help="a netagg config file (otherwise the usual search)")
@@ -82,11 +94,15 @@ def main():
 
     context = state = None
     if args.baseline is None:
-        context = netagg.Context(args.config)
+        narrowed = {"general.wire_precision": args.gradients} if args.gradients != "float32" else None
+        context = netagg.Context(args.config, settings=narrowed)
         if (context.rank, context.num_workers) != (rank, world):
             raise SystemExit(f"netagg sees rank {context.rank} of {context.num_workers}, PyTorch {rank} of {world}")
         state = NetaggState(context)
         model.register_comm_hook(state, allreduce_hook)
+    elif args.gradients != "float32":
+        compress = {"float16": default_hooks.fp16_compress_hook, "bfloat16": default_hooks.bf16_compress_hook}
+        model.register_comm_hook(None, compress[args.gradients])
     try:
         figures = train(args, model, rank, world, state)
     finally:
@@ -94,7 +110,7 @@ def main():
             context.stop()
     if rank == 0:
         print(
-            f"{figures['allreduce']}: {world} ranks, median step {figures['median_step_ms']:.1f} ms, "
+            f"{figures['allreduce']}: {world} ranks, {figures['gradients']} gradients, median step {figures['median_step_ms']:.1f} ms, "
             f"forward and backward {figures['median_sync_ms']:.1f} ms against "
             f"{figures['median_compute_ms']:.1f} ms without synchronising gradients (communication adds "
             f"{figures['median_sync_ms'] - figures['median_compute_ms']:.1f} ms), "
@@ -147,6 +163,7 @@ def train(args, model, rank, world, state):
     timed = step_seconds[warm:]
     return {
         "allreduce": args.baseline or "netagg",
+        "gradients": args.gradients,
         "ranks": world,
         "steps": args.steps,
         "batch_size": args.batch_size,

@@ -1,7 +1,8 @@
 //! DPDK on both sides of the wire, in network namespaces: workers whose datagrams leave
 //! from DPDK ports with a kernel-socket switch, kernel-socket workers with a switch whose
 //! data path is a DPDK port, and DPDK on both sides, on clean and lossy links, with exact
-//! results. DPDK's af_packet driver runs on each namespace's interface, without
+//! results (int32 and float32 in every pairing, float16 and bfloat16 with DPDK at both
+//! ends). DPDK's af_packet driver runs on each namespace's interface, without
 //! hugepages (`netagg-run --dpdk`). Root is needed, as CI has; like the other emulated
 //! networks these are ignored in a plain `cargo test`, and `scripts/test` runs them in
 //! release, one at a time.
@@ -70,6 +71,10 @@ fn dpdk_workers_and_kernel_udp_switch_in_every_pairing_sum_exactly() {
             }
         }
     }
+    // The 16-bit types, with DPDK at both ends: a packet's layout is the wire format's,
+    // which no transport looks into, so one run each, one dense and one sparse.
+    verified_run("both", "rate=1gbit", "float16", "1");
+    verified_run("both", "rate=1gbit", "bfloat16", "0.1");
 }
 
 #[test]

@@ -16,6 +16,15 @@ completes. Buckets thus travel while backward computes the next ones, as they do
 PyTorch's own allreduce. Rank and world size come from the same variables as ever
 (torchrun's ``RANK``/``WORLD_SIZE``, mpirun's, Slurm's), read by the context.
 
+16-bit gradients: the buckets of a bfloat16 or float16 model are summed as they are, two
+bytes an element, in float32 at the switch. A float32 model's gradients travel as 16-bit
+values, as PyTorch's ``fp16_compress_hook`` and ``bf16_compress_hook`` send them, with
+the context's ``general.wire_precision``, which the worker threads apply as they fill
+packets (no extra pass over the bucket)::
+
+    context = netagg.Context(settings={"general.wire_precision": "bfloat16"})
+    model.register_comm_hook(NetaggState(context), allreduce_hook)
+
 The future is completed on netagg's callback thread, where DDP's own continuations then
 run too; callbacks there run one at a time, so anything chained on the future should
 not block.
@@ -61,11 +70,15 @@ class NetaggState:
                 self.comm_seconds += time.perf_counter() - self._busy_since
 
 
+AVERAGED_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def allreduce_hook(state: NetaggState, bucket) -> torch.futures.Future[torch.Tensor]:
-    """Averages the bucket's gradients over the ranks through netagg."""
+    """Averages the bucket's gradients over the ranks through netagg, in place, in the
+    bucket's own type."""
     tensor = bucket.buffer()
-    if tensor.dtype != torch.float32:
-        raise TypeError(f"the netagg hook averages float32 gradients, not {tensor.dtype}")
+    if tensor.dtype not in AVERAGED_TYPES:
+        raise TypeError(f"the netagg hook averages float32, float16 and bfloat16 gradients, not {tensor.dtype}")
     # DDP hands the hook sums to average; dividing first, as DDP's own path does, keeps
     # the sum in the gradients' range.
     tensor.div_(state.world_size)

@@ -2,7 +2,7 @@
 //!
 //! Tensors cross by the buffer protocol (NumPy arrays, `array.array`, memoryviews) or,
 //! for PyTorch CPU tensors, through the array view `Tensor.numpy()` gives of the same
-//! memory: the library reads and writes the caller's memory, and nothing is copied on
+//! memory (of a bfloat16 tensor, which NumPy lacks, viewed as int16): the library reads and writes the caller's memory, and nothing is copied on
 //! the way in or out. A job keeps the buffers it uses exported until it has ended, even
 //! if Python drops every reference to them or to the job; whoever first sees it ended
 //! with the interpreter at hand (a wait, `done()`, the callback thread) releases them.
@@ -132,7 +132,8 @@ impl Context {
     }
 
     /// Sums `tensor` over every rank, in place, or into `out`; returns what holds the
-    /// sums. float32 and int32, contiguous, on the CPU.
+    /// sums. float32, int32, float16 (NumPy or PyTorch) and bfloat16 (PyTorch),
+    /// contiguous, on the CPU.
     #[pyo3(signature = (tensor, out=None))]
     fn allreduce<'py>(
         &self,
@@ -287,32 +288,18 @@ impl Tensor {
     /// Exports `object`'s memory: a buffer, or a PyTorch CPU tensor's (through the array
     /// view of the same memory that `Tensor.numpy()` gives); `name` names it in errors.
     fn export(object: &Bound<'_, PyAny>, name: &str) -> PyResult<Tensor> {
-        let buffer = match PyUntypedBuffer::get(object) {
-            Ok(buffer) => buffer,
+        let (buffer, data_type) = match PyUntypedBuffer::get(object) {
+            Ok(buffer) => {
+                let data_type = buffer_data_type(&buffer, name)?;
+                (buffer, data_type)
+            }
             Err(_) if object.hasattr("numpy")? && object.hasattr("is_contiguous")? => {
-                let dtype = object.getattr("dtype")?.str()?.to_string();
-                if dtype != "torch.float32" && dtype != "torch.int32" {
-                    return Err(PyTypeError::new_err(format!(
-                        "{name} is a {dtype} tensor: netagg sums float32 and int32"
-                    )));
-                }
-                let device = object.getattr("device")?.getattr("type")?.extract::<String>()?;
-                if device != "cpu" {
-                    return Err(PyValueError::new_err(format!(
-                        "{name} is on device '{device}': netagg reduces CPU tensors (copy it with .cpu())"
-                    )));
-                }
-                if !object.call_method0("is_contiguous")?.extract::<bool>()? {
-                    return Err(PyValueError::new_err(format!(
-                        "{name} is not contiguous (make it so with .contiguous())"
-                    )));
-                }
-                PyUntypedBuffer::get(&object.call_method0("detach")?.call_method0("numpy")?)?
+                torch_tensor_buffer(object, name)?
             }
             Err(error) => {
                 return Err(PyTypeError::new_err(format!(
-                    "{name} must be a NumPy array, a PyTorch CPU tensor or another buffer of float32 or \
-                     int32; this {} is not ({error})",
+                    "{name} must be a NumPy array, a PyTorch CPU tensor or another buffer of {SUMMED_TYPES}; \
+                     this {} is not ({error})",
                     object.get_type().name()?
                 )))
             }
@@ -322,33 +309,72 @@ impl Tensor {
                 "{name} is not contiguous (make it so with numpy.ascontiguousarray)"
             )));
         }
-        // struct-module format codes: an optional byte order, then the type.
-        let format = buffer.format().to_bytes();
-        let (order, code) = match format {
-            [order @ (b'@' | b'=' | b'<' | b'>' | b'!'), code @ ..] => (*order, code),
-            code => (b'@', code),
-        };
-        let big_endian = matches!(order, b'>' | b'!') || (cfg!(target_endian = "big") && order == b'<');
-        let data_type = match (code, buffer.item_size()) {
-            _ if big_endian => {
-                return Err(PyTypeError::new_err(format!(
-                    "{name} holds elements in the other byte order ('{}'): convert them to native \
-                     order first (NumPy: .astype('=f4') or '=i4')",
-                    String::from_utf8_lossy(format)
-                )))
-            }
-            (b"f", 4) => DataType::Float32,
-            (b"i" | b"l", 4) => DataType::Int32,
-            _ => {
-                return Err(PyTypeError::new_err(format!(
-                    "{name} holds elements of format '{}' ({} bytes): netagg sums float32 and int32",
-                    String::from_utf8_lossy(format),
-                    buffer.item_size()
-                )))
-            }
-        };
         let numel = buffer.item_count();
         Ok(Tensor { buffer, data_type, numel })
+    }
+}
+
+/// The element types the library sums, as errors list them.
+const SUMMED_TYPES: &str = "float32, int32, float16 and bfloat16";
+
+/// A PyTorch CPU tensor's memory and element type, its dtype checked.
+fn torch_tensor_buffer(object: &Bound<'_, PyAny>, name: &str) -> PyResult<(PyUntypedBuffer, DataType)> {
+    let dtype = object.getattr("dtype")?.str()?.to_string();
+    let data_type = match dtype.as_str() {
+        "torch.float32" => DataType::Float32,
+        "torch.int32" => DataType::Int32,
+        "torch.float16" => DataType::Float16,
+        "torch.bfloat16" => DataType::BFloat16,
+        _ => {
+            return Err(PyTypeError::new_err(format!(
+                "{name} is a {dtype} tensor: netagg sums {SUMMED_TYPES}"
+            )))
+        }
+    };
+    let device = object.getattr("device")?.getattr("type")?.extract::<String>()?;
+    if device != "cpu" {
+        return Err(PyValueError::new_err(format!(
+            "{name} is on device '{device}': netagg reduces CPU tensors (copy it with .cpu())"
+        )));
+    }
+    if !object.call_method0("is_contiguous")?.extract::<bool>()? {
+        return Err(PyValueError::new_err(format!(
+            "{name} is not contiguous (make it so with .contiguous())"
+        )));
+    }
+    let mut tensor = object.call_method0("detach")?;
+    if data_type == DataType::BFloat16 {
+        // NumPy has no bfloat16: the same memory viewed as int16 exports its bytes.
+        let int16 = object.py().import("torch")?.getattr("int16")?;
+        tensor = tensor.call_method1("view", (int16,))?;
+    }
+    Ok((PyUntypedBuffer::get(&tensor.call_method0("numpy")?)?, data_type))
+}
+
+/// The element type of a buffer's items, from its struct-module format code.
+fn buffer_data_type(buffer: &PyUntypedBuffer, name: &str) -> PyResult<DataType> {
+    // An optional byte order, then the type.
+    let format = buffer.format().to_bytes();
+    let (order, code) = match format {
+        [order @ (b'@' | b'=' | b'<' | b'>' | b'!'), code @ ..] => (*order, code),
+        code => (b'@', code),
+    };
+    let big_endian = matches!(order, b'>' | b'!') || (cfg!(target_endian = "big") && order == b'<');
+    match (code, buffer.item_size()) {
+        _ if big_endian => Err(PyTypeError::new_err(format!(
+            "{name} holds elements in the other byte order ('{}'): convert them to native \
+             order first (NumPy: .astype('=f4'), '=i4' or '=f2')",
+            String::from_utf8_lossy(format)
+        ))),
+        (b"f", 4) => Ok(DataType::Float32),
+        (b"i" | b"l", 4) => Ok(DataType::Int32),
+        (b"e", 2) => Ok(DataType::Float16),
+        _ => Err(PyTypeError::new_err(format!(
+            "{name} holds elements of format '{}' ({} bytes): netagg sums {SUMMED_TYPES} (bfloat16 \
+             as PyTorch tensors)",
+            String::from_utf8_lossy(format),
+            buffer.item_size()
+        ))),
     }
 }
 

@@ -176,20 +176,23 @@ def dummy(**settings):
 
 def test_bad_tensors_raise_clear_errors():
     with dummy() as context:
-        with pytest.raises(TypeError, match="format 'd'.*float32 and int32"):
+        with pytest.raises(TypeError, match="format 'd'.*float32, int32, float16 and bfloat16"):
             context.allreduce(np.zeros(8))
         with pytest.raises(TypeError, match="must be a NumPy array, a PyTorch CPU tensor .* this list is not"):
             context.allreduce([1, 2, 3])
-        with pytest.raises(TypeError, match="format 'O' \\(8 bytes\\): netagg sums float32 and int32"):
+        with pytest.raises(TypeError, match="format 'O' \\(8 bytes\\): netagg sums float32, int32, float16 and bfloat16"):
             context.allreduce(np.array([object()] * 4))
         with pytest.raises(TypeError, match="this datetime is not"):
             context.allreduce(__import__("datetime").datetime.now())
         with pytest.raises(TypeError, match="other byte order \\('>f'\\)"):
             context.allreduce(np.zeros(8, dtype=">f4"))
-        with pytest.raises(TypeError, match="tensor is a torch.float64 tensor: netagg sums float32 and int32"):
+        with pytest.raises(TypeError, match="tensor is a torch.float64 tensor: netagg sums float32, int32, float16 and bfloat16"):
             context.allreduce(torch.zeros(8, dtype=torch.float64))
-        with pytest.raises(TypeError, match="tensor is a torch.bfloat16 tensor"):
-            context.allreduce(torch.zeros(8, dtype=torch.bfloat16))
+        with pytest.raises(TypeError, match="tensor is a torch.int16 tensor"):
+            context.allreduce(torch.zeros(8, dtype=torch.int16))
+        # NumPy's int16 has float16's size, not its type.
+        with pytest.raises(TypeError, match="format 'h' \\(2 bytes\\)"):
+            context.allreduce(np.zeros(8, dtype=np.int16))
         shared = np.zeros(64, dtype=np.int32)
         with pytest.raises(ValueError, match="out overlaps tensor without being the same memory"):
             context.allreduce(shared[:-1], out=shared[1:])
@@ -207,6 +210,8 @@ def test_bad_tensors_raise_clear_errors():
             context.allreduce(np.zeros(8, dtype=np.int32), out=np.zeros(7, dtype=np.int32))
         with pytest.raises(ValueError, match="out holds 8 float32 elements, tensor 8 int32"):
             context.allreduce(np.zeros(8, dtype=np.int32), out=np.zeros(8, dtype=np.float32))
+        with pytest.raises(ValueError, match="out holds 8 bfloat16 elements, tensor 8 float16"):
+            context.allreduce(torch.zeros(8, dtype=torch.float16), out=torch.zeros(8, dtype=torch.bfloat16))
         with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0, not -1"):
             context.allreduce_async(np.zeros(8, dtype=np.int32)).wait(timeout=-1)
         with pytest.raises(TypeError, match="callback must be callable"):

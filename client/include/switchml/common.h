@@ -17,16 +17,26 @@ typedef std::uint64_t Numel;
 typedef std::chrono::steady_clock clock;
 
 /// Unscoped, as in SwitchML: both switchml::FLOAT32 and switchml::DataType::FLOAT32 work.
-/// The values are those of netagg_data_type.
-enum DataType { FLOAT32 = NETAGG_FLOAT32, INT32 = NETAGG_INT32 };
+/// The values are those of netagg_data_type. FLOAT16 (IEEE half precision) and BFLOAT16
+/// are netagg's: SwitchML has no 16-bit type. They travel as 2 bytes and are summed in
+/// float32 at the switch.
+enum DataType {
+  FLOAT32 = NETAGG_FLOAT32,
+  INT32 = NETAGG_INT32,
+  FLOAT16 = NETAGG_FLOAT16,
+  BFLOAT16 = NETAGG_BFLOAT16
+};
 
-/// Bytes per element: 4 for both types. SwitchML aborts on an unknown type; the
-/// signature leaves no room for an error, so netagg returns 0.
+/// Bytes per element: 4, or 2 for the 16-bit types. SwitchML aborts on an unknown type;
+/// the signature leaves no room for an error, so netagg returns 0.
 static inline std::uint16_t DataTypeSize(enum DataType data_type) {
   switch (data_type) {
     case FLOAT32:
     case INT32:
       return 4;
+    case FLOAT16:
+    case BFLOAT16:
+      return 2;
   }
   return 0;
 }

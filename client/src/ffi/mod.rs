@@ -61,13 +61,29 @@ enum State {
 /// A submitted job. Zero is never a valid handle.
 pub type netagg_job = u64;
 
-/// Element types: the values match SwitchML's `DataType`.
+/// Element types: FLOAT32 and INT32 have the values of SwitchML's `DataType`, which
+/// has no 16-bit type.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum netagg_data_type {
     NETAGG_FLOAT32 = 0,
     NETAGG_INT32 = 1,
+    /// IEEE 754 half precision (`_Float16`), 2 bytes on the wire, summed in float32 by
+    /// the switch and rounded once: a sum past 65504 is infinity, as IEEE arithmetic
+    /// gives.
+    NETAGG_FLOAT16 = 2,
+    /// bfloat16, float32's upper 16 bits, 2 bytes on the wire, summed in float32 by the
+    /// switch and rounded once.
+    NETAGG_BFLOAT16 = 3,
 }
+
+/// Each C element type and the library's.
+const DATA_TYPES: [(netagg_data_type, DataType); 4] = [
+    (netagg_data_type::NETAGG_FLOAT32, DataType::Float32),
+    (netagg_data_type::NETAGG_INT32, DataType::Int32),
+    (netagg_data_type::NETAGG_FLOAT16, DataType::Float16),
+    (netagg_data_type::NETAGG_BFLOAT16, DataType::BFloat16),
+];
 
 /// Where a job stands: the values match SwitchML's `JobStatus` (which also has INIT = 0).
 #[repr(u32)]
@@ -160,14 +176,12 @@ impl netagg_context {
 }
 
 fn data_type(value: u32) -> Result<DataType, Failure> {
-    match value {
-        v if v == netagg_data_type::NETAGG_FLOAT32 as u32 => Ok(DataType::Float32),
-        v if v == netagg_data_type::NETAGG_INT32 as u32 => Ok(DataType::Int32),
-        other => Err(Failure::new(
-            NETAGG_INVALID_ARGUMENT,
-            format!("data type {other} is neither NETAGG_FLOAT32 (0) nor NETAGG_INT32 (1)"),
-        )),
-    }
+    let known = DATA_TYPES.iter().find(|(code, _)| *code as u32 == value);
+    known.map(|&(_, data_type)| data_type).ok_or_else(|| {
+        let names: Vec<String> =
+            DATA_TYPES.iter().map(|(code, _)| format!("{code:?} ({})", *code as u32)).collect();
+        Failure::new(NETAGG_INVALID_ARGUMENT, format!("data type {value} is none of {}", names.join(", ")))
+    })
 }
 
 /// Submits a job after checking what C callers can get wrong that Rust callers cannot.
@@ -532,7 +546,9 @@ pub unsafe extern "C" fn netagg_context_free(context: *mut netagg_context) {
 /// Sums `numel` elements of `data_type` (a `netagg_data_type`) over every rank: reads
 /// `input`, writes the sums to `output` (the same pointer for in place) and returns when
 /// they are there, or the job failed (within `general.job_timeout` if the switch or a
-/// worker died). The buffers may not overlap unless they are the same. Thread-safe.
+/// worker died). The buffers may not overlap unless they are the same. float32 elements
+/// travel as the configuration's `general.wire_precision` says: as they are, or rounded
+/// to float16 or bfloat16 (half the bytes) and their sums widened back. Thread-safe.
 ///
 /// # Safety
 /// `context` is NULL or live; `input` is readable and `output` writable for `numel`

@@ -233,7 +233,8 @@ static void lifecycle_and_jobs(void) {
 
   /* Bad arguments. */
   EXPECT(netagg_allreduce(context, input, output, NUMEL, 7), NETAGG_INVALID_ARGUMENT);
-  EXPECT_MESSAGE("data type 7 is neither NETAGG_FLOAT32 (0) nor NETAGG_INT32 (1)");
+  EXPECT_MESSAGE("data type 7 is none of NETAGG_FLOAT32 (0), NETAGG_INT32 (1), NETAGG_FLOAT16 (2), "
+                 "NETAGG_BFLOAT16 (3)");
   EXPECT(netagg_allreduce(context, NULL, output, NUMEL, NETAGG_INT32), NETAGG_NULL_ARGUMENT);
   EXPECT(netagg_allreduce(context, input, input + 1, NUMEL - 1, NETAGG_INT32), NETAGG_INVALID_ARGUMENT);
   EXPECT_MESSAGE("overlap");
@@ -264,6 +265,123 @@ static void lifecycle_and_jobs(void) {
   EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_OK);
   EXPECT_TRUE(output[NUMEL - 1] == 3 * input[NUMEL - 1]);
   netagg_context_free(context);
+}
+
+/* The float16 bits of a float that float16 holds exactly: zero or a normal number. */
+static uint16_t float16_bits(float value) {
+  uint32_t bits, exponent;
+  memcpy(&bits, &value, sizeof bits);
+  exponent = (bits >> 23) & 0xff;
+  if (exponent == 0) {
+    return (uint16_t)((bits >> 16) & 0x8000);
+  }
+  return (uint16_t)(((bits >> 16) & 0x8000) | ((exponent - 127 + 15) << 10) | ((bits & 0x7fffff) >> 13));
+}
+
+/* The bfloat16 bits of a float that bfloat16 holds exactly: its upper half. */
+static uint16_t bfloat16_bits(float value) {
+  uint32_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  return (uint16_t)(bits >> 16);
+}
+
+/* float16 and bfloat16 on the dummy backend's three equal contributions: exact sums of
+ * values the types hold, infinity past float16's range, NaN kept, and half the bytes of
+ * float32 on the wire. */
+static void sixteen_bit_types(void) {
+  enum { NUMEL = 10000 };
+  static uint16_t halves[NUMEL], brains[NUMEL], expected_halves[NUMEL], expected_brains[NUMEL];
+  static float floats[NUMEL];
+  netagg_context *context = dummy_context("native");
+  netagg_stats stats;
+  netagg_job job = 0;
+  uint64_t float32_bytes;
+  int i, exact = 1;
+  for (i = 0; i < NUMEL; i++) {
+    float half = (float)(i % 200) * 0.25f - 25.0f, brain = (float)(i % 64) * 0.5f - 16.0f;
+    halves[i] = float16_bits(half);
+    expected_halves[i] = float16_bits(3.0f * half);
+    brains[i] = bfloat16_bits(brain);
+    expected_brains[i] = bfloat16_bits(3.0f * brain);
+  }
+  /* Past float16's largest finite value (65504): 3 x 60000 is infinity, of either sign. */
+  halves[7] = float16_bits(60000.0f);
+  expected_halves[7] = 0x7c00;
+  halves[8] = float16_bits(-60000.0f);
+  expected_halves[8] = 0xfc00;
+  halves[9] = 0x7e00; /* a quiet NaN */
+  EXPECT(netagg_context_start(context), NETAGG_OK);
+  EXPECT(netagg_allreduce_async(context, brains, brains, NUMEL, NETAGG_BFLOAT16, &job), NETAGG_OK);
+  EXPECT(netagg_allreduce(context, halves, halves, NUMEL, NETAGG_FLOAT16), NETAGG_OK);
+  EXPECT(netagg_job_wait(job), NETAGG_OK);
+  EXPECT(netagg_job_free(job), NETAGG_OK);
+  for (i = 0; i < NUMEL; i++) {
+    exact &= (i == 9 || halves[i] == expected_halves[i]) && brains[i] == expected_brains[i];
+  }
+  EXPECT_TRUE(exact);
+  EXPECT_TRUE((halves[9] & 0x7c00) == 0x7c00 && (halves[9] & 0x03ff) != 0);
+  /* Odd lengths and misuse as for the 4-byte types. */
+  EXPECT(netagg_allreduce(context, halves, halves, 3, NETAGG_FLOAT16), NETAGG_OK);
+  EXPECT(netagg_allreduce(context, halves, halves + 1, NUMEL - 1, NETAGG_BFLOAT16), NETAGG_INVALID_ARGUMENT);
+  EXPECT_MESSAGE("overlap");
+  EXPECT(netagg_allreduce(context, NULL, halves, NUMEL, NETAGG_FLOAT16), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_allreduce(context, halves, halves, UINT64_MAX / 2, NETAGG_FLOAT16), NETAGG_INVALID_ARGUMENT);
+
+  EXPECT(netagg_context_reset_stats(context), NETAGG_OK);
+  EXPECT(netagg_allreduce(context, floats, floats, NUMEL, NETAGG_FLOAT32), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  float32_bytes = stats.bytes_sent;
+  EXPECT(netagg_context_reset_stats(context), NETAGG_OK);
+  EXPECT(netagg_allreduce(context, brains, brains, NUMEL, NETAGG_BFLOAT16), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  /* Half the payload; headers and acknowledgements are the rest. */
+  EXPECT_TRUE(stats.bytes_sent > float32_bytes / 3 && stats.bytes_sent < float32_bytes * 6 / 10);
+  netagg_context_free(context);
+}
+
+/* general.wire_precision: float32 tensors sent as 16 bits, summed, and widened back:
+ * exact for values bfloat16 holds, in half the bytes; a value or combination it refuses
+ * is an error naming it. */
+static void float32_as_16_bits_on_the_wire(void) {
+  enum { NUMEL = 4096 };
+  static float floats[NUMEL];
+  netagg_config *config = NULL;
+  netagg_context *narrow = NULL, *wide = dummy_context("native");
+  netagg_stats stats;
+  uint64_t float32_bytes;
+  int i, exact = 1;
+  EXPECT(netagg_config_new(&config), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.wire_precision", "float8"), NETAGG_CONFIG_VALUE);
+  EXPECT_MESSAGE("key 'general.wire_precision' = 'float8'");
+  EXPECT(netagg_config_set(config, "general.wire_precision", "bfloat16"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.prepostprocessor", "cpu_exponent_quantizer"), NETAGG_OK);
+  EXPECT(netagg_context_new(config, &narrow), NETAGG_CONFIG_INVALID);
+  EXPECT_MESSAGE("general.wire_precision bfloat16 (set by the program) needs general.prepostprocessor native");
+  EXPECT(netagg_config_set(config, "general.prepostprocessor", "native"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.backend", "dummy"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.num_workers", "3"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "general.packet_numel", "64"), NETAGG_OK);
+  EXPECT(netagg_config_set(config, "backend.dummy.bandwidth", "0"), NETAGG_OK);
+  EXPECT(netagg_context_new(config, &narrow), NETAGG_OK);
+  netagg_config_free(config);
+  EXPECT(netagg_context_start(narrow), NETAGG_OK);
+  EXPECT(netagg_context_start(wide), NETAGG_OK);
+
+  EXPECT(netagg_allreduce(wide, floats, floats, NUMEL, NETAGG_FLOAT32), NETAGG_OK);
+  EXPECT(netagg_context_stats(wide, &stats), NETAGG_OK);
+  float32_bytes = stats.bytes_sent;
+  for (i = 0; i < NUMEL; i++) {
+    floats[i] = (float)(i % 64) * 0.5f - 16.0f;
+  }
+  EXPECT(netagg_allreduce(narrow, floats, floats, NUMEL, NETAGG_FLOAT32), NETAGG_OK);
+  for (i = 0; i < NUMEL; i++) {
+    exact &= floats[i] == 3.0f * ((float)(i % 64) * 0.5f - 16.0f);
+  }
+  EXPECT_TRUE(exact);
+  EXPECT(netagg_context_stats(narrow, &stats), NETAGG_OK);
+  EXPECT_TRUE(stats.bytes_sent > float32_bytes / 3 && stats.bytes_sent < float32_bytes * 6 / 10);
+  netagg_context_free(narrow);
+  netagg_context_free(wide);
 }
 
 /* Block floating point cannot carry a NaN: its whole block comes back NaN, on every
@@ -359,6 +477,8 @@ int main(int argc, char **argv) {
   null_arguments();
   bad_configs(argv[1]);
   lifecycle_and_jobs();
+  sixteen_bit_types();
+  float32_as_16_bits_on_the_wire();
   nan_with_block_floating_point();
   stop_while_waiting();
   unreachable_switch(argv[2]);

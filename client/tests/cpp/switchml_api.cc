@@ -46,8 +46,12 @@ static void netagg_cpp_api() {
   netagg::Job job = context.allreduce_async(data.data(), data.data(), data.size());
   EXPECT(job.wait_for(std::chrono::seconds(10)));
   EXPECT(job.state() == NETAGG_JOB_STATE_FINISHED && job.id() == 2 && data[0] == 28);
-  EXPECT(context.stats().jobs_finished == 2);
-  EXPECT(context.stats_text().find("jobs: 2 submitted, 2 finished") != std::string::npos);
+  // 16-bit elements name their type: bfloat16 1.5 (0x3fc0) on two ranks is 3.0 (0x4040).
+  std::vector<std::uint16_t> brains(1000, 0x3fc0);
+  context.allreduce(brains.data(), brains.data(), brains.size(), NETAGG_BFLOAT16);
+  EXPECT(brains[0] == 0x4040 && brains[999] == 0x4040);
+  EXPECT(context.stats().jobs_finished == 3);
+  EXPECT(context.stats_text().find("jobs: 3 submitted, 3 finished") != std::string::npos);
   context.stop();
   EXPECT(context.state() == NETAGG_CONTEXT_STOPPED);
 }
@@ -122,7 +126,27 @@ static void running(switchml::Context& ctx) {
                                                           switchml::AllReduceOperation::SUM);
   EXPECT(bad->GetJobStatus() == switchml::FAILED && bad->GetErrorMessage().find("overlap") != std::string::npos);
   EXPECT(switchml::DataTypeSize(switchml::FLOAT32) == 4 && switchml::DataTypeSize(switchml::INT32) == 4);
-  EXPECT(ctx.GetStats().GetCounters().jobs_finished == 5);
+  EXPECT(switchml::DataTypeSize(switchml::FLOAT16) == 2 && switchml::DataTypeSize(switchml::BFLOAT16) == 2);
+
+  // float16 0.5 (0x3800) and bfloat16 -2.25 (0xc010) from three ranks: 1.5 (0x3e00) and
+  // -6.75 (0xc0d8); an odd count, so that the second tensor starts mid-packet.
+  std::vector<std::uint16_t> halves(4097, 0x3800), brains(4097, 0xc010);
+  std::shared_ptr<switchml::Job> half_job = ctx.AllReduceAsync(halves.data(), halves.data(), halves.size(),
+                                                               switchml::FLOAT16, switchml::SUM);
+  std::shared_ptr<switchml::Job> brain_job =
+      ctx.AllReduce(brains.data(), brains.data(), brains.size(), switchml::DataType::BFLOAT16, switchml::SUM);
+  half_job->WaitToComplete();
+  EXPECT(half_job->GetJobStatus() == switchml::FINISHED && brain_job->GetJobStatus() == switchml::FINISHED);
+  EXPECT(half_job->tensor_.data_type == switchml::FLOAT16);
+  bool halves_exact = true;
+  for (std::size_t i = 0; i < halves.size(); i++) {
+    halves_exact = halves_exact && halves[i] == 0x3e00 && brains[i] == 0xc0d8;
+  }
+  EXPECT(halves_exact);
+  switchml::Tensor tensor = half_job->tensor_;
+  tensor.OffsetPtrs(10);
+  EXPECT(tensor.in_ptr == static_cast<void*>(halves.data() + 10));
+  EXPECT(ctx.GetStats().GetCounters().jobs_finished == 7);
   ctx.GetStats().LogStats();
   ctx.GetStats().ResetStats();
   EXPECT(ctx.GetStats().GetCounters().jobs_submitted == 0);
