@@ -19,11 +19,11 @@ use crate::{Result, WireError};
 
 /// Version of the control protocol (4: registration and accept carry transport-tagged
 /// endpoints instead of UDP ports; 5: the same messages, for packets of
-/// [`PACKET_VERSION`](crate::PACKET_VERSION) 4). Registration is where a worker and a
+/// [`PACKET_VERSION`](crate::PACKET_VERSION) 4; 6: for packets of version 5). Registration is where a worker and a
 /// switch meet, so this version also stands for the packet format they will speak: peers
 /// of another version refuse each other's first message with [`WireError::Version`],
 /// which names both versions.
-pub const CONTROL_VERSION: u8 = 5;
+pub const CONTROL_VERSION: u8 = 6;
 
 /// Length of the control header.
 pub const CONTROL_HEADER_LEN: usize = 8;
@@ -618,7 +618,7 @@ mod tests {
 
     #[rustfmt::skip]
     const REGISTER_BYTES: [u8; 41] = [
-        0x05, 0x01, 0x21, 0x00, 0x2A, 0x00, 0x00, 0x00, // version 5, register, body 33, request 42
+        0x06, 0x01, 0x21, 0x00, 0x2A, 0x00, 0x00, 0x00, // version 6, register, body 33, request 42
         0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
         0x02, 0x01, 0x00, 0x03, b'j', b'o', b'b',       // depth 2, block fp, dense, name "job"
         0x02, 0x00,                                     // 2 threads:
@@ -638,7 +638,7 @@ mod tests {
     fn accept_carries_the_token_and_then_the_data_endpoint() {
         #[rustfmt::skip]
         let expected: [u8; 38] = [
-            0x05, 0x02, 0x1E, 0x00, 0x07, 0x00, 0x00, 0x00, // version 5, accept, body 30, request 7
+            0x06, 0x02, 0x1E, 0x00, 0x07, 0x00, 0x00, 0x00, // version 6, accept, body 30, request 7
             0x02, 0x00, 0x01, 0x00,                         // session
             0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
             0x02, 0x00,                                     // depth 2, reserved
@@ -684,7 +684,7 @@ mod tests {
     #[test]
     fn an_rdma_hello_carries_the_tag_and_nothing_else_passes_for_one() {
         let hello = rdma_hello(0xDEAD_BEEF_0000_0001);
-        assert_eq!(&hello[..8], b"netaggR\x05");
+        assert_eq!(&hello[..8], b"netaggR\x06");
         let mut padded = hello.to_vec();
         padded.resize(56, 0);
         assert_eq!(rdma_hello_tag(&padded), Some(0xDEAD_BEEF_0000_0001));
@@ -773,11 +773,11 @@ mod tests {
 
     #[test]
     fn a_peer_of_the_previous_version_is_refused_by_name() {
-        // Version 4's register: the same layout, for the packets of version 3.
+        // Version 5's register: the same layout, for the packets of version 4.
         let mut old = REGISTER_BYTES;
-        old[0] = 4;
+        old[0] = 5;
         let error = ControlMessage::parse(&old).unwrap_err();
-        assert_eq!(error.to_string(), "protocol version 4 is not supported (this side speaks 5)");
+        assert_eq!(error.to_string(), "protocol version 5 is not supported (this side speaks 6)");
     }
 
     #[test]
