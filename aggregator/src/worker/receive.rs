@@ -221,8 +221,10 @@ impl WorkerProtocol {
         if slot.outstanding.is_none() && slot.have.wrapping_sub(slot.acked) >= batch {
             self.pending.push_back((index, Send::Ack));
         }
+        // The next wait begins now, or at the first sending of the contribution queued (a
+        // probe's report, which may come before that sending, must not take it as lost).
+        slot.waiting_since = self.transmissions;
         if self.pending.len() == queued_before {
-            slot.waiting_since = self.transmissions;
             self.arm_timer(index, now);
         } else {
             // The packet queued for the slot arms its timer when it is sent; until then

@@ -315,22 +315,25 @@ mod tests {
         let (mut protocol, first) = probing_thread(start, timeout);
         protocol.handle_timeout(start + timeout);
         let probe = sent(&mut protocol, start + timeout);
-        // Slot 0's result comes before the report: its next block goes out after the
-        // probe, and the switch cannot have had it when it answered.
+        // Slot 0's result comes with the report, before its next block goes out: the
+        // switch cannot have had that block when it answered.
         let now = start + timeout;
         protocol.handle_datagram(now, &result_of(&first[0]), &mut Numbers);
-        assert_eq!(sent(&mut protocol, now).iter().map(|p| parsed(p).block).collect::<Vec<_>>(), [4]);
         // Slot 1's round 0 completed (its result lost), slot 2 holds this worker's
         // contribution, slot 3 lacks it; slots 4 to 7 are another thread's.
         let report = progress_of(&probe[0], &[1, 1, 0, 0, 9, 9, 9, 9], 0b1111_0100);
         assert_eq!(protocol.handle_datagram(now, &report, &mut Numbers), Delivery::Progress);
         let recovery: Vec<_> = sent(&mut protocol, now)
             .iter()
-            .map(|p| (parsed(p).message_type, parsed(p).slot, parsed(p).flags))
+            .map(|p| (parsed(p).message_type, parsed(p).slot, parsed(p).block, parsed(p).flags))
             .collect();
         assert_eq!(
             recovery,
-            [(MessageType::Ack, 1, Flags::WANT_RESULT), (MessageType::Data, 3, Flags::RETRANSMISSION)]
+            [
+                (MessageType::Data, 0, 4, Flags::NONE),
+                (MessageType::Ack, 1, 0, Flags::WANT_RESULT),
+                (MessageType::Data, 3, 3, Flags::RETRANSMISSION)
+            ]
         );
         // Slot 2's contribution is in: its next timeout asks after it, never resends it.
         protocol.handle_datagram(now, &result_of(&first[1]), &mut Numbers);
