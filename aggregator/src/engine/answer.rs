@@ -62,8 +62,8 @@ impl Session {
         }
     }
 
-    /// Answers probe `repr` about `slots`, the 64 from the probed one (fewer at the
-    /// session's end): the open round of each, and which of them hold the prober's contribution.
+    /// Answers probe `repr` about `slots`, at most 64 from the probed one: the open round
+    /// of each, and which of them hold the prober's contribution.
     /// A round before a slot's open round has completed, so the worker learns at once every
     /// result it lost, which no later packet would reveal, and every contribution the
     /// switch lacks: a lost tail costs one round trip, not a timeout per slot.

@@ -107,7 +107,6 @@ impl WorkerProtocol {
         for base in 0..self.slots.len() {
             if base >= covered && self.slots[base].active {
                 self.pending.push_back((base as u16, Send::Probe));
-                self.counters.probes += 1;
                 covered = base + stretch;
             }
         }

@@ -171,6 +171,7 @@ impl WorkerProtocol {
                 // The wait ended while the probe was queued: nothing to ask.
                 self.probe?;
                 repr.message_type = MessageType::Probe;
+                self.counters.probes += 1;
                 // Echoed in the report: slots whose wait began after it are not in it.
                 repr.packet_id = self.transmissions as u32;
             }
