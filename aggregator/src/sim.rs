@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use netagg_wire::{ControlMessage, ElementType, ValueEncoding, MAX_DATAGRAM_LEN};
+use netagg_wire::{ControlMessage, ElementType, MessageType, Packet, ValueEncoding, MAX_DATAGRAM_LEN};
 
 use crate::control::{Action, ControlLimits, OpenError, Opened, Registry};
 use crate::engine::{Engine, EngineLimits, Recipient, SessionCounters, SessionId, Verdict};
@@ -165,6 +165,10 @@ pub struct ClusterConfig {
     /// Events (deliveries and timer firings) one allreduce may take before it counts as a
     /// livelock.
     pub max_steps: u64,
+    /// Results lost on the way down the first time the switch sends them, as
+    /// `(rank, block)`: a loss placed where random faults would rarely put it, such as
+    /// the last results of a job.
+    pub lost_results: Vec<(u16, u32)>,
 }
 
 impl ClusterConfig {
@@ -186,6 +190,7 @@ impl ClusterConfig {
             start_delays: Vec::new(),
             rank_rates: Vec::new(),
             max_steps: 10_000_000,
+            lost_results: Vec::new(),
         }
     }
 
@@ -334,6 +339,8 @@ pub struct Cluster {
     now: Instant,
     wire: Wire,
     next_job: u32,
+    /// Of `config.lost_results`, those not yet lost.
+    results_to_lose: Vec<(u16, u32)>,
 }
 
 /// The packets on their way, and the workers' links' bottlenecks.
@@ -540,6 +547,7 @@ impl Cluster {
             uplink: FaultInjector::new(config.uplink.rates(), config.seed),
             downlink: FaultInjector::new(config.downlink.rates(), !config.seed),
             wire: Wire::new(&config, now),
+            results_to_lose: config.lost_results.clone(),
             config,
             engine,
             session,
@@ -721,7 +729,18 @@ impl Cluster {
                         Recipient::Worker(rank) => vec![rank],
                     };
                     let (wire, now, latency) = (&mut self.wire, self.now, self.config.downlink.latency);
+                    let result = Packet::new_checked(&buf[..transmit.len])
+                        .ok()
+                        .filter(|packet| packet.message_type() == MessageType::Result);
                     for rank in recipients {
+                        if let Some(result) = &result {
+                            let lost =
+                                self.results_to_lose.iter().position(|&lost| lost == (rank, result.block()));
+                            if let Some(lost) = lost {
+                                self.results_to_lose.swap_remove(lost);
+                                continue;
+                            }
+                        }
                         self.downlink.push(now, rank, &buf[..transmit.len], |rank, bytes| {
                             wire.carry(now, latency, Direction::Down, rank, bytes)
                         });

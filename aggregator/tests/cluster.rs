@@ -425,6 +425,53 @@ fn a_probe_that_finds_its_contribution_lost_sends_it_at_once() {
     }
 }
 
+/// `inputs` summed over a lossless cluster and over one that loses the results of the
+/// job's last `lost` blocks on their way to rank 0, which no later packet reveals: how
+/// much longer the lossy run took, and rank 0's counters in it.
+fn tail_loss_cost(config: ClusterConfig, inputs: &[Tensor], sparse: bool, lost: u32) -> (Duration, u64) {
+    let lossless = Cluster::new(config.clone()).unwrap().allreduce(inputs, sparse).unwrap();
+    let blocks = inputs[0].len().div_ceil(config.packet_elements as usize) as u32;
+    let lost_results = (blocks - lost..blocks).map(|block| (0, block)).collect();
+    let mut lossy = Cluster::new(ClusterConfig { lost_results, ..config }).unwrap();
+    let report = lossy.allreduce(inputs, sparse).unwrap();
+    assert_int32_results(&report.outputs, inputs);
+    assert!(report.workers[0].results_received < lossless.workers[0].results_received + lost as u64);
+    (report.elapsed - lossless.elapsed, report.workers[0].probes)
+}
+
+#[test]
+fn results_lost_at_a_jobs_end_cost_one_timeout_and_two_round_trips_not_a_timeout_each() {
+    let (workers, slots, packet) = (4u16, 16u16, 64u16);
+    let config = ClusterConfig::new(workers, slots, packet);
+    let round_trip = config.uplink.latency + config.downlink.latency;
+    let len = 64 * 16 * 6;
+    // Dense, and sparse with rank 0 silent in the last 8 blocks: it asks for results
+    // it contributed nothing to.
+    let mut sparse = sparse_inputs(workers, len, 64, 0.5, 3);
+    for (rank, tensor) in sparse.iter_mut().enumerate() {
+        let Tensor::Int32(values) = tensor else { unreachable!() };
+        values[len - 8 * 64..].fill(if rank == 0 { 0 } else { 1 });
+    }
+    // (Sparse: one result lost per slot. Where a silent slot lost two in a row and a
+    // later packet's result showed the loss, its request recovers the first, and the
+    // second costs another timeout.)
+    for (inputs, is_sparse, losses) in
+        [(int32_inputs(workers, len, 5), false, &[1, 4, 8, 16][..]), (sparse, true, &[1, 4, 8][..])]
+    {
+        for &lost in losses {
+            let (extra, probes) = tail_loss_cost(config.clone(), &inputs, is_sparse, lost);
+            // The thread waits a timeout from its last result, probes once, and asks for
+            // every lost result at once; a timeout per lost result would take 200 µs
+            // each.
+            assert!(
+                extra <= config.retransmit_timeout + 4 * round_trip,
+                "sparse {is_sparse}, {lost} results lost: {extra:?} more than without loss"
+            );
+            assert!(probes <= 1, "sparse {is_sparse}, {lost} results lost: {probes} probes");
+        }
+    }
+}
+
 #[test]
 fn a_cluster_opens_its_session_through_the_control_registry_which_says_why_it_refuses_one() {
     // The registry's own check, then the engine's, passed on by the registry.

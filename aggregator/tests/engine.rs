@@ -543,6 +543,54 @@ fn a_request_for_an_aggregating_round_says_whose_contribution_is_in() {
 }
 
 #[test]
+fn a_probe_is_answered_with_each_slots_open_round_and_where_the_prober_contributed() {
+    let mut switch = Switch::new();
+    let session = switch.open(2, 70, 2);
+    // Slot 1 completes round 0 (a result rank 0 may have lost); rank 0 is in slot 2's
+    // open round, rank 1 alone in slot 3's.
+    switch.feed(&data(session, 0, 1, 0, &[1]));
+    switch.result(&data(session, 1, 1, 0, &[2]));
+    switch.feed(&data(session, 0, 2, 0, &[1]));
+    switch.feed(&data(session, 1, 3, 0, &[1]));
+    let probe = |slot: u16| {
+        ack(session, 0, slot, u32::MAX).with(|r| {
+            r.message_type = MessageType::Probe;
+            r.packet_id = 0xABCD;
+        })
+    };
+    let (recipient, report, open_rounds) = switch.result(&probe(1));
+    assert_eq!(recipient, Recipient::Worker(0));
+    assert_eq!(
+        (report.message_type, report.rank, report.slot, report.job, report.packet_id),
+        (MessageType::Progress, 0, 1, 1, 0xABCD),
+        "echoes what the prober needs to read it"
+    );
+    assert_eq!(open_rounds.len(), 64, "64 slots from the probed one");
+    assert_eq!(open_rounds[..4], [1, 0, 0, 0]);
+    assert_eq!(report.contributions(), 0b10, "slot 2 alone holds rank 0's contribution");
+    // Near the session's end the report stops at its last slot.
+    let (_, report, open_rounds) = switch.result(&probe(66));
+    assert_eq!((open_rounds.len(), report.contributions()), (4, 0));
+    let counters = switch.engine.session(session).unwrap().1;
+    assert_eq!((counters.rejected, counters.not_ready, counters.results_resent), (0, 0, 0));
+}
+
+#[test]
+fn a_progress_report_fits_the_sessions_packets() {
+    // Packets of 8 elements: a report covers 8 slots, so that it fits any buffer one of
+    // the session's packets fits.
+    let mut switch = Switch::new();
+    let spec = SessionSpec { workers: 2, slots: 16, packet_elements: 8, depth: 2 };
+    let session = switch.engine.open_session(switch.now, spec, TOKEN).unwrap();
+    let probe = ack(session, 1, 0, u32::MAX).with(|r| r.message_type = MessageType::Probe);
+    let mut out = vec![0; netagg_wire::packet::datagram_len(8)];
+    let verdict = switch.engine.handle_datagram(switch.now, &probe.bytes(), &mut out);
+    let Verdict::Send(Transmit { len, .. }) = verdict else { panic!("{verdict:?}") };
+    assert_eq!(len, out.len());
+    assert_eq!(Packet::new_checked(&out[..len]).unwrap().element_count(), 8);
+}
+
+#[test]
 fn packets_without_the_token_or_from_another_rank_s_address_change_nothing() {
     let mut switch = Switch::new();
     let session = switch.open(2, 1, 2);

@@ -14,7 +14,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
 use netagg_fuzz::Raw;
-use netagg_wire::packet::{BROADCAST_RANK, END_OF_STREAM, HEADER_LEN};
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, PROGRESS_SLOTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
 
 /// The two sessions every input starts with: different shapes, so that rank, slot and
@@ -50,6 +50,8 @@ enum Kind {
     Ack,
     Result,
     Pending,
+    Probe,
+    Progress,
 }
 
 /// A worker → switch packet in a few bytes: small values where the engine compares.
@@ -173,6 +175,8 @@ impl Harness {
             Kind::Ack => (MessageType::Ack, 0),
             Kind::Result => (MessageType::Result, 1),
             Kind::Pending => (MessageType::Pending, 0),
+            Kind::Probe => (MessageType::Probe, 0),
+            Kind::Progress => (MessageType::Progress, 2),
         };
         let round = h.round as i32 as u32;
         let block = h.block as u32 % BLOCKS;
@@ -223,7 +227,14 @@ impl Harness {
                 assert!(matches!(transmit.recipient, Recipient::Worker(_)), "{repr:?}");
                 assert_eq!(transmit.len, HEADER_LEN, "{repr:?}");
             }
-            MessageType::Data | MessageType::Ack => panic!("the engine sent a worker's packet: {repr:?}"),
+            // Answers one worker's probe, about at most the slots a report covers.
+            MessageType::Progress => {
+                assert!(matches!(transmit.recipient, Recipient::Worker(_)), "{repr:?}");
+                assert!(repr.element_count as usize <= PROGRESS_SLOTS, "{repr:?}");
+            }
+            MessageType::Data | MessageType::Ack | MessageType::Probe => {
+                panic!("the engine sent a worker's packet: {repr:?}")
+            }
         }
         assert_eq!(repr.session, transmit.session.0, "{repr:?}");
         let rank = match transmit.recipient {

@@ -15,7 +15,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use netagg_aggregator::{BlockIo, BlockMask, JobSpec, Layout, PacingConfig, WorkerConfig, WorkerProtocol};
 use netagg_fuzz::Raw;
-use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN};
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, PROGRESS_SLOTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
 const CONFIG: WorkerConfig = WorkerConfig {
@@ -45,6 +45,8 @@ enum Step {
     Answer(Answer),
     /// A pending notice about the round of a packet the worker sent lately.
     Pending(Pending),
+    /// A progress report answering a probe the worker sent lately, or not.
+    Progress(Progress),
     /// Takes every packet the worker has to send.
     Transmit,
     /// Lets time pass, in 5 ms units, and fires the timers.
@@ -112,9 +114,22 @@ struct Header {
 struct Pending {
     pick: u8,
     contributed: bool,
-    /// Which of the 64 slots from the notice's own lack the worker's contribution.
-    lacking: u64,
     /// Sent to every worker, which a notice never is.
+    broadcast: bool,
+}
+
+/// The switch's report on the slots from a packet's: their open rounds, each a small
+/// step from that packet's round, and where the worker's contribution is in.
+#[derive(Debug, Arbitrary)]
+struct Progress {
+    pick: u8,
+    /// Each slot's open round, less the picked packet's round; past the thread's range
+    /// too (up to the 64 a report covers).
+    steps: Vec<i8>,
+    contributions: u64,
+    /// The probe's transmission count, as the report echoes it (else the picked packet's id).
+    probed: Option<u32>,
+    /// Sent to every worker, which a report never is.
     broadcast: bool,
 }
 
@@ -224,7 +239,7 @@ impl Harness {
             }
             Step::Pending(pending) => {
                 if let Some(sent) = self.sent.get(pending.pick as usize % SENT_KEPT) {
-                    let mut notice = PacketRepr {
+                    let notice = PacketRepr {
                         message_type: MessageType::Pending,
                         flags: if pending.contributed { Flags::CONTRIBUTED } else { Flags::NONE },
                         rank: if pending.broadcast { BROADCAST_RANK } else { sent.rank },
@@ -232,8 +247,29 @@ impl Harness {
                         ack_round: 0,
                         ..*sent
                     };
-                    notice.set_lacking(pending.lacking);
                     self.deliver(&result_bytes(&notice, 0));
+                }
+            }
+            Step::Progress(progress) => {
+                if let Some(sent) = self.sent.get(progress.pick as usize % SENT_KEPT) {
+                    let steps = &progress.steps[..progress.steps.len().min(PROGRESS_SLOTS)];
+                    let mut report = PacketRepr {
+                        message_type: MessageType::Progress,
+                        flags: Flags::NONE,
+                        packet_id: progress.probed.unwrap_or(sent.packet_id),
+                        rank: if progress.broadcast { BROADCAST_RANK } else { sent.rank },
+                        element_count: steps.len() as u16,
+                        ack_round: 0,
+                        ..*sent
+                    };
+                    report.set_contributions(progress.contributions);
+                    let mut bytes = vec![0; report.buffer_len()];
+                    let mut packet = report.emit(&mut bytes).expect("at most 64 slots");
+                    let rounds = packet.payload_mut().chunks_exact_mut(ELEMENT_LEN);
+                    for (round, &step) in rounds.zip(steps) {
+                        round.copy_from_slice(&sent.round.wrapping_add(step as i32 as u32).to_le_bytes());
+                    }
+                    self.deliver(&bytes);
                 }
             }
             Step::Transmit => self.transmit(),
@@ -269,7 +305,10 @@ impl Harness {
                 Err(error) => panic!("worker sent a malformed packet ({error}): {bytes:02x?}"),
             };
             let repr = PacketRepr::parse(&packet);
-            assert!(matches!(repr.message_type, MessageType::Data | MessageType::Ack), "{repr:?}");
+            assert!(
+                matches!(repr.message_type, MessageType::Data | MessageType::Ack | MessageType::Probe),
+                "{repr:?}"
+            );
             assert_eq!((repr.session, repr.rank), (CONFIG.session, CONFIG.rank), "{repr:?}");
             let slots = CONFIG.slot_base..CONFIG.slot_base + CONFIG.slots;
             assert!(slots.contains(&repr.slot), "{repr:?}");

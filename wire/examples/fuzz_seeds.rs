@@ -61,14 +61,18 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ack_round: 5,
         ..header(MessageType::Ack, ElementType::Int32, 0)
     };
-    // Contributed; slots 2 and 5 after it lack this rank.
-    let mut pending = PacketRepr {
+    let pending = PacketRepr {
         flags: Flags::CONTRIBUTED,
         rank: 2,
         round: 6,
         ..header(MessageType::Pending, ElementType::Int32, 0)
     };
-    pending.set_lacking(0b10_0100);
+    let probe =
+        PacketRepr { rank: 2, round: 6, ack_round: 5, ..header(MessageType::Probe, ElementType::Int32, 0) };
+    // Slots 1 to 3: open rounds 6, 9 and 9; this rank's contributions are in slots 1 and 3.
+    let mut progress = PacketRepr { rank: 2, ..header(MessageType::Progress, ElementType::Int32, 3) };
+    progress.set_contributions(0b101);
+    let open_rounds = [6u32, 9, 9].map(u32::to_le_bytes).concat();
 
     let udp = |address: &str| Endpoint::Udp(address.parse::<SocketAddr>().expect("a literal address"));
     let register = |name: &str, endpoints| ControlMessage::Register {
@@ -104,6 +108,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("result-bfloat16", packet(&result_bfloat16, &[0x80, 0x3F, 0xC0, 0x7F])),
         ("ack", packet(&ack, &[])),
         ("pending", packet(&pending, &[])),
+        ("probe", packet(&probe, &[])),
+        ("progress", packet(&progress, &open_rounds)),
         ("register", control(&register("job", vec![udp("0.0.0.0:40000"), udp("10.0.0.2:40001")]))),
         ("register-rdma", control(&register("job", vec![rdma("10.0.0.2:0", 0x0123_4567_89ab_cdef)]))),
         ("accept", control(&accept(vec![udp("0.0.0.0:48864")]))),

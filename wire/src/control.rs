@@ -20,7 +20,8 @@ use crate::{Result, WireError};
 /// Version of the control protocol (4: registration and accept carry transport-tagged
 /// endpoints instead of UDP ports; 5: the same messages, for packets of
 /// [`PACKET_VERSION`](crate::PACKET_VERSION) 4; 6: an accept lists the switch's data
-/// endpoints and how the session's slots split over them). Registration is where a worker and a
+/// endpoints and how the session's slots split over them, for packets of version 5).
+/// Registration is where a worker and a
 /// switch meet, so this version also stands for the packet format they will speak: peers
 /// of another version refuse each other's first message with [`WireError::Version`],
 /// which names both versions.
@@ -878,7 +879,8 @@ mod tests {
 
     #[test]
     fn a_peer_of_the_previous_version_is_refused_by_name() {
-        // Version 5's register: the same layout, answered by an accept of one endpoint.
+        // Version 5's register: the same layout, answered by an accept of one endpoint, for
+        // the packets of version 4.
         let mut old = REGISTER_BYTES;
         old[0] = 5;
         let error = ControlMessage::parse(&old).unwrap_err();

@@ -1,8 +1,9 @@
 //! netagg's wire formats: typed views over bytes, shared by workers and the switch.
 //!
 //! Two families of messages exist:
-//! - [`packet`]: the aggregation packets of the data path (worker → switch *data* and *ack*,
-//!   switch → worker *result*), one fixed 48-byte header followed by the payload;
+//! - [`packet`]: the aggregation packets of the data path (worker → switch *data*, *ack* and
+//!   *probe*, switch → worker *result*, *pending* and *progress*), one fixed 48-byte header
+//!   followed by the payload;
 //! - [`control`]: registration and session set-up, exchanged once per session.
 //!
 //! Each format comes as a view over a byte buffer (`Packet<T: AsRef<[u8]>>`), with getters,
@@ -35,9 +36,10 @@ pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
 /// Version of the aggregation-packet format (2: the 48-byte header with the session
 /// token; 3: the block-floating-point exponent byte is the f32 exponent field less 128,
 /// with markers for zero and non-finite blocks; 4: the switch's *pending* notice, which
-/// answers a request or a repeated contribution for a round still aggregating). The
-/// control protocol has its own, [`CONTROL_VERSION`].
-pub const PACKET_VERSION: u8 = 4;
+/// answers a request or a repeated contribution for a round still aggregating; 5: the
+/// *probe* and its *progress* report, which carries the map of contributions a pending
+/// notice no longer does). The control protocol has its own, [`CONTROL_VERSION`].
+pub const PACKET_VERSION: u8 = 5;
 
 /// The largest UDP payload over IPv4: the bound on any netagg datagram.
 pub const MAX_DATAGRAM_LEN: usize = 65_507;

@@ -1,7 +1,7 @@
-//! Aggregation packets: worker → switch *data* and *ack*, switch → worker *result* and
-//! *pending*.
+//! Aggregation packets: worker → switch *data*, *ack* and *probe*, switch → worker
+//! *result*, *pending* and *progress*.
 //!
-//! All four share one 48-byte header (little-endian), followed by `element_count`
+//! All six share one 48-byte header (little-endian), followed by `element_count`
 //! elements of the header's element type, [`ElementType::size`] bytes each:
 //!
 //! | offset | size | field          | meaning |
@@ -34,6 +34,19 @@ pub const HEADER_LEN: usize = field::PAYLOAD;
 pub const ELEMENT_LEN: usize = 4;
 /// Most elements of the widest type one packet can carry inside a 64 KiB datagram.
 pub const MAX_ELEMENTS: usize = elements_within(MAX_DATAGRAM_LEN);
+/// Most slots one progress report covers: its map of contributions is 64 bits.
+pub const PROGRESS_SLOTS: usize = 64;
+
+/// Slots a progress report covers in a session of `packet_elements`-element packets:
+/// [`PROGRESS_SLOTS`], or fewer where packets are shorter, so that a report fits any
+/// buffer a packet of the session fits.
+pub const fn progress_slots(packet_elements: u16) -> usize {
+    if (packet_elements as usize) < PROGRESS_SLOTS {
+        packet_elements as usize
+    } else {
+        PROGRESS_SLOTS
+    }
+}
 
 /// Bytes of a packet of `elements` elements of the widest type: the most a packet of that
 /// many elements takes.
@@ -86,21 +99,38 @@ pub enum MessageType {
     Ack = 3,
     /// Switch → one worker: the round it asked about, or contributed to again, is still
     /// aggregating; [`Flags::CONTRIBUTED`] says whether the worker's contribution is in.
-    /// Carries no payload. A worker waiting for a late peer learns so from one of these
-    /// rather than by resending its window.
+    /// Carries no payload.
     Pending = 4,
+    /// Worker → switch, sent while every slot of a worker thread waits: where do my slots
+    /// from `slot` on stand? Carries no payload; answered with a [`MessageType::Progress`].
+    Probe = 5,
+    /// Switch → one worker: the open round of each of the slots from `slot` on, one per
+    /// payload element (at most [`PROGRESS_SLOTS`]), and which of them hold the
+    /// worker's contribution ([`PacketRepr::contributions`]). From it a worker finds every
+    /// result and contribution it lost in one round trip, however many they are.
+    Progress = 6,
 }
 
 impl MessageType {
-    /// Acks and pending notices carry no payload.
+    /// Acks, pending notices and probes carry no payload.
     pub const fn is_header_only(self) -> bool {
-        matches!(self, MessageType::Ack | MessageType::Pending)
+        matches!(self, MessageType::Ack | MessageType::Pending | MessageType::Probe)
     }
 }
 
 /// A payload on a message that carries none.
-const HEADER_ONLY: WireError =
-    WireError::InvalidField { field: "element count", reason: "acks and pending notices carry no payload" };
+const HEADER_ONLY: WireError = WireError::InvalidField {
+    field: "element count",
+    reason: "acks, pending notices and probes carry no payload",
+};
+
+/// A progress report over more slots than its map covers.
+const PROGRESS_TOO_LONG: WireError =
+    WireError::InvalidField { field: "element count", reason: "a progress report covers at most 64 slots" };
+const PROGRESS_NOT_INT32: WireError = WireError::InvalidField {
+    field: "element type",
+    reason: "a progress report's elements are int32 rounds",
+};
 
 impl TryFrom<u8> for MessageType {
     type Error = WireError;
@@ -110,6 +140,8 @@ impl TryFrom<u8> for MessageType {
             2 => Ok(Self::Result),
             3 => Ok(Self::Ack),
             4 => Ok(Self::Pending),
+            5 => Ok(Self::Probe),
+            6 => Ok(Self::Progress),
             other => Err(WireError::UnknownMessageType(other)),
         }
     }
@@ -238,6 +270,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let count = self.element_count() as usize;
         if message_type.is_header_only() && count != 0 {
             return Err(HEADER_ONLY);
+        }
+        if message_type == MessageType::Progress {
+            if count > PROGRESS_SLOTS {
+                return Err(PROGRESS_TOO_LONG);
+            }
+            if element_type != ElementType::Int32 {
+                return Err(PROGRESS_NOT_INT32);
+            }
         }
         let expected = HEADER_LEN + count * element_type.size();
         if len != expected {
@@ -417,16 +457,15 @@ pub struct PacketRepr {
 }
 
 impl PacketRepr {
-    /// On a pending notice: bit `i` says that slot `slot + i`'s open round is under way
-    /// and expects a contribution from the addressee that has not arrived. Carried in
-    /// `block` (bits 0-31) and `next block` (bits 32-63), which a notice has no other use
-    /// for.
-    pub const fn lacking(&self) -> u64 {
+    /// On a progress report: bit `i` says that slot `slot + i`'s open round holds the
+    /// addressee's contribution. Carried in `block` (bits 0-31) and `next block` (bits
+    /// 32-63), which a report has no other use for.
+    pub const fn contributions(&self) -> u64 {
         self.block as u64 | (self.next_block as u64) << 32
     }
 
-    /// Sets the map [`PacketRepr::lacking`] reads.
-    pub fn set_lacking(&mut self, map: u64) {
+    /// Sets the map [`PacketRepr::contributions`] reads.
+    pub fn set_contributions(&mut self, map: u64) {
         self.block = map as u32;
         self.next_block = (map >> 32) as u32;
     }
@@ -512,6 +551,14 @@ impl PacketRepr {
         if self.message_type.is_header_only() && self.element_count != 0 {
             return Err(HEADER_ONLY);
         }
+        if self.message_type == MessageType::Progress {
+            if self.element_count as usize > PROGRESS_SLOTS {
+                return Err(PROGRESS_TOO_LONG);
+            }
+            if self.element_type != ElementType::Int32 {
+                return Err(PROGRESS_NOT_INT32);
+            }
+        }
         let available = buffer.len();
         let Some(target) = buffer.get_mut(..len) else {
             return Err(WireError::BufferTooSmall { len: available, needed: len });
@@ -564,7 +611,7 @@ mod tests {
 
     #[rustfmt::skip]
     const SAMPLE_BYTES: [u8; 56] = [
-        0x04, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
+        0x05, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
         0x04, 0x03, 0x02, 0x01,             // session
         0x07, 0x00, 0x00, 0x00,             // job
         0xDD, 0xCC, 0xBB, 0xAA,             // packet id
@@ -674,15 +721,15 @@ mod tests {
         // Version 1, the 40-byte header without the token, is refused rather than misread.
         assert_eq!(with(0, 1), WireError::Version { found: 1, supported: PACKET_VERSION });
         assert_eq!(with(1, 0), WireError::UnknownMessageType(0));
-        assert_eq!(with(1, 9), WireError::UnknownMessageType(9));
+        assert_eq!(with(1, 7), WireError::UnknownMessageType(7));
         assert_eq!(with(2, 5), WireError::UnknownElementType(5));
         assert_eq!(with(3, 0x83), WireError::UnknownFlags(0x80));
         assert!(matches!(with(23, 1), WireError::InvalidField { field: "reserved", .. }));
     }
 
     #[test]
-    fn acks_and_pending_notices_carry_no_payload() {
-        for message_type in [MessageType::Ack, MessageType::Pending] {
+    fn acks_pending_notices_and_probes_carry_no_payload() {
+        for message_type in [MessageType::Ack, MessageType::Pending, MessageType::Probe] {
             let mut bytes = SAMPLE_BYTES;
             bytes[1] = message_type as u8;
             assert!(matches!(
@@ -700,22 +747,35 @@ mod tests {
     }
 
     #[test]
-    fn a_pending_notice_on_the_wire() {
-        let notice = PacketRepr {
-            flags: Flags::CONTRIBUTED,
-            ..PacketRepr::new(MessageType::Pending, ElementType::Int32, 7, 9, 0)
-        };
-        let mut bytes = [0u8; HEADER_LEN];
-        let mut notice = notice;
-        notice.set_lacking(0x8000_0000_0000_0005);
-        notice.emit(&mut bytes).unwrap();
-        assert_eq!(bytes[..4], [PACKET_VERSION, 4, 1, 8]);
+    fn a_progress_report_on_the_wire() {
+        let mut report =
+            PacketRepr { slot: 3, ..PacketRepr::new(MessageType::Progress, ElementType::Int32, 7, 9, 2) };
+        report.set_contributions(0x8000_0000_0000_0005);
+        let mut bytes = [0u8; HEADER_LEN + 8];
+        let mut packet = report.emit(&mut bytes).unwrap();
+        packet.payload_mut().copy_from_slice(&[10, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]);
+        assert_eq!(bytes[..4], [PACKET_VERSION, 6, 1, 0]);
         assert_eq!(bytes[field::BLOCK], [5, 0, 0, 0]);
         assert_eq!(bytes[field::NEXT_BLOCK], [0, 0, 0, 0x80]);
-        assert_eq!(
-            PacketRepr::parse(&Packet::new_checked(&bytes[..]).unwrap()).lacking(),
-            0x8000_0000_0000_0005
-        );
+        let parsed = Packet::new_checked(&bytes[..]).unwrap();
+        assert_eq!(PacketRepr::parse(&parsed).contributions(), 0x8000_0000_0000_0005);
+        assert_eq!(parsed.payload(), &bytes[HEADER_LEN..], "slot 3's open round 10, slot 4's u32::MAX");
+    }
+
+    #[test]
+    fn a_progress_report_covers_at_most_64_slots() {
+        let report = |slots: usize| PacketRepr {
+            element_count: slots as u16,
+            ..PacketRepr::new(MessageType::Progress, ElementType::Int32, 7, 9, 0)
+        };
+        let mut bytes = vec![0u8; datagram_len(PROGRESS_SLOTS + 1)];
+        report(PROGRESS_SLOTS).emit(&mut bytes).unwrap();
+        Packet::new_checked(&bytes[..datagram_len(PROGRESS_SLOTS)]).unwrap();
+        assert_eq!(report(PROGRESS_SLOTS + 1).emit(&mut bytes).unwrap_err(), PROGRESS_TOO_LONG);
+        Packet::new_unchecked(&mut bytes[..]).set_element_count(PROGRESS_SLOTS as u16 + 1);
+        assert_eq!(Packet::new_checked(&bytes[..]).unwrap_err(), PROGRESS_TOO_LONG);
+        let float16 = PacketRepr { element_type: ElementType::Float16, ..report(2) };
+        assert_eq!(float16.emit(&mut bytes).unwrap_err(), PROGRESS_NOT_INT32);
     }
 
     #[test]

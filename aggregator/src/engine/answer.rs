@@ -1,8 +1,11 @@
-//! What the engine answers: a round's result, to every worker or again to one, and the
-//! pending notice telling a worker that a round it asks about is still aggregating.
+//! What the engine answers: a round's result, to every worker or again to one, the
+//! pending notice telling a worker that a round it asks about is still aggregating, and
+//! the progress report answering a worker's probe.
+
+use std::ops::Range;
 
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
-use netagg_wire::{Flags, MessageType, PacketRepr};
+use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 
 use super::session::Session;
 use super::{DropReason, Recipient, Transmit, Verdict};
@@ -40,13 +43,8 @@ impl Session {
 
     /// Tells the sender of `repr` that its round is still aggregating, and whether its
     /// own contribution is in: so that a worker waiting for a late peer stops resending.
-    /// The notice also maps which of the next 64 slots' rounds wait for this worker, so
-    /// that one probe finds the contributions it lost anywhere in its window.
     pub(super) fn emit_pending(&self, repr: &PacketRepr, out: &mut [u8]) -> Verdict {
-        let last = (repr.slot as u32 + 64).min(self.spec.slots as u32) as u16;
-        let lacking =
-            (repr.slot..last).rev().fold(0u64, |map, slot| map << 1 | self.waits_for(slot, repr.rank) as u64);
-        let mut notice = PacketRepr {
+        let notice = PacketRepr {
             flags: if self.contributed(repr.slot, repr.rank) { Flags::CONTRIBUTED } else { Flags::NONE },
             job: repr.job,
             rank: repr.rank,
@@ -54,7 +52,6 @@ impl Session {
             round: repr.round,
             ..PacketRepr::new(MessageType::Pending, repr.element_type, self.id.0, self.token, 0)
         };
-        notice.set_lacking(lacking);
         // `handle` checked that `out` holds a full packet, so a header too.
         match notice.emit(out) {
             Ok(_) => Verdict::Send(Transmit {
@@ -62,6 +59,45 @@ impl Session {
                 recipient: Recipient::Worker(repr.rank),
                 len: HEADER_LEN,
             }),
+            Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
+        }
+    }
+
+    /// Answers probe `repr` about `slots`, at most 64 from the probed one: the open round
+    /// of each, and which of them hold the prober's contribution.
+    /// A round before a slot's open round has completed, so the worker learns at once every
+    /// result it lost, which no later packet would reveal, and every contribution the
+    /// switch lacks: a lost tail costs one round trip, not a timeout per slot.
+    pub(super) fn emit_progress(&self, slots: Range<u16>, repr: &PacketRepr, out: &mut [u8]) -> Verdict {
+        let mut report = PacketRepr {
+            job: repr.job,
+            packet_id: repr.packet_id,
+            rank: repr.rank,
+            slot: repr.slot,
+            round: repr.round,
+            // The report's elements are rounds, whatever the session's tensors hold.
+            ..PacketRepr::new(
+                MessageType::Progress,
+                ElementType::Int32,
+                self.id.0,
+                self.token,
+                slots.len() as u16,
+            )
+        };
+        let contributions =
+            slots.clone().rev().fold(0u64, |map, slot| map << 1 | self.contributed(slot, repr.rank) as u64);
+        report.set_contributions(contributions);
+        let len = report.buffer_len();
+        // `handle` checked that `out` holds a full packet of the session, which may be
+        // shorter than a report: `emit` says so.
+        match report.emit(out) {
+            Ok(mut packet) => {
+                let rounds = packet.payload_mut().chunks_exact_mut(ELEMENT_LEN);
+                for (round, slot) in rounds.zip(slots) {
+                    round.copy_from_slice(&self.slots[slot as usize].open_round.to_le_bytes());
+                }
+                Verdict::Send(Transmit { session: self.id, recipient: Recipient::Worker(repr.rank), len })
+            }
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
         }
     }

@@ -88,6 +88,12 @@ impl Session {
         under_way && self.round_needs(slot, rank)
     }
 
+    /// A rank that has left and that the open round of `slot`, under way, waits for: a
+    /// worker asking after that round must hear that the session cannot go on, not wait.
+    pub(super) fn departed_awaited(&self, slot: u16) -> Option<u16> {
+        self.departed.iter().find(|&rank| self.waits_for(slot, rank))
+    }
+
     /// A rank that has left and that the open round of `slot` needs, if any.
     pub(super) fn departed_needed(&self, slot: u16) -> Option<u16> {
         if self.departed.is_empty() {
@@ -101,7 +107,7 @@ impl Session {
 mod tests {
     use netagg_wire::packet::END_OF_STREAM;
 
-    use super::super::testing::{contribution, one_slot, probe, sparse};
+    use super::super::testing::{ask, contribution, one_slot, sparse};
     use super::super::{DropReason, Recipient, Transmit, Verdict};
     use super::*;
 
@@ -144,19 +150,22 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_for_a_round_a_departed_rank_must_complete_orphans_the_session() {
-        // Rank 1 sends block 0 of its sparse stream, saying block 5 comes next, and
-        // stops mid-job: no round waits for it yet, so its leaving lingers.
-        let (mut engine, session, now, mut out) = one_slot(4);
-        engine.handle_datagram(now, &sparse(session, 1, 0, 0, 5), &mut out);
-        assert_eq!(engine.depart(session, 1), Ok(Departure::Lingers));
-        // Rank 0's block 0 completes the round, whose continuation (block 5) only
-        // rank 1 has: rank 0 then waits for it, and its probe learns the session is over.
-        let completed = engine.handle_datagram(now, &sparse(session, 0, 0, 0, END_OF_STREAM), &mut out);
-        assert!(matches!(completed, Verdict::Send(_)), "{completed:?}");
-        assert!(!engine.has_orphaned());
-        let probed = engine.handle_datagram(now, &probe(session, 0, 1), &mut out);
-        assert_eq!(probed, Verdict::Dropped(DropReason::Departed(1)));
-        assert_eq!(engine.take_orphaned(), [(session, 1)]);
+    fn a_request_or_probe_for_a_round_a_departed_rank_must_complete_orphans_the_session() {
+        for probe in [false, true] {
+            // Rank 1 sends block 0 of its sparse stream, saying block 5 comes next, and
+            // stops mid-job: no round waits for it yet, so its leaving lingers.
+            let (mut engine, session, now, mut out) = one_slot(4);
+            engine.handle_datagram(now, &sparse(session, 1, 0, 0, 5), &mut out);
+            assert_eq!(engine.depart(session, 1), Ok(Departure::Lingers));
+            // Rank 0's block 0 completes the round, whose continuation (block 5) only
+            // rank 1 has: rank 0 then waits for it, and asking after it learns the
+            // session is over.
+            let completed = engine.handle_datagram(now, &sparse(session, 0, 0, 0, END_OF_STREAM), &mut out);
+            assert!(matches!(completed, Verdict::Send(_)), "{completed:?}");
+            assert!(!engine.has_orphaned());
+            let asked = engine.handle_datagram(now, &ask(session, 0, 1, probe), &mut out);
+            assert_eq!(asked, Verdict::Dropped(DropReason::Departed(1)), "probe {probe}");
+            assert_eq!(engine.take_orphaned(), [(session, 1)]);
+        }
     }
 }

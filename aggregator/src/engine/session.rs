@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::packet::{progress_slots, ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::{Flags, MessageType, PacketRepr};
 
 use super::slot::{Set, Slot};
@@ -168,21 +168,30 @@ impl Session {
         }
         self.last_activity = now;
         match repr.message_type {
-            MessageType::Result | MessageType::Pending => self.reject(DropReason::NotForSwitch),
+            MessageType::Result | MessageType::Pending | MessageType::Progress => {
+                self.reject(DropReason::NotForSwitch)
+            }
             MessageType::Ack => {
                 self.apply_ack(repr.slot, repr.rank, repr.ack_round);
                 if !repr.flags.contains(Flags::WANT_RESULT) {
                     return Verdict::Consumed;
                 }
-                // A probe for a round under way that a departed rank must complete: the
-                // session cannot go on, and the prober must hear so, not wait.
                 if repr.round == self.slots[repr.slot as usize].open_round {
-                    let departed = self.departed.iter().find(|&rank| self.waits_for(repr.slot, rank));
-                    if let Some(rank) = departed {
+                    if let Some(rank) = self.departed_awaited(repr.slot) {
                         return self.reject(DropReason::Departed(rank));
                     }
                 }
                 self.resend_result(repr, false, out)
+            }
+            MessageType::Probe => {
+                self.apply_ack(repr.slot, repr.rank, repr.ack_round);
+                let reported = repr.slot
+                    ..(repr.slot as usize + progress_slots(self.spec.packet_elements))
+                        .min(self.spec.slots as usize) as u16;
+                if let Some(rank) = reported.clone().find_map(|slot| self.departed_awaited(slot)) {
+                    return self.reject(DropReason::Departed(rank));
+                }
+                self.emit_progress(reported, repr, out)
             }
             MessageType::Data => {
                 self.apply_ack(repr.slot, repr.rank, repr.ack_round);

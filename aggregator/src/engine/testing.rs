@@ -37,14 +37,17 @@ pub(super) fn sets_in_use(engine: &mut Engine, session: SessionId) -> Vec<u32> {
     retained.chain(slot.open_set.map(u32::from)).collect()
 }
 
-/// A header-only probe asking for a round's result (`WANT_RESULT`).
-pub(super) fn probe(session: SessionId, rank: u16, round: u32) -> Vec<u8> {
+/// A header-only request for a round's result (`WANT_RESULT`) of slot 0, or a probe
+/// (`probe`) about the slots from 0, sent with `round` awaited.
+pub(super) fn ask(session: SessionId, rank: u16, round: u32, probe: bool) -> Vec<u8> {
+    let (message_type, flags) =
+        if probe { (MessageType::Probe, Flags::NONE) } else { (MessageType::Ack, Flags::WANT_RESULT) };
     let repr = PacketRepr {
         rank,
         round,
         ack_round: round.wrapping_sub(1),
-        flags: Flags::WANT_RESULT,
-        ..PacketRepr::new(MessageType::Ack, ElementType::Int32, session.0, 7, 0)
+        flags,
+        ..PacketRepr::new(message_type, ElementType::Int32, session.0, 7, 0)
     };
     let mut buffer = vec![0; repr.buffer_len()];
     repr.emit(&mut buffer).unwrap();

@@ -16,7 +16,7 @@
 //! - `receive`: taking results and pending notices from the switch.
 //! - `timers`: the slots' retransmission timers, and the round-trip time they follow.
 //! - `recovery`: what a slot whose timer fires does: loss detection, resends, requests
-//!   and probes.
+//!   and probes, and what the switch's answers to them tell it.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -97,6 +97,8 @@ pub enum Delivery {
     Stale,
     /// A pending notice: the round is still aggregating.
     Pending,
+    /// A progress report, answering a probe.
+    Progress,
     /// Not a result for this worker.
     Rejected(RejectReason),
 }
@@ -106,7 +108,7 @@ pub enum Delivery {
 pub enum RejectReason {
     #[error("malformed packet: {0}")]
     Malformed(#[from] WireError),
-    #[error("neither a result nor a pending notice")]
+    #[error("neither a result, a pending notice nor a progress report")]
     NotAResult,
     #[error("result of another session")]
     WrongSession,
@@ -133,8 +135,8 @@ counters! {
         pub data_sent: u64,
         pub acks_sent: u64,
         pub retransmissions: u64,
-        /// Header-only requests sent while the whole thread waited: one per timeout of the
-        /// probing slot, instead of a window of retransmissions.
+        /// Header-only probes sent while the whole thread waited: one per 64 slots per
+        /// timeout of the probing slot, instead of a window of retransmissions.
         pub probes: u64,
         /// First sendings the pacer held back, to space them at the rate the path carries.
         pub paced: u64,
@@ -146,6 +148,8 @@ counters! {
         pub rejected: u64,
         /// Pending notices received: a round asked about is still aggregating.
         pub pending: u64,
+        /// Progress reports received, each answering a probe.
+        pub progress_reports: u64,
         /// Slot timers that fired and sent a retransmission, a request or a probe (timers
         /// that fired while a probe was out send nothing and are not counted).
         pub timeouts: u64,
@@ -185,6 +189,9 @@ enum Send {
     /// An acknowledgement asking for the result of `round`; dropped if that round was
     /// answered while the request waited in the queue.
     Request { round: u32 },
+    /// A probe: where do this slot and the next ones stand at the switch? Dropped if the
+    /// thread's wait ended while it was queued.
+    Probe,
 }
 
 /// A contribution's first sending: the one send the pacer may hold back.
@@ -250,14 +257,12 @@ struct TimedPacket {
     expired: bool,
 }
 
-/// A header-only request sent while every slot of the thread waited.
+/// The probes out while every slot of the thread waits.
 #[derive(Debug, Clone, Copy)]
 struct Probe {
-    /// The slot the request went out on; its timer sends the next probe.
+    /// The slot whose timer sends the next probes.
     slot: u16,
-    /// The thread's transmissions before it.
-    sent: u64,
-    /// Probes sent in this wait; each doubles the timeout to the next.
+    /// Rounds of probes sent in this wait; each doubles the timeout to the next.
     count: u32,
 }
 
@@ -296,7 +301,7 @@ pub struct WorkerProtocol {
     /// The latest `waiting_since` of a slot whose wait a result answered, this job: a
     /// slot waiting since earlier has evidence of a loss.
     latest_answered: Option<u64>,
-    /// The probe out while the whole thread waits without evidence of a loss.
+    /// The probes out while the whole thread waits without evidence of a loss.
     probe: Option<Probe>,
     /// The latest result's round was completed by another worker's contribution.
     peers_complete: bool,

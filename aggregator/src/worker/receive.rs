@@ -1,6 +1,7 @@
 //! Receiving: results, each stored and taken into its slot's window of results held,
 //! where it may release the slot's next contribution or end its stream; and pending
-//! notices, which answer a slot's question (see `recovery`).
+//! notices and progress reports, which answer a slot's question or a probe (see
+//! `recovery`).
 
 use std::time::Instant;
 
@@ -26,6 +27,7 @@ impl WorkerProtocol {
                     Delivery::Duplicate => self.counters.duplicates += 1,
                     Delivery::Stale => self.counters.stale += 1,
                     Delivery::Pending => self.counters.pending += 1,
+                    Delivery::Progress => self.counters.progress_reports += 1,
                     Delivery::Rejected(_) => {}
                 }
                 delivery
@@ -57,9 +59,16 @@ impl WorkerProtocol {
         let Some(job) = self.running_job(index, &repr) else {
             return Ok(Delivery::Stale);
         };
-        if repr.message_type == MessageType::Pending {
-            self.take_pending(now, index, &repr);
-            return Ok(Delivery::Pending);
+        match repr.message_type {
+            MessageType::Pending => {
+                self.take_pending(now, index, &repr);
+                return Ok(Delivery::Pending);
+            }
+            MessageType::Progress => {
+                self.take_progress(now, index, &repr, packet.payload());
+                return Ok(Delivery::Progress);
+            }
+            _ => {}
         }
         let Some(result) = self.check_result(job, index, &repr)? else {
             return Ok(Delivery::Duplicate);
@@ -82,14 +91,16 @@ impl WorkerProtocol {
         Ok(Delivery::Accepted)
     }
 
-    /// The slot of this thread that `repr` is about, if it is a result or a pending
-    /// notice of this session for this worker.
+    /// The slot of this thread that `repr` is about, if it is a result, a pending notice
+    /// or a progress report of this session for this worker.
     #[inline]
     fn addressed_slot(&self, repr: &PacketRepr) -> Result<u16, RejectReason> {
-        let pending = match repr.message_type {
+        let answer = match repr.message_type {
             MessageType::Result => false,
-            MessageType::Pending => true,
-            MessageType::Data | MessageType::Ack => return Err(RejectReason::NotAResult),
+            MessageType::Pending | MessageType::Progress => true,
+            MessageType::Data | MessageType::Ack | MessageType::Probe => {
+                return Err(RejectReason::NotAResult)
+            }
         };
         if repr.session != self.config.session {
             return Err(RejectReason::WrongSession);
@@ -97,8 +108,8 @@ impl WorkerProtocol {
         if repr.token != self.config.token {
             return Err(RejectReason::WrongToken);
         }
-        // A pending notice answers one worker's question, so it is never broadcast.
-        if repr.rank != self.config.rank && (pending || repr.rank != BROADCAST_RANK) {
+        // A notice or report answers one worker's question, so it is never broadcast.
+        if repr.rank != self.config.rank && (answer || repr.rank != BROADCAST_RANK) {
             return Err(RejectReason::WrongRank);
         }
         let index = repr.slot.wrapping_sub(self.config.slot_base);
@@ -210,8 +221,10 @@ impl WorkerProtocol {
         if slot.outstanding.is_none() && slot.have.wrapping_sub(slot.acked) >= batch {
             self.pending.push_back((index, Send::Ack));
         }
+        // The next wait begins now, or at the first sending of the contribution queued (a
+        // probe's report, which may come before that sending, must not take it as lost).
+        slot.waiting_since = self.transmissions;
         if self.pending.len() == queued_before {
-            slot.waiting_since = self.transmissions;
             self.arm_timer(index, now);
         } else {
             // The packet queued for the slot arms its timer when it is sent; until then

@@ -8,21 +8,37 @@
 //! first timeout, while peers' contributions complete the rounds, the slot asks first
 //! whether the switch holds it: the round may wait on a peer's loss), and a slot with
 //! nothing outstanding, or missing a result, asks for the first round it lacks.
-//! If not, the whole thread is waiting, most likely for a late peer: then one slot
-//! *probes* with a header-only request, and the other slots' timers wait for its answer
-//! rather than resend a window. The switch answers a request or a repeated contribution
-//! for a round still aggregating with a *pending* notice saying whether this worker's
-//! contribution is in; a slot known to be in is never sent again, and one the switch
-//! lacks is sent at once. Any result ends the wait, and the waiting slots' timers start
-//! afresh. A job with no progress for `job_timeout` fails.
+//! If not, the whole thread is waiting, for a late peer or for results lost at the job's
+//! end: then one header-only *probe* per 64 slots asks where every active slot stands,
+//! and the other slots' timers wait for the answers rather than resend a window. The
+//! switch's *progress report* gives each slot's open round and whether this worker's
+//! contribution is in it: every lost result is asked for and every lost contribution sent
+//! at once, one round trip after the probe. The switch answers a request or a repeated
+//! contribution for a round still aggregating with a *pending* notice saying whether this
+//! worker's contribution is in; a slot known to be in is never sent again, and one the
+//! switch lacks is sent at once. Any result ends the wait, and the waiting slots' timers
+//! start afresh. A job with no progress for `job_timeout` fails.
 
 use std::time::Instant;
 
+use netagg_wire::packet::{progress_slots, ELEMENT_LEN};
 use netagg_wire::{Flags, PacketRepr};
 
 use super::{Probe, Send, SlotState, WorkerProtocol};
+use crate::round::is_after;
 
 impl SlotState {
+    /// Whether the slot lacks the result of `round`, one of the 64 after `have` (a result
+    /// further ahead it could not take).
+    pub(super) fn lacks(&self, round: u32) -> bool {
+        let offset = round.wrapping_sub(self.have);
+        match offset {
+            1 => true,
+            2..=64 => self.ahead & 1 << (offset - 2) == 0,
+            _ => false,
+        }
+    }
+
     /// What the slot sends to recover from a loss: its contribution again, unless it has
     /// none or the switch said it holds it; then a request for the first result it lacks.
     fn recovery(&self) -> Send {
@@ -57,8 +73,10 @@ impl WorkerProtocol {
         if !loss_evident && now.saturating_duration_since(self.last_progress) < self.base_timeout {
             // Results are still coming, in the order their packets went out: this
             // slot's is queued behind them, not lost. A timed packet's round trip then
-            // measures the queue, which the timeout must learn.
-            self.arm_timer(index, now);
+            // measures the queue, which the timeout must learn. The timer runs from the
+            // latest result, not from now: were that the last before a lost tail, the
+            // wait would otherwise be nearly two timeouts.
+            self.arm_timer(index, self.last_progress);
             return;
         }
         // Past this point the wait is for a loss, its recovery or a late peer.
@@ -72,27 +90,27 @@ impl WorkerProtocol {
     }
 
     /// Nothing answered since slot `index` sent: the thread waits, most likely for a late
-    /// peer. One header-only request asks the switch, as TCP resends one segment on a
-    /// timeout, not its window. Its answer maps 64 slots from the one it asks about; a
-    /// thread of more slots asks about the next 64 each time.
+    /// peer, or for results lost at the job's end, which no later packet reveals. One
+    /// header-only probe per 64 slots asks the switch where every active slot stands, as
+    /// TCP's tail-loss probe elicits what the receiver lacks, rather than a window of
+    /// retransmissions or a timeout per lost result.
     fn send_probe(&mut self, now: Instant, index: u16) {
-        let (asked, count) = match self.probe {
-            None => (index, 1),
-            Some(probe) => (self.active_slot_from(probe.slot as usize + 64), probe.count + 1),
-        };
-        if asked != index {
-            self.slots[index as usize].deferred = true;
-        }
-        let probing = &mut self.slots[asked as usize];
+        let count = self.probe.map_or(1, |probe| probe.count + 1);
+        let probing = &mut self.slots[index as usize];
         probing.deferred = false;
         probing.backoff = count;
-        self.probe = Some(Probe { slot: asked, sent: self.transmissions, count });
-        self.counters.probes += 1;
+        self.probe = Some(Probe { slot: index, count });
         // The round trip under way measures the late peer, not the path.
         self.timed = None;
-        let round = self.slots[asked as usize].have.wrapping_add(1);
-        self.pending.push_back((asked, Send::Request { round }));
-        self.arm_timer(asked, now);
+        let stretch = progress_slots(self.config.packet_elements);
+        let mut covered = 0;
+        for base in 0..self.slots.len() {
+            if base >= covered && self.slots[base].active {
+                self.pending.push_back((base as u16, Send::Probe));
+                covered = base + stretch;
+            }
+        }
+        self.arm_timer(index, now);
     }
 
     /// Slot `index` has evidence of a loss: it backs off and queues its recovery.
@@ -134,9 +152,6 @@ impl WorkerProtocol {
 
     /// Takes the switch's word that round `notice.round` of a slot is still aggregating.
     pub(super) fn take_pending(&mut self, now: Instant, index: u16, notice: &PacketRepr) {
-        if let Some(probe) = self.probe.filter(|probe| probe.slot == index) {
-            self.take_lacking(now, probe, notice.lacking());
-        }
         let slot = &mut self.slots[index as usize];
         // About a round this slot is not contributing to: it waits for others, as it knew.
         let Some(contribution) = slot.outstanding.filter(|c| c.round == notice.round) else {
@@ -152,39 +167,61 @@ impl WorkerProtocol {
         }
     }
 
-    /// Acts on a probe's answer: the slots whose rounds wait for this worker's
-    /// contribution. Those that sent one before the probe lost it, or lost the result it
-    /// was answered with, so each sends it again or asks for the result.
-    fn take_lacking(&mut self, now: Instant, probe: Probe, mut lacking: u64) {
-        let mut resent = false;
-        while lacking != 0 {
-            let offset = lacking.trailing_zeros();
-            lacking &= lacking - 1;
-            let index = probe.slot as u32 + offset;
-            let Some(slot) = self.slots.get_mut(index as usize) else {
+    /// Acts on a progress report about the slots from `index` on, whose open rounds are
+    /// `open_rounds`. Of the slots that waited since before the probe, one whose awaited
+    /// round has completed lost its result and asks for it; one whose contribution the
+    /// switch lacks lost it and sends it again; one whose contribution is in never sends
+    /// it again. All at once: a tail of lost results costs one round trip.
+    pub(super) fn take_progress(
+        &mut self,
+        now: Instant,
+        index: u16,
+        report: &PacketRepr,
+        open_rounds: &[u8],
+    ) {
+        // The probe carried the thread's transmissions before it, as its packet id.
+        let probed = report.packet_id;
+        let contributions = report.contributions();
+        let mut recovered = false;
+        for (offset, open_round) in open_rounds.chunks_exact(ELEMENT_LEN).enumerate() {
+            let open_round = u32::from_le_bytes([open_round[0], open_round[1], open_round[2], open_round[3]]);
+            let at = index as usize + offset;
+            let Some(slot) = self.slots.get_mut(at) else {
                 break;
             };
-            if !slot.active || slot.paced || slot.waiting_since > probe.sent || index == probe.slot as u32 {
+            // A wait that began after the probe left may not show at the switch yet.
+            if !slot.active || slot.paced || is_after(slot.waiting_since as u32, probed) {
                 continue;
             }
-            slot.deferred = false;
-            self.pending.push_back((index as u16, slot.recovery()));
-            // Its timer fired while deferred: it runs again from now, as after any
-            // recovery queued (see `slot_timed_out`).
-            self.arm_timer(index as u16, now);
-            resent = true;
+            let awaited = slot.have.wrapping_add(1);
+            if is_after(open_round, awaited) {
+                // Every round before the open one has completed: each result the slot
+                // lacks was lost (a silent worker's stream may have moved on several).
+                let lost = (0..open_round.wrapping_sub(awaited).min(64)).map(|i| awaited.wrapping_add(i));
+                for round in lost.filter(|&round| slot.lacks(round)) {
+                    self.pending.push_back((at as u16, Send::Request { round }));
+                }
+            } else if let Some(c) = slot.outstanding.filter(|c| c.round == awaited && c.round == open_round) {
+                let contributed = contributions & 1 << offset != 0;
+                slot.held = contributed.then_some(c.round);
+                if contributed {
+                    continue;
+                }
+                self.pending.push_back((at as u16, Send::Data { retransmission: Some(c.round) }));
+            } else {
+                // Its round waits for peers, as the slot knew.
+                continue;
+            }
+            self.slots[at].deferred = false;
+            // Its timer may have fired while deferred: it runs again from now, as after
+            // any recovery queued (see `slot_timed_out`).
+            self.arm_timer(at as u16, now);
+            recovered = true;
         }
-        if resent {
-            // A loss, not (only) a late peer: the other slots may have lost theirs too.
+        if recovered {
+            // A loss, not (only) a late peer: the slots not covered may have lost theirs too.
             self.end_wait(now);
         }
-    }
-
-    /// The first active slot at or after `from`, wrapping around to slot 0.
-    fn active_slot_from(&self, from: usize) -> u16 {
-        let slots = self.slots.len();
-        let from = if from >= slots { 0 } else { from };
-        (from..slots).chain(0..from).find(|&index| self.slots[index].active).unwrap_or(0) as u16
     }
 
     /// Ends the thread's wait behind a probe, on progress or on evidence of a loss: the
@@ -207,9 +244,106 @@ mod tests {
     use netagg_wire::packet::HEADER_LEN;
     use netagg_wire::{MessageType, Packet};
 
-    use super::super::testing::{pending_of, result_of, running, sent, Numbers};
-    use super::super::JobStatus;
+    use super::super::{Delivery, WorkerConfig};
+
+    use super::super::testing::{config, parsed, pending_of, progress_of, result_of, running, sent, Numbers};
+    use super::super::{JobSpec, JobStatus, Layout};
     use super::*;
+
+    /// A thread of 4 slots of 8-element blocks, whose progress reports cover 8 slots,
+    /// running a dense job of 8 blocks; every packet of its first window sent.
+    fn probing_thread(start: Instant, timeout: Duration) -> (WorkerProtocol, Vec<Vec<u8>>) {
+        let config = WorkerConfig { packet_elements: 8, ..config(4, timeout) };
+        let mut protocol = WorkerProtocol::new(config, start);
+        let job = JobSpec {
+            job: 1,
+            element_type: netagg_wire::ElementType::Int32,
+            elements: 64,
+            layout: Layout::Dense,
+            exponents: false,
+        };
+        protocol.start_job(start, job).unwrap();
+        let first = sent(&mut protocol, start);
+        assert_eq!(first.len(), 4);
+        (protocol, first)
+    }
+
+    #[test]
+    fn results_lost_at_the_end_are_all_asked_for_after_one_probe_even_if_probes_are_lost() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let (mut protocol, first) = probing_thread(start, timeout);
+        for packet in &first {
+            protocol.handle_datagram(start, &result_of(packet), &mut Numbers);
+        }
+        let last = sent(&mut protocol, start);
+        assert_eq!(last.iter().map(|p| parsed(p).block).collect::<Vec<_>>(), [4, 5, 6, 7]);
+        // Every result of the last window is lost: nothing shows it, and one timeout
+        // later the thread sends one probe about all four slots.
+        protocol.handle_timeout(start + timeout);
+        let probe = sent(&mut protocol, start + timeout);
+        assert_eq!(probe.len(), 1);
+        let asked = parsed(&probe[0]);
+        assert_eq!((asked.message_type, asked.slot, asked.buffer_len()), (MessageType::Probe, 0, HEADER_LEN));
+        // The probe is lost: the next goes out after twice the timeout, not before.
+        let before = start + timeout * 3 - Duration::from_micros(1);
+        protocol.handle_timeout(before);
+        assert!(sent(&mut protocol, before).is_empty());
+        protocol.handle_timeout(start + timeout * 3);
+        let probe = sent(&mut protocol, start + timeout * 3);
+        assert_eq!(probe.len(), 1);
+        // Its report: every slot's round 1 has completed. All four ask at once.
+        let now = start + timeout * 3;
+        protocol.handle_datagram(now, &progress_of(&probe[0], &[2, 2, 2, 2], 0), &mut Numbers);
+        let requests = sent(&mut protocol, now);
+        let rounds: Vec<_> =
+            requests.iter().map(|p| (parsed(p).message_type, parsed(p).slot, parsed(p).round)).collect();
+        assert_eq!(rounds, (0..4).map(|slot| (MessageType::Ack, slot, 1)).collect::<Vec<_>>());
+        for packet in &last {
+            protocol.handle_datagram(now, &result_of(packet), &mut Numbers);
+        }
+        assert_eq!(protocol.status(), &JobStatus::Done);
+        let counters = protocol.counters();
+        assert_eq!((counters.probes, counters.progress_reports, counters.retransmissions), (2, 1, 0));
+    }
+
+    #[test]
+    fn a_report_is_read_for_the_threads_slots_that_waited_since_before_the_probe() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let (mut protocol, first) = probing_thread(start, timeout);
+        protocol.handle_timeout(start + timeout);
+        let probe = sent(&mut protocol, start + timeout);
+        // Slot 0's result comes with the report, before its next block goes out: the
+        // switch cannot have had that block when it answered.
+        let now = start + timeout;
+        protocol.handle_datagram(now, &result_of(&first[0]), &mut Numbers);
+        // Slot 1's round 0 completed (its result lost), slot 2 holds this worker's
+        // contribution, slot 3 lacks it; slots 4 to 7 are another thread's.
+        let report = progress_of(&probe[0], &[1, 1, 0, 0, 9, 9, 9, 9], 0b1111_0100);
+        assert_eq!(protocol.handle_datagram(now, &report, &mut Numbers), Delivery::Progress);
+        let recovery: Vec<_> = sent(&mut protocol, now)
+            .iter()
+            .map(|p| (parsed(p).message_type, parsed(p).slot, parsed(p).block, parsed(p).flags))
+            .collect();
+        assert_eq!(
+            recovery,
+            [
+                (MessageType::Data, 0, 4, Flags::NONE),
+                (MessageType::Ack, 1, 0, Flags::WANT_RESULT),
+                (MessageType::Data, 3, 3, Flags::RETRANSMISSION)
+            ]
+        );
+        // Slot 2's contribution is in: its next timeout asks after it, never resends it.
+        protocol.handle_datagram(now, &result_of(&first[1]), &mut Numbers);
+        protocol.handle_datagram(now, &result_of(&first[3]), &mut Numbers);
+        sent(&mut protocol, now);
+        let later = now + timeout * 4;
+        protocol.handle_timeout(later);
+        let asked: Vec<_> =
+            sent(&mut protocol, later).iter().map(|p| parsed(p)).filter(|p| p.slot == 2).collect();
+        assert_eq!(asked.iter().map(|p| p.message_type).collect::<Vec<_>>(), [MessageType::Ack]);
+    }
 
     /// A job of three blocks whose second packet is taken as lost (the third's result
     /// came, the first's too), when its timer fires.

@@ -159,11 +159,21 @@ impl WorkerProtocol {
         match send {
             Send::Ack => self.counters.acks_sent += 1,
             Send::Request { round } => {
-                if round != repr.round {
+                // Answered while the request waited in the queue.
+                if !slot.lacks(round) {
                     return None;
                 }
+                repr.round = round;
                 repr.flags = repr.flags | Flags::WANT_RESULT;
                 self.counters.acks_sent += 1;
+            }
+            Send::Probe => {
+                // The wait ended while the probe was queued: nothing to ask.
+                self.probe?;
+                repr.message_type = MessageType::Probe;
+                self.counters.probes += 1;
+                // Echoed in the report: slots whose wait began after it are not in it.
+                repr.packet_id = self.transmissions as u32;
             }
             Send::Data { retransmission } => {
                 let contribution = slot.outstanding?;

@@ -9,12 +9,14 @@ use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 use super::{BlockIo, JobSpec, Layout, WorkerConfig, WorkerProtocol};
 use crate::pacer::PacingConfig;
 
-/// Blocks of one int32 element each, the element being the block's number.
+/// Blocks of int32 elements, each element being the block's number.
 pub(super) struct Numbers;
 
 impl BlockIo for Numbers {
     fn load(&mut self, block: u32, payload: &mut [u8], _: Option<i8>) {
-        payload.copy_from_slice(&(block as i32).to_le_bytes());
+        for element in payload.chunks_exact_mut(4) {
+            element.copy_from_slice(&(block as i32).to_le_bytes());
+        }
     }
     fn store(&mut self, _: u32, _: &[u8], _: Option<i8>) {}
 }
@@ -44,6 +46,33 @@ pub(super) fn pending_of(request: &[u8], contributed: bool) -> Vec<u8> {
     };
     let mut bytes = vec![0; HEADER_LEN];
     notice.emit(&mut bytes[..]).unwrap();
+    bytes
+}
+
+/// The switch's progress report answering a probe: the open rounds of the slots from the
+/// probed one, and the map of those holding the prober's contribution.
+pub(super) fn progress_of(probe: &[u8], open_rounds: &[u32], contributions: u64) -> Vec<u8> {
+    let asked = PacketRepr::parse(&Packet::new_checked(probe).unwrap());
+    assert_eq!(asked.message_type, MessageType::Probe);
+    let mut report = PacketRepr {
+        job: asked.job,
+        packet_id: asked.packet_id,
+        rank: asked.rank,
+        slot: asked.slot,
+        round: asked.round,
+        ..PacketRepr::new(
+            MessageType::Progress,
+            asked.element_type,
+            asked.session,
+            asked.token,
+            open_rounds.len() as u16,
+        )
+    };
+    report.set_contributions(contributions);
+    let mut bytes = vec![0; report.buffer_len()];
+    let mut packet = report.emit(&mut bytes[..]).unwrap();
+    let rounds: Vec<u8> = open_rounds.iter().flat_map(|round| round.to_le_bytes()).collect();
+    packet.payload_mut().copy_from_slice(&rounds);
     bytes
 }
 
@@ -82,7 +111,7 @@ pub(super) fn running(start: Instant, slots: u16, elements: u64, timeout: Durati
 
 /// Every packet the protocol has to send at `now`.
 pub(super) fn sent(protocol: &mut WorkerProtocol, now: Instant) -> Vec<Vec<u8>> {
-    let mut buffer = vec![0; 64];
+    let mut buffer = vec![0; netagg_wire::MAX_DATAGRAM_LEN];
     std::iter::from_fn(|| {
         protocol.poll_transmit(now, &mut buffer, &mut Numbers).map(|len| buffer[..len].to_vec())
     })
