@@ -30,16 +30,19 @@ pub fn add(element_type: ElementType, out: &mut [u8], a: &[u8], b: &[u8]) {
 }
 
 /// Wrapping int32 sum of little-endian elements.
+#[inline]
 pub fn add_assign_i32(acc: &mut [u8], src: &[u8]) {
     add_assign_i32_with(InstructionSet::best(), acc, src);
 }
 
 /// float32 sum of little-endian elements.
+#[inline]
 pub fn add_assign_f32(acc: &mut [u8], src: &[u8]) {
     add_assign_f32_with(InstructionSet::best(), acc, src);
 }
 
 /// [`add_assign_i32`] in the vectors of `set`.
+#[inline]
 pub fn add_assign_i32_with(set: InstructionSet, acc: &mut [u8], src: &[u8]) {
     let done = netagg_simd::add_assign_i32(set, acc, src) * 4;
     for (a, b) in acc[done..].chunks_exact_mut(4).zip(src[done..].chunks_exact(4)) {
@@ -48,6 +51,7 @@ pub fn add_assign_i32_with(set: InstructionSet, acc: &mut [u8], src: &[u8]) {
 }
 
 /// [`add_assign_f32`] in the vectors of `set`.
+#[inline]
 pub fn add_assign_f32_with(set: InstructionSet, acc: &mut [u8], src: &[u8]) {
     let done = netagg_simd::add_assign_f32(set, acc, src) * 4;
     for (a, b) in acc[done..].chunks_exact_mut(4).zip(src[done..].chunks_exact(4)) {
@@ -56,6 +60,7 @@ pub fn add_assign_f32_with(set: InstructionSet, acc: &mut [u8], src: &[u8]) {
 }
 
 /// [`add`] of int32 in the vectors of `set`.
+#[inline]
 pub fn add_i32_with(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) {
     let done = netagg_simd::add_i32(set, out, a, b) * 4;
     for (out, (a, b)) in
@@ -66,6 +71,7 @@ pub fn add_i32_with(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) {
 }
 
 /// [`add`] of float32 in the vectors of `set`.
+#[inline]
 pub fn add_f32_with(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) {
     let done = netagg_simd::add_f32(set, out, a, b) * 4;
     for (out, (a, b)) in
