@@ -1,7 +1,7 @@
 //! Element-wise sums over little-endian payload bytes.
 //!
 //! Written in AVX2 and AVX-512 by `netagg-simd`, chosen at run time, with a portable loop
-//! for the elements its vectors leave and for other CPUs (`benches/benches/sum.rs`
+//! for other CPUs, which the vector kernels must match (`benches/benches/sum.rs`
 //! compares each set with a plain `a[i] += b[i]` over `i32` slices, built for baseline
 //! x86-64). The `_with` functions take the instruction set, for tests and benches.
 
@@ -44,40 +44,40 @@ pub fn add_assign_f32(acc: &mut [u8], src: &[u8]) {
 /// [`add_assign_i32`] in the vectors of `set`.
 #[inline]
 pub fn add_assign_i32_with(set: InstructionSet, acc: &mut [u8], src: &[u8]) {
-    let done = netagg_simd::add_assign_i32(set, acc, src) * 4;
-    for (a, b) in acc[done..].chunks_exact_mut(4).zip(src[done..].chunks_exact(4)) {
-        a.copy_from_slice(&sum_i32(a, b));
+    if !netagg_simd::add_assign_i32(set, acc, src) {
+        for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+            a.copy_from_slice(&sum_i32(a, b));
+        }
     }
 }
 
 /// [`add_assign_f32`] in the vectors of `set`.
 #[inline]
 pub fn add_assign_f32_with(set: InstructionSet, acc: &mut [u8], src: &[u8]) {
-    let done = netagg_simd::add_assign_f32(set, acc, src) * 4;
-    for (a, b) in acc[done..].chunks_exact_mut(4).zip(src[done..].chunks_exact(4)) {
-        a.copy_from_slice(&sum_f32(a, b));
+    if !netagg_simd::add_assign_f32(set, acc, src) {
+        for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+            a.copy_from_slice(&sum_f32(a, b));
+        }
     }
 }
 
 /// [`add`] of int32 in the vectors of `set`.
 #[inline]
 pub fn add_i32_with(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) {
-    let done = netagg_simd::add_i32(set, out, a, b) * 4;
-    for (out, (a, b)) in
-        out[done..].chunks_exact_mut(4).zip(a[done..].chunks_exact(4).zip(b[done..].chunks_exact(4)))
-    {
-        out.copy_from_slice(&sum_i32(a, b));
+    if !netagg_simd::add_i32(set, out, a, b) {
+        for (out, (a, b)) in out.chunks_exact_mut(4).zip(a.chunks_exact(4).zip(b.chunks_exact(4))) {
+            out.copy_from_slice(&sum_i32(a, b));
+        }
     }
 }
 
 /// [`add`] of float32 in the vectors of `set`.
 #[inline]
 pub fn add_f32_with(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) {
-    let done = netagg_simd::add_f32(set, out, a, b) * 4;
-    for (out, (a, b)) in
-        out[done..].chunks_exact_mut(4).zip(a[done..].chunks_exact(4).zip(b[done..].chunks_exact(4)))
-    {
-        out.copy_from_slice(&sum_f32(a, b));
+    if !netagg_simd::add_f32(set, out, a, b) {
+        for (out, (a, b)) in out.chunks_exact_mut(4).zip(a.chunks_exact(4).zip(b.chunks_exact(4))) {
+            out.copy_from_slice(&sum_f32(a, b));
+        }
     }
 }
 

@@ -182,10 +182,9 @@ fn bits(element: &[u8]) -> u32 {
 /// The largest magnitude of float32 `bytes`, as its bit pattern without the sign: as
 /// unsigned integers these order as the magnitudes do, infinities and NaN above all.
 /// An integer maximum, which vectorises (a float one does not, for NaN's sake): in the
-/// vectors of `set`, then [`largest_magnitude_bits_portable`] for the elements left.
+/// vectors of `set`, or [`largest_magnitude_bits_portable`].
 fn largest_magnitude_bits(set: InstructionSet, bytes: &[u8]) -> u32 {
-    let (largest, done) = netagg_simd::largest_magnitude_bits(set, bytes);
-    largest.max(largest_magnitude_bits_portable(&bytes[done * 4..]))
+    netagg_simd::largest_magnitude_bits(set, bytes).unwrap_or_else(|| largest_magnitude_bits_portable(bytes))
 }
 
 /// [`largest_magnitude_bits`] for any CPU, compiled for SSE4.1 beside baseline x86-64
@@ -196,10 +195,11 @@ fn largest_magnitude_bits_portable(bytes: &[u8]) -> u32 {
 }
 
 /// `round(x · low · high)` per element, ties to even, clamped to `±limit`: in the vectors
-/// of `set`, then [`quantise_portable`] for the elements left.
+/// of `set`, or [`quantise_portable`].
 fn quantise(set: InstructionSet, elements: &[u8], payload: &mut [u8], scale: (f32, f32), limit: f32) {
-    let done = netagg_simd::quantise(set, elements, payload, scale, limit) * 4;
-    quantise_portable(&elements[done..], &mut payload[done..], scale, limit);
+    if !netagg_simd::quantise(set, elements, payload, scale, limit) {
+        quantise_portable(elements, payload, scale, limit);
+    }
 }
 
 /// [`quantise`] for any CPU, compiled for SSE4.1 beside baseline x86-64 (whose rounding
@@ -236,10 +236,11 @@ fn quantise_scaled(elements: &[u8], payload: &mut [u8], scale: impl Fn(f32) -> f
 
 /// `sum · low · high` per element: one rounding, of the integer to f32; the powers of two
 /// are exact (but where the result leaves f32's range: an overflowing sum is infinite).
-/// In the vectors of `set`, then [`dequantise_portable`] for the elements left.
+/// In the vectors of `set`, or [`dequantise_portable`].
 fn dequantise(set: InstructionSet, payload: &[u8], elements: &mut [u8], scale: (f32, f32)) {
-    let done = netagg_simd::dequantise(set, payload, elements, scale) * 4;
-    dequantise_portable(&payload[done..], &mut elements[done..], scale);
+    if !netagg_simd::dequantise(set, payload, elements, scale) {
+        dequantise_portable(payload, elements, scale);
+    }
 }
 
 /// [`dequantise`] for any CPU, compiled for SSE4.1 beside baseline x86-64 as

@@ -1,9 +1,10 @@
 //! netagg's element-wise kernels written with AVX2 and AVX-512 intrinsics, chosen at run
 //! time: one x86-64 binary uses the widest vectors the CPU it runs on has.
 //!
-//! Each kernel does the whole vectors of its slices and returns how many elements that
-//! was; its caller's portable loop does the rest, and everything for
-//! [`InstructionSet::PORTABLE`]. The portable loops (`netagg_aggregator::sum`,
+//! Each kernel does all the elements of its slices, a tail that fills no whole vector in
+//! a masked one, and returns `true`; for [`InstructionSet::PORTABLE`] it does nothing and
+//! returns `false`, and its caller's portable loop does the work. Those loops
+//! (`netagg_aggregator::sum`,
 //! `netagg::codec`) are the reference: every kernel's output equals theirs bit for bit,
 //! which their tests check on random inputs and edge values for every set this CPU has.
 //! Written by hand rather than left to the compiler's vectoriser, which left the AVX2
@@ -86,63 +87,63 @@ impl Level {
     }
 }
 
-/// Calls `kernel` of `set`'s module with `args`, or gives `portable` for the portable set.
+/// Calls `kernel` of `set`'s module with `args` and gives `Some` of its result, or
+/// `None` for the portable set.
 macro_rules! dispatch {
-    ($set:expr, $kernel:ident($($arg:expr),*), $portable:expr) => {
+    ($set:expr, $kernel:ident($($arg:expr),*)) => {
         match $set.0 {
-            Level::Portable => $portable,
+            Level::Portable => None,
             // SAFETY: an `InstructionSet` is only made for a set this CPU has
             // (`InstructionSet::supported` and `best`), which is all the kernels need
             // beyond their arguments' types.
             #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => unsafe { x86::avx2::$kernel($($arg),*) },
+            Level::Avx2 => Some(unsafe { x86::avx2::$kernel($($arg),*) }),
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
-            Level::Avx512 => unsafe { x86::avx512::$kernel($($arg),*) },
+            Level::Avx512 => Some(unsafe { x86::avx512::$kernel($($arg),*) }),
         }
     };
 }
 
-/// `acc[i] += src[i]`, wrapping int32, for the elements of whole vectors both hold;
-/// returns how many elements it added.
+/// `acc[i] += src[i]`, wrapping int32, for the elements both hold; `false` for the
+/// portable set, which leaves it to the caller.
 #[inline]
-pub fn add_assign_i32(set: InstructionSet, acc: &mut [u8], src: &[u8]) -> usize {
-    dispatch!(set, add_assign_i32(acc, src), 0)
+pub fn add_assign_i32(set: InstructionSet, acc: &mut [u8], src: &[u8]) -> bool {
+    dispatch!(set, add_assign_i32(acc, src)).is_some()
 }
 
 /// `acc[i] += src[i]` in float32, as [`add_assign_i32`].
 #[inline]
-pub fn add_assign_f32(set: InstructionSet, acc: &mut [u8], src: &[u8]) -> usize {
-    dispatch!(set, add_assign_f32(acc, src), 0)
+pub fn add_assign_f32(set: InstructionSet, acc: &mut [u8], src: &[u8]) -> bool {
+    dispatch!(set, add_assign_f32(acc, src)).is_some()
 }
 
-/// `out[i] = a[i] + b[i]`, wrapping int32, for the elements of whole vectors all three
-/// hold; returns how many elements it wrote.
+/// `out[i] = a[i] + b[i]`, wrapping int32, for the elements all three hold; `false` for
+/// the portable set, which leaves it to the caller.
 #[inline]
-pub fn add_i32(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) -> usize {
-    dispatch!(set, add_i32(out, a, b), 0)
+pub fn add_i32(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) -> bool {
+    dispatch!(set, add_i32(out, a, b)).is_some()
 }
 
 /// `out[i] = a[i] + b[i]` in float32, as [`add_i32`].
 #[inline]
-pub fn add_f32(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) -> usize {
-    dispatch!(set, add_f32(out, a, b), 0)
+pub fn add_f32(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) -> bool {
+    dispatch!(set, add_f32(out, a, b)).is_some()
 }
 
-/// The largest of `bits & 0x7FFF_FFFF` over the elements of `bytes`' whole vectors (0 if
-/// none), and how many elements that was: a float32 block's largest magnitude, ordered
-/// as unsigned integers (infinities and NaN above all finite values).
+/// The largest of `bits & 0x7FFF_FFFF` over the elements of `bytes` (0 if none): a
+/// float32 block's largest magnitude, ordered as unsigned integers (infinities and NaN
+/// above all finite values); `None` for the portable set.
 #[inline]
-pub fn largest_magnitude_bits(set: InstructionSet, bytes: &[u8]) -> (u32, usize) {
-    dispatch!(set, largest_magnitude_bits(bytes), (0, 0))
+pub fn largest_magnitude_bits(set: InstructionSet, bytes: &[u8]) -> Option<u32> {
+    dispatch!(set, largest_magnitude_bits(bytes))
 }
 
 /// Block floating point's encoding of float32 `elements` into int32 `payload`, for the
-/// elements of whole vectors both hold: `x · low` (then `· high` unless `high` is 1)
-/// rounded to the nearest integer, ties to even, clamped to `±limit` by
-/// `max(rounded, -limit)` and `min(·, limit)` with x86's operand order (a NaN becomes
-/// `-limit`), then converted; `limit` must be an integer below 2^31. Returns how many
-/// elements it wrote.
+/// elements both hold: `x · low` (then `· high` unless `high` is 1) rounded to the
+/// nearest integer, ties to even, clamped to `±limit` by `max(rounded, -limit)` and
+/// `min(·, limit)` with x86's operand order (a NaN becomes `-limit`), then converted;
+/// `limit` must be an integer below 2^31. `false` for the portable set.
 #[inline]
 pub fn quantise(
     set: InstructionSet,
@@ -150,16 +151,16 @@ pub fn quantise(
     payload: &mut [u8],
     scale: (f32, f32),
     limit: f32,
-) -> usize {
-    dispatch!(set, quantise(elements, payload, scale, limit), 0)
+) -> bool {
+    dispatch!(set, quantise(elements, payload, scale, limit)).is_some()
 }
 
 /// Block floating point's decoding of int32 `payload` sums into float32 `elements`, for
-/// the elements of whole vectors both hold: `sum as f32 · low` (then `· high` unless
-/// `high` is 1). Returns how many elements it wrote.
+/// the elements both hold: `sum as f32 · low` (then `· high` unless `high` is 1).
+/// `false` for the portable set.
 #[inline]
-pub fn dequantise(set: InstructionSet, payload: &[u8], elements: &mut [u8], scale: (f32, f32)) -> usize {
-    dispatch!(set, dequantise(payload, elements, scale), 0)
+pub fn dequantise(set: InstructionSet, payload: &[u8], elements: &mut [u8], scale: (f32, f32)) -> bool {
+    dispatch!(set, dequantise(payload, elements, scale)).is_some()
 }
 
 #[cfg(test)]
@@ -174,19 +175,24 @@ mod tests {
     }
 
     #[test]
-    fn kernels_do_whole_vectors_only() {
+    fn kernels_do_every_element_and_write_no_other() {
         for set in InstructionSet::supported() {
-            let lanes = match set.name() {
-                "portable" => 0,
-                "avx2" => 8,
-                _ => 16,
-            };
-            let src: Vec<u8> = (0..37u32).flat_map(|i| i.to_le_bytes()).collect();
-            let mut acc = vec![0u8; src.len()];
-            let done = add_assign_i32(set, &mut acc, &src);
-            assert_eq!(done, 37 / lanes.max(1) * lanes, "{set}");
-            assert_eq!(acc[..done * 4], src[..done * 4], "{set}");
-            assert!(acc[done * 4..].iter().all(|&b| b == 0), "{set}: beyond its vectors");
+            // Lengths around each set's vectors of 8 and 16 lanes.
+            for elements in [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 67] {
+                let src: Vec<u8> = (1..=elements as u32).flat_map(|i| i.to_le_bytes()).collect();
+                let mut acc = vec![0u8; src.len() + 4];
+                let did = add_assign_i32(set, &mut acc, &src);
+                assert_eq!(did, set != InstructionSet::PORTABLE, "{set}");
+                if did {
+                    assert_eq!(acc[..src.len()], src, "{set}, {elements} elements");
+                }
+                assert_eq!(acc[src.len()..], [0; 4], "{set}: beyond the source");
+                // A byte beyond the last element is no element.
+                let mut ragged = src.clone();
+                ragged.push(0xFF);
+                let largest = largest_magnitude_bits(set, &ragged);
+                assert_eq!(largest, did.then_some(elements as u32), "{set}, {elements} elements");
+            }
         }
     }
 }
