@@ -83,30 +83,18 @@ impl Step {
     }
 }
 
-/// Runs `body` with `step` bound to the elements before the first whole vector at an
-/// address of `store` that is a multiple of the vector's size (in one masked vector),
-/// then to every whole vector from there, four to a turn of the loop and then one at a
-/// time, and last to the elements left (masked), within the whole elements of `bytes`
-/// bytes. Aligned for the stores: a packet's payload starts 48 bytes into its datagram,
-/// where every unaligned 64-byte store would straddle two cache lines. Unrolled by hand:
-/// left to the compiler, the loops took a fifth more instructions than the vectorised
-/// portable ones (callgrind), in turns of one or two vectors; with the ends here, a
-/// packet's kernel is one call with nothing around it. A macro rather than a function
-/// taking a closure: the closure, compiled without the set's target features, was not
-/// inlined, and every step became a call.
+/// Runs `body` with `step` bound to every whole vector in the whole elements of `bytes`
+/// bytes, four to a turn of the loop and then one at a time, and then to the elements
+/// left, in one masked vector. Unrolled by hand: left to the compiler, the loops took a
+/// fifth more instructions than the vectorised portable ones (callgrind), in turns of one
+/// or two vectors; with the tail here, a packet's kernel is one call with nothing around
+/// it. A macro rather than a function taking a closure: the closure, compiled without
+/// the set's target features, was not inlined, and every step became a call.
 macro_rules! each_step {
-    ($lanes:ty, $bytes:expr, $store:expr, |$step:ident| $body:block) => {{
-        let vector_bytes: usize = <$lanes>::BYTES;
-        let bytes: usize = $bytes / 4 * 4;
-        // Elements only: an address that is no multiple of 4 stays unaligned.
-        let misaligned = ($store as usize) % vector_bytes;
-        let head = if misaligned % 4 == 0 { ((vector_bytes - misaligned) % vector_bytes).min(bytes) } else { 0 };
-        if head > 0 {
-            let $step = Step { offset: 0, tail: Some(head / 4) };
-            $body
-        }
-        let vectors = (bytes - head) / vector_bytes;
-        let whole = |vector: usize| Step { offset: head + vector * vector_bytes, tail: None };
+    ($lanes:ty, $bytes:expr, |$step:ident| $body:block) => {{
+        let bytes: usize = $bytes;
+        let vectors = bytes / <$lanes>::BYTES;
+        let whole = |vector: usize| Step { offset: vector * <$lanes>::BYTES, tail: None };
         let mut vector = 0;
         while vector + 4 <= vectors {
             for $step in [whole(vector), whole(vector + 1), whole(vector + 2), whole(vector + 3)] $body
@@ -117,9 +105,9 @@ macro_rules! each_step {
             $body
             vector += 1;
         }
-        let left = (bytes - head) % vector_bytes / 4;
+        let left = bytes % <$lanes>::BYTES / 4;
         if left > 0 {
-            let $step = Step { offset: head + vectors * vector_bytes, tail: Some(left) };
+            let $step = Step { offset: vectors * <$lanes>::BYTES, tail: Some(left) };
             $body
         }
     }};
@@ -133,7 +121,7 @@ macro_rules! each_step {
 #[inline(always)]
 unsafe fn add_assign_i32<V: Lanes>(acc: &mut [u8], src: &[u8]) {
     let (len, acc, src) = (acc.len().min(src.len()), acc.as_mut_ptr(), src.as_ptr());
-    each_step!(V, len, acc, |step| {
+    each_step!(V, len, |step| {
         // SAFETY: see above.
         unsafe { step.store::<V>(acc, V::add_i32(step.load::<V>(acc), step.load::<V>(src))) }
     });
@@ -142,7 +130,7 @@ unsafe fn add_assign_i32<V: Lanes>(acc: &mut [u8], src: &[u8]) {
 #[inline(always)]
 unsafe fn add_assign_f32<V: Lanes>(acc: &mut [u8], src: &[u8]) {
     let (len, acc, src) = (acc.len().min(src.len()), acc.as_mut_ptr(), src.as_ptr());
-    each_step!(V, len, acc, |step| {
+    each_step!(V, len, |step| {
         // SAFETY: see above.
         unsafe {
             let sum = V::add_f32(V::as_f32(step.load::<V>(acc)), V::as_f32(step.load::<V>(src)));
@@ -155,7 +143,7 @@ unsafe fn add_assign_f32<V: Lanes>(acc: &mut [u8], src: &[u8]) {
 unsafe fn add_i32<V: Lanes>(out: &mut [u8], a: &[u8], b: &[u8]) {
     let len = out.len().min(a.len()).min(b.len());
     let (out, a, b) = (out.as_mut_ptr(), a.as_ptr(), b.as_ptr());
-    each_step!(V, len, out, |step| {
+    each_step!(V, len, |step| {
         // SAFETY: see above.
         unsafe { step.store::<V>(out, V::add_i32(step.load::<V>(a), step.load::<V>(b))) }
     });
@@ -165,7 +153,7 @@ unsafe fn add_i32<V: Lanes>(out: &mut [u8], a: &[u8], b: &[u8]) {
 unsafe fn add_f32<V: Lanes>(out: &mut [u8], a: &[u8], b: &[u8]) {
     let len = out.len().min(a.len()).min(b.len());
     let (out, a, b) = (out.as_mut_ptr(), a.as_ptr(), b.as_ptr());
-    each_step!(V, len, out, |step| {
+    each_step!(V, len, |step| {
         // SAFETY: see above.
         unsafe {
             let sum = V::add_f32(V::as_f32(step.load::<V>(a)), V::as_f32(step.load::<V>(b)));
@@ -180,7 +168,7 @@ unsafe fn largest_magnitude_bits<V: Lanes>(bytes: &[u8]) -> u32 {
     unsafe {
         let magnitude = V::splat(0x7FFF_FFFF);
         let mut largest = V::splat(0);
-        each_step!(V, bytes.len(), bytes.as_ptr(), |step| {
+        each_step!(V, bytes.len(), |step| {
             largest = V::max_u32(largest, V::and(step.load::<V>(bytes.as_ptr()), magnitude));
         });
         V::reduce_max_u32(largest)
@@ -214,7 +202,7 @@ unsafe fn quantise_scaled<V: Lanes>(
     // SAFETY: see above.
     unsafe {
         let (upper, lower) = (V::splat_f32(limit), V::splat_f32(-limit));
-        each_step!(V, len, payload, |step| {
+        each_step!(V, len, |step| {
             let rounded = V::round_ties_even(scale(V::as_f32(step.load::<V>(elements))));
             let clamped = V::min_f32(V::max_f32(rounded, lower), upper);
             step.store::<V>(payload, V::truncate_to_i32(clamped));
@@ -244,7 +232,7 @@ unsafe fn dequantise_scaled<V: Lanes>(
 ) {
     let len = elements.len().min(payload.len());
     let (payload, elements) = (payload.as_ptr(), elements.as_mut_ptr());
-    each_step!(V, len, elements, |step| {
+    each_step!(V, len, |step| {
         // SAFETY: see above.
         unsafe { step.store::<V>(elements, V::as_i32(scale(V::i32_to_f32(step.load::<V>(payload))))) }
     });
