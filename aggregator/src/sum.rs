@@ -1,10 +1,11 @@
 //! Element-wise sums over little-endian payload bytes.
 //!
-//! Loops without per-element branches over `chunks_exact(4)`, which the compiler turns
-//! into vector loads and adds, compiled for AVX2 beside baseline x86-64 and chosen at run
-//! time (`benches/benches/sum.rs` compares them with a plain `a[i] += b[i]` over `i32`
-//! slices, built for baseline x86-64).
+//! Written in AVX2 and AVX-512 by `netagg-simd`, chosen at run time, with a portable loop
+//! for other CPUs, which the vector kernels must match (`benches/benches/sum.rs`
+//! compares each set with a plain `a[i] += b[i]` over `i32` slices, built for baseline
+//! x86-64). The `_with` functions take the instruction set, for tests and benches.
 
+pub use netagg_simd::InstructionSet;
 use netagg_wire::ElementType;
 
 use crate::sum16::{self, Half};
@@ -29,45 +30,67 @@ pub fn add_assign(element_type: ElementType, acc: &mut [u8], src: &[u8]) {
 /// types): a copy and a sum in one pass.
 pub fn add(element_type: ElementType, out: &mut [u8], a: &[u8], b: &[u8]) {
     match element_type {
-        ElementType::Int32 => add_i32(out, a, b),
-        ElementType::Float32 => add_f32(out, a, b),
+        ElementType::Int32 => add_i32_with(InstructionSet::best(), out, a, b),
+        ElementType::Float32 => add_f32_with(InstructionSet::best(), out, a, b),
         ElementType::Float16 => sum16::add_widened(Half::Float16, out, a, b),
         ElementType::BFloat16 => sum16::add_widened(Half::BFloat16, out, a, b),
     }
 }
 
 /// Wrapping int32 sum of little-endian elements.
-#[multiversion::multiversion(targets("x86_64+avx2"))]
+#[inline]
 pub fn add_assign_i32(acc: &mut [u8], src: &[u8]) {
-    for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
-        a.copy_from_slice(&sum_i32(a, b));
-    }
+    add_assign_i32_with(InstructionSet::best(), acc, src);
 }
 
 /// float32 sum of little-endian elements.
-#[multiversion::multiversion(targets("x86_64+avx2"))]
+#[inline]
 pub fn add_assign_f32(acc: &mut [u8], src: &[u8]) {
-    for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
-        a.copy_from_slice(&sum_f32(a, b));
+    add_assign_f32_with(InstructionSet::best(), acc, src);
+}
+
+/// [`add_assign_i32`] in the vectors of `set`.
+#[inline]
+pub fn add_assign_i32_with(set: InstructionSet, acc: &mut [u8], src: &[u8]) {
+    if !netagg_simd::add_assign_i32(set, acc, src) {
+        for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+            a.copy_from_slice(&sum_i32(a, b));
+        }
     }
 }
 
-#[multiversion::multiversion(targets("x86_64+avx2"))]
-fn add_i32(out: &mut [u8], a: &[u8], b: &[u8]) {
-    for (out, (a, b)) in out.chunks_exact_mut(4).zip(a.chunks_exact(4).zip(b.chunks_exact(4))) {
-        out.copy_from_slice(&sum_i32(a, b));
+/// [`add_assign_f32`] in the vectors of `set`.
+#[inline]
+pub fn add_assign_f32_with(set: InstructionSet, acc: &mut [u8], src: &[u8]) {
+    if !netagg_simd::add_assign_f32(set, acc, src) {
+        for (a, b) in acc.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+            a.copy_from_slice(&sum_f32(a, b));
+        }
     }
 }
 
-#[multiversion::multiversion(targets("x86_64+avx2"))]
-fn add_f32(out: &mut [u8], a: &[u8], b: &[u8]) {
-    for (out, (a, b)) in out.chunks_exact_mut(4).zip(a.chunks_exact(4).zip(b.chunks_exact(4))) {
-        out.copy_from_slice(&sum_f32(a, b));
+/// [`add`] of int32 in the vectors of `set`.
+#[inline]
+pub fn add_i32_with(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) {
+    if !netagg_simd::add_i32(set, out, a, b) {
+        for (out, (a, b)) in out.chunks_exact_mut(4).zip(a.chunks_exact(4).zip(b.chunks_exact(4))) {
+            out.copy_from_slice(&sum_i32(a, b));
+        }
     }
 }
 
-/// The wrapping sum of two little-endian int32 elements. Always inlined: the loops above
-/// are compiled once per instruction set, and a call out of them would not vectorise.
+/// [`add`] of float32 in the vectors of `set`.
+#[inline]
+pub fn add_f32_with(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) {
+    if !netagg_simd::add_f32(set, out, a, b) {
+        for (out, (a, b)) in out.chunks_exact_mut(4).zip(a.chunks_exact(4).zip(b.chunks_exact(4))) {
+            out.copy_from_slice(&sum_f32(a, b));
+        }
+    }
+}
+
+/// The wrapping sum of two little-endian int32 elements. Always inlined: a call out of
+/// the loops above would keep the compiler from vectorising them for baseline x86-64.
 #[inline(always)]
 fn sum_i32(a: &[u8], b: &[u8]) -> [u8; 4] {
     let (a, b) = (i32::from_le_bytes([a[0], a[1], a[2], a[3]]), i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
@@ -83,10 +106,16 @@ fn sum_f32(a: &[u8], b: &[u8]) -> [u8; 4] {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn bytes_i32(values: &[i32]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    fn bytes(bits: &[u32]) -> Vec<u8> {
+        bits.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
     #[test]
@@ -119,6 +148,65 @@ mod tests {
         let mut out = vec![0x11; 8];
         add(ElementType::Int32, &mut out, &a, &b[..4]);
         assert_eq!(out, bytes_i32(&[i32::MIN, 0x1111_1111]), "only the elements all three hold");
+    }
+
+    /// Element bit patterns with the edge values over-represented: the int32 extremes,
+    /// float32 zeros of both signs, subnormals, the largest finite, infinities and NaN.
+    fn element() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            any::<u32>(),
+            prop::sample::select(vec![
+                0,
+                0x8000_0000,
+                0x7FFF_FFFF,
+                0xFFFF_FFFF,
+                1,
+                0x8000_0001,
+                0x007F_FFFF,
+                0x7F7F_FFFF,
+                0xFF7F_FFFF,
+                0x7F80_0000,
+                0xFF80_0000,
+                0x7FC0_0000,
+                0xFFC0_0001,
+            ]),
+        ]
+    }
+
+    /// Equal bit for bit, but that any NaN equals any NaN: which payload a float sum of
+    /// two NaN keeps is not specified, in Rust or between x86's scalar and vector adds.
+    fn same_floats(a: &[u8], b: &[u8]) -> bool {
+        let nan = |bits: &[u8]| f32::from_le_bytes(bits.try_into().unwrap()).is_nan();
+        a.len() == b.len() && a.chunks(4).zip(b.chunks(4)).all(|(x, y)| x == y || (nan(x) && nan(y)))
+    }
+
+    proptest! {
+        #[test]
+        fn every_instruction_set_sums_as_the_portable_loop(
+            acc in prop::collection::vec(element(), 0..100),
+            src in prop::collection::vec(element(), 0..100),
+        ) {
+            let (acc, src) = (bytes(&acc), bytes(&src));
+            let portable = InstructionSet::PORTABLE;
+            for set in InstructionSet::supported() {
+                let (mut expected, mut got) = (acc.clone(), acc.clone());
+                add_assign_i32_with(portable, &mut expected, &src);
+                add_assign_i32_with(set, &mut got, &src);
+                prop_assert_eq!(&got, &expected, "add_assign_i32, {}", set);
+                let (mut expected, mut got) = (acc.clone(), acc.clone());
+                add_assign_f32_with(portable, &mut expected, &src);
+                add_assign_f32_with(set, &mut got, &src);
+                prop_assert!(same_floats(&got, &expected), "add_assign_f32, {}", set);
+                let (mut expected, mut got) = (vec![0x55; acc.len()], vec![0x55; acc.len()]);
+                add_i32_with(portable, &mut expected, &acc, &src);
+                add_i32_with(set, &mut got, &acc, &src);
+                prop_assert_eq!(&got, &expected, "add_i32, {}", set);
+                let (mut expected, mut got) = (vec![0x55; acc.len()], vec![0x55; acc.len()]);
+                add_f32_with(portable, &mut expected, &acc, &src);
+                add_f32_with(set, &mut got, &acc, &src);
+                prop_assert!(same_floats(&got, &expected), "add_f32, {}", set);
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! the switch) or as block floating point ([`BlockFloatingPoint`], int32 with a
 //! per-packet exponent, as a switch ASIC needs).
 
+use netagg_aggregator::sum::InstructionSet;
 use netagg_wire::ElementType;
 
 use crate::DataType;
@@ -108,6 +109,8 @@ pub struct BlockFloatingPoint {
     /// above (see above), and where an input broke the agreed exponent (changed by its
     /// owner mid-job, say).
     limit: f32,
+    /// The vectors the scan and the conversions run in: the CPU's widest, unless chosen.
+    instruction_set: InstructionSet,
 }
 
 /// The exponent byte of a packet with no element but zeros.
@@ -128,7 +131,16 @@ impl BlockFloatingPoint {
         if limit as u64 > largest as u64 {
             limit = f32::from_bits(limit.to_bits() - 1);
         }
-        BlockFloatingPoint { sum_bits: workers.next_power_of_two().trailing_zeros(), limit }
+        BlockFloatingPoint {
+            sum_bits: workers.next_power_of_two().trailing_zeros(),
+            limit,
+            instruction_set: InstructionSet::best(),
+        }
+    }
+
+    /// The same codec computing in the vectors of `set` (all give the same bytes).
+    pub fn with_instruction_set(self, set: InstructionSet) -> BlockFloatingPoint {
+        BlockFloatingPoint { instruction_set: set, ..self }
     }
 
     /// `2^k` for an agreed exponent, as [`factors`] (`k` spans -113 to 156).
@@ -172,16 +184,31 @@ fn bits(element: &[u8]) -> u32 {
 
 /// The largest magnitude of float32 `bytes`, as its bit pattern without the sign: as
 /// unsigned integers these order as the magnitudes do, infinities and NaN above all.
-/// An integer maximum is a reduction the compiler vectorises (a float one is not, for
-/// NaN's sake); compiled for AVX2 and SSE4.1 beside baseline x86-64, chosen at run time.
-#[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
-fn largest_magnitude_bits(bytes: &[u8]) -> u32 {
+/// An integer maximum, which vectorises (a float one does not, for NaN's sake): in the
+/// vectors of `set`, or [`largest_magnitude_bits_portable`].
+fn largest_magnitude_bits(set: InstructionSet, bytes: &[u8]) -> u32 {
+    netagg_simd::largest_magnitude_bits(set, bytes).unwrap_or_else(|| largest_magnitude_bits_portable(bytes))
+}
+
+/// [`largest_magnitude_bits`] for any CPU, compiled for SSE4.1 beside baseline x86-64
+/// (an unsigned maximum needs it to vectorise).
+#[multiversion::multiversion(targets("x86_64+sse4.1"))]
+fn largest_magnitude_bits_portable(bytes: &[u8]) -> u32 {
     bytes.chunks_exact(4).fold(0, |largest, element| largest.max(bits(element) & 0x7FFF_FFFF))
 }
 
-/// `round(x · low · high)` per element, ties to even, clamped to `±limit`.
-#[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
-fn quantise(elements: &[u8], payload: &mut [u8], (low, high): (f32, f32), limit: f32) {
+/// `round(x · low · high)` per element, ties to even, clamped to `±limit`: in the vectors
+/// of `set`, or [`quantise_portable`].
+fn quantise(set: InstructionSet, elements: &[u8], payload: &mut [u8], scale: (f32, f32), limit: f32) {
+    if !netagg_simd::quantise(set, elements, payload, scale, limit) {
+        quantise_portable(elements, payload, scale, limit);
+    }
+}
+
+/// [`quantise`] for any CPU, compiled for SSE4.1 beside baseline x86-64 (whose rounding
+/// to an integer is a library call per element without it).
+#[multiversion::multiversion(targets("x86_64+sse4.1"))]
+fn quantise_portable(elements: &[u8], payload: &mut [u8], (low, high): (f32, f32), limit: f32) {
     // A loop of its own for a scale of one factor, the usual case: a multiplication a
     // vector less, with the same results. The products differ only where the two-step
     // one rounds twice, into the subnormals: below 0.5, where both round to zero.
@@ -192,8 +219,8 @@ fn quantise(elements: &[u8], payload: &mut [u8], (low, high): (f32, f32), limit:
     }
 }
 
-/// [`quantise`]'s loop. Always inlined, as `scale` is: a call out of the per-instruction-set
-/// copies of `quantise` would leave the loop scalar.
+/// [`quantise_portable`]'s loop. Always inlined, as `scale` is: a call out of the
+/// per-instruction-set copies of `quantise_portable` would leave the loop scalar.
 #[inline(always)]
 fn quantise_scaled(elements: &[u8], payload: &mut [u8], scale: impl Fn(f32) -> f32, limit: f32) {
     for (out, x) in payload.chunks_exact_mut(4).zip(elements.chunks_exact(4)) {
@@ -212,8 +239,17 @@ fn quantise_scaled(elements: &[u8], payload: &mut [u8], scale: impl Fn(f32) -> f
 
 /// `sum · low · high` per element: one rounding, of the integer to f32; the powers of two
 /// are exact (but where the result leaves f32's range: an overflowing sum is infinite).
-#[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
-fn dequantise(payload: &[u8], elements: &mut [u8], (low, high): (f32, f32)) {
+/// In the vectors of `set`, or [`dequantise_portable`].
+fn dequantise(set: InstructionSet, payload: &[u8], elements: &mut [u8], scale: (f32, f32)) {
+    if !netagg_simd::dequantise(set, payload, elements, scale) {
+        dequantise_portable(payload, elements, scale);
+    }
+}
+
+/// [`dequantise`] for any CPU, compiled for SSE4.1 beside baseline x86-64 as
+/// [`quantise_portable`] is.
+#[multiversion::multiversion(targets("x86_64+sse4.1"))]
+fn dequantise_portable(payload: &[u8], elements: &mut [u8], (low, high): (f32, f32)) {
     // As in `quantise`: one multiplication where the scale is one factor; a non-zero
     // integer times a scale within ±126 powers of two is never subnormal, so the
     // products are exact either way.
@@ -224,7 +260,7 @@ fn dequantise(payload: &[u8], elements: &mut [u8], (low, high): (f32, f32)) {
     }
 }
 
-/// [`dequantise`]'s loop, always inlined as [`quantise_scaled`] is.
+/// [`dequantise_portable`]'s loop, always inlined as [`quantise_scaled`] is.
 #[inline(always)]
 fn dequantise_scaled(payload: &[u8], elements: &mut [u8], scale: impl Fn(f32) -> f32) {
     for (out, q) in elements.chunks_exact_mut(4).zip(payload.chunks_exact(4)) {
@@ -252,7 +288,7 @@ impl Codec for BlockFloatingPoint {
     }
 
     fn exponent(&self, _: DataType, elements: &[u8]) -> i8 {
-        let largest = largest_magnitude_bits(elements);
+        let largest = largest_magnitude_bits(self.instruction_set, elements);
         match largest >> 23 {
             _ if largest == 0 => ZERO_EXPONENT,
             NON_FINITE_FIELD => NON_FINITE_EXPONENT,
@@ -266,7 +302,9 @@ impl Codec for BlockFloatingPoint {
             _ if data_type != DataType::Float32 => payload.copy_from_slice(elements),
             // What a non-finite block sends does not matter: it decodes to NaN.
             None | Some(ZERO_EXPONENT | NON_FINITE_EXPONENT) => payload.fill(0),
-            Some(exponent) => quantise(elements, payload, self.scale(exponent), self.limit),
+            Some(exponent) => {
+                quantise(self.instruction_set, elements, payload, self.scale(exponent), self.limit)
+            }
         }
     }
 
@@ -280,7 +318,7 @@ impl Codec for BlockFloatingPoint {
                 }
             }
             Some(exponent) => {
-                dequantise(payload, elements, self.unscale(exponent));
+                dequantise(self.instruction_set, payload, elements, self.unscale(exponent));
             }
         }
     }
@@ -288,6 +326,8 @@ impl Codec for BlockFloatingPoint {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn floats(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
@@ -383,23 +423,33 @@ mod tests {
     #[test]
     fn the_scan_sees_every_element_in_the_lanes_and_the_rest() {
         // 4 rounds of 16 lanes, then 3 more: the value sought at every position.
-        for position in 0..67 {
-            let mut values = vec![0.5f32; 67];
-            values[position] = -3.0;
-            assert_eq!(largest_magnitude_bits(&bytes(&values)), 3.0f32.to_bits(), "at {position}");
-            let codec = BlockFloatingPoint::new(2);
-            for special in [f32::NEG_INFINITY, f32::NAN, -f32::NAN] {
-                values[position] = special;
-                assert_eq!(codec.exponent(DataType::Float32, &bytes(&values)), NON_FINITE_EXPONENT);
+        for set in InstructionSet::supported() {
+            for position in 0..67 {
+                let mut values = vec![0.5f32; 67];
+                values[position] = -3.0;
+                assert_eq!(
+                    largest_magnitude_bits(set, &bytes(&values)),
+                    3.0f32.to_bits(),
+                    "{set}, at {position}"
+                );
+                let codec = BlockFloatingPoint::new(2).with_instruction_set(set);
+                for special in [f32::NEG_INFINITY, f32::NAN, -f32::NAN] {
+                    values[position] = special;
+                    assert_eq!(
+                        codec.exponent(DataType::Float32, &bytes(&values)),
+                        NON_FINITE_EXPONENT,
+                        "{set}"
+                    );
+                }
+                values[position] = f32::MAX;
+                assert_eq!(codec.exponent(DataType::Float32, &bytes(&values)), 126, "{set}");
             }
-            values[position] = f32::MAX;
-            assert_eq!(codec.exponent(DataType::Float32, &bytes(&values)), 126);
+            assert_eq!(
+                largest_magnitude_bits(set, &bytes(&[-0.0, f32::MIN_POSITIVE / 4.0])),
+                (f32::MIN_POSITIVE / 4.0).to_bits()
+            );
+            assert_eq!(largest_magnitude_bits(set, &[]), 0);
         }
-        assert_eq!(
-            largest_magnitude_bits(&bytes(&[-0.0, f32::MIN_POSITIVE / 4.0])),
-            (f32::MIN_POSITIVE / 4.0).to_bits()
-        );
-        assert_eq!(largest_magnitude_bits(&[]), 0);
     }
 
     #[test]
@@ -421,18 +471,18 @@ mod tests {
         let input_bytes = bytes(&inputs);
         let sums = [0, 1, -1, 3, 1 << 20, -(1 << 29), i32::MAX, i32::MIN];
         let sum_bytes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
-        for k in -126..=126 {
+        for (set, k) in InstructionSet::supported().flat_map(|set| (-126..=126).map(move |k| (set, k))) {
             let two = (power_of_two(k / 2), power_of_two(k - k / 2));
             assert_eq!(factors(k), (power_of_two(k), 1.0));
             let (mut one_factor, mut two_factors) =
                 (vec![0u8; input_bytes.len()], vec![0u8; input_bytes.len()]);
-            quantise(&input_bytes, &mut one_factor, factors(k), 1e9);
-            quantise(&input_bytes, &mut two_factors, two, 1e9);
-            assert_eq!(one_factor, two_factors, "quantising at 2^{k}");
+            quantise(set, &input_bytes, &mut one_factor, factors(k), 1e9);
+            quantise(set, &input_bytes, &mut two_factors, two, 1e9);
+            assert_eq!(one_factor, two_factors, "{set}: quantising at 2^{k}");
             let (mut one_factor, mut two_factors) = (vec![0u8; sum_bytes.len()], vec![0u8; sum_bytes.len()]);
-            dequantise(&sum_bytes, &mut one_factor, factors(k));
-            dequantise(&sum_bytes, &mut two_factors, two);
-            assert_eq!(one_factor, two_factors, "dequantising at 2^{k}");
+            dequantise(set, &sum_bytes, &mut one_factor, factors(k));
+            dequantise(set, &sum_bytes, &mut two_factors, two);
+            assert_eq!(one_factor, two_factors, "{set}: dequantising at 2^{k}");
         }
         for k in [-252, -127, 127, 252] {
             let (low, high) = factors(k);
@@ -440,6 +490,61 @@ mod tests {
                 (low.to_bits() >> 23, high.to_bits() >> 23),
                 ((k / 2 + 127) as u32, (k - k / 2 + 127) as u32)
             );
+        }
+    }
+
+    /// float32 bit patterns with the edge values over-represented: zeros of both signs,
+    /// subnormals, the smallest normal, the largest finite, infinities, NaN, and values
+    /// whose scaled form lies halfway between two integers (ties).
+    fn element() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            any::<u32>(),
+            (-1000i32..1000).prop_map(|half_steps| (half_steps as f32 * 0.5).to_bits()),
+            prop::sample::select(vec![
+                0,
+                0x8000_0000,
+                1,
+                0x8000_0001,
+                0x007F_FFFF,
+                0x0080_0000,
+                0x7F7F_FFFF,
+                0xFF7F_FFFF,
+                0x7F80_0000,
+                0xFF80_0000,
+                0x7FC0_0000,
+                0xFFC0_0001,
+            ]),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_instruction_set_codes_as_the_portable_loops(
+            elements in prop::collection::vec(element(), 0..100),
+            sums in prop::collection::vec(any::<i32>(), 0..100),
+            workers in prop_oneof![Just(1u16), Just(2), Just(4), Just(256), 1u16..=u16::MAX],
+            exponent in prop_oneof![-127i8..=126, Just(0)],
+        ) {
+            let elements: Vec<u8> = elements.iter().flat_map(|e| e.to_le_bytes()).collect();
+            let sums: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
+            let portable = BlockFloatingPoint::new(workers).with_instruction_set(InstructionSet::PORTABLE);
+            for set in InstructionSet::supported() {
+                let codec = portable.with_instruction_set(set);
+                let agreed = codec.exponent(DataType::Float32, &elements);
+                prop_assert_eq!(agreed, portable.exponent(DataType::Float32, &elements), "{}", set);
+                // Coded with the exponent of the elements, and with any other (one the
+                // elements may exceed, as when changed by their owner mid-job).
+                for exponent in [agreed, exponent] {
+                    let (mut expected, mut got) = (vec![0x55; elements.len()], vec![0x55; elements.len()]);
+                    portable.encode(DataType::Float32, &elements, &mut expected, Some(exponent));
+                    codec.encode(DataType::Float32, &elements, &mut got, Some(exponent));
+                    prop_assert_eq!(&got, &expected, "encoding, {}, exponent {}", set, exponent);
+                    let (mut expected, mut got) = (vec![0x55; sums.len()], vec![0x55; sums.len()]);
+                    portable.decode(DataType::Float32, &sums, &mut expected, Some(exponent));
+                    codec.decode(DataType::Float32, &sums, &mut got, Some(exponent));
+                    prop_assert_eq!(&got, &expected, "decoding, {}, exponent {}", set, exponent);
+                }
+            }
         }
     }
 
