@@ -146,6 +146,7 @@ pub struct ClusterConfig {
     pub workers: u16,
     /// Slots (the window) of every worker.
     pub slots: u16,
+    /// Elements of 4 bytes in a packet; 16-bit packets carry twice as many.
     pub packet_elements: u16,
     pub depth: u8,
     pub uplink: LinkFaults,
@@ -585,8 +586,8 @@ impl Cluster {
         }
         let job = self.next_job;
         self.next_job += 1;
-        let packet_elements = self.config.packet_elements as usize;
-        let blocks = first.len().div_ceil(packet_elements) as u32;
+        let block_elements = first.element_type().per_packet(self.config.packet_elements) as usize;
+        let blocks = first.len().div_ceil(block_elements) as u32;
         let mut ios: Vec<TensorIo> = inputs
             .iter()
             .map(|tensor| {
@@ -594,7 +595,7 @@ impl Cluster {
                 TensorIo {
                     output: vec![0; input.len()],
                     input,
-                    block_bytes: packet_elements * first.element_type().size(),
+                    block_bytes: block_elements * first.element_type().size(),
                     exponents: vec![None; blocks as usize],
                 }
             })

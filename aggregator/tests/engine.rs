@@ -232,6 +232,30 @@ fn a_set_is_reused_only_when_every_worker_acknowledged_its_result() {
 }
 
 #[test]
+fn sixteen_bit_packets_fill_the_session_s_payload_bytes_with_twice_the_elements() {
+    let mut switch = Switch::new();
+    // Packets of 64 4-byte elements: 256 payload bytes, which hold 128 float16 ones.
+    let session = switch.open(2, 1, 2);
+    let float16 = |rank: u16, count: usize, value: f32| {
+        let mut packet = data(session, rank, 0, 0, &[]);
+        packet.repr.element_type = ElementType::Float16;
+        packet.repr.element_count = count as u16;
+        packet.payload = half::f16::from_f32(value).to_le_bytes().repeat(count);
+        packet
+    };
+    assert_eq!(switch.feed(&float16(0, 129, 1.0)), Verdict::Dropped(DropReason::TooManyElements));
+    assert_eq!(switch.feed(&float16(0, 128, 1.5)), Verdict::Consumed);
+    let result = match switch.feed(&float16(1, 128, 2.25)) {
+        Verdict::Send(Transmit { len, .. }) => switch.out[..len].to_vec(),
+        other => panic!("expected a result, got {other:?}"),
+    };
+    assert_eq!(result.len(), 48 + 256);
+    let packet = Packet::new_checked(&result[..]).unwrap();
+    assert_eq!((packet.element_type(), packet.element_count()), (ElementType::Float16, 128));
+    assert_eq!(packet.payload(), half::f16::from_f32(3.75).to_le_bytes().repeat(128));
+}
+
+#[test]
 fn contributions_that_disagree_with_the_round_are_rejected() {
     let mut switch = Switch::new();
     let session = switch.open(2, 1, 2);
@@ -364,7 +388,7 @@ fn limits_reject_sessions_before_allocating() {
         Err(SessionError::SessionMemory { needed: big.state_bytes(), max: 60_000 })
     );
     // Each fits one session's share, but two overrun the engine's budget.
-    let medium = SessionSpec { workers: 8, slots: 16, packet_elements: 192, depth: 4 };
+    let medium = SessionSpec { workers: 8, slots: 16, packet_elements: 96, depth: 4 };
     assert!((50_001..=60_000).contains(&medium.state_bytes()), "{}", medium.state_bytes());
     let first = open(&mut switch.engine, medium).unwrap();
     assert_eq!(

@@ -120,9 +120,10 @@ fn sums_are_float32_sums_rounded_once_and_the_same_bits_on_every_rank() {
             for (len, sparse) in [(1, false), (64 * 20 + 5, false), (64 * 20 + 5, true)] {
                 let mut inputs = float32_inputs(Data::Uniform, workers, len, u64::from(workers) + len as u64);
                 if sparse {
-                    // Every third block zero on every rank, every fifth on rank 0 alone.
+                    // Every third block zero on every rank, every fifth on rank 0 alone; a
+                    // 16-bit block holds 128 elements, in the bytes of 64 4-byte ones.
                     for (rank, input) in inputs.iter_mut().enumerate() {
-                        for (block, chunk) in input.chunks_mut(64).enumerate() {
+                        for (block, chunk) in input.chunks_mut(128).enumerate() {
                             if block % 3 == 0 || (rank == 0 && block % 5 == 0) {
                                 chunk.fill(0.0);
                             }
@@ -150,16 +151,30 @@ fn sums_are_float32_sums_rounded_once_and_the_same_bits_on_every_rank() {
 }
 
 #[test]
-fn sixteen_bit_packets_carry_two_bytes_an_element() {
-    let mut cluster = Cluster::new(ClusterConfig::new(2, 8, 64)).unwrap();
-    let inputs = [Format::Float16.tensor(&[1.0; 640]), Format::Float16.tensor(&[2.0; 640])];
-    let report = cluster.allreduce(&inputs, false).unwrap();
-    for counters in &report.workers {
-        assert_eq!(counters.data_sent, 10);
-        assert_eq!(counters.bytes_sent, 10 * 48 + 640 * 2);
-        assert_eq!(counters.bytes_received, counters.bytes_sent);
+fn sixteen_bit_packets_carry_float32s_bytes_so_a_job_takes_half_the_packets() {
+    // Sessions of 256-element packets; 8 float32 packets' worth of elements.
+    let config = ClusterConfig::new(2, 8, 256);
+    let float32 = |x: f32| Tensor::Float32(vec![x; 2048]);
+    let report32 =
+        Cluster::new(config.clone()).unwrap().allreduce(&[float32(1.0), float32(2.0)], false).unwrap();
+    let inputs = [Format::Float16.tensor(&[1.0; 2048]), Format::Float16.tensor(&[2.0; 2048])];
+    let report16 = Cluster::new(config).unwrap().allreduce(&inputs, false).unwrap();
+    for (counters32, counters16) in report32.workers.iter().zip(&report16.workers) {
+        assert_eq!((counters32.data_sent, counters16.data_sent), (8, 4));
+        // Every datagram the same size: a header and 1024 payload bytes.
+        assert_eq!(counters32.bytes_sent, 8 * (48 + 1024));
+        assert_eq!(counters16.bytes_sent, 4 * (48 + 1024));
+        assert_eq!(counters16.bytes_received, counters16.bytes_sent);
     }
-    assert_eq!(values(&report.outputs[1]), vec![3.0; 640]);
+    assert_eq!(values(&report16.outputs[1]), vec![3.0; 2048]);
+    // A tail shorter than a packet takes its own bytes only.
+    let inputs = [Format::BFloat16.tensor(&[1.0; 600]), Format::BFloat16.tensor(&[2.0; 600])];
+    let report = Cluster::new(ClusterConfig::new(2, 8, 256)).unwrap().allreduce(&inputs, false).unwrap();
+    for counters in &report.workers {
+        assert_eq!(counters.data_sent, 2);
+        assert_eq!(counters.bytes_sent, 2 * 48 + 600 * 2);
+    }
+    assert_eq!(values(&report.outputs[0]), vec![3.0; 600]);
 }
 
 #[test]

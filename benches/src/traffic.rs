@@ -1,7 +1,7 @@
 //! What a worker puts on the wire and takes from it, against what sparsity predicts.
 //!
-//! Each block of `packet_numel` elements holds data on a rank with probability
-//! `density`, independently of every other block and rank
+//! Each block (a packet's elements: `packet_numel`, twice as many 16-bit ones) holds data
+//! on a rank with probability `density`, independently of every other block and rank
 //! ([`crate::data::Contents::block_has_data`]). A worker then sends the payload of a
 //! fraction `density` of its blocks, and receives the sums of the blocks that hold data
 //! on at least one of the N ranks: a fraction 1 − (1 − density)^N, the union. Headers

@@ -356,6 +356,12 @@ fn sixteen_bit_jobs_verify_within_the_stated_bound_and_send_two_bytes_an_element
             // what a loaded machine retransmits.
             let measured = report["upstream"]["measured"].as_f64().unwrap();
             assert!((1.0..1.5).contains(&measured), "{args:?}: {}", report["upstream"]);
+            // Packets of float32's 1024 payload bytes: 512 16-bit elements each, so 10Ki
+            // elements take 20 packets a job, where float32 takes 40.
+            for group in report["traffic"].as_array().unwrap() {
+                assert_eq!(group["data_packets"], 20, "{args:?}: {group}");
+                assert_eq!(group["payload_sent"], 20 * 1024, "{args:?}: {group}");
+            }
         }
     }
 }

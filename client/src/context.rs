@@ -2,12 +2,12 @@
 //!
 //! Starting a context opens the configured backend's transports ([`crate::backend::open`]),
 //! registers them with the switch (`registration`), and starts one worker thread per
-//! transport (`driver`). A job is cut into blocks of `packet_numel` elements and the
-//! blocks into one contiguous run per worker thread, the same way on every rank, so the
-//! same elements meet in the same slots. Each thread takes its slices in submission order
-//! with no barrier between threads: a thread that finished its part of one job starts on
-//! the next while the others still work (SwitchML makes all threads wait for each other
-//! at every job).
+//! transport (`driver`). A job is cut into blocks of a packet's elements (`packet_numel` of
+//! 4 bytes, twice as many 16-bit ones) and the blocks into one contiguous run per worker
+//! thread, the same way on every rank, so the same elements meet in the same slots. Each
+//! thread takes its slices in submission order with no barrier between threads: a thread
+//! that finished its part of one job starts on the next while the others still work
+//! (SwitchML makes all threads wait for each other at every job).
 
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -251,7 +251,7 @@ impl Context {
             return Err(Error::Stopped);
         }
         let id = self.next_job.fetch_add(1, Ordering::Relaxed);
-        let packet = self.config.general.packet_numel as usize;
+        let packet = self.codec.wire_type(data_type).per_packet(self.config.general.packet_numel) as usize;
         let blocks = numel.div_ceil(packet);
         let threads = queues.len();
         let (share, extra) = (blocks / threads, blocks % threads);
@@ -278,7 +278,7 @@ impl Context {
             *self.shared.outstanding.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         }
         for (thread, first_block, elements) in slices {
-            let slice = Slice { job: Arc::clone(&job), first_block, elements };
+            let slice = Slice { job: Arc::clone(&job), first_block, block_elements: packet, elements };
             if let Err(crossbeam_channel::SendError(slice)) = queues[thread].send(slice) {
                 // The thread is gone (stopped): the slice fails rather than hangs.
                 slice.job.finish_slice(Err(Error::Stopped), |failed| self.shared.job_ended(failed));

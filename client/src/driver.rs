@@ -29,7 +29,10 @@ const THREAD_WAKEUP: Duration = Duration::from_millis(50);
 pub(crate) struct Slice {
     pub job: Arc<JobShared>,
     pub first_block: usize,
-    /// Elements of this slice; it starts at element `first_block * packet_numel`.
+    /// Elements of a block: one packet's of the job's wire type (`packet_numel` of a
+    /// 4-byte type, twice as many of a 16-bit one).
+    pub block_elements: usize,
+    /// Elements of this slice; it starts at element `first_block * block_elements`.
     pub elements: usize,
 }
 
@@ -107,7 +110,7 @@ pub(crate) fn worker_thread(
                 &slice.job,
                 slice.first_block,
                 slice.elements,
-                config.packet_elements as usize * slice.job.data_type.size(),
+                slice.block_elements * slice.job.data_type.size(),
                 Arc::clone(&codec),
                 &mut exponents,
             );

@@ -127,14 +127,17 @@ fn the_dummy_backend_sums_16_bits_as_the_switch_rounds_them() {
     );
     assert_eq!(context.stop().total().bytes_sent, 48 + 2 * 2, "one packet, two 2-byte elements");
 
-    // 1000 elements in packets of 256: the same 4 packets, with 2 bytes an element
-    // instead of 4.
-    for (precision, element_bytes) in [(WirePrecision::Float32, 4), (WirePrecision::Float16, 2)] {
+    // 1000 elements in packets of 256 4-byte elements (1024 payload bytes): 4 packets of
+    // float32, and 2 of 16-bit elements, 512 to a packet, in half the bytes.
+    for (precision, packets, element_bytes) in
+        [(WirePrecision::Float32, 4, 4), (WirePrecision::Float16, 2, 2)]
+    {
         config.general.wire_precision = precision;
         let context = Context::start(config.clone()).unwrap();
         context.allreduce(&mut vec![0.5f32; 1000]).unwrap();
         let stats = context.stop().total();
-        assert_eq!((stats.packets_sent, stats.bytes_sent), (4, 4 * 48 + 1000 * element_bytes), "{precision}");
+        let expected = (packets, packets * 48 + 1000 * element_bytes);
+        assert_eq!((stats.packets_sent, stats.bytes_sent), expected, "{precision}");
     }
 }
 

@@ -91,8 +91,9 @@ struct_keys! {
         /// Packets in flight per worker, all threads together (the slots it uses at the switch).
         /// Every thread needs at least one.
         max_outstanding_packets = 256, Integer { min: 1, max: 65535 };
-        /// Elements per packet, 1 to 16364 (a 64 KiB datagram). Larger packets cost fewer
-        /// system calls per byte; SwitchML's hardware takes 64 or 256.
+        /// Elements of 4 bytes per packet, 1 to 16364 (a 64 KiB datagram): the packet's payload
+        /// bytes. 16-bit packets (float16, bfloat16, wire_precision) carry twice as many.
+        /// Larger packets cost fewer system calls per byte; SwitchML's hardware takes 64 or 256.
         packet_numel = 256, Integer { min: 1, max: MAX_PACKET_NUMEL as u64 };
         /// udp: through a netagg-switch. dpdk: the same, from a DPDK port ([backend.dpdk]). rdma:
         /// the same, over RDMA reliable connections ([backend.rdma]). dummy: no network, an
@@ -278,7 +279,7 @@ struct_keys! {
         /// Bytes of aggregation state all sessions together may hold.
         max_memory = 1 << 30, Bytes { min: 1, max: None };
         /// Bytes of aggregation state one session may hold (a session of 4 workers, 256 slots of
-        /// 256 elements and depth 8 holds about 2.3 MB); larger sessions are refused at
+        /// 256 elements and depth 8 holds about 4.4 MB); larger sessions are refused at
         /// registration with a message saying how many bytes they need.
         max_session_memory = 256 << 20, Bytes { min: 1, max: None };
         /// Seconds without packets after which a session is closed although its workers are

@@ -324,7 +324,7 @@ pub enum ControlMessage {
     Register {
         rank: u16,
         world_size: u16,
-        /// Elements per packet.
+        /// Elements of 4 bytes per packet: its payload bytes (16-bit packets carry twice as many).
         packet_elements: u16,
         /// Slots every worker keeps in flight (its window, all threads together).
         slots: u16,

@@ -29,8 +29,8 @@ use crate::{Result, WireError, MAX_DATAGRAM_LEN, PACKET_VERSION};
 
 /// Length of the aggregation-packet header.
 pub const HEADER_LEN: usize = field::PAYLOAD;
-/// Size of the widest payload element (int32, float32): a buffer sized with it holds a
-/// packet of the same element count of any type, and a switch's float32 sum of any type.
+/// Size of the widest payload element (int32, float32): a session's `packet_elements`
+/// counts elements of this size, which fixes a packet's payload bytes for every type.
 pub const ELEMENT_LEN: usize = 4;
 /// Most elements of the widest type one packet can carry inside a 64 KiB datagram.
 pub const MAX_ELEMENTS: usize = elements_within(MAX_DATAGRAM_LEN);
@@ -170,6 +170,14 @@ impl ElementType {
             ElementType::Int32 | ElementType::Float32 => 4,
             ElementType::Float16 | ElementType::BFloat16 => 2,
         }
+    }
+
+    /// Elements of this type in a packet of a session of `packet_elements`-element packets:
+    /// the session fixes the payload bytes (`packet_elements` × [`ELEMENT_LEN`]), so a
+    /// 16-bit packet carries twice as many elements, and pays its header once per twice the
+    /// data.
+    pub const fn per_packet(self, packet_elements: u16) -> u16 {
+        (packet_elements as usize * ELEMENT_LEN / self.size()) as u16
     }
 
     /// Whether the type is one of the 16-bit floats, which the switch sums in float32.
@@ -643,6 +651,22 @@ mod tests {
         assert_eq!(PacketRepr::parse(&packet), sample());
         assert_eq!(packet.payload(), &SAMPLE_BYTES[48..]);
         assert_eq!(HEADER_LEN % 8, 0, "the header keeps payloads 8-byte aligned");
+    }
+
+    #[test]
+    fn a_session_fixes_payload_bytes_so_16_bit_packets_carry_twice_the_elements() {
+        for (element_type, elements) in [
+            (ElementType::Int32, 256),
+            (ElementType::Float32, 256),
+            (ElementType::Float16, 512),
+            (ElementType::BFloat16, 512),
+        ] {
+            assert_eq!(element_type.per_packet(256), elements, "{element_type:?}");
+            let full = PacketRepr { element_type, element_count: elements, ..sample() };
+            assert_eq!(full.buffer_len(), datagram_len(256), "{element_type:?}");
+        }
+        // The largest session's 16-bit count still fits the header's 16-bit field.
+        assert_eq!(ElementType::Float16.per_packet(MAX_ELEMENTS as u16) as usize, 2 * MAX_ELEMENTS);
     }
 
     #[test]

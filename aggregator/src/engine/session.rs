@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use netagg_wire::packet::{progress_slots, ELEMENT_LEN, HEADER_LEN};
-use netagg_wire::{Flags, MessageType, PacketRepr};
+use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 
 use super::slot::{Set, Slot};
 use super::{DropReason, Verdict};
@@ -25,9 +25,15 @@ impl SessionSpec {
     /// Bytes of engine state a session of this shape holds.
     pub fn state_bytes(&self) -> usize {
         let bitmap = WorkerSet::heap_bytes(self.workers);
-        let set = core::mem::size_of::<Set>() + 2 * bitmap + self.packet_elements as usize * ELEMENT_LEN;
+        let set = core::mem::size_of::<Set>() + 2 * bitmap + self.sum_len();
         let slot = core::mem::size_of::<Slot>() + bitmap + self.workers as usize * 4;
         self.slots as usize * (slot + self.depth as usize * set)
+    }
+
+    /// Bytes of one set's sum: a float32 for each element of the session's longest packet,
+    /// a 16-bit one's, which carries twice `packet_elements`.
+    pub(super) fn sum_len(&self) -> usize {
+        ElementType::Float16.per_packet(self.packet_elements) as usize * ELEMENT_LEN
     }
 }
 
@@ -122,7 +128,7 @@ pub(super) struct Session {
 impl Session {
     pub(super) fn new(id: SessionId, spec: SessionSpec, token: u64, now: Instant) -> Session {
         let slots = (0..spec.slots).map(|_| Slot::new(spec.workers)).collect();
-        let payload_len = spec.packet_elements as usize * ELEMENT_LEN;
+        let payload_len = spec.sum_len();
         let set_count = spec.slots as usize * spec.depth as usize;
         let sets = (0..set_count).map(|_| Set::new(spec.workers)).collect();
         Session {

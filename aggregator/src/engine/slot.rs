@@ -267,7 +267,7 @@ impl Session {
 
     /// Checks a contribution to the open round against the slot, before any state changes.
     fn check_contribution(&self, repr: &PacketRepr) -> Result<(), DropReason> {
-        if repr.element_count > self.spec.packet_elements {
+        if repr.element_count > repr.element_type.per_packet(self.spec.packet_elements) {
             return Err(DropReason::TooManyElements);
         }
         let sparse = repr.flags.contains(Flags::SPARSE);

@@ -68,7 +68,7 @@ impl WorkerProtocol {
         if self.broken {
             return Err(JobError::SessionBroken);
         }
-        let blocks = spec.elements.div_ceil(self.config.packet_elements as u64);
+        let blocks = spec.elements.div_ceil(spec.element_type.per_packet(self.config.packet_elements) as u64);
         if blocks >= END_OF_STREAM as u64 {
             return Err(JobError::TooLarge { blocks });
         }
@@ -128,10 +128,10 @@ impl WorkerProtocol {
     }
 }
 
-/// Elements in block `block` of a job: a full packet, or the tail.
+/// Elements in block `block` of a job: a full packet of its element type, or the tail.
 pub(super) fn block_len(spec: &JobSpec, block: u32, packet_elements: u16) -> u16 {
-    let start = block as u64 * packet_elements as u64;
-    spec.elements.saturating_sub(start).min(packet_elements as u64) as u16
+    let full = spec.element_type.per_packet(packet_elements) as u64;
+    spec.elements.saturating_sub(block as u64 * full).min(full) as u16
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The worker side of the protocol, without I/O: one instance per worker thread.
 //!
 //! A thread owns a contiguous range of the session's slots. Its share of a job is cut
-//! into blocks of `packet_elements`; block `b` travels through local slot `b % slots`, so
+//! into blocks of one packet's elements of its type (`packet_elements` 4-byte ones, twice
+//! as many 16-bit ones); block `b` travels through local slot `b % slots`, so
 //! every slot carries a *stream* of blocks `s, s + slots, s + 2·slots, …`, and every rank
 //! maps the same elements to the same slot.
 //!
@@ -73,6 +74,8 @@ pub struct WorkerConfig {
     /// This thread's slots are `slot_base..slot_base + slots`.
     pub slot_base: u16,
     pub slots: u16,
+    /// Elements of 4 bytes in a packet: fixes its payload bytes, so 16-bit packets carry
+    /// twice as many.
     pub packet_elements: u16,
     /// The session's depth: rounds each slot retains at the aggregator.
     pub depth: u8,

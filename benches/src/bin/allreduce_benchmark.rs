@@ -34,6 +34,7 @@ use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
 use netagg_benches::traffic::{downstream_model, upstream_model, Fractions, Traffic};
 use netagg_benches::verify::Verification;
 use netagg_emulate::link::{parse_duration, parse_rate};
+use netagg_wire::packet::ELEMENT_LEN;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -82,7 +83,7 @@ struct Options {
     /// Print the context's counters and reset them at every sync.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     dump_stats: bool,
-    /// Fraction of blocks (packet_numel elements) that hold data, from 0 to 1; the others
+    /// Fraction of blocks (a packet's elements) that hold data, from 0 to 1; the others
     /// are zero on this rank. Below 1 it sets `general.sparse = auto`, so zero blocks stay
     /// off the wire, and in place every timed job starts from the original input (which
     /// needs `--sync-every 1`).
@@ -509,7 +510,8 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         seed,
         random: options.random,
         density: options.density,
-        block_numel: general.packet_numel as usize,
+        // A packet's payload bytes are fixed, so 16-bit blocks hold twice the elements.
+        block_numel: general.packet_numel as usize * ELEMENT_LEN / wire_element_size,
     };
     let mut input: Vec<T> = (0..numel).map(|i| T::generate(&contents, rank, i)).collect();
     // In place, a job leaves its sums in the input, and they hold data in the union of all
@@ -664,7 +666,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
                 options.link_delay,
                 workers,
                 elements * wire_element_size as u64,
-                u64::from(general.packet_numel) * wire_element_size as u64,
+                u64::from(general.packet_numel) * ELEMENT_LEN as u64,
                 window,
                 summary,
             )?)
