@@ -14,7 +14,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
 use netagg_fuzz::Raw;
-use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, PROGRESS_SLOTS};
+use netagg_wire::packet::{BROADCAST_RANK, END_OF_STREAM, HEADER_LEN, PROGRESS_SLOTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
 
 /// The two sessions every input starts with: different shapes, so that rank, slot and
@@ -170,8 +170,13 @@ impl Harness {
     }
 
     fn build(&self, h: &Header) -> Vec<u8> {
+        let element_type =
+            [ElementType::Int32, ElementType::Float32, ElementType::Float16, ElementType::BFloat16]
+                [h.element_type as usize % 4];
+        // One element past a full packet of this type, so that overflows are tried too.
+        let full_packet = element_type.per_packet(SPECS[0].packet_elements);
         let (message_type, max_elements) = match h.kind {
-            Kind::Data => (MessageType::Data, SPECS[0].packet_elements as u8 + 1),
+            Kind::Data => (MessageType::Data, full_packet as u8 + 1),
             Kind::Ack => (MessageType::Ack, 0),
             Kind::Result => (MessageType::Result, 1),
             Kind::Pending => (MessageType::Pending, 0),
@@ -180,9 +185,6 @@ impl Harness {
         };
         let round = h.round as i32 as u32;
         let block = h.block as u32 % BLOCKS;
-        let element_type =
-            [ElementType::Int32, ElementType::Float32, ElementType::Float16, ElementType::BFloat16]
-                [h.element_type as usize % 4];
         let session = self.sessions[h.session as usize % SPECS.len()].0;
         let token = TOKENS[(h.session as usize + h.wrong_token as usize) % SPECS.len()];
         let elements = (h.elements % (max_elements + 1)) as u16;
