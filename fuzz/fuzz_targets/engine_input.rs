@@ -183,6 +183,9 @@ impl Harness {
             Kind::Probe => (MessageType::Probe, 0),
             Kind::Progress => (MessageType::Progress, 2),
         };
+        // A progress report's elements are rounds: int32 whatever the session sums.
+        let element_type =
+            if message_type == MessageType::Progress { ElementType::Int32 } else { element_type };
         let round = h.round as i32 as u32;
         let block = h.block as u32 % BLOCKS;
         let session = self.sessions[h.session as usize % SPECS.len()].0;

@@ -255,6 +255,8 @@ impl Harness {
                     let steps = &progress.steps[..progress.steps.len().min(PROGRESS_SLOTS)];
                     let mut report = PacketRepr {
                         message_type: MessageType::Progress,
+                        // A report's elements are rounds, whatever the job's type.
+                        element_type: ElementType::Int32,
                         flags: Flags::NONE,
                         packet_id: progress.probed.unwrap_or(sent.packet_id),
                         rank: if progress.broadcast { BROADCAST_RANK } else { sent.rank },

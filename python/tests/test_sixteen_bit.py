@@ -112,3 +112,38 @@ def test_16_bit_sums_are_no_less_accurate_than_pytorch_s_compress_hooks(
     for result in results[1:]:
         assert result.dtype == inputs[0].dtype
         assert result.view(torch.uint8).numpy().tobytes() == results[0].view(torch.uint8).numpy().tobytes()
+
+
+class Bucket:
+    """What the hook reads of DDP's GradBucket: its flat buffer of gradients."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def buffer(self):
+        return self.tensor
+
+
+@pytest.mark.parametrize("type_name", ["float16", "bfloat16"])
+def test_the_ddp_hook_averages_16_bit_buckets_in_place(switch, on_every_rank, type_name):
+    # Debian's PyTorch cannot train a 16-bit model on the CPU (no half convolution, and
+    # its gloo sums no bfloat16), so the hook is called as DDP would call it.
+    from netagg.ddp import NetaggState, allreduce_hook
+
+    dtype = TORCH_TYPES[type_name]
+    contexts = switch.contexts(2)
+    steps = torch.arange(4099, dtype=torch.float32) % 32
+    # x - 8 and x - 6: halved, summed and averaged, every value is exact in both types.
+    buckets = [(steps - 8 + 2 * rank).to(dtype) for rank in range(2)]
+    pointers = [bucket.data_ptr() for bucket in buckets]
+
+    def run(rank, context):
+        return allreduce_hook(NetaggState(context), Bucket(buckets[rank])).wait()
+
+    averaged = on_every_rank(contexts, run)
+    for rank in range(2):
+        assert averaged[rank] is buckets[rank] and buckets[rank].data_ptr() == pointers[rank]
+        assert buckets[rank].dtype == dtype
+        assert torch.equal(buckets[rank], (steps - 7).to(dtype))
+    for context in contexts:
+        assert context.stop()["jobs_failed"] == 0
