@@ -76,7 +76,7 @@ macro_rules! thread_counters {
 thread_counters! {
     /// What one worker thread sent and received.
     pub struct ThreadCounters {
-        /// Datagrams sent: data packets and acks.
+        /// Datagrams sent: data packets, acks and probes.
         pub packets_sent: u64,
         /// Bytes of the datagrams sent, headers included.
         pub bytes_sent: u64,
@@ -87,8 +87,9 @@ thread_counters! {
         /// Data packets sent again: after a timeout with evidence of their loss, or when
         /// the switch said it lacked them.
         pub retransmissions: u64,
-        /// Header-only requests sent while every slot of the thread waited (for a late
-        /// peer, most often), instead of resending the window.
+        /// Header-only probes sent while every slot of the thread waited (for a late peer,
+        /// or results lost at a job's end), asking where up to 64 slots stand, instead of
+        /// resending the window.
         pub probes: u64,
         /// Data packets the pacer held back before their first sending, to space them at
         /// the rate the path carries.
@@ -106,6 +107,8 @@ thread_counters! {
         pub rejected: u64,
         /// Pending notices received: the switch held a round open, waiting for a peer.
         pub pending: u64,
+        /// Progress reports received, each the switch's answer to a probe.
+        pub progress_reports: u64,
         /// Slot timers that fired and sent a retransmission, a request or a probe.
         pub timeouts: u64,
         /// Slices of jobs completed.
@@ -125,7 +128,7 @@ impl fmt::Display for Stats {
         for (thread, c) in self.threads.iter().enumerate() {
             writeln!(
                 f,
-                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes, {} paced), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} pending), {} timeouts",
+                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes, {} paced), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} pending, {} progress reports), {} timeouts",
                 c.packets_sent,
                 c.bytes_sent,
                 c.data_sent,
@@ -139,6 +142,7 @@ impl fmt::Display for Stats {
                 c.stale,
                 c.rejected,
                 c.pending,
+                c.progress_reports,
                 c.timeouts
             )?;
         }
