@@ -7,8 +7,9 @@ use std::process::Command;
 
 #[test]
 fn every_c_api_error_path_and_a_dummy_run() {
-    let work = common::scratch_dir("c-api");
-    let program = common::compile_c(&work, "api", &["tests/c/api.c"]);
+    let scratch = common::scratch_dir("c-api");
+    let work = scratch.path();
+    let program = common::compile_c(work, "api", &["tests/c/api.c"]);
     let config = work.join("unknown-key.cfg");
     std::fs::write(&config, "[general]\nnum_wokers = 2\n").unwrap();
     let closed_port = {
@@ -20,7 +21,7 @@ fn every_c_api_error_path_and_a_dummy_run() {
             .arg(&config)
             .arg(closed_port.to_string())
             .env_remove("NETAGG_CONFIG")
-            .current_dir(&work),
+            .current_dir(work),
     );
     assert!(stdout.contains("all C API checks passed"), "{stdout}");
 }
@@ -30,13 +31,14 @@ fn every_c_api_error_path_and_a_dummy_run() {
 /// live until the process exits, which the leak checker is told.
 #[test]
 fn a_dpdk_backend_that_cannot_start_is_an_error_from_c() {
-    let work = common::scratch_dir("c-api-dpdk");
-    let program = common::compile_c(&work, "dpdk", &["tests/c/dpdk.c"]);
+    let scratch = common::scratch_dir("c-api-dpdk");
+    let work = scratch.path();
+    let program = common::compile_c(work, "dpdk", &["tests/c/dpdk.c"]);
     let (stdout, _) = common::run(
         Command::new(&program)
             .env_remove("NETAGG_CONFIG")
             .env("ASAN_OPTIONS", "detect_leaks=0")
-            .current_dir(&work),
+            .current_dir(work),
     );
     assert!(stdout.contains("all DPDK C API checks passed"), "{stdout}");
 }

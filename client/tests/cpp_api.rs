@@ -7,15 +7,16 @@ use std::process::Command;
 
 #[test]
 fn the_switchml_and_cpp_apis_work_and_report_misuse() {
-    let work = common::scratch_dir("cpp-api");
-    let program = common::compile_cpp(&work, "switchml_api", &["tests/cpp/switchml_api.cc"]);
+    let scratch = common::scratch_dir("cpp-api");
+    let work = scratch.path();
+    let program = common::compile_cpp(work, "switchml_api", &["tests/cpp/switchml_api.cc"]);
     let (stdout, stderr) = common::run(
         Command::new(&program)
             .env_remove("NETAGG_CONFIG")
             .env("NETAGG_GENERAL__BACKEND", "dummy")
             .env("NETAGG_GENERAL__NUM_WORKERS", "3")
             .env("NETAGG_BACKEND_DUMMY__BANDWIDTH", "0")
-            .current_dir(&work),
+            .current_dir(work),
     );
     assert!(stdout.contains("all C++ API checks passed"), "{stdout}");
     // Misuse is reported on stderr, where SwitchML would abort.

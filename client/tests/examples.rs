@@ -31,7 +31,8 @@ fn assert_both_ranks_say(output: &str, line: &str) {
 
 #[test]
 fn c_and_cpp_examples_build_against_the_installed_package_and_sum_across_two_workers() {
-    let work = common::scratch_dir("examples");
+    let scratch = common::scratch_dir("examples");
+    let work = scratch.path();
     let prefix = work.join("prefix");
     let repository = common::crate_dir().parent().unwrap();
     let mut install = Command::new(repository.join("scripts/install"));

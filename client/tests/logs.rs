@@ -9,7 +9,8 @@ use common::{Switch, Worker};
 
 #[test]
 fn logs_to_a_file_or_a_pipe_are_plain_one_line_per_event_with_rank_and_session() {
-    let work = common::scratch_dir("logs");
+    let scratch = common::scratch_dir("logs");
+    let work = scratch.path();
     let switch_log = work.join("switch.log");
     let switch = Switch::start_logging("info", &switch_log);
     // A session name with a line break: each event that names it stays one line, and

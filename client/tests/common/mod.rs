@@ -76,12 +76,10 @@ pub fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A fresh directory of this test's own.
-pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("netagg-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory of this test's own, removed with everything in it when dropped: an
+/// installed prefix and its builds come to hundreds of megabytes a run.
+pub fn scratch_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("netagg-{name}-")).tempdir().unwrap()
 }
 
 /// Compiles C sources (relative to the crate) against include/ and libnetagg.so with
