@@ -80,9 +80,9 @@ impl Lanes {
         let others = self.ask_all(|reply| Command::Close { id, reply });
         self.activity().remove(&id);
         let counters = others.into_iter().flatten().flatten().chain(closed).reduce(|sum, lane| sum + lane);
-        if let Some(counters) = counters {
-            self.retired().retire(Instant::now(), id, counters);
-        }
+        // Without counters too (an expired session's engine keeps none), so that the
+        // metrics know it closed.
+        self.retired().retire(Instant::now(), id, counters.unwrap_or_default());
         counters
     }
 

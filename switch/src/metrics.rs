@@ -15,7 +15,7 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,21 @@ impl Retired {
         self.prune(now);
     }
 
+    /// Takes `seen`, a session's counters at an earlier scrape, as its final ones if it
+    /// closed with fewer packets counted: a session that expired, idle, was closed by
+    /// its lane's engine, which keeps no counters of it, and it had no packet since long
+    /// before that scrape. So the totals never go down.
+    fn settle(&mut self, id: SessionId, seen: SessionCounters) {
+        let Some((_, _, counters)) = self.recent.iter_mut().find(|(closed, _, _)| *closed == id) else {
+            return;
+        };
+        if seen.packets_in > counters.packets_in {
+            // The totals hold `counters`, so none of its fields exceeds theirs.
+            self.totals = self.totals.since(counters) + seen;
+            *counters = seen;
+        }
+    }
+
     /// Forgets the series of sessions closed more than [`RETAINED_FOR`] before `now`,
     /// and the oldest past [`RETAINED_MAX`].
     fn prune(&mut self, now: Instant) {
@@ -126,6 +141,8 @@ struct SwitchCollector {
     lanes: Lanes,
     plane: Arc<ControlPlane>,
     started: Instant,
+    /// The open sessions of the last scrape, with their counters then.
+    seen: Mutex<Vec<(SessionId, SessionCounters)>>,
 }
 
 impl fmt::Debug for SwitchCollector {
@@ -139,7 +156,7 @@ impl SwitchCollector {
         let lanes = self.lanes.lane_counters(LANES_WAIT).unwrap_or_default();
         let census = self.plane.census();
         // Read after the lanes, so that a session closed in between counts once, as closed.
-        let retired = self.lanes.retired();
+        let mut retired = self.lanes.retired();
         let mut open: Vec<(SessionId, SessionCounters)> = Vec::new();
         for (id, counters) in lanes.iter().flat_map(|lane| &lane.sessions) {
             match open.iter_mut().find(|(open_id, _)| open_id == id) {
@@ -148,6 +165,12 @@ impl SwitchCollector {
             }
         }
         open.retain(|(id, _)| !retired.recent.iter().any(|(closed, _, _)| closed == id));
+        let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (id, counters) in seen.drain(..) {
+            retired.settle(id, counters);
+        }
+        seen.extend(open.iter().copied());
+        drop(seen);
         let totals = open.iter().fold(retired.totals, |sum, (_, counters)| sum + *counters);
         let sessions = open
             .into_iter()
@@ -371,7 +394,8 @@ impl MetricsServer {
         let bound = server.server_addr().to_ip().unwrap_or(address);
         let server = Arc::new(server);
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(SwitchCollector { lanes, plane, started: Instant::now() }));
+        let collector = SwitchCollector { lanes, plane, started: Instant::now(), seen: Mutex::default() };
+        registry.register_collector(Box::new(collector));
         let serving = Arc::clone(&server);
         let thread =
             std::thread::Builder::new().name("metrics".into()).spawn(move || serve(&serving, &registry))?;
@@ -444,6 +468,22 @@ mod tests {
         }
         assert_eq!(retired.recent.len(), RETAINED_MAX);
         assert_eq!(retired.recent.front().map(|(id, _, _)| id.0), Some(15));
+    }
+
+    #[test]
+    fn a_session_closed_without_its_counters_keeps_those_of_the_last_scrape() {
+        let now = Instant::now();
+        let counters = |packets_in| SessionCounters { packets_in, ..Default::default() };
+        let mut retired = Retired::default();
+        retired.retire(now, SessionId(1), counters(10));
+        // Expired: its engine kept nothing, the lanes' close found nothing.
+        retired.retire(now, SessionId(2), SessionCounters::default());
+        retired.settle(SessionId(2), counters(7));
+        // Closed with its counters, later than the last scrape's: those stay.
+        retired.settle(SessionId(1), counters(4));
+        let kept: Vec<u64> = retired.recent.iter().map(|(_, _, c)| c.packets_in).collect();
+        assert_eq!(kept, [10, 7]);
+        assert_eq!(retired.totals.packets_in, 17);
     }
 
     #[test]
