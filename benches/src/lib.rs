@@ -5,6 +5,9 @@
 //!   option and line for line, plus sparse tensors, JSON and bytes on the wire;
 //! - `udp_echo_relay` (binary): the baseline for allreduce through the switch, a relay
 //!   that echoes every datagram, at the same datagram size and window;
+//! - `soak` (binary, `scripts/soak`): ranks through a switch for as long as asked, with
+//!   every fault at once and ranks killed now and then, every sum checked and the memory
+//!   of the switch and the ranks sampled;
 //! - criterion benches (`cargo bench -p netagg-benches --bench NAME`): `sum` (kernels
 //!   against a plain add and memcpy), `codec` (quantisation against memcpy), `wire`
 //!   (packet parse and build), `engine` (packets/s in memory), `client_dummy` (the whole
@@ -20,6 +23,7 @@ pub mod data;
 pub mod model;
 pub mod relay;
 pub mod rounds;
+pub mod soak;
 pub mod summary;
 pub mod traffic;
 pub mod verify;

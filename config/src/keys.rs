@@ -294,5 +294,8 @@ struct_keys! {
         /// error, warn, info, debug or trace (RUST_LOG overrides).
         log_level = "info".into(),
             Choice { choices: &["error", "warn", "info", "debug", "trace"], quoted: false };
+        /// Serve the counters in Prometheus's text format over HTTP at this address
+        /// (GET /metrics), for monitoring to scrape; empty serves none.
+        metrics = None, OptionalAddress;
     }
 }

@@ -70,6 +70,8 @@ pub(crate) enum Kind {
     Ip,
     /// An IP address and a port.
     Address,
+    /// An IP address and a port, or nothing (a service left off).
+    OptionalAddress,
     /// A host name or IP address: any text but an empty one (resolved where it is used).
     Host,
     /// A name of 1 to `max` bytes.
@@ -92,6 +94,7 @@ pub(crate) enum Value {
     Text(String),
     Ip(IpAddr),
     Address(SocketAddr),
+    OptionalAddress(Option<SocketAddr>),
     Mac(Option<[u8; 6]>),
     Networks(Vec<ipnet::IpNet>),
 }
@@ -132,6 +135,8 @@ impl Kind {
             Kind::Choice { choices, .. } => choices.contains(&text).then(|| Value::Text(text.into())),
             Kind::Ip => text.parse().ok().map(Value::Ip),
             Kind::Address => text.parse().ok().map(Value::Address),
+            Kind::OptionalAddress if text.is_empty() => Some(Value::OptionalAddress(None)),
+            Kind::OptionalAddress => text.parse().ok().map(|address| Value::OptionalAddress(Some(address))),
             Kind::Host => (!text.is_empty()).then(|| Value::Text(text.into())),
             Kind::Name { max } => (1..=max).contains(&text.len()).then(|| Value::Text(text.into())),
             Kind::Text => Some(Value::Text(text.into())),
@@ -160,6 +165,7 @@ impl Kind {
             Value::Text(text) => text.clone(),
             Value::Ip(ip) => ip.to_string(),
             Value::Address(address) => address.to_string(),
+            Value::OptionalAddress(address) => address.map_or_else(String::new, |a| a.to_string()),
             Value::Networks(networks) => {
                 networks.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
             }
@@ -197,6 +203,7 @@ impl Kind {
             }
             Kind::Ip => "an IP address".into(),
             Kind::Address => "an address IP:PORT".into(),
+            Kind::OptionalAddress => "an address IP:PORT, or nothing".into(),
             Kind::Host => "a host name or IP address".into(),
             Kind::Name { max } => format!("a name of 1 to {max} bytes"),
             Kind::Text => "text".into(),
@@ -266,7 +273,7 @@ macro_rules! plain_fields {
 
 plain_fields!(
     f64 => Real, Duration => Time, bool => Bool, String => Text, IpAddr => Ip, SocketAddr => Address,
-    Option<[u8; 6]> => Mac, Vec<ipnet::IpNet> => Networks
+    Option<SocketAddr> => OptionalAddress, Option<[u8; 6]> => Mac, Vec<ipnet::IpNet> => Networks
 );
 
 /// Declares an enum whose values a key names, each variant with its name once:

@@ -51,6 +51,9 @@ pub struct Switch {
     pub stats_interval: Duration,
     /// error, warn, info, debug or trace.
     pub log_level: String,
+    /// Where to serve the counters in Prometheus's text format (GET /metrics), if
+    /// anywhere.
+    pub metrics: Option<SocketAddr>,
     /// Networks where a worker's data endpoint may be although it registered from
     /// another address (a NIC of its own for DPDK or RDMA).
     pub data_networks: Vec<ipnet::IpNet>,

@@ -73,6 +73,14 @@ enum Io {
     },
 }
 
+/// What the control plane holds at one moment, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    pub open: usize,
+    pub assembling: usize,
+    pub connections: usize,
+}
+
 pub struct ControlPlane {
     shared: Mutex<Shared>,
     /// Wakes the timer thread: an event may have set an earlier deadline, or the switch
@@ -179,6 +187,13 @@ impl ControlPlane {
         live
     }
 
+    /// Sessions open and assembling, and live control connections, at this moment.
+    pub fn census(&self) -> Census {
+        let shared = self.lock();
+        let (open, assembling) = shared.registry.sessions();
+        Census { open, assembling, connections: shared.registry.live_connections() }
+    }
+
     /// Makes [`ControlPlane::serve`] return at its next connection.
     pub fn stop_accepting(&self) {
         self.stopping.store(true, Ordering::Release);
@@ -228,8 +243,7 @@ impl ControlPlane {
                     (id, SessionEnd::Expired)
                 }
                 Event::Orphaned { id, departed, counters } => {
-                    let others = self.lanes.close(id);
-                    let counters = counters.into_iter().chain(others).reduce(|sum, lane| sum + lane);
+                    let counters = self.lanes.close_orphaned(id, counters);
                     tracing::info!(session = %session(id), rank = departed, ?counters, "session closed: a round needs a rank that left");
                     (id, SessionEnd::Orphaned { departed })
                 }

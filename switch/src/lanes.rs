@@ -6,6 +6,7 @@
 //! slot; if any lane refuses, the lanes that opened it close it again. A session ends in
 //! all lanes together: closed, expired or orphaned in one, it is closed in the rest.
 
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -16,6 +17,7 @@ use netagg_aggregator::{Departure, SessionId, SessionSpec};
 use rustc_hash::FxHashMap;
 
 use crate::datapath::{Activity, Command, Counters};
+use crate::metrics::Retired;
 
 /// How long a lane has to answer a request of the control plane.
 const LANE_WAIT: Duration = Duration::from_secs(5);
@@ -25,11 +27,13 @@ const LANE_WAIT: Duration = Duration::from_secs(5);
 pub struct Lanes {
     commands: Vec<Sender<Command>>,
     activity: Activity,
+    /// The final counts of sessions closed, for the metrics.
+    retired: Arc<Mutex<Retired>>,
 }
 
 impl Lanes {
     pub fn new(commands: Vec<Sender<Command>>, activity: Activity) -> Lanes {
-        Lanes { commands, activity }
+        Lanes { commands, activity, retired: Arc::default() }
     }
 
     /// Opens a session in every lane under one id.
@@ -67,9 +71,24 @@ impl Lanes {
     /// Closes a session in every lane that holds it; its final counters, added up over
     /// the lanes, if any held it.
     pub fn close(&self, id: SessionId) -> Option<SessionCounters> {
-        let closed = self.ask_all(|reply| Command::Close { id, reply });
+        self.close_orphaned(id, None)
+    }
+
+    /// [`Lanes::close`] for a session one lane has closed already, with `closed` its
+    /// counters there; the counters over every lane.
+    pub fn close_orphaned(&self, id: SessionId, closed: Option<SessionCounters>) -> Option<SessionCounters> {
+        let others = self.ask_all(|reply| Command::Close { id, reply });
         self.activity().remove(&id);
-        closed.into_iter().flatten().flatten().reduce(|sum, lane| sum + lane)
+        let counters = others.into_iter().flatten().flatten().chain(closed).reduce(|sum, lane| sum + lane);
+        // Without counters too (an expired session's engine keeps none), so that the
+        // metrics know it closed.
+        self.retired().retire(Instant::now(), id, counters.unwrap_or_default());
+        counters
+    }
+
+    /// Sessions closed, with their final counters.
+    pub fn retired(&self) -> MutexGuard<'_, Retired> {
+        self.retired.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Tells every lane that `rank` leaves after its last job: [`Departure::Needed`] if
@@ -89,17 +108,14 @@ impl Lanes {
 
     /// Every lane's counters, added up; `None` if a lane does not answer in time.
     pub fn counters(&self, wait: Duration) -> Option<Counters> {
+        self.lane_counters(wait)?.into_iter().reduce(add)
+    }
+
+    /// Each lane's counters, in lane order; `None` if a lane does not answer in time.
+    pub fn lane_counters(&self, wait: Duration) -> Option<Vec<Counters>> {
         let pending: Vec<_> =
             self.commands.iter().map(|lane| send(lane, |reply| Command::Counters { reply })).collect();
-        let mut total: Option<Counters> = None;
-        for answer in pending {
-            let lane = answer?.recv_timeout(wait).ok()?;
-            total = Some(match total {
-                None => lane,
-                Some(sum) => add(sum, lane),
-            });
-        }
-        total
+        pending.into_iter().map(|answer| answer?.recv_timeout(wait).ok()).collect()
     }
 
     /// Asks every lane to stop.

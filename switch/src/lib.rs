@@ -20,6 +20,7 @@
 mod control;
 mod datapath;
 mod lanes;
+mod metrics;
 mod outbox;
 pub mod port;
 
@@ -38,6 +39,8 @@ use crate::control::ControlPlane;
 pub use crate::datapath::Counters;
 use crate::datapath::{DataPath, Lane};
 use crate::lanes::Lanes;
+pub use crate::metrics::resident_bytes;
+use crate::metrics::MetricsServer;
 pub use crate::port::udp::SOCKET_BUFFER as DATA_SOCKET_BUFFER;
 pub use crate::port::DataPort;
 
@@ -68,6 +71,8 @@ pub enum SwitchError {
          it needs)"
     )]
     NotBuiltIn { transport: SwitchTransport },
+    #[error("cannot serve the metrics at {address} (switch.metrics): {source}")]
+    Metrics { address: SocketAddr, source: io::Error },
     #[error("cannot start the switch: {0}")]
     Start(io::Error),
     #[error("data path failed: {0}")]
@@ -87,6 +92,8 @@ pub struct Switch {
     lanes: Lanes,
     plane: Arc<ControlPlane>,
     threads: Threads,
+    /// The metrics endpoint, if `switch.metrics` asks for one.
+    metrics: Option<MetricsServer>,
 }
 
 /// The switch's threads; each is `None` before it starts and once it is joined.
@@ -201,7 +208,8 @@ impl Switch {
         let plane_limits = ControlLimits { max_datagram, ..control_limits(settings) };
         let plane = ControlPlane::new(lanes.clone(), data_endpoints.clone(), plane_limits);
         // Built before any thread starts, so that a failed start stops what did start.
-        let mut switch = Switch { control_addr, data_endpoints, lanes, plane, threads: Threads::default() };
+        let mut switch =
+            Switch { control_addr, data_endpoints, lanes, plane, threads: Threads::default(), metrics: None };
         let count = ports.len();
         for (index, (port, (_, commands))) in ports.into_iter().zip(channels).enumerate() {
             let lane = Lane { index, count };
@@ -217,6 +225,12 @@ impl Switch {
         switch.threads.events = Some(spawn("control-events", move || plane.handle_events(event_receiver))?);
         let plane = Arc::clone(&switch.plane);
         switch.threads.timers = Some(spawn("control-timers", move || plane.drive_timers())?);
+        if let Some(address) = settings.metrics {
+            let metrics = MetricsServer::start(address, switch.lanes.clone(), Arc::clone(&switch.plane))
+                .map_err(|source| SwitchError::Metrics { address, source })?;
+            tracing::info!(address = %metrics.address(), "serving metrics at /metrics");
+            switch.metrics = Some(metrics);
+        }
         let data = switch.data_endpoints.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
         tracing::info!(%control_addr, %data, "switch ready");
         Ok(switch)
@@ -225,6 +239,12 @@ impl Switch {
     /// The TCP address workers register at, with the port actually bound.
     pub fn control_addr(&self) -> SocketAddr {
         self.control_addr
+    }
+
+    /// Where the metrics endpoint listens (`GET /metrics`), with the port actually bound;
+    /// `None` without `switch.metrics`.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::address)
     }
 
     /// Where the first lane of the data path takes packets, with the port actually
@@ -259,8 +279,9 @@ impl Switch {
 
     /// Stops whatever is running; a second call finds nothing to do.
     fn shut_down(&mut self) -> Result<(), SwitchError> {
-        // No new connections first, then no connection threads, so that nothing talks to
-        // the data path once it is told to stop.
+        // No scrapes first, no new connections next, then no connection threads, so that
+        // nothing talks to the data path once it is told to stop.
+        self.metrics = None;
         if let Some(acceptor) = self.threads.acceptor.take() {
             self.plane.stop_accepting();
             // Unwoken, the acceptor would block its joiner for ever: it is left to exit

@@ -124,7 +124,14 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
     }
     // The address alone, whatever the transport: launchers read this line.
     let data = switch.data_endpoint().socket_addr();
-    println!("netagg-switch: control {} data {data}", switch.control_addr());
+    // The metrics address, if served, comes last, so that readers of the first two
+    // words' positions are unaffected.
+    match switch.metrics_addr() {
+        Some(metrics) => {
+            println!("netagg-switch: control {} data {data} metrics {metrics}", switch.control_addr())
+        }
+        None => println!("netagg-switch: control {} data {data}", switch.control_addr()),
+    }
 
     let stats_interval = settings.stats_interval;
     let mut next_stats = Instant::now() + stats_interval;

@@ -236,3 +236,90 @@ fn a_rank_that_leaves_after_its_last_round_does_not_end_the_others_recovery() {
     );
     assert_eq!(switch.counters().unwrap().engine.sessions_closed, 1);
 }
+
+/// `GET path` on the metrics endpoint: the status line and the body.
+fn http_get(address: SocketAddr, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    std::io::Write::write_all(&mut stream, request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// Every sample of a scrape in the text format, `name{labels}` to value; fails the test on
+/// a line that is neither a sample nor a comment.
+fn scrape(address: SocketAddr) -> std::collections::HashMap<String, f64> {
+    let (status, body) = http_get(address, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    body.lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("sample line '{line}'"));
+            (series.to_string(), value.parse().unwrap_or_else(|_| panic!("sample value in '{line}'")))
+        })
+        .collect()
+}
+
+#[test]
+fn the_metrics_endpoint_shows_a_live_session_s_packets_and_keeps_them_once_it_closes() {
+    let network = MemoryNetwork::new();
+    let switch = memory_switch(&network, |settings| settings.metrics = Some("127.0.0.1:0".parse().unwrap()));
+    let metrics = switch.metrics_addr().expect("metrics served");
+    let idle = scrape(metrics);
+    assert_eq!(idle["netagg_switch_sessions{state=\"open\"}"], 0.0);
+    assert_eq!(idle["netagg_switch_datagrams_total{lane=\"0\"}"], 0.0);
+    assert!(idle["process_resident_memory_bytes"] > 1e6, "{idle:?}");
+
+    let mut workers: Vec<MemorySocket> =
+        (0..3).map(|_| network.bind("127.0.0.1:0".parse().unwrap()).unwrap()).collect();
+    let (mut control, session, token) = open_session(&switch, "scraped", &workers.iter().collect::<Vec<_>>());
+    let switch_data: SocketAddr = SWITCH_DATA.parse().unwrap();
+    // Two rounds of three ranks, rank 0's first packet twice, one packet too short to parse
+    // and one of a session that does not exist.
+    for round in 0..2 {
+        for (rank, worker) in (0..).zip(workers.iter_mut()) {
+            worker.send_to(switch_data, &data_in_round(session, token, rank, round, [1; 4]));
+        }
+    }
+    workers[0].send_to(switch_data, &data_in_round(session, token, 0, 0, [1; 4]));
+    workers[1].send_to(switch_data, &[1, 2, 3]);
+    workers[2].send_to(switch_data, &data(session ^ 0x5a5a, token, 2, [1; 4]));
+    for worker in &mut workers {
+        received(worker, Duration::from_millis(300));
+    }
+
+    let live = scrape(metrics);
+    let id = format!("session=\"{session:#010x}\"");
+    let at = |samples: &std::collections::HashMap<String, f64>, series: &str| {
+        *samples.get(series).unwrap_or_else(|| panic!("no {series} in {samples:?}"))
+    };
+    assert_eq!(at(&live, "netagg_switch_sessions{state=\"open\"}"), 1.0);
+    assert_eq!(at(&live, "netagg_switch_control_connections"), 3.0);
+    assert_eq!(at(&live, "netagg_switch_datagrams_total{lane=\"0\"}"), 9.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_packets_total{{{id}}}")), 7.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_contributions_total{{{id}}}")), 6.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_results_total{{{id}}}")), 2.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_duplicates_total{{{id}}}")), 1.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_open{{{id}}}")), 1.0);
+    assert_eq!(at(&live, "netagg_switch_dropped_total{cause=\"malformed\",lane=\"0\"}"), 1.0);
+    assert_eq!(at(&live, "netagg_switch_dropped_total{cause=\"wrong_session\",lane=\"0\"}"), 1.0);
+    assert_eq!(at(&live, "netagg_switch_packets_total"), 7.0);
+    assert!(at(&live, "netagg_switch_uptime_seconds") > at(&idle, "netagg_switch_uptime_seconds"));
+
+    // A rank's connection closes: the session ends, and its series stay with their counts.
+    drop(control.pop());
+    std::thread::sleep(Duration::from_millis(300));
+    let closed = scrape(metrics);
+    assert_eq!(at(&closed, "netagg_switch_sessions{state=\"open\"}"), 0.0);
+    assert_eq!(at(&closed, "netagg_switch_sessions_closed_total"), 1.0);
+    assert_eq!(at(&closed, &format!("netagg_switch_session_open{{{id}}}")), 0.0);
+    assert_eq!(at(&closed, &format!("netagg_switch_session_packets_total{{{id}}}")), 7.0);
+    assert_eq!(at(&closed, "netagg_switch_packets_total"), 7.0, "closed sessions count once");
+
+    assert_eq!(http_get(metrics, "/").0, "HTTP/1.1 404 Not Found");
+    drop(switch);
+    assert!(TcpStream::connect(metrics).is_err(), "the endpoint closes with the switch");
+}

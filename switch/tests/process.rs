@@ -253,3 +253,35 @@ fn a_log_into_a_file_is_plain_text_one_line_per_event() {
     };
     assert!(log.lines().all(is_event), "a line that is not an event in:\n{log}");
 }
+
+#[test]
+fn metrics_flag_serves_the_counters_and_its_address_ends_the_first_line() {
+    let output = Command::new(SWITCH).args(["--metrics", "somewhere"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("key 'switch.metrics' = 'somewhere': expected an address IP:PORT, or nothing"),
+        "{stderr}"
+    );
+
+    let mut child = Command::new(SWITCH)
+        .args(["--control", "127.0.0.1:0", "--data", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+        .args(["--log-level", "error"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    // "netagg-switch: control ADDRESS data ADDRESS metrics ADDRESS"
+    let words: Vec<&str> = first.split_whitespace().collect();
+    assert_eq!((words.len(), words[5]), (7, "metrics"), "{first}");
+    let mut stream = std::net::TcpStream::connect(words[6]).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+    assert!(response.contains("\r\nContent-Type: application/openmetrics-text; version=1.0.0"), "{response}");
+    assert!(response.contains("\nnetagg_switch_sessions{state=\"open\"} 0\n"), "{response}");
+}

@@ -324,6 +324,11 @@ impl Registry {
         (self.open.len(), self.assembling.len())
     }
 
+    /// Control connections counted against `max_connections` and not yet closing.
+    pub fn live_connections(&self) -> usize {
+        self.connections.values().filter(|connection| connection.stage != Stage::Closing).count()
+    }
+
     /// A connection came from `peer`. Over the limit, it is refused with a reason and
     /// closed at once (and never counted: no [`Registry::handle_closed`] is needed).
     pub fn handle_connect(&mut self, now: Instant, peer: IpAddr) -> ConnectionId {
