@@ -10,10 +10,8 @@ allreduce over gloo).
 ``netagg.ray.Switch`` starts the switch in an actor (on the head node, or on the node
 with ``--switch-resource``); in each worker, ``netagg.ray.prepare_ddp`` wraps the model
 in DDP and registers netagg's hook. Rank 0 reports train_ddp.py's figures (median step,
-forward and backward with and without gradient synchronisation, images/s); the driver
-prints them, and, on netagg-run's emulated links (``EMULATED_LINK_RATES``), the time the
-gradients alone take on those links by the cost model: S/B through the switch, 2(N-1)/N
-S/B for gloo's ring.
+forward and backward with and without gradient synchronisation, images/s), which the
+driver prints, and its trained parameters as the run's checkpoint (``--save``).
 """
 
 import argparse
@@ -66,26 +64,6 @@ def train_loop_per_worker(config):
     with tempfile.TemporaryDirectory() as folder:
         torch.save(model.module.state_dict(), os.path.join(folder, "model.pt"))
         ray.train.report(figures, checkpoint=ray.train.Checkpoint.from_directory(folder))
-
-
-def link_model_ms(figures, rates, delay_us):
-    """The gradients' time on the emulated links by the cost model, in ms: through the
-    switch, each rank's bytes once over the slowest link and a round trip; gloo's ring,
-    2(N-1)/N of them and 2(N-1) one-way delays."""
-    bits = figures["gradient_bytes"] * 8
-    ranks = figures["ranks"]
-    slowest = min(rates[:ranks])
-    if figures["allreduce"] == "netagg":
-        return (bits / slowest + 2 * delay_us * 1e-6) * 1e3
-    return (2 * (ranks - 1) / ranks * bits / slowest + 2 * (ranks - 1) * delay_us * 1e-6) * 1e3
-
-
-def parse_rate(text):
-    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
-    for unit, factor in units.items():
-        if text.endswith(unit):
-            return float(text[: -len(unit)]) * factor
-    return float(text)
 
 
 def main():
@@ -143,11 +121,6 @@ def main():
         f"without synchronising gradients, {figures['images_per_second']:.0f} images/s, "
         f"{figures['gradient_bytes']} bytes of gradients per step"
     )
-    if "EMULATED_LINK_RATES" in os.environ:
-        rates = [parse_rate(rate) for rate in os.environ["EMULATED_LINK_RATES"].split(",")]
-        delay_us = float(os.environ["EMULATED_LINK_DELAY"].removesuffix("us"))
-        figures["link_model_ms"] = link_model_ms(figures, rates, delay_us)
-        line += f"; the links' model for the gradients alone: {figures['link_model_ms']:.1f} ms a step"
     print(line, flush=True)
     if args.json:
         print(json.dumps(figures), flush=True)

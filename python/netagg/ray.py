@@ -27,10 +27,11 @@ ray.util.collective::
     collective.init_collective_group(world_size, rank, backend="netagg", group_name="g")
     collective.allreduce(array, group_name="g")     # sum, in place, through the switch
 
-The group's ranks join a session of the running ``Switch``, named after the group.
+The group's ranks join a session of the running ``Switch`` named after the group.
 """
 
 import ctypes
+import hashlib
 import shutil
 import signal
 import subprocess
@@ -156,8 +157,11 @@ class Switch:
             self.actor = None
 
 
-def _context(switch_name, rank, world_size, session_suffix):
-    """A context of rank ``rank`` of ``world_size`` in a session of the named switch."""
+def _context(switch_name, rank, world_size, purpose, name):
+    """A context of rank ``rank`` of ``world_size`` in the named switch's session for
+    ``purpose`` and ``name`` (a training run's, a collective group's): the run's session
+    name and a digest of ``name``, which keeps it within the 64 bytes a session name may
+    have."""
     try:
         actor = ray.get_actor(switch_name)
     except ValueError:
@@ -170,7 +174,7 @@ def _context(switch_name, rank, world_size, session_suffix):
             "general.backend": "udp",
             "general.rank": rank,
             "general.num_workers": world_size,
-            "general.session": f"{session}-{session_suffix}",
+            "general.session": f"{session}-{purpose}-{hashlib.sha256(name.encode()).hexdigest()[:16]}",
         }
     )
     return Context(settings=settings)
@@ -179,14 +183,17 @@ def _context(switch_name, rank, world_size, session_suffix):
 def prepare_ddp(model, switch_name=SWITCH_ACTOR_NAME, **prepare_model_args):
     """Inside Ray Train's ``train_loop_per_worker``: the model wrapped in DDP by
     ``ray.train.torch.prepare_model`` (with ``prepare_model_args``), its gradients
-    averaged through the named switch in a session of this run's ranks (Ray Train's
-    world rank and size). The context is the hook state's, ``model.netagg_state.context``."""
+    averaged through the named switch by this run's ranks (Ray Train's world rank and
+    size) in a session named after the run's experiment. The context is the hook
+    state's, ``model.netagg_state.context``: stop it when training ends."""
     import ray.train
     import ray.train.torch
 
     model = ray.train.torch.prepare_model(model, **prepare_model_args)
     train = ray.train.get_context()
-    context = _context(switch_name, train.get_world_rank(), train.get_world_size(), "train")
+    context = _context(
+        switch_name, train.get_world_rank(), train.get_world_size(), "train", train.get_experiment_name()
+    )
     state = NetaggState(context)
     model.register_comm_hook(state, allreduce_hook)
     model.netagg_state = state
@@ -207,7 +214,7 @@ class NetaggGroup(BaseGroup):
 
     def __init__(self, world_size, rank, group_name):
         super().__init__(world_size, rank, group_name)
-        self.context = _context(SWITCH_ACTOR_NAME, rank, world_size, f"collective-{group_name}")
+        self.context = _context(SWITCH_ACTOR_NAME, rank, world_size, "collective", group_name)
 
     @classmethod
     def backend(cls):

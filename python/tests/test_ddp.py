@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, carried_megabytes
 
 EXAMPLE = ROOT / "examples" / "python" / "train_ddp.py"
 
@@ -40,13 +40,6 @@ def train(bin_dir, ranks, save, *extra, links=()):
 def losses(output):
     """Rank 0's loss at each step."""
     return [float(line.split()[-1]) for line in output.splitlines() if line.startswith("[0] step ")]
-
-
-def carried_megabytes(output, rank):
-    """What rank's emulated link carried up and down, in MB, by netagg-run's report."""
-    row = next(line.split() for line in output.splitlines() if line.startswith(f"netagg-run: {rank} "))
-    up, down = row[3].split("/")
-    return float(up), float(down)
 
 
 def initial_parameters():

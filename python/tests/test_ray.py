@@ -22,7 +22,7 @@ from ray.util import collective
 from ray.util.collective.types import ReduceOp
 
 import netagg.ray
-from conftest import ROOT
+from conftest import ROOT, carried_megabytes
 
 # The functions this module hands Ray travel by value: Ray's workers cannot import it.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -151,7 +151,7 @@ def test_a_collective_group_allreduces_through_netagg(ray_switch):
             "NotImplementedError: netagg's collective backend does allreduce (sum), barrier and broadcast, "
             "not reduce: use the gloo backend for it"
         )
-        assert messages[2].startswith("TypeError: tensor holds elements of format 'd' (8 bytes): netagg sums"), messages[2]
+        assert messages[2].startswith("TypeError: tensor holds elements of format 'd' (8 bytes)"), messages[2]
     on_every_member(members, lambda rank, group: collective.destroy_collective_group(group))
     for member in members:
         ray.kill(member)
@@ -201,8 +201,11 @@ def test_ray_train_on_a_two_node_cluster_on_emulated_links_matches_gloo(bin_dir,
     assert run.returncode == 0, output
     figures = [json.loads(line.split("] ", 1)[1]) for line in output.splitlines() if line.startswith("[0] {")]
     assert [f["allreduce"] for f in figures] == ["netagg", "gloo"], output
-    # Both trainings crossed the links: the figures' link model is there.
-    assert all(f["link_model_ms"] > 0 for f in figures), output
+    # Both trainings' gradients crossed both links, eight steps each way.
+    least = 0.9 * 2 * 8 * figures[0]["gradient_bytes"] / 1e6
+    for rank in (0, 1):
+        up, down = carried_megabytes(output, rank)
+        assert up > least and down > least, (rank, up, down, output)
     netagg_params = torch.load(tmp_path / "netagg.pt")
     gloo_params = torch.load(tmp_path / "gloo.pt")
     assert netagg_params.keys() == gloo_params.keys()
