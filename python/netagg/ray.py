@@ -113,6 +113,7 @@ class _SwitchActor:
         return {"general.controller_ip": self.host, "general.controller_port": self.port}, self.session
 
     def pid(self):
+        """The switch process's id, on the actor's node."""
         return self.process.pid
 
 
@@ -124,7 +125,11 @@ class Switch:
     resource that names the node to run on (default: the head node). ``switch_args``:
     more arguments for the switch (``["--log-level", "error"]``). ``name``: the actor's
     name, which ``prepare_ddp`` and collective groups look up. ``start_timeout``: how
-    many seconds the switch may take to be placed and listen."""
+    many seconds the switch may take to be placed and listen.
+
+    Once started, ``settings`` holds the switch's control address as netagg settings
+    (for contexts outside Ray Train and collective groups) and ``session`` the run's
+    session name, from which theirs derive."""
 
     def __init__(self, program=None, resource=None, switch_args=(), name=SWITCH_ACTOR_NAME, start_timeout=60.0):
         program = program or shutil.which("netagg-switch")
