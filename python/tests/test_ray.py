@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,30 +34,50 @@ EXAMPLES = ROOT / "examples" / "python"
 def processes_naming(text):
     """The processes whose command line contains ``text``, as "PID COMMAND" lines."""
     found = []
-    for pid in os.listdir("/proc"):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+        except OSError:  # it has ended
             continue
-        if pid.isdigit() and text in command:
+        if text in command:
             found.append(f"{pid} {command}")
+    return found
+
+
+def descendants(pid):
+    """The ids of ``pid``'s child processes, theirs, and so on."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except OSError:  # it has ended
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
     return found
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A one-node Ray instance (2 CPUs) in a folder of its own; afterwards, none of its
-    processes may remain."""
+    """A one-node Ray instance (2 CPUs) in a folder of its own; afterwards, none of the
+    processes it ran (its servers, workers, actors and their switches) may remain."""
     # Short: Ray's socket paths inside it must fit in 107 bytes.
     folder = f"/tmp/ray-pytest-{uuid.uuid4().hex[:8]}"
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=folder, logging_level="ERROR")
     yield folder
+    started = descendants(os.getpid())
+    assert started, "no process of Ray's under this one: the check below would check nothing"
     ray.shutdown()
     deadline = time.monotonic() + 30
-    while processes_naming(folder) and time.monotonic() < deadline:
+    while (left := [pid for pid in started if os.path.exists(f"/proc/{pid}")]) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert processes_naming(folder) == []
+    assert left == [], [line for line in processes_naming("") if int(line.split()[0]) in left]
     subprocess.run(["rm", "-rf", folder], check=True)
 
 
@@ -215,3 +236,4 @@ def test_ray_train_on_a_two_node_cluster_on_emulated_links_matches_gloo(bin_dir,
     prefix = output.split("namespaces ", 1)[1].split("-*", 1)[0]
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(prefix) == 0
     assert processes_naming(f"/tmp/ray-{prefix}") == []
+    assert list(Path("/tmp").glob(f"ray-{prefix}*")) == []
