@@ -11,10 +11,12 @@ gone. With ``--switch-node``, the last rank's node has no CPUs and the custom re
 ``netagg_switch``, where ``netagg.ray.Switch(resource="netagg_switch")`` places the
 switch: a host of its own, as a switch is. Each node is a ``ray start --block`` of this
 script's, stopped by SIGTERM, so that no Ray process outlives the run (and netagg-run
-ends whatever is left in its namespaces).
+ends whatever is left in its namespaces, also on Ctrl-C); its files go in a folder of
+its own, removed at the end (after a Ctrl-C, by the next run).
 """
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -25,6 +27,8 @@ import time
 
 HEAD_PORT = 6379
 SWITCH_RESOURCE = "netagg_switch"
+# Each node's Ray folder: this, the launcher's process id, and the rank.
+TEMP_PREFIX = "/tmp/ray-netagg-run-"
 
 
 def own_address(peer):
@@ -48,6 +52,14 @@ def wait_until(condition, seconds, what):
         if time.monotonic() > deadline:
             raise SystemExit(f"ray_cluster.py: {what} after {seconds} s")
         time.sleep(0.5)
+
+
+def remove_folders_of_ended_runs():
+    """Removes the Ray folders whose launcher has ended."""
+    for folder in glob.glob(f"{TEMP_PREFIX}*-*"):
+        launcher = folder.removeprefix(TEMP_PREFIX).split("-")[0]
+        if launcher.isdigit() and not os.path.exists(f"/proc/{launcher}"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def start_node(arguments):
@@ -82,8 +94,13 @@ def main():
     head = os.environ["MASTER_ADDR"]  # netagg-run: rank 0's address
     address = own_address(head)
     # A folder of this node's own, removed at the end: Ray's default is shared by every
-    # Ray on the machine.
-    temp_dir = f"/tmp/ray-{os.environ.get('NETAGG_GENERAL__SESSION', os.getpid())}-{rank}"
+    # Ray on the machine. It is named after the launcher (this process's parent:
+    # `ip netns exec` runs the program in its own place), whose Ctrl-C ends the ranks
+    # with SIGKILL before they can remove anything: the next run removes those.
+    launcher = os.getppid()
+    temp_dir = f"{TEMP_PREFIX}{launcher}-{rank}"
+    if rank == 0:
+        remove_folders_of_ended_runs()
     node_args = ["--node-ip-address", address, "--temp-dir", temp_dir]
     if args.switch_node and rank == world - 1:
         node_args += ["--num-cpus", "0", "--resources", json.dumps({SWITCH_RESOURCE: 1})]

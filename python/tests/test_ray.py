@@ -235,5 +235,6 @@ def test_ray_train_on_a_two_node_cluster_on_emulated_links_matches_gloo(bin_dir,
     # Nothing left: the namespaces and every Ray process of the run.
     prefix = output.split("namespaces ", 1)[1].split("-*", 1)[0]
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(prefix) == 0
-    assert processes_naming(f"/tmp/ray-{prefix}") == []
-    assert list(Path("/tmp").glob(f"ray-{prefix}*")) == []
+    # Each Ray node's folder, which its processes' command lines name, is gone too.
+    assert processes_naming(f"/tmp/ray-netagg-run-{run.pid}-") == []
+    assert list(Path("/tmp").glob(f"ray-netagg-run-{run.pid}-*")) == []
