@@ -108,14 +108,14 @@ def main():
         node_args += ["--num-cpus", str(args.cpus)]
 
     try:
-        return run_node(args, rank, world, head, node_args)
+        return run_node(args, rank, world, head, node_args, temp_dir)
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def run_node(args, rank, world, head, node_args):
-    """Rank 0: the head node and the command; the others: a worker node until the head
-    has gone."""
+def run_node(args, rank, world, head, node_args, temp_dir):
+    """Rank 0: the head node and the command (its temporary files in the node's folder,
+    so that they go with it); the others: a worker node until the head has gone."""
     if rank != 0:
         wait_until(lambda: reachable(head, HEAD_PORT), 120, "no Ray head")
         node = start_node(["--address", f"{head}:{HEAD_PORT}", *node_args])
@@ -134,7 +134,7 @@ def run_node(args, rank, world, head, node_args):
         wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) == world, 120, f"not all {world} nodes joined")
         ray.shutdown()
         print(f"ray_cluster.py: {world} nodes up after {time.monotonic() - started:.1f} s more", flush=True)
-        environment = dict(os.environ, RAY_ADDRESS=f"{head}:{HEAD_PORT}")
+        environment = dict(os.environ, RAY_ADDRESS=f"{head}:{HEAD_PORT}", TMPDIR=temp_dir)
         return subprocess.run(args.command, env=environment).returncode
     finally:
         stop_node(node)
