@@ -5,7 +5,9 @@
 //!
 //! Each rank also gets `EMULATED_LINK_RATES` (its world's rates, by rank) and
 //! `EMULATED_LINK_DELAY` (the longest one-way delay), from which `allreduce_benchmark`
-//! prints the cost model's prediction beside its measured time.
+//! prints the cost model's prediction beside its measured time; and the variables that
+//! tell PyTorch's process groups which interface to use (`GLOO_SOCKET_IFNAME` and others),
+//! so that a torch.distributed program runs unchanged.
 
 use super::{run_ranks, set_rank_environment, start_switch, stop_switch, switch_program, Options};
 use netagg_emulate::fabric::{Fabric, Impairer, HOST_DEVICE};
@@ -93,6 +95,7 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
             if options.dpdk.workers {
                 set_dpdk_environment(&mut command, "BACKEND", &[("NETAGG_GENERAL__BACKEND", "dpdk")]);
             }
+            set_interface_environment(&mut command);
             set_rank_environment(
                 &mut command,
                 rank,
@@ -112,6 +115,23 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
     let result = ranks.and_then(|ranks| run_ranks(ranks, interrupted));
     stop_switch(switch);
     result
+}
+
+/// The variables by which gloo, TensorPipe (PyTorch's RPC) and NCCL choose an interface.
+const INTERFACE_VARIABLES: [&str; 3] = ["GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"];
+
+/// Points PyTorch's process groups at the namespace's interface, unless the user's
+/// environment names one already.
+///
+/// Left alone, gloo binds to the address the host name resolves to, which is loopback
+/// inside a namespace (every namespace shares this machine's name): its pairs then try
+/// 127.0.0.1 and `init_process_group` fails with "Connection refused".
+fn set_interface_environment(command: &mut Command) {
+    for name in INTERFACE_VARIABLES {
+        if std::env::var_os(name).is_none() {
+            command.env(name, HOST_DEVICE);
+        }
+    }
 }
 
 /// Points a process's DPDK section (`NETAGG_<SECTION>_DPDK__*`) at its namespace's

@@ -1,5 +1,5 @@
 """Fixtures of the netagg Python tests: the workspace's release binaries and a switch
-process on free loopback ports."""
+process on free loopback ports; what netagg-run's report says a link carried."""
 
 import os
 import subprocess
@@ -112,3 +112,10 @@ def run_on_every_rank(contexts, call):
     if errors:
         raise errors[0]
     return results
+
+
+def carried_megabytes(output, rank):
+    """What rank's emulated link carried up and down, in MB, by netagg-run's report."""
+    row = next(line.split() for line in output.splitlines() if line.startswith(f"netagg-run: {rank} "))
+    up, down = row[3].split("/")
+    return float(up), float(down)

@@ -13,13 +13,15 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, carried_megabytes
 
 EXAMPLE = ROOT / "examples" / "python" / "train_ddp.py"
 
 
-def train(bin_dir, ranks, save, *extra):
-    command = [bin_dir / "netagg-run", "-n", str(ranks), "--", sys.executable, EXAMPLE]
+def train(bin_dir, ranks, save, *extra, links=()):
+    """The example under netagg-run (with its options ``links``), its output and rank 0's
+    figures."""
+    command = [bin_dir / "netagg-run", "-n", str(ranks), *links, "--", sys.executable, EXAMPLE]
     command += ["--steps", "8", "--threads", "1", "--bucket-mb", "0.25", "--save", save, "--json", *extra]
     # A session of its own, so that a timeout stops the ranks and the switch too.
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -47,10 +49,14 @@ def initial_parameters():
     return example["SmallCnn"]().state_dict()
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_training_with_the_netagg_hook_matches_gloo(bin_dir, tmp_path, ranks):
-    netagg_out, netagg_figures = train(bin_dir, ranks, tmp_path / "netagg.pt")
-    gloo_out, gloo_figures = train(bin_dir, ranks, tmp_path / "gloo.pt", "--baseline", "gloo")
+# Loopback, and each rank in a namespace of its own behind a shaped link, where the
+# example runs unchanged (netagg-run tells gloo the namespace's interface).
+@pytest.mark.parametrize(
+    "ranks, links", [(2, ()), (4, ()), (2, ("--link", "rate=100mbit,delay=1ms"))], ids=["2", "4", "2-on-links"]
+)
+def test_training_with_the_netagg_hook_matches_gloo(bin_dir, tmp_path, ranks, links):
+    netagg_out, netagg_figures = train(bin_dir, ranks, tmp_path / "netagg.pt", links=links)
+    gloo_out, gloo_figures = train(bin_dir, ranks, tmp_path / "gloo.pt", "--baseline", "gloo", links=links)
     assert (netagg_figures["allreduce"], gloo_figures["allreduce"]) == ("netagg", "gloo")
     # Several buckets a step (0.25 MB each, but a parameter is never split, and the
     # largest, fc1's weights, holds 1 MB), each its own netagg job.
@@ -68,6 +74,13 @@ def test_training_with_the_netagg_hook_matches_gloo(bin_dir, tmp_path, ranks):
         # ...to where gloo did: the same sums up to the order of float32 additions.
         torch.testing.assert_close(value, gloo_params[name], rtol=1e-4, atol=1e-5, msg=name)
     assert len(losses(netagg_out)) == 8
+    if links:
+        # Each rank's gradients crossed its link, eight steps of them each way.
+        least = 0.9 * 8 * netagg_figures["gradient_bytes"] / 1e6
+        for output in (netagg_out, gloo_out):
+            for rank in range(ranks):
+                up, down = carried_megabytes(output, rank)
+                assert up > least and down > least, (rank, up, down, output)
     for ours, theirs in zip(losses(netagg_out), losses(gloo_out), strict=True):
         assert abs(ours - theirs) < 1e-3
 

@@ -1,0 +1,130 @@
+"""Trains train_ddp.py's model with Ray Train's TorchTrainer, gradients averaged through a
+netagg switch that the Ray cluster runs (or, with ``--baseline gloo``, through PyTorch's
+allreduce over gloo).
+
+    python3 examples/python/ray_train.py --workers 2            # on RAY_ADDRESS's cluster
+    netagg-run -n 3 --link rate=100mbit,delay=1ms --rank-link 2:rate=10gbit,delay=0ms -- \\
+        python3 examples/python/ray_cluster.py --switch-node -- \\
+        python3 examples/python/ray_train.py --workers 2 --switch-resource netagg_switch
+
+``netagg.ray.Switch`` starts the switch in an actor (on the head node, or on the node
+with ``--switch-resource``); in each worker, ``netagg.ray.prepare_ddp`` wraps the model
+in DDP and registers netagg's hook. Rank 0 reports train_ddp.py's figures (median step,
+forward and backward with and without gradient synchronisation, images/s), which the
+driver prints, and its trained parameters as the run's checkpoint (``--save``).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import ray
+import ray.cloudpickle
+import ray.train
+import ray.train.torch
+import torch
+
+import netagg.ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_ddp  # noqa: E402  (beside this file)
+
+# The workers have no copy of train_ddp.py's folder on their path: its code travels with
+# the training function.
+ray.cloudpickle.register_pickle_by_value(train_ddp)
+
+
+def train_loop_per_worker(config):
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    args = argparse.Namespace(**config)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)  # the same initial model on every rank
+    ddp = {"parallel_strategy_kwargs": {"bucket_cap_mb": args.bucket_mb}}
+    if args.baseline is None:
+        model = netagg.ray.prepare_ddp(train_ddp.SmallCnn(), **ddp)
+        state = model.netagg_state
+    else:
+        model = ray.train.torch.prepare_model(train_ddp.SmallCnn(), **ddp)
+        state = None
+    try:
+        figures = train_ddp.train(args, model, rank, world, state)
+    finally:
+        if state is not None:
+            state.context.stop()
+    if rank != 0:
+        ray.train.report(figures)
+        return
+    # The trained parameters as the run's checkpoint, which carries rank 0's figures to
+    # the driver.
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save(model.module.state_dict(), os.path.join(folder, "model.pt"))
+        ray.train.report(figures, checkpoint=ray.train.Checkpoint.from_directory(folder))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2, help="Ray Train workers, one CPU each")
+    parser.add_argument("--steps", type=int, default=50, help="training steps, at least 2")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bucket-mb", type=float, default=25, help="DDP's bucket size")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    parser.add_argument("--baseline", choices=["gloo"], help="train with PyTorch's allreduce instead")
+    parser.add_argument("--switch", help="netagg-switch's path (default: the one on the PATH)")
+    parser.add_argument("--switch-resource", help="the custom resource of the switch's node (default: the head)")
+    parser.add_argument("--save", help="the trained parameters go here (torch.save)")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2")
+
+    ray.init(logging_level="ERROR")
+    storage = tempfile.mkdtemp(prefix="ray-train-")  # Ray Train's checkpoints: none kept
+    config = {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "bucket_mb": args.bucket_mb,
+        "threads": args.threads,
+        "baseline": args.baseline,
+        "gradients": "float32",
+    }
+    trainer = ray.train.torch.TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(num_workers=args.workers),
+        run_config=ray.train.RunConfig(storage_path=storage),
+    )
+    try:
+        if args.baseline is None:
+            with netagg.ray.Switch(args.switch, resource=args.switch_resource, switch_args=["--log-level", "error"]):
+                result = trainer.fit()
+        else:
+            result = trainer.fit()
+        figures = result.metrics
+        if args.save:
+            with result.checkpoint.as_directory() as folder:
+                shutil.copyfile(os.path.join(folder, "model.pt"), args.save)
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    line = (
+        f"ray train, {figures['allreduce']}: {figures['ranks']} workers, "
+        f"median step {figures['median_step_ms']:.1f} ms, "
+        f"forward and backward {figures['median_sync_ms']:.1f} ms against {figures['median_compute_ms']:.1f} ms "
+        f"without synchronising gradients, {figures['images_per_second']:.0f} images/s, "
+        f"{figures['gradient_bytes']} bytes of gradients per step"
+    )
+    print(line, flush=True)
+    if args.json:
+        print(json.dumps(figures), flush=True)
+
+
+if __name__ == "__main__":
+    main()
