@@ -91,6 +91,7 @@ pub(crate) fn register(
     Ok(Registration { switches, keys })
 }
 
+/// What an I/O error of the registration with the switch at `address` becomes.
 fn failed(address: &str) -> impl Fn(io::Error) -> Error + '_ {
     move |source| Error::io(format!("registration with {address}"), source)
 }

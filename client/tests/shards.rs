@@ -14,9 +14,14 @@ use netagg::{Config, Context, Error, SparseMode};
 /// How long the worker processes of one run may take.
 const WITHIN: Duration = Duration::from_secs(120);
 
-/// `count` switches on loopback, each dropping 1 % of the results it sends.
+/// `count` switches on loopback, each dropping 1 % of the results it sends; two of them
+/// with two data-path threads each, whose split over the session's slots the workers
+/// follow within each switch's range.
 fn shards(count: usize) -> Vec<Switch> {
-    (0..count).map(|i| Switch::start(&["--faults", &format!("send_drop=0.01,seed={i}")])).collect()
+    let threads = if count == 2 { "2" } else { "1" };
+    (0..count)
+        .map(|i| Switch::start(&["--threads", threads, "--faults", &format!("send_drop=0.01,seed={i}")]))
+        .collect()
 }
 
 /// Their control addresses, as `general.switches` lists them.
