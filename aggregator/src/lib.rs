@@ -65,4 +65,6 @@ pub use engine::{
 };
 pub use faults::{FaultCounters, FaultInjector, FaultRates};
 pub use pacer::PacingConfig;
-pub use worker::{BlockIo, BlockMask, JobSpec, JobStatus, Layout, WorkerConfig, WorkerProtocol};
+pub use worker::{
+    BlockIo, BlockMask, JobSpec, JobStatus, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol,
+};

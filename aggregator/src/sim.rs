@@ -19,7 +19,10 @@ use crate::control::{Action, ControlLimits, OpenError, Opened, Registry};
 use crate::engine::{Engine, EngineLimits, Recipient, SessionCounters, SessionId, Verdict};
 use crate::faults::{FaultInjector, FaultRates};
 use crate::pacer::PacingConfig;
-use crate::worker::{BlockIo, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol};
+use crate::worker::{
+    BlockIo, JobSpec, JobStatus, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerCounters,
+    WorkerProtocol,
+};
 use crate::zero_scan::nonzero_blocks;
 
 /// Faults and timing of one direction of every worker's link.
@@ -528,8 +531,7 @@ impl Cluster {
             .map(|(_, rank, token)| {
                 WorkerProtocol::new(
                     WorkerConfig {
-                        session: session.0,
-                        token,
+                        keys: SessionKeys::one(SessionKey { session: session.0, token }),
                         rank,
                         slot_base: 0,
                         slots: config.slots,

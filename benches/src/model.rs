@@ -3,15 +3,23 @@
 //! what the links allow.
 //!
 //! Each worker has a link of its own to the fabric, full duplex, at some rate each way
-//! and with some one-way delay; the switch's link is not the bottleneck (a switch's
-//! ports run at line rate). Both models count every byte the link carries: payload,
-//! the transport's headers and Ethernet's.
+//! and with some one-way delay. Where the sums are made is [`Aggregators`]: a switch that
+//! is the network (its ports run at line rate, so its link is never the bottleneck), or
+//! switch processes on servers, each behind a link of its own, over which a session's
+//! slots are sharded. Both models count every byte a link carries: payload, the
+//! transport's headers and Ethernet's.
 //!
 //! - **netagg**: each worker sends its tensor once, in packets, and receives the sum
-//!   once. The slowest link sets the pace, since every slot waits for every worker. A
-//!   worker keeps at most its window of packets in flight, so it moves at most a window
-//!   per round trip; the job takes the longer of the two bounds, plus one round trip to
-//!   fill and drain the pipeline.
+//!   once. The busiest link sets the pace, since every slot waits for every worker: with
+//!   one ideal switch, the slowest worker link; with `K` switches on hosts of their own,
+//!   each host's link carries `N/K` tensors each way (`N` workers' shares in, as many sums
+//!   out), so `K < N` hosts on links of the workers' rate bind at `N/K` times a worker
+//!   link's time; colocated (one switch on each of the `N` workers' hosts), each host's
+//!   link carries `2(N−1)/N` tensors each way (its own shares to the others' switches and
+//!   their sums back, and the others' shares of its switch's slots in and their sums out),
+//!   a ring's bytes. A worker keeps at most its window of packets in flight, so it moves
+//!   at most a window per round trip; the job takes the longer of the two bounds, plus
+//!   one round trip to fill and drain the pipeline.
 //! - **ring** (bandwidth-optimal, as MPI runs it for large tensors): 2(N−1) steps, in
 //!   each of which every rank sends 1/N of the tensor to the next rank and receives 1/N
 //!   from the previous one, over TCP. A step cannot start before the previous one's
@@ -43,11 +51,25 @@ impl Link {
     }
 }
 
+/// Where a netagg session's sums are made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Aggregators {
+    /// One switch that is the network: its ports run at line rate.
+    Ideal,
+    /// `count` switch processes (shards) on hosts of their own, each behind `link`; each
+    /// sums `1/count` of every job's slots.
+    Dedicated { count: usize, link: Link },
+    /// One switch on each worker's host, behind that worker's link.
+    Colocated,
+}
+
 /// An allreduce and the network it runs on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scenario {
     /// Every worker's link, by rank.
     pub links: Vec<Link>,
+    /// Where netagg's sums are made (the ring makes its own).
+    pub aggregators: Aggregators,
     pub tensor_bytes: u64,
     /// Payload bytes of one netagg packet (`packet_numel` × 4).
     pub packet_payload_bytes: u64,
@@ -82,7 +104,13 @@ impl Scenario {
         packet_payload_bytes: u64,
         window_packets: u64,
     ) -> Scenario {
-        Scenario { links: vec![link; workers], tensor_bytes, packet_payload_bytes, window_packets }
+        Scenario {
+            links: vec![link; workers],
+            aggregators: Aggregators::Ideal,
+            tensor_bytes,
+            packet_payload_bytes,
+            window_packets,
+        }
     }
 
     fn slowest_rate(&self) -> f64 {
@@ -93,17 +121,31 @@ impl Scenario {
         self.links.iter().map(|link| link.delay).max().unwrap_or_default()
     }
 
-    /// netagg through its switch.
+    /// netagg through its switch, or its switches.
     pub fn netagg(&self) -> Prediction {
         let packets = self.tensor_bytes.div_ceil(self.packet_payload_bytes.max(1));
         let packet_bytes = (self.packet_payload_bytes + NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES) as f64;
         let wire_bytes = (self.tensor_bytes + packets * (NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES)) as f64;
-        let rate = self.slowest_rate();
-        let slowest = Link { bits_per_second: rate, delay: self.longest_delay() };
-        // A packet's round trip: up and down the worker's link, each with its delay and
-        // its own serialisation.
-        let round_trip = 2.0 * slowest.delay.as_secs_f64() + 2.0 * slowest.seconds_for(packet_bytes);
-        let at_link_rate = slowest.seconds_for(wire_bytes);
+        let slowest = Link { bits_per_second: self.slowest_rate(), delay: self.longest_delay() };
+        let workers = self.links.len() as f64;
+        // A packet's round trip: up and down each link on its way, each with its delay
+        // and its own serialisation. And the time of the busiest link: the most tensors
+        // (of `wire_bytes` each) a link carries each way, over its rate.
+        let hop = |link: &Link| 2.0 * link.delay.as_secs_f64() + 2.0 * link.seconds_for(packet_bytes);
+        let (round_trip, at_link_rate) = match self.aggregators {
+            Aggregators::Ideal => (hop(&slowest), slowest.seconds_for(wire_bytes)),
+            Aggregators::Dedicated { count, link } => {
+                let per_host = workers / count.max(1) as f64;
+                (
+                    hop(&slowest) + hop(&link),
+                    slowest.seconds_for(wire_bytes).max(link.seconds_for(per_host * wire_bytes)),
+                )
+            }
+            // A packet to another worker's switch crosses two worker links each way.
+            Aggregators::Colocated => {
+                (2.0 * hop(&slowest), slowest.seconds_for(2.0 * (workers - 1.0) / workers * wire_bytes))
+            }
+        };
         let rounds = packets.div_ceil(self.window_packets.max(1)) as f64;
         let at_window = rounds * round_trip;
         let (seconds, bound) = if at_window > at_link_rate {
@@ -162,6 +204,41 @@ mod tests {
         assert_eq!(prediction.bound, Bound::Window);
         let round_trip = 0.020 + 2.0 * 1114.0 * 8.0 / 1e9;
         assert!(close(prediction.time, 64.0 * round_trip + round_trip), "{:?}", prediction.time);
+    }
+
+    #[test]
+    fn shards_on_hosts_of_the_workers_rate_bind_at_n_over_k_tensors_each_way() {
+        // 4 workers at 200 Mbit/s, no delay: the ideal switch's time is one tensor on a
+        // worker link; one switch host on a link of the same rate carries 4 tensors each
+        // way, 2 hosts 2, 4 hosts 1 (the workers' links bind as much).
+        let ideal = Scenario::uniform(4, link(200.0, 0), 16 << 20, 1024, 1 << 20);
+        let with = |aggregators| Scenario { aggregators, ..ideal.clone() }.netagg();
+        let one_tensor = ideal.netagg().time.as_secs_f64();
+        for (count, tensors) in [(1, 4.0), (2, 2.0), (4, 1.0), (8, 1.0)] {
+            let prediction = with(Aggregators::Dedicated { count, link: link(200.0, 0) });
+            let ratio = prediction.time.as_secs_f64() / one_tensor;
+            // Less the round trip that fills the pipeline, counted once in each.
+            assert!((ratio - tensors).abs() < 0.01, "{count} hosts: {ratio} tensors");
+            assert_eq!(prediction.bound, Bound::LinkRate);
+        }
+        // Hosts on links twice as fast halve their share.
+        let fast = with(Aggregators::Dedicated { count: 2, link: link(400.0, 0) }).time.as_secs_f64();
+        assert!((fast / one_tensor - 1.0).abs() < 0.01, "{}", fast / one_tensor);
+    }
+
+    #[test]
+    fn colocated_shards_carry_a_rings_bytes_and_cross_two_worker_links() {
+        let ideal = Scenario::uniform(4, link(200.0, 5), 16 << 20, 1024, 1 << 20);
+        let colocated = Scenario { aggregators: Aggregators::Colocated, ..ideal.clone() };
+        let packet_bits = 1114.0 * 8.0;
+        let one_tensor = ideal.netagg().time.as_secs_f64() - (0.010 + 2.0 * packet_bits / 200e6);
+        let round_trip = 2.0 * (0.010 + 2.0 * packet_bits / 200e6);
+        let expected = 1.5 * one_tensor + round_trip;
+        assert!(close(colocated.netagg().time, expected), "{:?} against {expected}", colocated.netagg().time);
+        // A small window on the longer round trip binds sooner than with one switch.
+        let windowed = Scenario { window_packets: 256, ..colocated.clone() };
+        assert_eq!(windowed.netagg().bound, Bound::Window);
+        assert_eq!(Scenario { window_packets: 256, ..ideal }.netagg().bound, Bound::LinkRate);
     }
 
     #[test]

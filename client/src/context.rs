@@ -9,13 +9,12 @@
 //! that finished its part of one job starts on the next while the others still work
 //! (SwitchML makes all threads wait for each other at every job).
 
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
-use netagg_aggregator::{PacingConfig, WorkerConfig};
+use netagg_aggregator::{PacingConfig, SessionKey, SessionKeys, WorkerConfig};
 use netagg_config::Config;
 use netagg_wire::ControlMessage;
 
@@ -25,7 +24,7 @@ use crate::codec::{BlockFloatingPoint, Codec, Native};
 use crate::codec16::Float32As16Bit;
 use crate::driver::{worker_thread, Shared, Slice};
 use crate::job::{DataType, Element, Job, JobShared, TensorJob};
-use crate::registration::{register, watch_session};
+use crate::registration::{register, watch_session, SwitchSession};
 use crate::stats::Stats;
 use crate::Error;
 
@@ -39,7 +38,8 @@ pub struct Context {
     /// every thread sees jobs in the same order.
     slices: Mutex<Vec<Sender<Slice>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    control: Mutex<Option<TcpStream>>,
+    /// Each switch's session and control connection; emptied on stop.
+    switches: Mutex<Vec<SwitchSession>>,
     session: u32,
     codec: Arc<dyn Codec>,
     next_job: AtomicU64,
@@ -93,31 +93,36 @@ impl Context {
         );
         let _entered = span.enter();
         let slots_per_thread = config.slots_per_thread();
-        let (transports, session, token, control) = match links {
-            Links::Emulated { transports, session, token } => (transports, session, token, None),
+        let (transports, keys, switches) = match links {
+            Links::Emulated { transports, session, token } => {
+                (transports, SessionKeys::one(SessionKey { session, token }), Vec::new())
+            }
             Links::Switch(mut transports) => {
                 let registration =
                     register(&config, slots_per_thread * general.num_worker_threads, &mut transports)?;
                 let transports = transports.into_iter().map(|t| t as Box<dyn Transport>).collect();
-                (transports, registration.session, registration.token, Some(registration.control))
+                (transports, registration.keys, registration.switches)
             }
         };
+        // The first switch's, which owns slot 0.
+        let session = keys.key(0).session;
         span.record("session", tracing::field::display(format_args!("{session:#010x}")));
         let transports = with_faults(transports, &config);
         let transport = transports.first().map(|transport| transport.describe()).unwrap_or_default();
         let pacing = PacingConfig { enabled: general.pacing, target: general.pacing_target };
         let shared = Arc::new(Shared::new(transports.len(), general.sparse, pacing));
-        if let Some(stream) = &control {
-            let watched = stream.try_clone().map_err(|e| Error::io("watching the control connection", e))?;
-            watch_session(watched, Arc::clone(&shared));
+        for switch in &switches {
+            let watched =
+                switch.control.try_clone().map_err(|e| Error::io("watching the control connection", e))?;
+            let shard = (general.switches.len() > 1).then(|| switch.address.clone());
+            watch_session(watched, shard, Arc::clone(&shared));
         }
         let mut senders = Vec::new();
         let mut handles = Vec::new();
         for (thread, transport) in transports.into_iter().enumerate() {
             let (sender, receiver) = crossbeam_channel::unbounded();
             let protocol_config = WorkerConfig {
-                session,
-                token,
+                keys: keys.clone(),
                 rank: general.rank,
                 slot_base: thread as u16 * slots_per_thread,
                 slots: slots_per_thread,
@@ -152,7 +157,7 @@ impl Context {
             shared,
             slices: Mutex::new(senders),
             threads: Mutex::new(handles),
-            control: Mutex::new(control),
+            switches: Mutex::new(switches),
             session,
             codec,
             next_job: AtomicU64::new(1),
@@ -169,7 +174,7 @@ impl Context {
         &self.transport
     }
 
-    /// The session id the switch assigned.
+    /// The session id the switch assigned (with several switches, the first's).
     pub fn session(&self) -> u32 {
         self.session
     }
@@ -328,10 +333,10 @@ impl Context {
             let _ = handle.join();
         }
         drop(threads);
-        if let Some(mut stream) = self.control.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let leave = ControlMessage::Leave { session: self.session, rank: self.config.general.rank };
-            let _ = leave.write_to(0, &mut stream);
-            let _ = stream.shutdown(std::net::Shutdown::Both);
+        for mut switch in self.switches.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let leave = ControlMessage::Leave { session: switch.session, rank: self.config.general.rank };
+            let _ = leave.write_to(0, &mut switch.control);
+            let _ = switch.control.shutdown(std::net::Shutdown::Both);
         }
     }
 }

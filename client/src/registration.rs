@@ -1,5 +1,10 @@
-//! Registration: the control connection to the switch, which stays open for the life of
-//! the session so that the switch can say when the session ends.
+//! Registration: the control connections to the switches, which stay open for the life
+//! of the session so that each switch can say when the session ends.
+//!
+//! A session spread over several switches (shards, `general.switches`) registers with
+//! each: every switch opens it on its own, under an id and token of its own, once every
+//! rank has registered there. A rank sends every registration before it waits for any
+//! answer, so no switch waits on another's barrier.
 
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -7,33 +12,42 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use netagg_aggregator::{SessionKey, SessionKeys};
 use netagg_config::{Config, SparseMode};
 use netagg_wire::{ControlMessage, ValueEncoding, WireError};
 
-use crate::backend::{ControlAddresses, DataPaths, SwitchTransport};
+use crate::backend::{ControlAddresses, DataPaths, SwitchPaths, SwitchTransport};
 use crate::driver::Shared;
 use crate::Error;
 
-/// A session the switch opened: every rank registered.
-pub(crate) struct Registration {
+/// One switch's open session, as this rank holds it.
+pub(crate) struct SwitchSession {
+    /// The switch's control address, as configured: errors name it.
+    pub address: String,
     /// The control connection, kept open for the life of the session.
     pub control: TcpStream,
+    /// The session id this switch assigned.
     pub session: u32,
-    pub token: u64,
 }
 
-/// Registers every worker thread's endpoint with the switch, waits until every rank has,
-/// and connects each transport to the switch's data endpoint.
+/// A session every switch opened: every rank registered with each.
+pub(crate) struct Registration {
+    /// In `general.switches` order.
+    pub switches: Vec<SwitchSession>,
+    /// Each slot's switch's session id and token.
+    pub keys: SessionKeys,
+}
+
+/// Registers every worker thread's endpoint with every switch, waits until every rank has,
+/// and connects each transport to the switches' data endpoints.
 pub(crate) fn register(
     config: &Config,
     slots: u16,
     transports: &mut [Box<dyn SwitchTransport>],
 ) -> Result<Registration, Error> {
     let general = &config.general;
-    let target = format!("{}:{}", general.controller_ip, general.controller_port);
+    let addresses = config.switch_addresses();
     let deadline = Instant::now() + general.connect_timeout;
-    let mut stream = connect(&target, deadline)?;
-    let _ = stream.set_nodelay(true);
     let register = ControlMessage::Register {
         rank: general.rank,
         world_size: general.num_workers,
@@ -48,10 +62,52 @@ pub(crate) fn register(
         name: general.session.clone(),
         endpoints: transports.iter().map(|transport| transport.endpoint()).collect(),
     };
-    let failed = |source: io::Error| Error::io(format!("registration with {target}"), source);
-    register.write_to(1, &mut stream).map_err(failed)?;
+    let mut streams = Vec::with_capacity(addresses.len());
+    for address in &addresses {
+        let mut stream = connect(address, deadline)?;
+        let _ = stream.set_nodelay(true);
+        register.write_to(1, &mut stream).map_err(failed(address))?;
+        streams.push(stream);
+    }
+    let mut switches = Vec::with_capacity(addresses.len());
+    let mut paths = DataPaths { switches: Vec::with_capacity(addresses.len()), slots };
+    let mut keys = Vec::with_capacity(addresses.len());
+    for (address, stream) in addresses.into_iter().zip(streams) {
+        let (session, token, switch) = accepted(config, &address, &stream, deadline)?;
+        switches.push(SwitchSession { address, control: stream, session });
+        paths.switches.push(switch);
+        keys.push(SessionKey { session, token });
+    }
+    for transport in transports.iter_mut() {
+        transport.connect(&paths).map_err(|source| {
+            Error::io(format!("connecting to the switches' data paths at {paths}"), source)
+        })?;
+    }
+    let ranges = keys.into_iter().enumerate().map(|(switch, key)| (paths.switch_slots(switch), key));
+    // `general.switches` lists no more switches than slots (the configuration's check):
+    // some range is not empty.
+    let keys = SessionKeys::sharded(ranges)
+        .ok_or_else(|| Error::InvalidConfig(format!("{slots} slots for {} switches", switches.len())))?;
+    Ok(Registration { switches, keys })
+}
+
+/// What an I/O error of the registration with the switch at `address` becomes.
+fn failed(address: &str) -> impl Fn(io::Error) -> Error + '_ {
+    move |source| Error::io(format!("registration with {address}"), source)
+}
+
+/// Waits on `stream`, until `deadline`, for the switch at `address` to accept the
+/// registration: its session id, token and data paths.
+fn accepted(
+    config: &Config,
+    address: &str,
+    mut stream: &TcpStream,
+    deadline: Instant,
+) -> Result<(u32, u64, SwitchPaths), Error> {
+    let general = &config.general;
+    let failed = failed(address);
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    stream.set_read_timeout(Some(left)).map_err(failed)?;
+    stream.set_read_timeout(Some(left)).map_err(&failed)?;
     let reply = ControlMessage::read_from(&mut stream).map_err(|error| match error.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::RegisterTimeout {
             waited: general.connect_timeout,
@@ -59,26 +115,27 @@ pub(crate) fn register(
             workers: general.num_workers,
         },
         _ => match version_mismatch(&error) {
-            Some((switch, library)) => Error::Version { address: target.clone(), switch, library },
+            Some((switch, library)) => Error::Version { address: address.to_string(), switch, library },
             None => failed(error),
         },
     })?;
-    stream.set_read_timeout(None).map_err(failed)?;
+    stream.set_read_timeout(None).map_err(&failed)?;
     match reply {
-        (_, ControlMessage::Accept { session, token, data, split, slots, .. }) => {
+        (_, ControlMessage::Accept { session, token, data, split, .. }) => {
             let control = ControlAddresses {
-                switch: stream.peer_addr().map_err(failed)?.ip(),
-                local: stream.local_addr().map_err(failed)?.ip(),
+                switch: stream.peer_addr().map_err(&failed)?.ip(),
+                local: stream.local_addr().map_err(&failed)?.ip(),
             };
-            let paths = DataPaths { endpoints: data, split, slots };
-            for transport in transports.iter_mut() {
-                transport.connect(&paths, control).map_err(|source| {
-                    Error::io(format!("connecting to the switch's data path at {paths}"), source)
-                })?;
-            }
-            Ok(Registration { control: stream, session, token })
+            Ok((session, token, SwitchPaths { endpoints: data, split, control }))
         }
-        (_, ControlMessage::Reject { code, message }) => Err(Error::Rejected { code, message }),
+        (_, ControlMessage::Reject { code, message }) => {
+            // With one switch the message says it all; with several, which one refused.
+            let message = match config.general.switches.len() {
+                0 | 1 => message,
+                _ => format!("the switch at {address}: {message}"),
+            };
+            Err(Error::Rejected { code, message })
+        }
         (_, other) => {
             Err(failed(io::Error::new(io::ErrorKind::InvalidData, format!("unexpected reply {other:?}"))))
         }
@@ -118,20 +175,30 @@ fn version_mismatch(error: &io::Error) -> Option<(u8, u8)> {
     }
 }
 
-/// Watches the control connection: the switch says so there when the session ends.
-pub(crate) fn watch_session(mut stream: TcpStream, shared: Arc<Shared>) {
+/// Watches the control connection to a switch: the switch says so there when the
+/// session ends, and a switch that dies closes it. `shard` names the switch in the
+/// reason, where the session has several.
+pub(crate) fn watch_session(mut stream: TcpStream, shard: Option<String>, shared: Arc<Shared>) {
     // The context's span, with the rank and the session, goes along.
     let span = tracing::Span::current();
     std::thread::spawn(move || {
         let _entered = span.enter();
+        let switch = shard
+            .as_ref()
+            .map_or_else(|| "the switch".to_string(), |address| format!("the switch at {address}"));
         let reason = match ControlMessage::read_from(&mut stream) {
-            Ok((_, ControlMessage::Reject { message, .. })) => message,
-            Ok((_, other)) => format!("unexpected control message {other:?}"),
-            Err(error) => format!("the switch closed the control connection ({error})"),
+            Ok((_, ControlMessage::Reject { message, .. })) => match &shard {
+                None => message,
+                Some(_) => format!("{switch}: {message}"),
+            },
+            Ok((_, other)) => format!("unexpected control message {other:?} from {switch}"),
+            Err(error) => format!("{switch} closed the control connection ({error})"),
         };
         if !shared.stopping.load(Ordering::Acquire) {
             tracing::warn!(%reason, "session lost");
-            *shared.session_lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+            // The first loss is the cause; the others (every switch closes the session
+            // when a rank dies) follow from it.
+            shared.session_lost.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(reason);
         }
     });
 }

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use common::{unique_session, worker_config};
-use netagg::backend::{ControlAddresses, DataPaths, SwitchTransport, Transport};
+use netagg::backend::{DataPaths, SwitchTransport, Transport};
 use netagg::{Config, Context, Endpoint, Error};
 use netagg_switch::port::{MemoryNetwork, MemorySocket};
 use netagg_switch::Switch;
@@ -48,8 +48,9 @@ impl SwitchTransport for MemoryTransport {
         Endpoint::Udp(self.socket.local_addr())
     }
 
-    fn connect(&mut self, paths: &DataPaths, control: ControlAddresses) -> std::io::Result<()> {
-        self.switch = paths.single("memory")?.udp_address(control.switch);
+    fn connect(&mut self, paths: &DataPaths) -> std::io::Result<()> {
+        let (endpoint, control) = paths.single("memory")?;
+        self.switch = endpoint.udp_address(control.switch);
         Ok(())
     }
 }

@@ -82,6 +82,9 @@ pub struct General {
     /// Where the switch's control plane listens (SwitchML's controller).
     pub controller_ip: String,
     pub controller_port: u16,
+    /// The control addresses of the switches (shards) a session spans, HOST:PORT; empty:
+    /// the one at `controller_ip` and `controller_port`.
+    pub switches: Vec<String>,
     /// Session name: the ranks of one job share it; other jobs use other names.
     pub session: String,
     /// Rounds each slot retains at the switch (2: SwitchML's shadow copy).

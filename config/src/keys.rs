@@ -132,6 +132,11 @@ struct_keys! {
         /// The switch's control address (netagg-switch --control).
         controller_ip = "127.0.0.1".into(), Host;
         controller_port = 50099, Port;
+        /// Several switches (shards) for one session, their control addresses HOST:PORT,
+        /// comma-separated: each sums a contiguous share of every job's slots, the first the
+        /// lowest. Every rank must list the same switches in the same order. Empty: the one switch
+        /// at controller_ip and controller_port.
+        switches = Vec::new(), HostPorts;
         /// Session name: the ranks of one job share it; concurrent jobs use different names.
         session = "default".into(), Name { max: MAX_SESSION_NAME_LEN };
         /// Rounds each slot keeps at the switch for loss recovery, a power of two from 2 to 64.

@@ -82,6 +82,9 @@ pub(crate) enum Kind {
     Networks,
     /// A MAC address, six hexadecimal bytes separated by colons, or nothing.
     Mac,
+    /// Addresses HOST:PORT (a name, an IPv4 address, or an IPv6 one in brackets), comma-separated,
+    /// each once; none when empty.
+    HostPorts,
 }
 
 /// A key's value, as its kind reads it from text and its field holds it.
@@ -97,6 +100,7 @@ pub(crate) enum Value {
     OptionalAddress(Option<SocketAddr>),
     Mac(Option<[u8; 6]>),
     Networks(Vec<ipnet::IpNet>),
+    HostPorts(Vec<String>),
 }
 
 impl Kind {
@@ -149,6 +153,18 @@ impl Kind {
                 .map(Value::Networks),
             Kind::Mac if text.is_empty() => Some(Value::Mac(None)),
             Kind::Mac => parse_mac(text).map(|mac| Value::Mac(Some(mac))),
+            Kind::HostPorts => {
+                let addresses: Vec<String> = text
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|address| !address.is_empty())
+                    .map(String::from)
+                    .collect();
+                let unique =
+                    addresses.iter().collect::<std::collections::HashSet<_>>().len() == addresses.len();
+                (unique && addresses.iter().all(|address| is_host_port(address)))
+                    .then_some(Value::HostPorts(addresses))
+            }
         }
     }
 
@@ -169,6 +185,7 @@ impl Kind {
             Value::Networks(networks) => {
                 networks.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
             }
+            Value::HostPorts(addresses) => addresses.join(","),
             Value::Mac(None) => String::new(),
             Value::Mac(Some(mac)) => {
                 mac.iter().map(|byte| format!("{byte:02x}")).collect::<Vec<_>>().join(":")
@@ -209,11 +226,30 @@ impl Kind {
             Kind::Text => "text".into(),
             Kind::Networks => "IP networks, comma-separated (10.0.0.0/24,fd00::/64), or nothing".into(),
             Kind::Mac => "a MAC address (six hexadecimal bytes: 02:00:00:00:00:01) or nothing".into(),
+            Kind::HostPorts => {
+                "addresses HOST:PORT, comma-separated, each once (h1:50099,10.0.0.2:50099,[fd00::2]:50099), \
+                 or nothing"
+                    .into()
+            }
         }
     }
 }
 
 /// Six hexadecimal bytes separated by colons.
+/// Whether `address` is HOST:PORT: a host without white space or commas (an IPv6 address
+/// in brackets) and a port from 1 to 65535.
+fn is_host_port(address: &str) -> bool {
+    let Some((host, port)) = address.rsplit_once(':') else { return false };
+    let host_ok = match host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')) {
+        Some(inner) => inner.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && !host.contains(|c: char| c.is_whitespace() || c == ':' || c == '[' || c == ']')
+        }
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|port| port > 0)
+}
+
 fn parse_mac(text: &str) -> Option<[u8; 6]> {
     let mut mac = [0u8; 6];
     let mut parts = text.split(':');
@@ -273,7 +309,8 @@ macro_rules! plain_fields {
 
 plain_fields!(
     f64 => Real, Duration => Time, bool => Bool, String => Text, IpAddr => Ip, SocketAddr => Address,
-    Option<SocketAddr> => OptionalAddress, Option<[u8; 6]> => Mac, Vec<ipnet::IpNet> => Networks
+    Option<SocketAddr> => OptionalAddress, Option<[u8; 6]> => Mac, Vec<ipnet::IpNet> => Networks,
+    Vec<String> => HostPorts
 );
 
 /// Declares an enum whose values a key names, each variant with its name once:

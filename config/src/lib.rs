@@ -110,6 +110,22 @@ impl Config {
         self.general.max_outstanding_packets / self.general.num_worker_threads
     }
 
+    /// The control addresses of the switches a session spans, HOST:PORT, in the order
+    /// that gives each its share of the slots: `general.switches`, or the one switch at
+    /// `general.controller_ip` and `general.controller_port`.
+    pub fn switch_addresses(&self) -> Vec<String> {
+        let general = &self.general;
+        if !general.switches.is_empty() {
+            return general.switches.clone();
+        }
+        let host = &general.controller_ip;
+        // An IPv6 address needs brackets before its port.
+        match host.parse::<std::net::Ipv6Addr>() {
+            Ok(_) => vec![format!("[{host}]:{}", general.controller_port)],
+            Err(_) => vec![format!("{host}:{}", general.controller_port)],
+        }
+    }
+
     /// The commented config file that lists every key with its comment and its default:
     /// `configs/netagg.cfg`.
     pub fn example_file() -> String {
@@ -261,6 +277,10 @@ mod tests {
             ("[general]\nconnect_timeout = 0\n", "key 'general.connect_timeout' = '0': expected seconds, above 0"),
             ("[general]\ncontroller_port = 0\n", "key 'general.controller_port' = '0': expected a port from 1 to 65535"),
             ("[general]\ncontroller_ip = \"\"\n", "key 'general.controller_ip' = '': expected a host name or IP address"),
+            ("[general]\nswitches = h1:50099,h1:50099\n", "key 'general.switches' = 'h1:50099,h1:50099': expected addresses HOST:PORT, comma-separated, each once"),
+            ("[general]\nswitches = h1\n", "key 'general.switches' = 'h1': expected addresses HOST:PORT"),
+            ("[general]\nswitches = h1:0\n", "expected addresses HOST:PORT"),
+            ("[general]\nswitches = fd00::1:80\n", "expected addresses HOST:PORT"),
             ("[general]\nsession = \"\"\n", "key 'general.session' = '': expected a name of 1 to 64 bytes"),
             ("[backend.udp]\nsocket_buffer = 2000000000\n", "key 'backend.udp.socket_buffer' = '2000000000': expected bytes, an integer from 0 to 1073741824"),
         ];

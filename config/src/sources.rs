@@ -238,6 +238,14 @@ mod tests {
         .unwrap();
         assert_eq!((config.general.rank, config.general.num_workers), (1, 2));
 
+        let config = Config::load_with_environment(
+            Some(&file),
+            &vars(&[("NETAGG_GENERAL__SWITCHES", "10.0.0.1:50099, s2:50100,[fd00::3]:50099")]),
+        )
+        .unwrap();
+        assert_eq!(config.switch_addresses(), ["10.0.0.1:50099", "s2:50100", "[fd00::3]:50099"]);
+        assert_eq!(Config::default().switch_addresses(), ["127.0.0.1:50099"]);
+
         let error =
             Config::load_with_environment(Some(&file), &vars(&[("NETAGG_BACKEND_UDP__BIND_IP", "nowhere")]))
                 .unwrap_err();

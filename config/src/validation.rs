@@ -22,6 +22,17 @@ impl Config {
                 self.described("general.num_worker_threads")
             ));
         }
+        let slots = self.slots_per_thread() * g.num_worker_threads;
+        if g.switches.len() > usize::from(slots) {
+            return Err(format!(
+                "{} lists {} switches, more than the {slots} slots of general.max_outstanding_packets {} \
+                 over general.num_worker_threads {}: every switch needs a slot",
+                self.described("general.switches"),
+                g.switches.len(),
+                g.max_outstanding_packets,
+                g.num_worker_threads
+            ));
+        }
         if g.wire_precision != WirePrecision::Float32 && g.prepostprocessor != "native" {
             return Err(format!(
                 "{} needs general.prepostprocessor native, not {}: block floating point sends \
@@ -65,6 +76,15 @@ mod tests {
         let message =
             ini("[general]\nnum_worker_threads = 8\nmax_outstanding_packets = 4\n").unwrap_err().to_string();
         assert!(message.contains("every thread needs a slot"), "{message}");
+        let message =
+            ini("[general]\nnum_worker_threads = 2\nmax_outstanding_packets = 2\nswitches = a:1,b:1,c:1\n")
+                .unwrap_err()
+                .to_string();
+        assert_eq!(
+            message,
+            "general.switches a:1,b:1,c:1 (from test.cfg) lists 3 switches, more than the 2 slots of \
+             general.max_outstanding_packets 2 over general.num_worker_threads 2: every switch needs a slot"
+        );
         let message =
             ini("[general]\nprepostprocessor = cpu_exponent_quantizer\nwire_precision = bfloat16\n")
                 .unwrap_err()

@@ -1,5 +1,6 @@
 //! The network of an emulated run: a namespace holding a bridge (the fabric), one
-//! namespace for the switch and one per worker, each joined to the bridge by a veth
+//! namespace for the switch, one per worker and one per switch host (a switch process
+//! on a server of its own, one of a session's shards), each joined to the bridge by a veth
 //! pair. Every worker's pair is shaped both ways: `tbf` for the rate (on the worker's
 //! end for what it sends, on the fabric's end for what it receives), and, when the
 //! link delays or loses frames, `netem` where the kernel has it, else a user-space
@@ -9,6 +10,10 @@
 //! worker ns            fabric ns                                       switch ns
 //! eth0 (tbf up) ─── w<r> (tbf down) ═ delay line ═ d<r> ─── b<r> ─ br0 ─ sw ─── eth0
 //! ```
+//!
+//! A switch host's pair is shaped by rate both ways as a worker's is (a server's NIC),
+//! with no delay or loss: a path from a worker to a switch host then crosses one impaired
+//! link, the worker's, as a path to the switch does.
 //!
 //! Everything is named `<prefix>-...`, the prefix holding the launcher's process id, so
 //! that concurrent runs never meet; dropping the [`Fabric`] ends every process left in
@@ -27,6 +32,8 @@ pub enum FabricError {
     Missing(Vec<&'static str>),
     #[error("{0} workers: an emulated network holds 1 to {MAX_WORKERS}")]
     Workers(usize),
+    #[error("{0} switch hosts: an emulated network holds 0 to {MAX_SWITCH_HOSTS}")]
+    SwitchHosts(usize),
     #[error("cannot run {program}: {source}")]
     Spawn { program: String, source: std::io::Error },
     #[error("'{command}' failed: {stderr}")]
@@ -82,6 +89,8 @@ impl std::str::FromStr for ImpairerChoice {
 const SUBNET: [u8; 3] = [10, 213, 7];
 /// The most workers one /24 addresses (.1 to .200), beside the switch (.254).
 pub const MAX_WORKERS: usize = 200;
+/// The most switch hosts it addresses beside them (.201 to .253).
+pub const MAX_SWITCH_HOSTS: usize = 53;
 
 /// The one interface of the switch's and each worker's namespace.
 pub const HOST_DEVICE: &str = "eth0";
@@ -90,22 +99,40 @@ pub const HOST_DEVICE: &str = "eth0";
 pub struct Fabric {
     prefix: String,
     links: Vec<Link>,
+    /// Each switch host's link.
+    switch_links: Vec<Link>,
     /// What makes delay and loss, if any link has them.
     impairer: Option<Impairer>,
     delay_lines: Vec<(usize, DelayLine)>,
 }
 
 impl Fabric {
-    /// Builds the namespaces and links for one worker per link. Fails, having removed
-    /// whatever it made, if something it needs is missing or a command fails.
-    pub fn create(prefix: &str, links: Vec<Link>, choice: ImpairerChoice) -> Result<Fabric, FabricError> {
+    /// Builds the namespaces and links for one worker per link of `links` and one switch
+    /// host per link of `switch_links` (their rates only). Fails, having removed whatever
+    /// it made, if something it needs is missing or a command fails.
+    pub fn create(
+        prefix: &str,
+        links: Vec<Link>,
+        switch_links: Vec<Link>,
+        choice: ImpairerChoice,
+    ) -> Result<Fabric, FabricError> {
         check_prerequisites()?;
         if links.is_empty() || links.len() > MAX_WORKERS {
             return Err(FabricError::Workers(links.len()));
         }
+        if switch_links.len() > MAX_SWITCH_HOSTS {
+            return Err(FabricError::SwitchHosts(switch_links.len()));
+        }
         remove_abandoned();
-        let mut fabric =
-            Fabric { prefix: prefix.to_string(), links, impairer: None, delay_lines: Vec::new() };
+        let switch_links =
+            switch_links.into_iter().map(|link| Link { rate: link.rate, ..Link::default() }).collect();
+        let mut fabric = Fabric {
+            prefix: prefix.to_string(),
+            links,
+            switch_links,
+            impairer: None,
+            delay_lines: Vec::new(),
+        };
         // On an error, dropping `fabric` removes what was made so far.
         fabric.build(choice)?;
         Ok(fabric)
@@ -117,6 +144,10 @@ impl Fabric {
 
     pub fn worker_namespace(&self, rank: usize) -> String {
         format!("{}-w{rank}", self.prefix)
+    }
+
+    pub fn switch_host_namespace(&self, host: usize) -> String {
+        format!("{}-s{host}", self.prefix)
     }
 
     /// The namespace of the bridge and of the fabric's ends of the links.
@@ -132,13 +163,29 @@ impl Fabric {
         Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], rank as u8 + 1)
     }
 
+    pub fn switch_host_ip(&self, host: usize) -> Ipv4Addr {
+        Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], (MAX_WORKERS + 1 + host) as u8)
+    }
+
     /// The subnet, as `10.213.7.0/24`.
     pub fn subnet(&self) -> String {
         format!("{}.{}.{}.0/24", SUBNET[0], SUBNET[1], SUBNET[2])
     }
 
+    /// The workers' links, by rank.
     pub fn links(&self) -> &[Link] {
         &self.links
+    }
+
+    /// The switch hosts' links: their rates, no delay or loss.
+    pub fn switch_links(&self) -> &[Link] {
+        &self.switch_links
+    }
+
+    /// The workers' links, then the switch hosts': the order of the monitor's samples
+    /// ([`crate::monitor::link_bytes`]) and of [`Fabric::queue_drops`].
+    pub fn all_links(&self) -> Vec<Link> {
+        self.links.iter().chain(&self.switch_links).copied().collect()
     }
 
     pub fn impairer(&self) -> Option<Impairer> {
@@ -166,6 +213,16 @@ impl Fabric {
         for rank in 0..self.links.len() {
             self.attach_worker(rank)?;
         }
+        for host in 0..self.switch_links.len() {
+            let (namespace, port) = (self.switch_host_namespace(host), format!("s{host}"));
+            self.attach(&namespace, &port, self.switch_host_ip(host), true)?;
+            // What it sends on its end, what it receives on the fabric's.
+            for (ns, device) in
+                [(namespace.as_str(), HOST_DEVICE), (self.fabric_namespace().as_str(), port.as_str())]
+            {
+                shape(ns, device, &self.switch_links[host], false)?;
+            }
+        }
         self.wait_until_up()
     }
 
@@ -175,6 +232,7 @@ impl Fabric {
     fn wait_until_up(&self) -> Result<(), FabricError> {
         let mut namespaces = vec![self.fabric_namespace(), self.switch_namespace()];
         namespaces.extend((0..self.links.len()).map(|rank| self.worker_namespace(rank)));
+        namespaces.extend((0..self.switch_links.len()).map(|host| self.switch_host_namespace(host)));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         for namespace in &namespaces {
             loop {
@@ -257,13 +315,16 @@ impl Fabric {
         self.delay_lines.iter().map(|(rank, line)| (*rank, line.stats())).collect()
     }
 
-    /// Frames each rate limiter dropped because its queue was full: by rank, (up, down).
+    /// Frames each rate limiter dropped because its queue was full, (up, down): by rank,
+    /// then by switch host.
     pub fn queue_drops(&self) -> Vec<(u64, u64)> {
-        (0..self.links.len())
-            .map(|rank| {
-                let up = tbf_drops(&self.worker_namespace(rank), HOST_DEVICE);
-                let down = tbf_drops(&self.fabric_namespace(), &format!("w{rank}"));
-                (up, down)
+        let workers = (0..self.links.len()).map(|rank| (self.worker_namespace(rank), format!("w{rank}")));
+        let hosts =
+            (0..self.switch_links.len()).map(|host| (self.switch_host_namespace(host), format!("s{host}")));
+        workers
+            .chain(hosts)
+            .map(|(namespace, port)| {
+                (tbf_drops(&namespace, HOST_DEVICE), tbf_drops(&self.fabric_namespace(), &port))
             })
             .collect()
     }

@@ -283,6 +283,12 @@ impl Topology {
         }
     }
 
+    /// The link every rank has unless overridden: what a switch host's link is shaped
+    /// like (a server's NIC, as the workers').
+    pub fn common_link(&self) -> Link {
+        self.every.resolve()
+    }
+
     /// Every rank's link, for `workers` workers.
     pub fn links(&self, workers: u32) -> Result<Vec<Link>, LinkError> {
         if workers == 0 {

@@ -3,7 +3,7 @@
 //! Times measured on emulated links predict a real network only while the links bind:
 //! if the host's CPU is saturated while the links run below their rate, the run
 //! measured this machine. A [`Monitor`] samples, every 100 ms, the bytes each worker's
-//! link carried each way (the fabric namespace's device counters) and the machine's busy
+//! and switch host's link carried each way (the fabric namespace's device counters) and the machine's busy
 //! CPU time (`/proc/stat`); [`judge`] then reads the intervals in which the links
 //! carried traffic.
 
@@ -40,7 +40,8 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    pub fn start(fabric_namespace: &str, workers: usize) -> std::io::Result<Monitor> {
+    /// Samples the links of `workers` workers and `switch_hosts` switch hosts.
+    pub fn start(fabric_namespace: &str, workers: usize, switch_hosts: usize) -> std::io::Result<Monitor> {
         let stop = Arc::new(AtomicBool::new(false));
         let namespace = fabric_namespace.to_string();
         let (started, ready) = std::sync::mpsc::channel();
@@ -59,7 +60,7 @@ impl Monitor {
                 let mut samples = Vec::new();
                 loop {
                     let links = std::fs::read_to_string("/proc/thread-self/net/dev")
-                        .map(|text| link_bytes(&text, workers))?;
+                        .map(|text| link_bytes(&text, workers, switch_hosts))?;
                     let cpu = std::fs::read_to_string("/proc/stat").map(|text| cpu_ticks(&text))?;
                     samples.push(Sample { at: start.elapsed(), links, cpu });
                     if stop.load(Ordering::Relaxed) {
@@ -86,14 +87,19 @@ impl Monitor {
     }
 }
 
-/// Every worker's link bytes (up, down) from the fabric's `/proc/net/dev`: the
-/// fabric's end `w<rank>` received what went up and sent what went down.
-pub fn link_bytes(proc_net_dev: &str, workers: usize) -> Vec<(u64, u64)> {
-    let mut bytes = vec![(0, 0); workers];
+/// Every worker's link bytes (up, down) from the fabric's `/proc/net/dev`, then every
+/// switch host's: the fabric's end `w<rank>` (`s<host>`) received what went up and sent
+/// what went down.
+pub fn link_bytes(proc_net_dev: &str, workers: usize, switch_hosts: usize) -> Vec<(u64, u64)> {
+    let mut bytes = vec![(0, 0); workers + switch_hosts];
     for line in proc_net_dev.lines().skip(2) {
         let Some((name, counters)) = line.split_once(':') else { continue };
-        let Some(rank) = name.trim().strip_prefix('w').and_then(|rank| rank.parse::<usize>().ok()) else {
-            continue;
+        let name = name.trim();
+        let index = |prefix: char| name.strip_prefix(prefix).and_then(|number| number.parse::<usize>().ok());
+        let rank = match (index('w'), index('s')) {
+            (Some(rank), _) => rank,
+            (_, Some(host)) if host < switch_hosts => workers + host,
+            _ => continue,
         };
         let fields: Vec<u64> = counters.split_whitespace().filter_map(|field| field.parse().ok()).collect();
         // Receive: bytes packets errs drop fifo frame compressed multicast; then transmit.
@@ -334,8 +340,13 @@ mod tests {
                    \x20   lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n\
                    \x20   w1: 1000 10 0 0 0 0 0 0 2000 20 0 0 0 0 0 0\n\
                    \x20   b1: 5 1 0 0 0 0 0 0 6 1 0 0 0 0 0 0\n\
-                   \x20   w0: 7 1 0 0 0 0 0 0 8 1 0 0 0 0 0 0\n";
-        assert_eq!(link_bytes(dev, 2), vec![(7, 8), (1000, 2000)]);
+                   \x20   w0: 7 1 0 0 0 0 0 0 8 1 0 0 0 0 0 0\n\
+                   \x20   sw: 9 1 0 0 0 0 0 0 9 1 0 0 0 0 0 0\n\
+                   \x20   s0: 30 1 0 0 0 0 0 0 40 1 0 0 0 0 0 0\n\
+                   \x20   s1: 50 1 0 0 0 0 0 0 60 1 0 0 0 0 0 0\n";
+        assert_eq!(link_bytes(dev, 2, 0), vec![(7, 8), (1000, 2000)]);
+        // Switch hosts follow the workers; the switch's own unshaped port is not one.
+        assert_eq!(link_bytes(dev, 2, 1), vec![(7, 8), (1000, 2000), (30, 40)]);
         assert_eq!(cpu_ticks("cpu  10 1 5 80 4 0 0 0 0 0\ncpu0 1 2 3\n"), (16, 100));
         // Guest time is in user time already.
         assert_eq!(cpu_ticks("cpu  10 1 5 80 4 0 0 0 7 1\n"), (16, 100));

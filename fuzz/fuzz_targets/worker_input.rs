@@ -13,27 +13,32 @@ use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use netagg_aggregator::{BlockIo, BlockMask, JobSpec, Layout, PacingConfig, WorkerConfig, WorkerProtocol};
+use netagg_aggregator::{
+    BlockIo, BlockMask, JobSpec, Layout, PacingConfig, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol,
+};
 use netagg_fuzz::Raw;
 use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, PROGRESS_SLOTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
-const CONFIG: WorkerConfig = WorkerConfig {
-    session: 0x0001_0001,
-    token: 0x0123_4567_89AB_CDEF,
+const KEY: SessionKey = SessionKey { session: 0x0001_0001, token: 0x0123_4567_89AB_CDEF };
+
+const PACKET_ELEMENTS: u16 = 8;
+
+static CONFIG: std::sync::LazyLock<WorkerConfig> = std::sync::LazyLock::new(|| WorkerConfig {
+    keys: SessionKeys::one(KEY),
     rank: 1,
     // Not 0, so slot numbers below the thread's range are reachable.
     slot_base: 2,
     slots: 3,
-    packet_elements: 8,
+    packet_elements: PACKET_ELEMENTS,
     depth: 4,
     retransmit_timeout: Duration::from_millis(10),
     max_retransmit_timeout: Duration::from_millis(80),
     job_timeout: Duration::from_secs(1),
     pacing: PacingConfig::DEFAULT,
-};
+});
 
-const BLOCK_BYTES: usize = CONFIG.packet_elements as usize * ELEMENT_LEN;
+const BLOCK_BYTES: usize = PACKET_ELEMENTS as usize * ELEMENT_LEN;
 
 /// Sent packets kept for `Step::Answer`.
 const SENT_KEPT: usize = 8;
@@ -211,7 +216,7 @@ struct Harness {
 impl Harness {
     fn new(job: &Job) -> Harness {
         let now = Instant::now();
-        let mut worker = WorkerProtocol::new(CONFIG, now);
+        let mut worker = WorkerProtocol::new(CONFIG.clone(), now);
         let spec = job.spec();
         let tensor = Tensor::new(&spec);
         let sparse_with_exponents = spec.exponents && matches!(spec.layout, Layout::Sparse(_));
@@ -311,7 +316,7 @@ impl Harness {
                 matches!(repr.message_type, MessageType::Data | MessageType::Ack | MessageType::Probe),
                 "{repr:?}"
             );
-            assert_eq!((repr.session, repr.rank), (CONFIG.session, CONFIG.rank), "{repr:?}");
+            assert_eq!((repr.session, repr.rank), (KEY.session, CONFIG.rank), "{repr:?}");
             let slots = CONFIG.slot_base..CONFIG.slot_base + CONFIG.slots;
             assert!(slots.contains(&repr.slot), "{repr:?}");
             if self.sent.len() == SENT_KEPT {
@@ -341,8 +346,8 @@ impl Harness {
 
 fn free_form(h: &Header) -> PacketRepr {
     let element_type = if h.float { ElementType::Float32 } else { ElementType::Int32 };
-    let session = if h.other_session { !CONFIG.session } else { CONFIG.session };
-    let token = if h.other_token { !CONFIG.token } else { CONFIG.token };
+    let session = if h.other_session { !KEY.session } else { KEY.session };
+    let token = if h.other_token { !KEY.token } else { KEY.token };
     // One more than a packet holds, to reach the length checks.
     let elements = h.elements as u16 % (CONFIG.packet_elements + 2);
     PacketRepr {

@@ -4,10 +4,12 @@
 //! the pace, and removed on every exit, Ctrl-C included.
 //!
 //! Each rank also gets `EMULATED_LINK_RATES` (its world's rates, by rank) and
-//! `EMULATED_LINK_DELAY` (the longest one-way delay), from which `allreduce_benchmark`
-//! prints the cost model's prediction beside its measured time; and the variables that
-//! tell PyTorch's process groups which interface to use (`GLOO_SOCKET_IFNAME` and others),
-//! so that a torch.distributed program runs unchanged.
+//! `EMULATED_LINK_DELAY` (the longest one-way delay), and, with switches on hosts of their
+//! own, `EMULATED_SWITCH_HOST_RATE` (their links' rate), or with switches on the workers'
+//! hosts `EMULATED_COLOCATED=true`, from which `allreduce_benchmark` prints the cost model's
+//! prediction beside its measured time; and the variables that tell PyTorch's process
+//! groups which interface to use (`GLOO_SOCKET_IFNAME` and others), so that a
+//! torch.distributed program runs unchanged.
 
 use super::{run_ranks, set_rank_environment, start_switch, stop_switch, switch_program, Options};
 use netagg_emulate::fabric::{Fabric, Impairer, HOST_DEVICE};
@@ -26,10 +28,13 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
     };
     topology.apply(&options.link.unwrap_or_default(), &options.rank_links);
     let links = topology.links(u32::from(options.workers)).map_err(|e| e.to_string())?;
+    // Switches on hosts of their own, each behind a link like the workers'.
+    let switch_links = vec![topology.common_link(); usize::from(options.switches.unwrap_or(0))];
     // An interrupt while the network is built reaches the ip and tc it runs too: it
     // ends the run as an interrupt, not as their failure.
     let interrupted_exit = || interrupted.load(std::sync::atomic::Ordering::Relaxed);
-    let fabric = match Fabric::create(&netagg_emulate::fabric::default_prefix(), links, options.impairer) {
+    let prefix = netagg_emulate::fabric::default_prefix();
+    let fabric = match Fabric::create(&prefix, links, switch_links, options.impairer) {
         Ok(fabric) => fabric,
         Err(_) if interrupted_exit() => return Ok(130),
         Err(error) => return Err(error.to_string()),
@@ -38,8 +43,9 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
         return Ok(130);
     }
     describe(&fabric);
-    let monitor = Monitor::start(&fabric.fabric_namespace(), fabric.links().len())
-        .map_err(|e| format!("cannot watch the links: {e}"))?;
+    let monitor =
+        Monitor::start(&fabric.fabric_namespace(), fabric.links().len(), fabric.switch_links().len())
+            .map_err(|e| format!("cannot watch the links: {e}"))?;
     let code = if options.mpi {
         run_mpi(options, &fabric, interrupted)
     } else {
@@ -64,6 +70,9 @@ fn describe(fabric: &Fabric) {
     for (rank, link) in fabric.links().iter().enumerate() {
         println!("netagg-run: rank {rank} at {}: {link}", fabric.worker_ip(rank));
     }
+    for (host, link) in fabric.switch_links().iter().enumerate() {
+        println!("netagg-run: switch host s{host} at {}: {link}", fabric.switch_host_ip(host));
+    }
     match fabric.impairer() {
         Some(Impairer::Netem) => println!("netagg-run: delay, jitter and loss by netem"),
         Some(Impairer::UserSpace) => println!(
@@ -74,14 +83,40 @@ fn describe(fabric: &Fabric) {
     }
 }
 
-fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Result<u8, String> {
-    let mut switch_command = Command::new("ip");
-    switch_command.args(["netns", "exec", &fabric.switch_namespace()]).arg(switch_program());
-    if options.dpdk.switch {
-        set_dpdk_environment(&mut switch_command, "SWITCH", &[("NETAGG_SWITCH__TRANSPORT", "dpdk")]);
+/// Where the run's switches go, each a namespace and its address: the switch's own (an
+/// ideal switch), the switch hosts', or the workers' (colocated).
+fn switch_places(options: &Options, fabric: &Fabric) -> Vec<(String, std::net::Ipv4Addr)> {
+    if options.colocated {
+        let workers = 0..usize::from(options.workers);
+        workers.map(|rank| (fabric.worker_namespace(rank), fabric.worker_ip(rank))).collect()
+    } else if options.switches.is_some() {
+        let hosts = 0..fabric.switch_links().len();
+        hosts.map(|host| (fabric.switch_host_namespace(host), fabric.switch_host_ip(host))).collect()
+    } else {
+        vec![(fabric.switch_namespace(), fabric.switch_ip())]
     }
-    let (switch, control) =
-        start_switch(switch_command, &fabric.switch_ip().to_string(), &options.switch_args)?;
+}
+
+fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Result<u8, String> {
+    let mut switches = Vec::new();
+    let mut controls = Vec::new();
+    for (namespace, address) in switch_places(options, fabric) {
+        let mut switch_command = Command::new("ip");
+        switch_command.args(["netns", "exec", &namespace]).arg(switch_program());
+        if options.dpdk.switch {
+            set_dpdk_environment(&mut switch_command, "SWITCH", &[("NETAGG_SWITCH__TRANSPORT", "dpdk")]);
+        }
+        match start_switch(switch_command, &address.to_string(), &options.switch_args) {
+            Ok((switch, control)) => {
+                switches.push(switch);
+                controls.push(control);
+            }
+            Err(error) => {
+                switches.into_iter().for_each(stop_switch);
+                return Err(error);
+            }
+        }
+    }
     let session = format!("{}-session", fabric.prefix());
     let master = fabric.worker_ip(0).to_string();
     let links = fabric.links();
@@ -101,19 +136,25 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
                 rank,
                 options.workers,
                 (&master, RENDEZVOUS_PORT),
-                &control,
+                &controls,
                 &session,
             )?;
             if let Some(rates) = &rates {
                 command
                     .env("EMULATED_LINK_RATES", rates.join(","))
                     .env("EMULATED_LINK_DELAY", format!("{}us", longest_delay.as_micros()));
+                if let Some(rate) = fabric.switch_links().first().and_then(|link| link.rate) {
+                    command.env("EMULATED_SWITCH_HOST_RATE", format_rate(rate));
+                }
+                if options.colocated {
+                    command.env("EMULATED_COLOCATED", "true");
+                }
             }
             Ok((rank.to_string(), command))
         })
         .collect::<Result<Vec<_>, String>>();
     let result = ranks.and_then(|ranks| run_ranks(ranks, interrupted));
-    stop_switch(switch);
+    switches.into_iter().for_each(stop_switch);
     result
 }
 
@@ -229,7 +270,8 @@ const MPI_START_ATTEMPTS: u32 = 3;
 /// Each link's traffic, its queues' drops, its delay line's losses and lateness, and
 /// whether the links or the CPU set the pace.
 fn report(fabric: &Fabric, samples: &[netagg_emulate::monitor::Sample]) {
-    let judgement = judge(samples, fabric.links());
+    let all_links = fabric.all_links();
+    let judgement = judge(samples, &all_links);
     let drops = fabric.queue_drops();
     let lines: std::collections::BTreeMap<usize, _> = fabric.delay_line_stats().into_iter().collect();
     println!(
@@ -242,10 +284,13 @@ fn report(fabric: &Fabric, samples: &[netagg_emulate::monitor::Sample]) {
         "lost",
         "late med/p99 us"
     );
-    for (rank, link) in fabric.links().iter().enumerate() {
-        let (up, down) = judgement.bytes[rank];
-        let (rate_up, rate_down) = judgement.mean_rates[rank];
-        let (lost, late) = match lines.get(&rank) {
+    let workers = fabric.links().len();
+    for (index, link) in all_links.iter().enumerate() {
+        // Switch hosts follow the ranks, named by their namespace's suffix.
+        let label = if index < workers { index.to_string() } else { format!("s{}", index - workers) };
+        let (up, down) = judgement.bytes[index];
+        let (rate_up, rate_down) = judgement.mean_rates[index];
+        let (lost, late) = match lines.get(&index) {
             Some([up_line, down_line]) => (
                 format!("{}/{}", up_line.lost, down_line.lost),
                 format!(
@@ -258,11 +303,11 @@ fn report(fabric: &Fabric, samples: &[netagg_emulate::monitor::Sample]) {
         };
         println!(
             "netagg-run: {:<4} {:>9} {:>19} {:>21} {:>13} {:>13} {:>19}",
-            rank,
+            label,
             link.rate.map(format_rate).unwrap_or_else(|| "unlimited".into()),
             format!("{:.1}/{:.1}", up as f64 / 1e6, down as f64 / 1e6),
             format!("{:.1}/{:.1}", rate_up / 1e6, rate_down / 1e6),
-            format!("{}/{}", drops[rank].0, drops[rank].1),
+            format!("{}/{}", drops[index].0, drops[index].1),
             lost,
             late
         );

@@ -1,10 +1,11 @@
 //! `netagg-run`: starts a switch and N local worker processes of one session, on
 //! loopback or on an emulated network.
 //!
-//! `netagg-run -n 4 [--switch HOST:PORT] [--switch-arg ARG]... -- PROGRAM ARGS...`
+//! `netagg-run -n 4 [--switch HOST:PORT | --switches K] [--switch-arg ARG]... -- PROGRAM ARGS...`
 //!
 //! Without `--switch` it starts `netagg-switch` (found beside this program, else on the
-//! PATH) on free loopback ports. Each worker gets `RANK`/`WORLD_SIZE`, the switch's
+//! PATH) on free loopback ports; with `--switches K`, K of them, each a shard of the
+//! session (`general.switches`). Each worker gets `RANK`/`WORLD_SIZE`, the switch's
 //! control address and a session name of its own, so any netagg program runs unchanged;
 //! and, as torchrun sets them, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and
 //! `MASTER_PORT` (a free loopback port), so that a PyTorch program's process group
@@ -15,7 +16,9 @@
 //! With `--link`, `--rank-link` or `--topology`, the switch and every worker run in
 //! network namespaces of their own behind shaped links (see [`emulated`]); `--mpi`
 //! then runs the program with `mpirun`, one rank per worker namespace, over the same
-//! links.
+//! links. There `--switches K` puts K switches on hosts of their own, each behind a link
+//! of the workers' rate (a server's NIC), and `--colocated` one in each worker's
+//! namespace, as BytePS colocates its summation servers.
 
 #![deny(unsafe_code)]
 
@@ -33,6 +36,10 @@ use std::time::{Duration, Instant};
 struct Options {
     workers: u16,
     switch: Option<String>,
+    /// Switch processes the session spans (`--switches`), if given.
+    switches: Option<u16>,
+    /// One switch in each worker's namespace (`--colocated`).
+    colocated: bool,
     switch_args: Vec<String>,
     program: Vec<String>,
     /// The emulated network, if any of these is given.
@@ -68,12 +75,30 @@ impl Options {
     fn emulated(&self) -> bool {
         self.topology.is_some() || self.link.is_some() || !self.rank_links.is_empty()
     }
+
+    /// Switch processes the run starts (or names).
+    fn switch_count(&self) -> u16 {
+        if self.colocated {
+            self.workers
+        } else {
+            self.switches.unwrap_or(1)
+        }
+    }
 }
 
-const USAGE: &str = "usage: netagg-run -n N [--switch HOST:PORT] [--switch-arg ARG]... -- PROGRAM [ARGS...]
+/// The most switches `--switches` starts: as many as an emulated network has hosts for.
+const MAX_SWITCHES: u16 = netagg_emulate::fabric::MAX_SWITCH_HOSTS as u16;
+
+const USAGE: &str =
+    "usage: netagg-run -n N [--switch HOST:PORT | --switches K] [--switch-arg ARG]... -- PROGRAM [ARGS...]
    or: netagg-run -n N [--link SETTINGS] [--rank-link RANK:SETTINGS]... [--topology FILE]
                   [--impairer auto|netem|user-space] [--mpi] [--dpdk workers|switch|both]
-                  [--switch-arg ARG]... -- PROGRAM [ARGS...]
+                  [--switches K | --colocated] [--switch-arg ARG]... -- PROGRAM [ARGS...]
+
+  --switches K: K switch processes (shards), each summing a share of every job's slots; the
+  workers get their list (NETAGG_GENERAL__SWITCHES). On an emulated network each runs on a host
+  of its own behind a link of the workers' rate (rate only). --colocated: one switch in each
+  worker's namespace, sharing its link.
 
   an emulated network (root): the switch and each worker in a network namespace of its own,
   each worker's link shaped both ways. SETTINGS: rate=200mbit,delay=5ms,jitter=1ms,loss=1%,
@@ -89,6 +114,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
         workers: 0,
         switch: None,
+        switches: None,
+        colocated: false,
         switch_args: Vec::new(),
         program: Vec::new(),
         topology: None,
@@ -110,6 +137,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .ok_or("-n takes a number of workers from 1 to 65535")?
             }
             "--switch" => options.switch = Some(value("--switch")?),
+            "--switches" => {
+                options.switches =
+                    Some(
+                        value("--switches")?.parse().ok().filter(|k| (1..=MAX_SWITCHES).contains(k)).ok_or(
+                            format!("--switches takes a number of switches from 1 to {MAX_SWITCHES}"),
+                        )?,
+                    )
+            }
+            "--colocated" => options.colocated = true,
             "--switch-arg" => options.switch_args.push(value("--switch-arg")?),
             "--link" => {
                 let settings = LinkSettings::parse(&value("--link")?).map_err(|e| format!("--link: {e}"))?;
@@ -144,6 +180,22 @@ fn parse(args: &[String]) -> Result<Options, String> {
         return Err("--dpdk puts DPDK ports on an emulated network's interfaces: give its links (--link, \
                     --rank-link or --topology), without --mpi"
             .into());
+    }
+    if options.switch.is_some() && options.switches.is_some() {
+        return Err("--switch names one running switch, --switches starts several: give one of them".into());
+    }
+    if options.colocated && (!options.emulated() || options.switches.is_some()) {
+        return Err("--colocated puts a switch in each worker's namespace of an emulated network (one per \
+                    worker, so no --switches): give its links (--link, --rank-link or --topology)"
+            .into());
+    }
+    if options.mpi && (options.switches.is_some() || options.colocated) {
+        return Err(
+            "--mpi runs the program's own allreduce, with no switch: drop --switches and --colocated".into(),
+        );
+    }
+    if options.dpdk != DpdkSides::default() && options.switch_count() > 1 {
+        return Err("--dpdk: the DPDK backend reaches one switch; drop --switches and --colocated".into());
     }
     if options.mpi && !options.emulated() {
         return Err("--mpi runs the program across an emulated network's namespaces: \
@@ -184,39 +236,41 @@ fn run(options: Options) -> Result<u8, String> {
     if options.emulated() {
         return emulated::run(&options, &interrupted);
     }
-    let mut switch = None;
-    let control = match &options.switch {
-        Some(address) => address.clone(),
-        None => {
-            let (child, control) =
-                start_switch(Command::new(switch_program()), "127.0.0.1", &options.switch_args)?;
-            switch = Some(child);
-            control
-        }
-    };
-    // The switch is stopped on every path, errors included: it must not outlive us.
-    let result = free_loopback_port().and_then(|rendezvous_port| {
-        let session = format!("netagg-run-{}", std::process::id());
-        let ranks = (0..options.workers)
-            .map(|rank| {
-                let mut command = Command::new(&options.program[0]);
-                command.args(&options.program[1..]);
-                set_rank_environment(
-                    &mut command,
-                    rank,
-                    options.workers,
-                    ("127.0.0.1", rendezvous_port),
-                    &control,
-                    &session,
-                )?;
-                Ok((rank.to_string(), command))
+    let mut switches = Vec::new();
+    let controls = match &options.switch {
+        Some(address) => Ok(vec![address.clone()]),
+        None => (0..options.switch_count())
+            .map(|_| {
+                let (child, control) =
+                    start_switch(Command::new(switch_program()), "127.0.0.1", &options.switch_args)?;
+                switches.push(child);
+                Ok(control)
             })
-            .collect::<Result<Vec<_>, String>>()?;
-        run_ranks(ranks, &interrupted)
-    });
-    if let Some(switch) = switch {
-        stop_switch(switch);
-    }
+            .collect::<Result<Vec<_>, String>>(),
+    };
+    // The switches are stopped on every path, errors included: they must not outlive us.
+    let result = controls.and_then(|controls| Ok((controls, free_loopback_port()?))).and_then(
+        |(controls, rendezvous_port)| {
+            let session = format!("netagg-run-{}", std::process::id());
+            let ranks = (0..options.workers)
+                .map(|rank| {
+                    let mut command = Command::new(&options.program[0]);
+                    command.args(&options.program[1..]);
+                    set_rank_environment(
+                        &mut command,
+                        rank,
+                        options.workers,
+                        ("127.0.0.1", rendezvous_port),
+                        &controls,
+                        &session,
+                    )?;
+                    Ok((rank.to_string(), command))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            run_ranks(ranks, &interrupted)
+        },
+    );
+    switches.into_iter().for_each(stop_switch);
     result
 }
 
@@ -263,18 +317,22 @@ fn free_loopback_port() -> Result<u16, String> {
         .map_err(|e| format!("cannot find a free loopback port: {e}"))
 }
 
-/// What a rank needs to know: netagg's rank, world and switch, and PyTorch's
-/// rendezvous (`master`: rank 0's address and a port).
+/// What a rank needs to know: netagg's rank, world and switches (`controls`, their
+/// control addresses), and PyTorch's rendezvous (`master`: rank 0's address and a port).
 fn set_rank_environment(
     command: &mut Command,
     rank: u16,
     workers: u16,
     master: (&str, u16),
-    control: &str,
+    controls: &[String],
     session: &str,
 ) -> Result<(), String> {
+    let control = controls.first().ok_or("no switch to give the ranks")?;
     let (host, port) =
         control.rsplit_once(':').ok_or(format!("switch address '{control}' is not HOST:PORT"))?;
+    if controls.len() > 1 {
+        command.env("NETAGG_GENERAL__SWITCHES", controls.join(","));
+    }
     command
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", workers.to_string())

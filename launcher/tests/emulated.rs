@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{benchmark, launcher, launcher_path, namespaces_of, pair, prefix, report_row, text};
+use common::{
+    benchmark, labelled_row, launcher, launcher_path, namespaces_of, pair, prefix, report_row, text,
+};
 
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
@@ -60,6 +62,59 @@ fn a_straggler_behind_delayed_lossy_links_gets_exact_sums_and_nothing_is_left() 
             assert!(all.contains("delay, jitter and loss by netem"), "{all}");
         }
         assert!(all.contains("netagg-run: pace: "), "{all}");
+        assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind after:\n{all}");
+    }
+}
+
+/// Switches on hosts of their own behind links of the workers' rate, and one switch in
+/// each worker's namespace: exact sums, the model beside the time, and each link's bytes
+/// as sharding predicts (`N/K` tensors each way on a switch host's link, `2(N−1)/N` on a
+/// colocated worker's).
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn sharded_sessions_on_switch_hosts_and_colocated_verify_and_load_the_links_as_modelled() {
+    // A worker's bytes up when it carries one tensor each way per job: from the first run.
+    let mut one_tensor_each = None;
+    for (workers, placement, aggregated) in [
+        (2usize, &["--switches", "2"][..], "over 2 switch hosts at 100mbit"),
+        (3, &["--colocated"][..], "over 3 colocated switches"),
+    ] {
+        let output = launcher()
+            .args(["-n", &workers.to_string(), "--link", "rate=100mbit"])
+            .args(placement)
+            .arg("--")
+            .arg(benchmark())
+            .args(["--tensor-numel", "256Ki", "--tensor-type", "int32", "--num-jobs", "2", "--verify"])
+            .output()
+            .unwrap();
+        let all = text(&output);
+        assert!(output.status.success(), "{all}");
+        assert_eq!(all.matches("Data verified successfully").count(), workers, "{all}");
+        assert_eq!(all.matches(aggregated).count(), workers, "{all}");
+        let worker_up = pair(&report_row(&all, 0)[2]).0;
+        match one_tensor_each {
+            None => {
+                assert!(all.contains("netagg-run: switch host s1 at 10.213.7.202: 100mbit"), "{all}");
+                for host in ["s0", "s1"] {
+                    // N/K = 1 tensor each way, as much as a worker's link.
+                    let (up, down) = pair(&labelled_row(&all, host)[2]);
+                    assert!(
+                        (up / worker_up - 1.0).abs() < 0.1,
+                        "{host} {up} against a worker's {worker_up}:\n{all}"
+                    );
+                    assert!(
+                        (down / worker_up - 1.0).abs() < 0.1,
+                        "{host} {down} against {worker_up}:\n{all}"
+                    );
+                }
+                one_tensor_each = Some(worker_up);
+            }
+            Some(one_tensor) => {
+                // The same jobs; 2(N−1)/N = 4/3 of each tensor on every worker's link.
+                let ratio = worker_up / one_tensor;
+                assert!((ratio - 4.0 / 3.0).abs() < 0.1, "{ratio} tensors against 4/3:\n{all}");
+            }
+        }
         assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind after:\n{all}");
     }
 }

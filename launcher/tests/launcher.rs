@@ -33,6 +33,42 @@ fn runs_a_switch_and_every_rank_with_prefixed_output() {
 }
 
 #[test]
+fn runs_several_switches_and_gives_every_rank_their_list() {
+    let output = launcher()
+        .args(["-n", "3", "--switches", "2", "--"])
+        .arg(allreduce())
+        .args(["--numel", "1000,77", "--jobs", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for rank in 0..3 {
+        let line = format!("[{rank}] rank {rank}: job 1: 77 elements verified");
+        assert!(stdout.contains(&line), "missing '{line}' in:\n{stdout}");
+    }
+    // Both switches summed: each printed its final counters, with sessions in them.
+    assert_eq!(stdout.matches("[switch] stats: datagrams").count(), 2, "{stdout}");
+    let listed = launcher()
+        .args(["-n", "1", "--switches", "3", "--", "sh", "-c"])
+        .arg("echo $NETAGG_GENERAL__SWITCHES")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    let list = listed.lines().find_map(|line| line.strip_prefix("[0] ")).expect("rank 0's line");
+    assert_eq!(list.split(',').filter(|address| address.starts_with("127.0.0.1:")).count(), 3, "{listed}");
+    for (args, expected) in [
+        (&["--switches", "0"][..], "--switches takes a number of switches from 1 to 53"),
+        (&["--colocated"][..], "--colocated puts a switch in each worker's namespace of an emulated network"),
+        (&["--switches", "2", "--switch", "h:1"][..], "--switch names one running switch"),
+    ] {
+        let output = launcher().args(["-n", "2"]).args(args).args(["--", "true"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn sets_the_rank_variables_of_netagg_and_of_pytorch() {
     let output = launcher()
         .args(["-n", "2", "--", "sh", "-c"])

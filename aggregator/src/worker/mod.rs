@@ -30,6 +30,7 @@ use netagg_wire::WireError;
 use crate::pacer::{DeliveryBatch, LinkPacer, PacingConfig};
 
 mod job;
+mod keys;
 mod receive;
 mod recovery;
 mod send;
@@ -39,6 +40,7 @@ mod testing;
 mod timers;
 
 pub use job::{JobError, JobSpec, JobStatus};
+pub use keys::{SessionKey, SessionKeys};
 pub use streams::{BlockMask, Layout};
 
 use timers::{RttEstimate, YEAR};
@@ -66,10 +68,8 @@ pub trait BlockIo {
 /// Parameters of one worker thread in one session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerConfig {
-    pub session: u32,
-    /// The session's secret from the switch's accept; sent in every packet, and a result
-    /// without it is not from the session's switch.
-    pub token: u64,
+    /// The session's id and token of each slot's switch.
+    pub keys: SessionKeys,
     pub rank: u16,
     /// This thread's slots are `slot_base..slot_base + slots`.
     pub slot_base: u16,
@@ -232,6 +232,8 @@ struct SlotState {
     paced: bool,
     /// Consecutive timeouts of this slot; each doubles its timeout.
     backoff: u32,
+    /// The session as this slot's switch knows it.
+    key: SessionKey,
     /// When this slot's retransmission timer fires; re-armed at every send.
     deadline: Option<Instant>,
     /// The deadline of this slot's live entry in `timers`. Re-arming to a later deadline
@@ -326,7 +328,8 @@ impl WorkerProtocol {
         config.max_retransmit_timeout = config.max_retransmit_timeout.min(YEAR);
         config.job_timeout = config.job_timeout.min(YEAR);
         let slots = (0..config.slots)
-            .map(|_| SlotState {
+            .map(|index| SlotState {
+                key: config.keys.key(config.slot_base.wrapping_add(index)),
                 next_round: 0,
                 active: false,
                 have: u32::MAX,

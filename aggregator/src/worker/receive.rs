@@ -102,19 +102,19 @@ impl WorkerProtocol {
                 return Err(RejectReason::NotAResult)
             }
         };
-        if repr.session != self.config.session {
+        let index = repr.slot.wrapping_sub(self.config.slot_base);
+        let Some(slot) = self.slots.get(usize::from(index)) else {
+            return Err(RejectReason::WrongSlot);
+        };
+        if repr.session != slot.key.session {
             return Err(RejectReason::WrongSession);
         }
-        if repr.token != self.config.token {
+        if repr.token != slot.key.token {
             return Err(RejectReason::WrongToken);
         }
         // A notice or report answers one worker's question, so it is never broadcast.
         if repr.rank != self.config.rank && (answer || repr.rank != BROADCAST_RANK) {
             return Err(RejectReason::WrongRank);
-        }
-        let index = repr.slot.wrapping_sub(self.config.slot_base);
-        if index >= self.config.slots {
-            return Err(RejectReason::WrongSlot);
         }
         Ok(index)
     }

@@ -107,7 +107,9 @@ impl WorkerProtocol {
         for base in 0..self.slots.len() {
             if base >= covered && self.slots[base].active {
                 self.pending.push_back((base as u16, Send::Probe));
-                covered = base + stretch;
+                // A report covers only its switch's slots: the next switch's get a probe
+                // of their own.
+                covered = (base + stretch).min(self.local_owner_end(base as u16));
             }
         }
         self.arm_timer(index, now);
@@ -183,7 +185,9 @@ impl WorkerProtocol {
         let probed = report.packet_id;
         let contributions = report.contributions();
         let mut recovered = false;
-        for (offset, open_round) in open_rounds.chunks_exact(ELEMENT_LEN).enumerate() {
+        // Past its switch's slots, a report speaks of slots that switch never sees.
+        let owned = self.local_owner_end(index) - usize::from(index);
+        for (offset, open_round) in open_rounds.chunks_exact(ELEMENT_LEN).take(owned).enumerate() {
             let open_round = u32::from_le_bytes([open_round[0], open_round[1], open_round[2], open_round[3]]);
             let at = index as usize + offset;
             let Some(slot) = self.slots.get_mut(at) else {
@@ -222,6 +226,14 @@ impl WorkerProtocol {
             // A loss, not (only) a late peer: the slots not covered may have lost theirs too.
             self.end_wait(now);
         }
+    }
+
+    /// The first of this thread's slot indices past `index` whose switch is another
+    /// than `index`'s (the thread's slot count where none is).
+    fn local_owner_end(&self, index: u16) -> usize {
+        let base = usize::from(self.config.slot_base);
+        let end = self.config.keys.owner_end(self.config.slot_base.wrapping_add(index));
+        end.saturating_sub(base).min(self.slots.len())
     }
 
     /// Ends the thread's wait behind a probe, on progress or on evidence of a loss: the
@@ -305,6 +317,56 @@ mod tests {
         assert_eq!(protocol.status(), &JobStatus::Done);
         let counters = protocol.counters();
         assert_eq!((counters.probes, counters.progress_reports, counters.retransmissions), (2, 1, 0));
+    }
+
+    #[test]
+    fn a_thread_whose_slots_two_switches_share_keys_and_probes_each_with_its_own() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        // Slots 0 and 1 are switch A's (session 5), 2 and 3 switch B's (session 6).
+        let key = |session| crate::worker::SessionKey { session, token: u64::from(session) * 100 };
+        let keys = crate::worker::SessionKeys::sharded([(0..2, key(5)), (2..4, key(6))]).unwrap();
+        let config = WorkerConfig { packet_elements: 8, keys, ..config(4, timeout) };
+        let mut protocol = WorkerProtocol::new(config, start);
+        let job = JobSpec {
+            job: 1,
+            element_type: netagg_wire::ElementType::Int32,
+            elements: 64,
+            layout: Layout::Dense,
+            exponents: false,
+        };
+        protocol.start_job(start, job).unwrap();
+        let first = sent(&mut protocol, start);
+        let keyed: Vec<_> =
+            first.iter().map(|p| (parsed(p).slot, parsed(p).session, parsed(p).token)).collect();
+        assert_eq!(keyed, [(0, 5, 500), (1, 5, 500), (2, 6, 600), (3, 6, 600)]);
+        // A result for slot 2 under switch A's key is not switch B's.
+        let mut misdirected = result_of(&first[2]);
+        Packet::new_unchecked(&mut misdirected[..]).set_session(5);
+        Packet::new_unchecked(&mut misdirected[..]).set_token(500);
+        assert_eq!(
+            protocol.handle_datagram(start, &misdirected, &mut Numbers),
+            Delivery::Rejected(crate::worker::RejectReason::WrongSession)
+        );
+        // Nothing comes back: one probe per switch, though one report could cover all four.
+        protocol.handle_timeout(start + timeout);
+        let probes = sent(&mut protocol, start + timeout);
+        let asked: Vec<_> =
+            probes.iter().map(|p| (parsed(p).message_type, parsed(p).slot, parsed(p).session)).collect();
+        assert_eq!(asked, [(MessageType::Probe, 0, 5), (MessageType::Probe, 2, 6)]);
+        // Switch A's report covers the slots from 0 on, as an engine's does: it holds the
+        // contributions of its own (rounds 0 open) and knows nothing of slots 2 and 3, which
+        // are left alone rather than resent.
+        let now = start + timeout;
+        let report = progress_of(&probes[0], &[0, 0, 0, 0], 0b0011);
+        assert_eq!(protocol.handle_datagram(now, &report, &mut Numbers), Delivery::Progress);
+        assert!(sent(&mut protocol, now).is_empty());
+        // Switch B's report: neither of its slots has this worker's contribution.
+        let report = progress_of(&probes[1], &[0, 0], 0);
+        assert_eq!(protocol.handle_datagram(now, &report, &mut Numbers), Delivery::Progress);
+        let resent: Vec<_> =
+            sent(&mut protocol, now).iter().map(|p| (parsed(p).slot, parsed(p).session)).collect();
+        assert_eq!(resent, [(2, 6), (3, 6)]);
     }
 
     #[test]

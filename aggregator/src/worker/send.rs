@@ -143,7 +143,7 @@ impl WorkerProtocol {
             message_type: MessageType::Ack,
             element_type: job.spec.element_type,
             flags: if sparse { Flags::SPARSE } else { Flags::NONE },
-            session: self.config.session,
+            session: slot.key.session,
             job: job.spec.job,
             packet_id: 0,
             rank: self.config.rank,
@@ -154,7 +154,7 @@ impl WorkerProtocol {
             block: 0,
             next_block: 0,
             ack_round: slot.have,
-            token: self.config.token,
+            token: slot.key.token,
         };
         match send {
             Send::Ack => self.counters.acks_sent += 1,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::{BROADCAST_RANK, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
-use super::{BlockIo, JobSpec, Layout, WorkerConfig, WorkerProtocol};
+use super::{BlockIo, JobSpec, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol};
 use crate::pacer::PacingConfig;
 
 /// Blocks of int32 elements, each element being the block's number.
@@ -80,8 +80,7 @@ pub(super) fn progress_of(probe: &[u8], open_rounds: &[u32], contributions: u64)
 /// retransmission timeout `timeout`.
 pub(super) fn config(slots: u16, timeout: Duration) -> WorkerConfig {
     WorkerConfig {
-        session: 1,
-        token: 2,
+        keys: SessionKeys::one(SessionKey { session: 1, token: 2 }),
         rank: 0,
         slot_base: 0,
         slots,

@@ -28,7 +28,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget};
 use netagg::config::Origin;
 use netagg::{bf16, f16, Config, Context, DataType, Element, Job, SparseMode, ThreadCounters, WirePrecision};
 use netagg_benches::data::Contents;
-use netagg_benches::model::{Bound, Link, Scenario};
+use netagg_benches::model::{Aggregators, Bound, Link, Scenario};
 use netagg_benches::parse_count;
 use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
 use netagg_benches::traffic::{downstream_model, upstream_model, Fractions, Traffic};
@@ -105,6 +105,14 @@ struct Options {
     /// The links' one-way delay, with --link-rate: 5ms, 250us.
     #[arg(long, env = "EMULATED_LINK_DELAY", default_value = "0", value_parser = parse_duration)]
     link_delay: Duration,
+    /// With --link-rate: the switches (general.switches) run on hosts of their own, each
+    /// behind a link of this rate each way (no delay), for the model.
+    #[arg(long, env = "EMULATED_SWITCH_HOST_RATE", value_parser = parse_rate)]
+    switch_host_rate: Option<f64>,
+    /// With --link-rate: one switch runs on each worker's host, behind its link, for the
+    /// model.
+    #[arg(long, env = "EMULATED_COLOCATED")]
+    colocated: bool,
     /// Also print the results as one line of JSON, last.
     #[arg(long)]
     json: bool,
@@ -229,6 +237,11 @@ fn main() -> ExitCode {
 fn check(options: &Options) -> Result<(), String> {
     if options.link_rate.is_none() && !options.link_delay.is_zero() {
         return Err("--link-delay needs --link-rate: the model needs both".into());
+    }
+    if options.switch_host_rate.is_some() && options.colocated {
+        return Err("--switch-host-rate puts the switches on hosts of their own, --colocated on the \
+                    workers': give one of them"
+            .into());
     }
     let group =
         if options.sync_every == 0 { options.num_jobs } else { options.sync_every.min(options.num_jobs) };
@@ -661,15 +674,23 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
         (Some(rates), Some(summary)) => {
             let elements = groups.first().map_or(0, |(elements, _)| *elements);
             let window = u64::from(general.max_outstanding_packets);
-            Some(predict(
-                rates,
-                options.link_delay,
-                workers,
-                elements * wire_element_size as u64,
-                u64::from(general.packet_numel) * ELEMENT_LEN as u64,
-                window,
-                summary,
-            )?)
+            let count = context.config().switch_addresses().len();
+            let aggregators = match options.switch_host_rate {
+                _ if options.colocated => Aggregators::Colocated,
+                Some(rate) => Aggregators::Dedicated {
+                    count,
+                    link: Link { bits_per_second: rate, delay: Duration::ZERO },
+                },
+                None => Aggregators::Ideal,
+            };
+            let scenario = Scenario {
+                links: rates.links(options.link_delay, workers)?,
+                aggregators,
+                tensor_bytes: elements * wire_element_size as u64,
+                packet_payload_bytes: u64::from(general.packet_numel) * ELEMENT_LEN as u64,
+                window_packets: window,
+            };
+            Some(predict(&scenario, summary))
         }
         _ => None,
     };
@@ -702,20 +723,19 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
     })
 }
 
-/// Prints, and returns, what the cost model predicts for a sync group of `group_bytes`
-/// on links of `rates` and `delay`, beside the measured median.
-fn predict(
-    rates: &Rates,
-    delay: Duration,
-    workers: u16,
-    group_bytes: u64,
-    packet_payload_bytes: u64,
-    window: u64,
-    summary: &Summary,
-) -> Result<ModelReport, String> {
-    let links = rates.links(delay, workers)?;
-    let scenario =
-        Scenario { links, tensor_bytes: group_bytes, packet_payload_bytes, window_packets: window };
+/// Prints, and returns, what the cost model predicts for a sync group in `scenario`,
+/// beside the measured median.
+fn predict(scenario: &Scenario, summary: &Summary) -> ModelReport {
+    let aggregated = match scenario.aggregators {
+        Aggregators::Ideal => String::new(),
+        Aggregators::Dedicated { count, link } => {
+            format!(
+                " over {count} switch hosts at {}",
+                netagg_emulate::link::format_rate(link.bits_per_second as u64)
+            )
+        }
+        Aggregators::Colocated => format!(" over {} colocated switches", scenario.links.len()),
+    };
     let (netagg, ring) = (scenario.netagg(), scenario.ring());
     let bound = match netagg.bound {
         Bound::LinkRate => "link rate",
@@ -723,18 +743,18 @@ fn predict(
     };
     let measured_over_model = summary.median_ns as f64 / netagg.time.as_nanos().max(1) as f64;
     println!(
-        "Model on these links: netagg {} s (bound by the {bound}), a ring {} s; measured median {} s, measured / model {}",
+        "Model on these links: netagg {} s (bound by the {bound}){aggregated}, a ring {} s; measured median {} s, measured / model {}",
         cpp_double(netagg.time.as_secs_f64()),
         cpp_double(ring.as_secs_f64()),
         cpp_double(summary.median_ns as f64 / 1e9),
         cpp_double(measured_over_model)
     );
-    Ok(ModelReport {
+    ModelReport {
         netagg_ns: netagg.time.as_nanos() as u64,
         netagg_bound: bound,
         ring_ns: ring.as_nanos() as u64,
         measured_over_model,
-    })
+    }
 }
 
 /// This worker's payload per job each way as fractions of the tensor's bytes on the wire

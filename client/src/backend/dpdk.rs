@@ -13,7 +13,7 @@ use netagg_dpdk::{DpdkError, ThreadEndpoint};
 use netagg_wire::packet;
 use netagg_wire::Endpoint;
 
-use super::{ControlAddresses, DataPaths, SwitchTransport, Transport};
+use super::{DataPaths, SwitchTransport, Transport};
 use crate::Error;
 
 /// One worker thread's share of the port.
@@ -94,8 +94,8 @@ impl SwitchTransport for DpdkTransport {
         Endpoint::Udp(SocketAddr::V4(self.0.local_address()))
     }
 
-    fn connect(&mut self, paths: &DataPaths, control: ControlAddresses) -> io::Result<()> {
-        let switch = paths.single("dpdk")?;
+    fn connect(&mut self, paths: &DataPaths) -> io::Result<()> {
+        let (switch, control) = paths.single("dpdk")?;
         let Some(SocketAddr::V4(switch)) = switch.udp_address(control.switch) else {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,

@@ -58,55 +58,91 @@ pub trait Transport: Send {
 }
 
 /// A transport to a real switch: the context announces its endpoint when it registers,
-/// then connects it to the data endpoints of the switch's accept.
+/// then connects it to the data endpoints of the switches' accepts.
 pub trait SwitchTransport: Transport {
     /// Where the switch reaches this worker thread. An unspecified IP stands for the
     /// address the registration comes from.
     fn endpoint(&self) -> Endpoint;
-    /// From now on exchanges datagrams with the switch's data path at `paths`, each
-    /// datagram with the endpoint that owns its slot; an unspecified IP in them stands
-    /// for `control.switch`, the control connection's peer.
-    fn connect(&mut self, paths: &DataPaths, control: ControlAddresses) -> io::Result<()>;
+    /// From now on exchanges datagrams with the data paths of `paths`, each datagram with
+    /// the endpoint that owns its slot; an unspecified IP in an endpoint stands for its
+    /// switch's control address.
+    fn connect(&mut self, paths: &DataPaths) -> io::Result<()>;
 }
 
-/// Where a session's packets go: the switch's data endpoints, and the rule of its accept
-/// that names the one owning each slot (a lane of a switch with several data-path
-/// threads, say).
+/// Where a session's packets go: the switches (shards) that share its slots, each with
+/// its data endpoints and the rule of its accept that names the one owning each slot (a
+/// lane of a switch with several data-path threads, say).
+///
+/// Switch `k` of `K` owns the contiguous range of slots [`SlotSplit::Ranges`] gives
+/// endpoint `k` of `K`; among its own endpoints, a slot goes where its accept's split over
+/// all the session's slots says, as with one switch, since a switch is not told which
+/// slots are its.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataPaths {
-    /// In the accept's order; never empty.
-    pub endpoints: Vec<Endpoint>,
-    pub split: SlotSplit,
+    /// In `general.switches` order; never empty.
+    pub switches: Vec<SwitchPaths>,
     /// The session's slots.
     pub slots: u16,
 }
 
+/// One switch's part of a session's data path: what its accept said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwitchPaths {
+    /// In the accept's order; never empty.
+    pub endpoints: Vec<Endpoint>,
+    pub split: SlotSplit,
+    /// The two ends of its control connection.
+    pub control: ControlAddresses,
+}
+
 impl DataPaths {
+    /// The slots switch `switch` owns: a contiguous range, the first switch's the lowest.
+    pub fn switch_slots(&self, switch: usize) -> std::ops::Range<u16> {
+        SlotSplit::Ranges.owned(switch, self.slots, self.switches.len())
+    }
+
+    /// Every switch's data endpoints, switch after switch, each with its switch's
+    /// control addresses: [`DataPaths::owner`] indexes this order.
+    pub fn endpoints(&self) -> impl Iterator<Item = (&Endpoint, ControlAddresses)> {
+        self.switches
+            .iter()
+            .flat_map(|switch| switch.endpoints.iter().map(|endpoint| (endpoint, switch.control)))
+    }
+
     /// The index in [`DataPaths::endpoints`] of the endpoint that takes `datagram`: the
     /// owner of its slot, or the first for bytes too short to name one (mangled by a
     /// fault injector, say).
     pub fn owner(&self, datagram: &[u8]) -> usize {
-        let endpoints = self.endpoints.len();
-        if endpoints <= 1 || datagram.len() < HEADER_LEN {
+        if datagram.len() < HEADER_LEN {
             return 0;
         }
         let slot = Packet::new_unchecked(datagram).slot();
         // A slot beyond the session's, as corruption may make, still goes somewhere.
-        self.split.owner(slot, self.slots, endpoints).min(endpoints - 1)
+        let switches = self.switches.len();
+        let switch = SlotSplit::Ranges.owner(slot, self.slots, switches).min(switches - 1);
+        let before: usize = self.switches[..switch].iter().map(|s| s.endpoints.len()).sum();
+        let SwitchPaths { endpoints, split, .. } = &self.switches[switch];
+        before + split.owner(slot, self.slots, endpoints.len()).min(endpoints.len() - 1)
     }
 
-    /// The one endpoint of a transport that reaches a single one (DPDK and RDMA: a
-    /// switch of one data-path thread); an error naming `backend` otherwise.
-    pub fn single(&self, backend: &str) -> io::Result<&Endpoint> {
-        match &self.endpoints[..] {
-            [one] => Ok(one),
-            all => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
+    /// The one endpoint of a transport that reaches a single one (DPDK and RDMA: one
+    /// switch of one data-path thread), with its switch's control addresses; an error
+    /// naming `backend` otherwise.
+    pub fn single(&self, backend: &str) -> io::Result<(&Endpoint, ControlAddresses)> {
+        let refused = |message: String| Err(io::Error::new(io::ErrorKind::Unsupported, message));
+        match &self.switches[..] {
+            [one] => match &one.endpoints[..] {
+                [endpoint] => Ok((endpoint, one.control)),
+                all => refused(format!(
                     "the switch announces {} data endpoints (switch.threads > 1); the {backend} backend \
                      reaches one: run that switch with switch.threads = 1, or use backend = udp",
                     all.len()
-                ),
+                )),
+            },
+            all => refused(format!(
+                "the session spans {} switches (general.switches); the {backend} backend reaches one: \
+                 list one switch, or use backend = udp",
+                all.len()
             )),
         }
     }
@@ -115,7 +151,7 @@ impl DataPaths {
 impl std::fmt::Display for DataPaths {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut separator = "";
-        for endpoint in &self.endpoints {
+        for (endpoint, _) in self.endpoints() {
             write!(f, "{separator}{endpoint}")?;
             separator = ", ";
         }
@@ -171,10 +207,19 @@ mod paths_tests {
 
     use super::*;
 
-    fn paths(endpoints: usize) -> DataPaths {
-        let endpoints =
-            (0..endpoints).map(|i| Endpoint::Udp(([10, 0, 0, 1], 48864 + i as u16).into())).collect();
-        DataPaths { endpoints, split: SlotSplit::Ranges, slots: 8 }
+    /// `switches` switches of `endpoints` endpoints each, their ports numbered in a row.
+    fn paths(switches: usize, endpoints: usize) -> DataPaths {
+        let control = ControlAddresses { switch: [10, 0, 0, 1].into(), local: [10, 0, 0, 9].into() };
+        let switches = (0..switches)
+            .map(|switch| SwitchPaths {
+                endpoints: (0..endpoints)
+                    .map(|i| Endpoint::Udp(([10, 0, 0, 1], 48864 + (switch * endpoints + i) as u16).into()))
+                    .collect(),
+                split: SlotSplit::Ranges,
+                control,
+            })
+            .collect();
+        DataPaths { switches, slots: 8 }
     }
 
     fn packet(slot: u16) -> Vec<u8> {
@@ -186,24 +231,52 @@ mod paths_tests {
 
     #[test]
     fn each_datagram_goes_to_the_owner_of_its_slot() {
-        let owners: Vec<usize> = (0..8).map(|slot| paths(2).owner(&packet(slot))).collect();
+        let owners: Vec<usize> = (0..8).map(|slot| paths(1, 2).owner(&packet(slot))).collect();
         assert_eq!(owners, [0, 0, 0, 0, 1, 1, 1, 1]);
         // A slot past the session's, or bytes too short for a header, still go somewhere.
-        assert_eq!(paths(2).owner(&packet(40)), 1);
-        assert_eq!(paths(2).owner(&[1, 2, 3]), 0);
-        assert_eq!(paths(1).owner(&packet(7)), 0);
+        assert_eq!(paths(1, 2).owner(&packet(40)), 1);
+        assert_eq!(paths(1, 2).owner(&[1, 2, 3]), 0);
+        assert_eq!(paths(1, 1).owner(&packet(7)), 0);
+    }
+
+    #[test]
+    fn switches_own_contiguous_ranges_and_their_lanes_split_as_they_would_alone() {
+        let owners: Vec<usize> = (0..8).map(|slot| paths(2, 1).owner(&packet(slot))).collect();
+        assert_eq!(owners, [0, 0, 0, 0, 1, 1, 1, 1]);
+        assert_eq!((paths(2, 1).switch_slots(0), paths(2, 1).switch_slots(1)), (0..4, 4..8));
+        let four = paths(4, 1);
+        assert_eq!(
+            (0..8).map(|slot| four.owner(&packet(slot))).collect::<Vec<_>>(),
+            [0, 0, 1, 1, 2, 2, 3, 3]
+        );
+        // Switch 1 of 2, with two lanes: its slots 4 to 7 all fall in its second lane's half
+        // of the session, endpoint 1 of its own (3 of all).
+        let lanes = paths(2, 2);
+        assert_eq!(
+            (0..8).map(|slot| lanes.owner(&packet(slot))).collect::<Vec<_>>(),
+            [0, 0, 0, 0, 3, 3, 3, 3]
+        );
+        assert_eq!(lanes.endpoints().count(), 4);
+        assert_eq!(paths(3, 1).owner(&packet(200)), 2);
     }
 
     #[test]
     fn a_backend_that_reaches_one_endpoint_refuses_several_by_name() {
-        assert_eq!(paths(1).single("dpdk").unwrap(), &paths(1).endpoints[0]);
-        let error = paths(2).single("dpdk").unwrap_err();
+        let one = paths(1, 1);
+        assert_eq!(one.single("dpdk").unwrap(), (&one.switches[0].endpoints[0], one.switches[0].control));
+        let error = paths(1, 2).single("dpdk").unwrap_err();
         assert_eq!(
             error.to_string(),
             "the switch announces 2 data endpoints (switch.threads > 1); the dpdk backend reaches one: run that \
              switch with switch.threads = 1, or use backend = udp"
         );
-        assert_eq!(paths(2).to_string(), "udp 10.0.0.1:48864, udp 10.0.0.1:48865");
+        let error = paths(2, 1).single("rdma").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the session spans 2 switches (general.switches); the rdma backend reaches one: list one switch, \
+             or use backend = udp"
+        );
+        assert_eq!(paths(1, 2).to_string(), "udp 10.0.0.1:48864, udp 10.0.0.1:48865");
     }
 }
 

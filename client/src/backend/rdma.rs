@@ -15,7 +15,7 @@ use netagg_config::Config;
 use netagg_rdma::{Connection, Options};
 use netagg_wire::{packet, Endpoint};
 
-use super::{ControlAddresses, DataPaths, SwitchTransport, Transport};
+use super::{DataPaths, SwitchTransport, Transport};
 use crate::Error;
 
 /// How long a lent send buffer is waited for while every one is in flight: far beyond
@@ -137,8 +137,8 @@ impl SwitchTransport for RdmaTransport {
         Endpoint::Rdma { address: SocketAddr::new(ip, 0), tag: self.tag }
     }
 
-    fn connect(&mut self, paths: &DataPaths, control: ControlAddresses) -> io::Result<()> {
-        let switch = paths.single("rdma")?;
+    fn connect(&mut self, paths: &DataPaths) -> io::Result<()> {
+        let (switch, control) = paths.single("rdma")?;
         let Endpoint::Rdma { .. } = switch else {
             let message = format!("the switch's data path is {switch}, not RDMA");
             return Err(io::Error::new(io::ErrorKind::Unsupported, message));

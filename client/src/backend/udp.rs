@@ -4,7 +4,7 @@
 //! its results arrive through recvmmsg and GRO ([`netagg_udp::BatchSocket`]), so a
 //! window of packets costs a few system calls rather than one each. A batch goes to one
 //! destination: with several data endpoints, a packet for another endpoint than the
-//! batch's sends the batch first. The switch's slot split gives a thread's contiguous
+//! batch's sends the batch first. The switches' slot split gives a thread's contiguous
 //! slots to as few endpoints as it can, so batches stay long.
 
 use std::io;
@@ -14,14 +14,14 @@ use std::time::Duration;
 use netagg_udp::{BatchSocket, SegmentBatch};
 use netagg_wire::Endpoint;
 
-use super::{ControlAddresses, DataPaths, SwitchTransport, Transport};
+use super::{DataPaths, SwitchTransport, Transport};
 
 /// A worker thread's socket, bound before registration so its port can be announced.
 pub struct UdpTransport {
     socket: BatchSocket,
     local: SocketAddr,
-    /// The switch's data addresses and which takes each datagram; `None` until
-    /// connected.
+    /// The switches' data addresses, in [`DataPaths::endpoints`] order, and which takes
+    /// each datagram; `None` until connected.
     switch: Option<(Vec<SocketAddr>, DataPaths)>,
     pending: SegmentBatch,
     /// The index in the switch's addresses of where `pending` goes.
@@ -100,11 +100,10 @@ impl SwitchTransport for UdpTransport {
         Endpoint::Udp(self.local)
     }
 
-    fn connect(&mut self, paths: &DataPaths, control: ControlAddresses) -> io::Result<()> {
+    fn connect(&mut self, paths: &DataPaths) -> io::Result<()> {
         let addresses = paths
-            .endpoints
-            .iter()
-            .map(|endpoint| {
+            .endpoints()
+            .map(|(endpoint, control)| {
                 endpoint.udp_address(control.switch).ok_or_else(|| {
                     let message = format!("the switch's data path is {endpoint}, not UDP");
                     io::Error::new(io::ErrorKind::Unsupported, message)

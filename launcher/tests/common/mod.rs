@@ -62,12 +62,17 @@ pub fn namespaces_of(prefix: &str) -> Vec<String> {
 
 /// The report's row of `rank`: its columns after the rank.
 pub fn report_row(output: &str, rank: usize) -> Vec<String> {
+    labelled_row(output, &rank.to_string())
+}
+
+/// The report's row labelled `label` (a rank, or a switch host's `s0`, `s1`, ...).
+pub fn labelled_row(output: &str, label: &str) -> Vec<String> {
     output
         .lines()
         .filter_map(|line| line.strip_prefix("netagg-run: "))
         .map(|line| line.split_whitespace().map(str::to_string).collect::<Vec<_>>())
-        .find(|fields| fields.first().map(String::as_str) == Some(&rank.to_string()) && fields.len() == 7)
-        .unwrap_or_else(|| panic!("no report row for rank {rank} in:\n{output}"))
+        .find(|fields| fields.first().map(String::as_str) == Some(label) && fields.len() == 7)
+        .unwrap_or_else(|| panic!("no report row for {label} in:\n{output}"))
 }
 
 /// "a/b" as two numbers.
