@@ -95,7 +95,12 @@ mod tests {
     use super::*;
 
     fn memory(input: usize, output: usize, numel: usize) -> JobMemory {
-        JobMemory::new(input as *const u8, output as *const u8, numel, DataType::Int32)
+        JobMemory::new(
+            std::ptr::without_provenance(input),
+            std::ptr::without_provenance(output),
+            numel,
+            DataType::Int32,
+        )
     }
 
     #[test]
