@@ -51,7 +51,8 @@ pub trait Codec: Send + Sync + 'static {
     fn encode(&self, data_type: DataType, elements: &[u8], payload: &mut [u8], exponent: Option<i8>);
 
     /// Decodes the sum in `payload` into `elements` (as many elements, of the tensor's
-    /// type).
+    /// type). `elements` holds the output's old bytes, or zeros where the caller's
+    /// memory may never have been written; neither is of use to the codec.
     fn decode(&self, data_type: DataType, payload: &[u8], elements: &mut [u8], exponent: Option<i8>);
 }
 
