@@ -79,6 +79,9 @@ enum netagg_result
   // The backend's device could not start (DPDK's EAL or port, say); the message says
   // why.
   NETAGG_BACKEND,
+  // A buffer of the job meets one of a job still in flight where either writes; the
+  // message names that job.
+  NETAGG_BUFFER_IN_USE,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -315,7 +318,11 @@ void netagg_context_free(struct netagg_context *context);
 // Sums `numel` elements of `data_type` (a `netagg_data_type`) over every rank: reads
 // `input`, writes the sums to `output` (the same pointer for in place) and returns when
 // they are there, or the job failed (within `general.job_timeout` if the switch or a
-// worker died). The buffers may not overlap unless they are the same. float32 elements
+// worker died). The buffers may not overlap unless they are the same
+// (`NETAGG_INVALID_ARGUMENT`); `output` may be memory never written (`malloc`'s). A
+// buffer another job still in flight writes, or reads where this one would write, is
+// `NETAGG_BUFFER_IN_USE`, unless that job has the same buffers and type (then the two
+// run one after the other on each element). float32 elements
 // travel as the configuration's `general.wire_precision` says: as they are, or rounded
 // to float16 or bfloat16 (half the bytes) and their sums widened back. Thread-safe.
 //

@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use netagg_aggregator::{PacingConfig, SessionKey, SessionKeys, WorkerConfig};
@@ -23,7 +24,8 @@ use crate::backend::{Links, SwitchTransport, Transport};
 use crate::codec::{BlockFloatingPoint, Codec, Native};
 use crate::codec16::Float32As16Bit;
 use crate::driver::{worker_thread, Shared, Slice};
-use crate::job::{DataType, Element, Job, JobShared, TensorJob};
+use crate::in_flight::JobMemory;
+use crate::job::{DataType, Element, Job, JobBuffers, JobShared, OutputMemory, TensorJob};
 use crate::registration::{register, watch_session, SwitchSession};
 use crate::stats::Stats;
 use crate::Error;
@@ -186,7 +188,14 @@ impl Context {
         let pointer = data.as_mut_ptr();
         // SAFETY: `data` stays borrowed until the job ends: `wait` returns only then.
         let job = unsafe {
-            self.submit_raw(pointer.cast_const().cast(), pointer.cast(), data.len(), T::DATA_TYPE, None)?
+            self.submit(
+                pointer.cast_const().cast(),
+                pointer.cast(),
+                data.len(),
+                T::DATA_TYPE,
+                None,
+                OutputMemory::Initialised,
+            )?
         };
         job.wait()
     }
@@ -198,12 +207,13 @@ impl Context {
         }
         // SAFETY: both buffers stay borrowed until the job ends: `wait` returns only then.
         let job = unsafe {
-            self.submit_raw(
+            self.submit(
                 input.as_ptr().cast(),
                 output.as_mut_ptr().cast(),
                 input.len(),
                 T::DATA_TYPE,
                 None,
+                OutputMemory::Initialised,
             )?
         };
         job.wait()
@@ -217,18 +227,30 @@ impl Context {
         // SAFETY: the Vec's heap buffer does not move when the Vec is boxed, and the job
         // keeps the box alive until it ends.
         let job = unsafe {
-            self.submit_raw(pointer.cast(), pointer.cast(), len, T::DATA_TYPE, Some(Box::new(data)))?
+            self.submit(
+                pointer.cast(),
+                pointer.cast(),
+                len,
+                T::DATA_TYPE,
+                Some(Box::new(data)),
+                OutputMemory::Initialised,
+            )?
         };
         Ok(TensorJob::new(job))
     }
 
     /// Submits an allreduce of `numel` elements read from `input` and written to `output`
-    /// (they may be equal: in place).
+    /// (they may be equal: in place; otherwise they must not overlap).
+    ///
+    /// A job whose buffers meet those of a job still in flight where either writes is
+    /// refused ([`Error::BufferInUse`]), unless both are the same buffers of the same type:
+    /// such jobs run one after the other on each element.
     ///
     /// # Safety
-    /// `input` must be readable and `output` writable for `numel` elements of
-    /// `data_type`, and neither may be written by anyone else (nor `output` read) until
-    /// the job has finished or failed.
+    /// `input` must be readable and initialised, and `output` writable, for `numel`
+    /// elements of `data_type` (`output` may hold bytes never written, as C's `malloc`
+    /// gives them); neither may be written by anyone else (nor `output` read) until the
+    /// job has finished or failed.
     pub unsafe fn submit_raw(
         &self,
         input: *const u8,
@@ -236,6 +258,24 @@ impl Context {
         numel: usize,
         data_type: DataType,
         keepalive: Option<Box<dyn std::any::Any + Send>>,
+    ) -> Result<Job, Error> {
+        // SAFETY: the caller's contract, which allows output never written.
+        unsafe { self.submit(input, output, numel, data_type, keepalive, OutputMemory::MaybeUninitialised) }
+    }
+
+    /// [`Context::submit_raw`], told whether `output` is initialised memory.
+    ///
+    /// # Safety
+    /// As [`Context::submit_raw`]'s, and `output` holds initialised bytes if
+    /// `output_memory` says so.
+    unsafe fn submit(
+        &self,
+        input: *const u8,
+        output: *mut u8,
+        numel: usize,
+        data_type: DataType,
+        keepalive: Option<Box<dyn std::any::Any + Send>>,
+        output_memory: OutputMemory,
     ) -> Result<Job, Error> {
         if self.shared.stopping.load(Ordering::Acquire) {
             return Err(Error::Stopped);
@@ -246,16 +286,23 @@ impl Context {
         if numel > 0 && (input.is_null() || output.is_null()) {
             return Err(Error::NullBuffer);
         }
+        let memory = JobMemory::new(input, output, numel, data_type);
+        memory.check_apart_or_in_place()?;
         if numel > 0 {
             // SAFETY: the caller guarantees `numel` readable elements at `input`.
             let elements = unsafe { crate::slice_io::input_bytes(input, numel * data_type.size()) };
             self.codec.check(data_type, elements).map_err(Error::InvalidInput)?;
         }
+        // In place, the output is the input, which is initialised.
+        let output_memory =
+            if std::ptr::eq(input, output) { OutputMemory::Initialised } else { output_memory };
         let queues = self.slices.lock().unwrap_or_else(|p| p.into_inner());
         if queues.is_empty() {
             return Err(Error::Stopped);
         }
-        let id = self.next_job.fetch_add(1, Ordering::Relaxed);
+        // Numbered only once admitted: a refused job takes no number, which every rank's
+        // next job must share.
+        let id = self.next_job.load(Ordering::Relaxed);
         let packet = self.codec.wire_type(data_type).per_packet(self.config.general.packet_numel) as usize;
         let blocks = numel.div_ceil(packet);
         let threads = queues.len();
@@ -270,7 +317,12 @@ impl Context {
             }
             first_block += count;
         }
-        let job = JobShared::new(id, data_type, numel, input, output, keepalive, slices.len());
+        if !slices.is_empty() {
+            self.shared.in_flight.lock().unwrap_or_else(|p| p.into_inner()).admit(id, memory)?;
+        }
+        self.next_job.store(id + 1, Ordering::Relaxed);
+        let buffers = JobBuffers { input, output, output_memory };
+        let job = JobShared::new(id, data_type, numel, buffers, keepalive, slices.len());
         {
             let mut stats = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
             stats.jobs_submitted += 1;
@@ -286,7 +338,7 @@ impl Context {
             let slice = Slice { job: Arc::clone(&job), first_block, block_elements: packet, elements };
             if let Err(crossbeam_channel::SendError(slice)) = queues[thread].send(slice) {
                 // The thread is gone (stopped): the slice fails rather than hangs.
-                slice.job.finish_slice(Err(Error::Stopped), |failed| self.shared.job_ended(failed));
+                slice.job.finish_slice(Err(Error::Stopped), |failed| self.shared.job_ended(id, failed));
             }
         }
         Ok(Job { shared: job })
@@ -294,10 +346,29 @@ impl Context {
 
     /// Waits until every submitted job has finished or failed.
     pub fn wait_all(&self) {
+        self.wait_all_until(None);
+    }
+
+    /// Waits at most `timeout` for every submitted job to end: whether they all have.
+    pub fn wait_all_timeout(&self, timeout: Duration) -> bool {
+        self.wait_all_until(Some(Instant::now() + timeout))
+    }
+
+    fn wait_all_until(&self, deadline: Option<Instant>) -> bool {
         let mut outstanding = self.shared.outstanding.lock().unwrap_or_else(|p| p.into_inner());
         while *outstanding > 0 {
-            outstanding = self.shared.all_done.wait(outstanding).unwrap_or_else(|p| p.into_inner());
+            outstanding = match deadline {
+                None => self.shared.all_done.wait(outstanding).unwrap_or_else(|p| p.into_inner()),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    self.shared.all_done.wait_timeout(outstanding, left).unwrap_or_else(|p| p.into_inner()).0
+                }
+            };
         }
+        true
     }
 
     /// Counters so far.

@@ -17,6 +17,7 @@ use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
 
 use crate::backend::Transport;
 use crate::codec::Codec;
+use crate::in_flight::InFlightMemory;
 use crate::job::JobShared;
 use crate::slice_io::SliceIo;
 use crate::stats::Stats;
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     pub stats: Mutex<Stats>,
     /// Jobs submitted and not yet ended, for `Context::wait_all`.
     pub outstanding: Mutex<usize>,
+    /// The memory of those jobs, which no other job may race.
+    pub in_flight: Mutex<InFlightMemory>,
     pub all_done: Condvar,
     /// Whether zero blocks stay off the wire (`general.sparse`).
     pub sparse: SparseMode,
@@ -59,6 +62,7 @@ impl Shared {
             session_lost: Mutex::new(None),
             stats: Mutex::new(Stats::new(threads)),
             outstanding: Mutex::new(0),
+            in_flight: Mutex::new(InFlightMemory::default()),
             all_done: Condvar::new(),
             sparse,
         }
@@ -68,7 +72,9 @@ impl Shared {
         self.session_lost.lock().unwrap_or_else(|p| p.into_inner()).clone().map(Error::SessionLost)
     }
 
-    pub fn job_ended(&self, failed: bool) {
+    /// Accounts job `job`'s end and frees its memory for other jobs.
+    pub fn job_ended(&self, job: u64, failed: bool) {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).release(job);
         {
             let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
             if failed {
@@ -145,7 +151,7 @@ pub(crate) fn worker_thread(
             stats.add_thread(thread, &now.since(&reported));
             reported = now;
         }
-        slice.job.finish_slice(outcome, |failed| shared.job_ended(failed));
+        slice.job.finish_slice(outcome, |failed| shared.job_ended(slice.job.id, failed));
     }
 }
 

@@ -86,15 +86,30 @@ pub enum JobStatus {
     Failed,
 }
 
+/// Whether a job's output memory holds initialised bytes, which a `&mut [u8]` may cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutputMemory {
+    /// A Rust buffer, or the input itself (in place).
+    Initialised,
+    /// A caller's memory that may never have been written (C's `malloc`, NumPy's
+    /// `empty`): each block is zeroed just before its sums are stored there.
+    MaybeUninitialised,
+}
+
+/// Where a job's elements are read from and its sums written to; valid, and not touched
+/// by the caller, until the job is finished or failed (the submitter's contract).
+pub(crate) struct JobBuffers {
+    pub input: *const u8,
+    pub output: *mut u8,
+    pub output_memory: OutputMemory,
+}
+
 /// State shared by a job's handle and the threads carrying its slices.
 pub(crate) struct JobShared {
     pub id: u64,
     pub data_type: DataType,
     pub numel: usize,
-    /// Where the elements are read from and the sums written to; valid, and not touched
-    /// by the caller, until the job is finished or failed (the submitter's contract).
-    pub input: *const u8,
-    pub output: *mut u8,
+    pub buffers: JobBuffers,
     /// Keeps owned buffers alive while the threads use them.
     keepalive: Mutex<Option<Box<dyn Any + Send>>>,
     state: Mutex<JobState>,
@@ -135,8 +150,7 @@ impl JobShared {
         id: u64,
         data_type: DataType,
         numel: usize,
-        input: *const u8,
-        output: *mut u8,
+        buffers: JobBuffers,
         keepalive: Option<Box<dyn Any + Send>>,
         slices: usize,
     ) -> Arc<JobShared> {
@@ -145,8 +159,7 @@ impl JobShared {
             id,
             data_type,
             numel,
-            input,
-            output,
+            buffers,
             keepalive: Mutex::new(keepalive),
             state: Mutex::new(JobState { status, slices_left: slices, error: None, wakers: Vec::new() }),
             done: Condvar::new(),

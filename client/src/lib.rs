@@ -39,6 +39,7 @@ mod codec16;
 mod context;
 mod driver;
 pub mod ffi;
+mod in_flight;
 mod job;
 mod registration;
 mod slice_io;
@@ -95,6 +96,19 @@ pub enum Error {
     LengthMismatch { input: usize, output: usize },
     #[error("a buffer pointer is null")]
     NullBuffer,
+    #[error(
+        "input and output overlap without being the same memory: reduce in place (one buffer) or \
+         into memory of its own"
+    )]
+    OverlappingBuffers,
+    /// A buffer of the job submitted meets one of a job still in flight where either
+    /// writes: the two would race.
+    #[error(
+        "the {buffer} of this job ({bytes} bytes at {start:#x}) overlaps the {other_buffer} of job \
+         {job}, which is still in flight: wait for that job first, or give this one memory of its \
+         own"
+    )]
+    BufferInUse { buffer: &'static str, start: usize, bytes: usize, job: u64, other_buffer: &'static str },
     /// The codec's [`Codec::check`] refused the tensor.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -5,6 +5,11 @@
 //! The job is cut into slices of whole blocks, each moved by one worker thread alone,
 //! so every slice made here lies within the job's buffers and no two threads write the
 //! same bytes. That is the SAFETY argument of every `unsafe` block below.
+//!
+//! The input is initialised memory (the submitter's contract); the output may not be
+//! (C's `malloc`, NumPy's `empty`), and a `&mut [u8]` must not cover bytes never written:
+//! output is written through raw pointers, and a block is zeroed before a codec gets it
+//! as a slice, unless the job says its output is initialised ([`OutputMemory`]).
 
 use std::sync::Arc;
 
@@ -12,7 +17,7 @@ use netagg_aggregator::{BlockIo, Layout};
 use netagg_config::SparseMode;
 
 use crate::codec::Codec;
-use crate::job::{DataType, JobShared};
+use crate::job::{DataType, JobShared, OutputMemory};
 
 /// The `len` bytes of a job's input at `input`, for checking before the job is queued.
 ///
@@ -44,6 +49,8 @@ const PREFETCH_MAX_BLOCK_BYTES: usize = 4096;
 pub(crate) struct SliceIo<'a> {
     input: *const u8,
     output: *mut u8,
+    /// Whether output blocks must be zeroed before a codec writes them as a slice.
+    output_uninitialised: bool,
     bytes: usize,
     block_bytes: usize,
     data_type: DataType,
@@ -75,9 +82,10 @@ impl<'a> SliceIo<'a> {
         SliceIo {
             // SAFETY: the slice lies within the job's buffers (split in `submit_raw`),
             // so the offset stays inside them.
-            input: unsafe { job.input.add(offset) },
+            input: unsafe { job.buffers.input.add(offset) },
             // SAFETY: as for the input.
-            output: unsafe { job.output.add(offset) },
+            output: unsafe { job.buffers.output.add(offset) },
+            output_uninitialised: job.buffers.output_memory == OutputMemory::MaybeUninitialised,
             bytes: elements * job.data_type.size(),
             block_bytes,
             data_type: job.data_type,
@@ -146,10 +154,14 @@ impl BlockIo for SliceIo<'_> {
         let len = if payload.is_empty() { self.block_bytes } else { self.memory_len(payload.len()) };
         let range = self.range(block, len);
         // SAFETY: as in `input`; this thread alone writes this slice's bytes.
-        let target = unsafe { std::slice::from_raw_parts_mut(self.output.add(range.start), range.len()) };
-        if payload.is_empty() {
-            target.fill(0);
-        } else {
+        let target = unsafe { self.output.add(range.start) };
+        if payload.is_empty() || self.output_uninitialised {
+            // SAFETY: as above; raw writes, which need no initialised bytes.
+            unsafe { std::ptr::write_bytes(target, 0, range.len()) };
+        }
+        if !payload.is_empty() {
+            // SAFETY: as above, and the bytes are initialised: the caller's, or zeroed.
+            let target = unsafe { std::slice::from_raw_parts_mut(target, range.len()) };
             let len = self.payload_len(target.len());
             self.codec.decode(self.data_type, &payload[..len], target, exponent);
         }
@@ -213,5 +225,40 @@ impl SliceIo<'_> {
                 unsafe { std::ptr::write_bytes(output.add(range.start), 0, range.len()) }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+
+    use super::*;
+    use crate::codec::Native;
+    use crate::job::JobBuffers;
+
+    /// Output memory as C's `malloc` or NumPy's `empty` give it: never written.
+    fn uninitialised(bytes: usize) -> Vec<MaybeUninit<u8>> {
+        (0..bytes).map(|_| MaybeUninit::uninit()).collect()
+    }
+
+    #[test]
+    fn sums_are_stored_into_output_memory_never_written_before() {
+        let input: Vec<u8> = (0..32).collect();
+        let mut output = uninitialised(32);
+        let buffers = JobBuffers {
+            input: input.as_ptr(),
+            output: output.as_mut_ptr().cast(),
+            output_memory: OutputMemory::MaybeUninitialised,
+        };
+        let job = JobShared::new(1, DataType::Int32, 8, buffers, None, 1);
+        let mut exponents = Vec::new();
+        let mut io = SliceIo::new(&job, 0, 8, 16, Arc::new(Native), &mut exponents);
+        let sums: Vec<u8> = (100..116).collect();
+        io.store(0, &sums, None);
+        io.store(1, &[], None);
+        // SAFETY: both blocks were stored: every byte is written.
+        let output: Vec<u8> = output.iter().map(|byte| unsafe { byte.assume_init() }).collect();
+        assert_eq!(output[..16], sums[..]);
+        assert_eq!(output[16..], [0; 16], "a block whose result is empty stores zeros");
     }
 }

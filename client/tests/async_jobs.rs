@@ -1,5 +1,6 @@
 //! Jobs awaited as futures: several at once under tokio, woken once each by a waker of a
-//! hand-made executor, and ended with an error, not left pending, when the context stops.
+//! hand-made executor, and ended with an error, not left pending, when the context stops;
+//! jobs in flight own their buffers.
 
 mod common;
 
@@ -134,4 +135,54 @@ fn a_job_that_ended_before_it_is_awaited_is_ready_at_once() {
         panic!("pending although ended")
     };
     assert!(sums.unwrap().iter().all(|&sum| sum == 6));
+}
+
+#[test]
+fn a_job_racing_another_s_buffers_is_refused_until_that_one_ends() {
+    let mut config = common::dummy_config(3);
+    config.dummy.bandwidth = 1000.0; // Mbit/s: 4 MiB stay in flight for tens of ms
+    let context = netagg::Context::start(config).unwrap();
+    let mut shared = vec![1.0f32; 1 << 20];
+    let mut other = vec![0.0f32; 16];
+    let pointer: *mut u8 = shared.as_mut_ptr().cast();
+    let (floats, bytes) = (netagg::DataType::Float32, shared.len() * 4);
+    // SAFETY: `shared` outlives every job (waited for below); `other` is only written
+    // by jobs that are refused.
+    unsafe {
+        let first = context.submit_raw(pointer, pointer, shared.len(), floats, None).unwrap();
+        let error =
+            context.submit_raw(pointer.add(64), other.as_mut_ptr().cast(), 16, floats, None).unwrap_err();
+        assert_eq!(
+            error,
+            Error::BufferInUse {
+                buffer: "input",
+                start: pointer as usize + 64,
+                bytes: 64,
+                job: 1,
+                other_buffer: "output"
+            }
+        );
+        let last = pointer.add(bytes - 4);
+        assert!(matches!(
+            context.submit_raw(other.as_ptr().cast(), last, 1, floats, None),
+            Err(Error::BufferInUse { buffer: "output", bytes: 4, job: 1, .. })
+        ));
+        assert_eq!(
+            context.submit_raw(pointer, pointer.add(4), 16, floats, None).unwrap_err(),
+            Error::OverlappingBuffers
+        );
+        // The same buffers again run after the first, element by element.
+        let again = context.submit_raw(pointer, pointer, shared.len(), floats, None).unwrap();
+        assert_eq!(again.id(), 2, "refused jobs take no number");
+        assert!(!context.wait_all_timeout(Duration::from_millis(1)), "the jobs take longer");
+        assert!(context.wait_all_timeout(Duration::from_secs(30)));
+        assert_eq!((first.status(), again.status()), (JobStatus::Finished, JobStatus::Finished));
+        context
+            .submit_raw(pointer.add(64), other.as_mut_ptr().cast(), 16, floats, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    assert_eq!((shared[0], shared[shared.len() - 1]), (9.0, 9.0));
+    assert_eq!(other, vec![27.0f32; 16]);
 }

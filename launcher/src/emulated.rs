@@ -215,10 +215,17 @@ fn run_mpi(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Resu
     let cases: String = (0..workers)
         .map(|rank| format!("  {}) namespace={} ;;\n", fabric.worker_ip(rank), fabric.worker_namespace(rank)))
         .collect();
+    // Each host's daemon and ranks keep their session files (`orte_tmpdir_base`) in a
+    // folder of that host's own, as on machines of their own. In one shared /tmp the
+    // daemons of every namespace, all on a host of the same name, made and removed the
+    // same session folders at once: about one start in ten failed with "mkdir ... File
+    // exists" or "No such file or directory" from orte_session_dir.
     let script = format!(
         "#!/bin/sh\n# mpirun's remote shell for this run: HOST COMMAND... runs COMMAND in HOST's namespace.\n\
          host=$1\nshift\ncase $host in\n{cases}  *) echo \"rsh-agent: no namespace for $host\" >&2; exit 1 ;;\nesac\n\
-         exec ip netns exec \"$namespace\" sh -c \"$*\"\n"
+         sessions='{folder}'/$namespace\nmkdir -p \"$sessions\"\n\
+         exec ip netns exec \"$namespace\" env OMPI_MCA_orte_tmpdir_base=\"$sessions\" sh -c \"$*\"\n",
+        folder = folder.path().display()
     );
     std::fs::write(&hostfile, hosts).map_err(|e| format!("{}: {e}", hostfile.display()))?;
     std::fs::write(&agent, script).map_err(|e| format!("{}: {e}", agent.display()))?;
@@ -226,46 +233,25 @@ fn run_mpi(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Resu
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("{}: {e}", agent.display()))?;
     let subnet = fabric.subnet();
-    // A fresh command for each start: a Command runs once.
-    let mpirun = || {
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", &fabric.switch_namespace(), "mpirun", "-np", &workers.to_string()]);
-        command.arg("--hostfile").arg(&hostfile).arg("--mca").arg("plm_rsh_agent").arg(&agent);
-        command.args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", &subnet]);
-        command.args(["--mca", "oob_tcp_if_include", &subnet, "--allow-run-as-root", "--bind-to", "none"]);
-        // A rank waiting for data yields its core rather than spin on it: the ranks of
-        // an emulated network share this machine's cores with each other and with the links.
-        command.args(["--mca", "mpi_yield_when_idle", "1"]);
-        // Every namespace has this machine's host name, which confuses the daemons'
-        // routing tree ("does not know how to route a message to the specified
-        // daemon"): each daemon talks to mpirun directly.
-        command.args(["--mca", "routed", "direct"]);
-        // hwloc's probe of the machine through /sys crashed a daemon (a segmentation fault
-        // in hwloc_alloc_setup_object) in about one run in ten inside these namespaces.
-        // The ranks are not bound to cores, so its generic topology serves as well.
-        command.env("HWLOC_COMPONENTS", "-linux");
-        command.args(&options.program);
-        command
-    };
-    // mpirun itself still crashes at start-up now and then here (a segmentation fault
-    // before any rank runs, about one run in ten in a long series, cause not found; the
-    // links are not involved: nothing crosses them). Such a start is tried again.
-    let mut attempt = 1;
-    loop {
-        let started = std::time::Instant::now();
-        let code = run_ranks(vec![("mpirun".into(), mpirun())], interrupted)?;
-        let crashed_at_start = code == 128 + 11 && started.elapsed() < std::time::Duration::from_secs(10);
-        let interrupted = interrupted.load(std::sync::atomic::Ordering::Relaxed);
-        if !crashed_at_start || attempt == MPI_START_ATTEMPTS || interrupted {
-            return Ok(code);
-        }
-        eprintln!("netagg-run: mpirun crashed while starting (attempt {attempt} of {MPI_START_ATTEMPTS}); starting it again");
-        attempt += 1;
-    }
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", &fabric.switch_namespace(), "mpirun", "-np", &workers.to_string()]);
+    command.arg("--hostfile").arg(&hostfile).arg("--mca").arg("plm_rsh_agent").arg(&agent);
+    command.args(["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", &subnet]);
+    command.args(["--mca", "oob_tcp_if_include", &subnet, "--allow-run-as-root", "--bind-to", "none"]);
+    // A rank waiting for data yields its core rather than spin on it: the ranks of
+    // an emulated network share this machine's cores with each other and with the links.
+    command.args(["--mca", "mpi_yield_when_idle", "1"]);
+    // Every namespace has this machine's host name, which confuses the daemons'
+    // routing tree ("does not know how to route a message to the specified
+    // daemon"): each daemon talks to mpirun directly.
+    command.args(["--mca", "routed", "direct"]);
+    // hwloc's probe of the machine through /sys crashed a daemon (a segmentation fault
+    // in hwloc_alloc_setup_object) in about one run in ten inside these namespaces.
+    // The ranks are not bound to cores, so its generic topology serves as well.
+    command.env("HWLOC_COMPONENTS", "-linux");
+    command.args(&options.program);
+    run_ranks(vec![("mpirun".into(), command)], interrupted)
 }
-
-/// How many times mpirun is started when it crashes at start-up.
-const MPI_START_ATTEMPTS: u32 = 3;
 
 /// Each link's traffic, its queues' drops, its delay line's losses and lateness, and
 /// whether the links or the CPU set the pace.

@@ -8,8 +8,9 @@
 //! session (`general.switches`). Each worker gets `RANK`/`WORLD_SIZE`, the switch's
 //! control address and a session name of its own, so any netagg program runs unchanged;
 //! and, as torchrun sets them, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and
-//! `MASTER_PORT` (a free loopback port), so that a PyTorch program's process group
-//! (`init_process_group` from the environment) forms beside netagg's session.
+//! `MASTER_PORT` (a loopback port held for rank 0, see [`PortReservation`]), so that a
+//! PyTorch program's process group (`init_process_group` from the environment) forms
+//! beside netagg's session.
 //! Output lines are prefixed with the rank. The exit code is that of the first worker
 //! to fail (the others are then stopped), 130 after Ctrl-C, or 0.
 //!
@@ -249,27 +250,29 @@ fn run(options: Options) -> Result<u8, String> {
             .collect::<Result<Vec<_>, String>>(),
     };
     // The switches are stopped on every path, errors included: they must not outlive us.
-    let result = controls.and_then(|controls| Ok((controls, free_loopback_port()?))).and_then(
-        |(controls, rendezvous_port)| {
-            let session = format!("netagg-run-{}", std::process::id());
-            let ranks = (0..options.workers)
-                .map(|rank| {
-                    let mut command = Command::new(&options.program[0]);
-                    command.args(&options.program[1..]);
-                    set_rank_environment(
-                        &mut command,
-                        rank,
-                        options.workers,
-                        ("127.0.0.1", rendezvous_port),
-                        &controls,
-                        &session,
-                    )?;
-                    Ok((rank.to_string(), command))
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            run_ranks(ranks, &interrupted)
-        },
-    );
+    let result = controls.and_then(|controls| {
+        let rendezvous = PortReservation::on_loopback()?;
+        let session = format!("netagg-run-{}", std::process::id());
+        let ranks = (0..options.workers)
+            .map(|rank| {
+                let mut command = Command::new(&options.program[0]);
+                command.args(&options.program[1..]);
+                set_rank_environment(
+                    &mut command,
+                    rank,
+                    options.workers,
+                    ("127.0.0.1", rendezvous.port),
+                    &controls,
+                    &session,
+                )?;
+                Ok((rank.to_string(), command))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        // Held until every rank has ended.
+        let code = run_ranks(ranks, &interrupted);
+        drop(rendezvous);
+        code
+    });
     switches.into_iter().for_each(stop_switch);
     result
 }
@@ -308,13 +311,32 @@ fn start_switch(mut command: Command, host: &str, extra: &[String]) -> Result<(C
     Ok((child, control))
 }
 
-/// A TCP port free on loopback now, for rank 0 of a PyTorch process group to listen on
-/// (as torchrun picks one, it may be taken before then, rarely).
-fn free_loopback_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .map_err(|e| format!("cannot find a free loopback port: {e}"))
+/// A loopback TCP port held for rank 0 of a PyTorch process group while the ranks run.
+///
+/// A port found free by binding and releasing it may be taken before rank 0 binds it
+/// (by another program's outgoing connection, whose source port the kernel picks from
+/// the same range). This socket keeps the port bound, not listening, with
+/// `SO_REUSEADDR`: the kernel then gives it to no other bind and no outgoing connection,
+/// while a listener that sets `SO_REUSEADDR` too, as PyTorch's `TCPStore` (and most
+/// servers) do, may bind and listen on it, since no other socket listens there.
+struct PortReservation {
+    /// Never read: its being open is the reservation.
+    _socket: socket2::Socket,
+    port: u16,
+}
+
+impl PortReservation {
+    fn on_loopback() -> Result<PortReservation, String> {
+        use socket2::{Domain, Socket, Type};
+        let reserve = || -> std::io::Result<PortReservation> {
+            let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())?;
+            let port = socket.local_addr()?.as_socket().map_or(0, |address| address.port());
+            Ok(PortReservation { _socket: socket, port })
+        };
+        reserve().map_err(|e| format!("cannot reserve a loopback port for MASTER_PORT: {e}"))
+    }
 }
 
 /// What a rank needs to know: netagg's rank, world and switches (`controls`, their
@@ -429,4 +451,35 @@ fn stop_switch(mut switch: Child) {
     }
     let _ = switch.kill();
     let _ = switch.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+
+    use socket2::{Domain, Socket, Type};
+
+    use super::*;
+
+    #[test]
+    fn a_reserved_port_is_given_to_no_other_bind_but_a_reusing_listener_takes_it() {
+        let reservation = PortReservation::on_loopback().unwrap();
+        let address = SocketAddr::from(([127, 0, 0, 1], reservation.port));
+        let plain = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let error = plain.bind(&address.into()).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse, "a bind without SO_REUSEADDR");
+        // The kernel's own picks, for binds to port 0 and for connections' source ports.
+        let picked: Vec<u16> = (0..500)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port())
+            .collect();
+        assert!(!picked.contains(&reservation.port));
+        // Rank 0's listener, with SO_REUSEADDR as PyTorch's TCPStore and Rust's std set it.
+        let listener = TcpListener::bind(address).unwrap();
+        let mut client = TcpStream::connect(address).unwrap();
+        client.write_all(b"rendezvous").unwrap();
+        let mut received = [0u8; 10];
+        listener.accept().unwrap().0.read_exact(&mut received).unwrap();
+        assert_eq!(&received, b"rendezvous");
+    }
 }

@@ -149,6 +149,27 @@ fn mpi_runs_across_the_worker_namespaces_over_their_links() {
     std::fs::remove_dir_all(&folder).unwrap();
 }
 
+/// Each worker namespace's OpenMPI daemon and ranks keep their session files in a folder
+/// of their own: in the one /tmp of every namespace, the daemons made and removed the
+/// same session folders at once, and about one start in ten failed.
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn each_mpi_host_keeps_its_session_files_apart() {
+    let output = launcher()
+        .args(["-n", "3", "--link", "rate=200mbit", "--mpi", "--", "sh", "-c"])
+        .arg("echo session files in $OMPI_MCA_orte_tmpdir_base")
+        .output()
+        .unwrap();
+    let all = text(&output);
+    assert!(output.status.success(), "{all}");
+    let folders: std::collections::BTreeSet<&str> =
+        all.lines().filter_map(|line| line.strip_prefix("[mpirun] session files in ")).collect();
+    assert_eq!(folders.len(), 3, "{all}");
+    for rank in 0..3 {
+        assert_eq!(folders.iter().filter(|f| f.ends_with(&format!("-w{rank}"))).count(), 1, "{folders:?}");
+    }
+}
+
 /// netagg-run with 2 ranks that sleep for a minute on links `link`, once all its
 /// namespaces are made (the fabric, the switch and both workers) and its ranks run;
 /// with its namespaces' prefix.

@@ -19,6 +19,7 @@ for PyTorch's DistributedDataParallel.
 """
 
 from ._netagg import (
+    BufferInUseError,
     ConfigError,
     Context,
     Error,
@@ -31,6 +32,7 @@ from ._netagg import (
 )
 
 __all__ = [
+    "BufferInUseError",
     "ConfigError",
     "Context",
     "Error",

@@ -7,8 +7,9 @@
 //! if Python drops every reference to them or to the job; whoever first sees it ended
 //! with the interpreter at hand (a wait, `done()`, the callback thread) releases them.
 //!
-//! A job's waits release the interpreter, a slice at a time, so that other Python
-//! threads run and Ctrl-C interrupts the wait (the job itself ends by its own timeouts).
+//! Every blocking call (a context's start, `wait_all` and `stop`, a job's waits) releases
+//! the interpreter and waits a slice at a time, so that other Python threads run and
+//! Ctrl-C interrupts the wait (the job itself ends by its own timeouts).
 //! Callbacks of finished jobs run on one thread of this module's own, never on the
 //! library's worker threads, which therefore never wait for the interpreter. At exit
 //! (`atexit`) that thread is stopped, and from then on nothing waits for the
@@ -19,6 +20,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Wake, Waker};
 use std::thread::JoinHandle;
@@ -51,6 +53,12 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(netagg, StoppedError, Error, "The context is stopped.");
 pyo3::create_exception!(netagg, InvalidInputError, Error, "A tensor the library refused.");
+pyo3::create_exception!(
+    netagg,
+    BufferInUseError,
+    InvalidInputError,
+    "A tensor whose memory a job still in flight uses: wait for that job first."
+);
 
 /// The library's error as the exception of its kind, with the library's message.
 fn to_py(error: netagg::Error) -> PyErr {
@@ -66,12 +74,51 @@ fn to_py(error: netagg::Error) -> PyErr {
         E::Job(_) | E::Panicked { .. } => JobError::new_err(message),
         E::Stopped => StoppedError::new_err(message),
         E::LengthMismatch { .. } | E::NullBuffer | E::InvalidInput(_) => InvalidInputError::new_err(message),
+        E::BufferInUse { .. } => BufferInUseError::new_err(message),
+        // An argument error, as the other checks of `out` are.
+        E::OverlappingBuffers => PyValueError::new_err(message),
         E::Io { .. } | E::Backend(_) => Error::new_err(message),
     }
 }
 
 /// How often a blocking wait looks at the interpreter's signals (Ctrl-C).
 const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Runs `work` on a thread of its own while this one waits with the interpreter
+/// released, looking at signals every [`SIGNAL_CHECK_INTERVAL`]: Ctrl-C raises
+/// KeyboardInterrupt at once, for calls that cannot wait in slices themselves (a start
+/// that waits for the switch, a stop that joins threads). Interrupted, `work` runs on to
+/// its end, and what it returns is dropped on its thread.
+fn run_interruptibly<T: Send + 'static>(
+    py: Python<'_>,
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<T> {
+    let (sender, mut receiver) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(format!("netagg-{what}"))
+        .spawn(move || {
+            let _ = sender.send(work());
+        })
+        .map_err(|error| {
+            PyRuntimeError::new_err(format!("netagg: cannot start a thread to {what}: {error}"))
+        })?;
+    loop {
+        // Moved in and out: a receiver may not be shared with the detached closure.
+        let (back, received) = py.detach(move || {
+            let received = receiver.recv_timeout(SIGNAL_CHECK_INTERVAL);
+            (receiver, received)
+        });
+        receiver = back;
+        match received {
+            Ok(value) => return Ok(value),
+            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err(format!("netagg: the thread to {what} panicked")))
+            }
+        }
+    }
+}
 
 /// A netagg context: the library's worker threads and their session at the switch.
 ///
@@ -82,7 +129,8 @@ const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// it returns once every rank has registered at the switch.
 #[pyclass(module = "netagg", frozen)]
 struct Context {
-    inner: netagg::Context,
+    /// Shared with the thread that stops it, which may outlive an interrupted `stop()`.
+    inner: Arc<netagg::Context>,
 }
 
 #[pymethods]
@@ -103,9 +151,10 @@ impl Context {
             };
             config.set(&key, &text).map_err(|e| to_py(e.into()))?;
         }
-        // The start validates the whole.
-        let inner = py.detach(|| netagg::Context::start(config)).map_err(to_py)?;
-        Ok(Context { inner })
+        // The start validates the whole. Interrupted, it goes on alone, and a context it
+        // then starts is dropped (stopped, leaving the session) on its thread.
+        let inner = run_interruptibly(py, "start", move || netagg::Context::start(config))?.map_err(to_py)?;
+        Ok(Context { inner: Arc::new(inner) })
     }
 
     /// This process's rank in the session.
@@ -160,8 +209,11 @@ impl Context {
     }
 
     /// Waits until every job submitted has ended.
-    fn wait_all(&self, py: Python<'_>) {
-        py.detach(|| self.inner.wait_all());
+    fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
+        while !py.detach(|| self.inner.wait_all_timeout(SIGNAL_CHECK_INTERVAL)) {
+            py.check_signals()?;
+        }
+        Ok(())
     }
 
     /// The counters: jobs, elements, and each worker thread's packets (`threads`) and
@@ -177,7 +229,8 @@ impl Context {
     /// Stops the worker threads (jobs not ended fail) and leaves the session; returns
     /// the final counters. Later calls do nothing more.
     fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = py.detach(|| self.inner.stop());
+        let inner = Arc::clone(&self.inner);
+        let stats = run_interruptibly(py, "stop", move || inner.stop())?;
         stats_dict(py, &stats)
     }
 
@@ -250,17 +303,6 @@ impl Context {
         }
         let (source, destination) =
             (input.buffer.buf_ptr() as *const u8, written.buffer.buf_ptr() as *mut u8);
-        let bytes = input.buffer.len_bytes();
-        // Either the same memory (in place) or apart: a result block written over input
-        // that another thread, or a retransmission, still reads would corrupt the sums.
-        if source != destination.cast_const()
-            && source < destination.wrapping_add(bytes)
-            && destination.cast_const() < source.wrapping_add(bytes)
-        {
-            return Err(PyValueError::new_err(
-                "out overlaps tensor without being the same memory: reduce in place (no out) or into memory of its own",
-            ));
-        }
         let (numel, data_type) = (input.numel, input.data_type);
         let exported = Arc::new(Exported(Mutex::new(Some([Some(input.buffer), output.map(|o| o.buffer)]))));
         let keepalive = Box::new(KeepAlive(Arc::clone(&exported)));
@@ -668,6 +710,7 @@ fn _netagg(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("JobError", py.get_type::<JobError>())?;
     module.add("StoppedError", py.get_type::<StoppedError>())?;
     module.add("InvalidInputError", py.get_type::<InvalidInputError>())?;
+    module.add("BufferInUseError", py.get_type::<BufferInUseError>())?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -194,7 +194,7 @@ def test_bad_tensors_raise_clear_errors():
         with pytest.raises(TypeError, match="format 'h' \\(2 bytes\\)"):
             context.allreduce(np.zeros(8, dtype=np.int16))
         shared = np.zeros(64, dtype=np.int32)
-        with pytest.raises(ValueError, match="out overlaps tensor without being the same memory"):
+        with pytest.raises(ValueError, match="input and output overlap without being the same memory"):
             context.allreduce(shared[:-1], out=shared[1:])
         np.testing.assert_array_equal(context.allreduce(shared, out=shared), np.zeros(64, dtype=np.int32))
         with pytest.raises(ValueError, match="tensor is not contiguous"):
@@ -218,6 +218,26 @@ def test_bad_tensors_raise_clear_errors():
             context.allreduce_async(np.zeros(8, dtype=np.int32)).add_done_callback(3)
     with pytest.raises(netagg.StoppedError, match="the context is stopped"):
         context.allreduce(np.zeros(8, dtype=np.int32))
+
+
+def test_memory_a_job_in_flight_uses_is_refused_to_another_until_it_ends():
+    # 1 Gbit/s: a job of 4 MiB stays in flight for tens of milliseconds.
+    with dummy(**{"backend.dummy.bandwidth": 1000}) as context:
+        shared = np.ones(1 << 20, dtype=np.float32)
+        elsewhere = np.zeros(16, dtype=np.float32)
+        first = context.allreduce_async(shared)
+        with pytest.raises(netagg.BufferInUseError, match="the output of this job .* overlaps the input of job 1"):
+            context.allreduce(shared[16:32])
+        with pytest.raises(netagg.BufferInUseError, match="the input of this job .* overlaps the output of job 1"):
+            context.allreduce(shared[16:32], out=elsewhere)
+        assert issubclass(netagg.BufferInUseError, netagg.InvalidInputError)
+        again = context.allreduce_async(shared)  # the same memory: runs after the first
+        assert again.id == 2, "refused jobs take no number"
+        context.wait_all()
+        assert first.done() and again.done()
+        context.allreduce(shared[16:32], out=elsewhere)
+        np.testing.assert_array_equal(shared, np.full(1 << 20, 4.0, dtype=np.float32))
+        np.testing.assert_array_equal(elsewhere, np.full(16, 8.0, dtype=np.float32))
 
 
 def test_bad_configuration_raises_config_error_with_the_library_s_message(tmp_path):

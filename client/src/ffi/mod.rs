@@ -211,16 +211,6 @@ unsafe fn submit(
     if numel > 0 && output.is_null() {
         return Err(Failure::null("output"));
     }
-    let (input_start, output_start) = (input as usize, output as usize);
-    if input_start != output_start
-        && input_start < output_start.saturating_add(bytes)
-        && output_start < input_start.saturating_add(bytes)
-    {
-        return Err(Failure::new(
-            NETAGG_INVALID_ARGUMENT,
-            "input and output overlap without being the same buffer",
-        ));
-    }
     let running = context.running()?;
     // SAFETY: the caller keeps both buffers valid and untouched until the job ends.
     let job = unsafe {
@@ -546,7 +536,11 @@ pub unsafe extern "C" fn netagg_context_free(context: *mut netagg_context) {
 /// Sums `numel` elements of `data_type` (a `netagg_data_type`) over every rank: reads
 /// `input`, writes the sums to `output` (the same pointer for in place) and returns when
 /// they are there, or the job failed (within `general.job_timeout` if the switch or a
-/// worker died). The buffers may not overlap unless they are the same. float32 elements
+/// worker died). The buffers may not overlap unless they are the same
+/// (`NETAGG_INVALID_ARGUMENT`); `output` may be memory never written (`malloc`'s). A
+/// buffer another job still in flight writes, or reads where this one would write, is
+/// `NETAGG_BUFFER_IN_USE`, unless that job has the same buffers and type (then the two
+/// run one after the other on each element). float32 elements
 /// travel as the configuration's `general.wire_precision` says: as they are, or rounded
 /// to float16 or bfloat16 (half the bytes) and their sums widened back. Thread-safe.
 ///

@@ -57,13 +57,16 @@ pub enum netagg_result {
     /// The backend's device could not start (DPDK's EAL or port, say); the message says
     /// why.
     NETAGG_BACKEND,
+    /// A buffer of the job meets one of a job still in flight where either writes; the
+    /// message names that job.
+    NETAGG_BUFFER_IN_USE,
 }
 
 use netagg_result::*;
 
 impl netagg_result {
     /// Every code, for looking one up by its number; a test checks none is missing.
-    const ALL: [netagg_result; 22] = [
+    const ALL: [netagg_result; 23] = [
         NETAGG_OK,
         NETAGG_NULL_ARGUMENT,
         NETAGG_INVALID_ARGUMENT,
@@ -86,6 +89,7 @@ impl netagg_result {
         NETAGG_INVALID_INPUT,
         NETAGG_IO,
         NETAGG_BACKEND,
+        NETAGG_BUFFER_IN_USE,
     ];
 
     /// The result with this number, if there is one (C callers may pass any).
@@ -118,6 +122,7 @@ impl netagg_result {
             NETAGG_INVALID_INPUT => "the codec refused the tensor",
             NETAGG_IO => "I/O error",
             NETAGG_BACKEND => "the backend's device cannot start",
+            NETAGG_BUFFER_IN_USE => "a buffer is in use by a job still in flight",
         }
     }
 }
@@ -137,11 +142,12 @@ impl From<&Error> for netagg_result {
             Error::SessionLost(_) => NETAGG_SESSION_LOST,
             Error::Job(_) | Error::Panicked { .. } => NETAGG_JOB_FAILED,
             Error::Stopped => NETAGG_STOPPED,
-            Error::LengthMismatch { .. } => NETAGG_INVALID_ARGUMENT,
+            Error::LengthMismatch { .. } | Error::OverlappingBuffers => NETAGG_INVALID_ARGUMENT,
             Error::NullBuffer => NETAGG_NULL_ARGUMENT,
             Error::InvalidInput(_) => NETAGG_INVALID_INPUT,
             Error::Io { .. } => NETAGG_IO,
             Error::Backend(_) => NETAGG_BACKEND,
+            Error::BufferInUse { .. } => NETAGG_BUFFER_IN_USE,
         }
     }
 }
@@ -153,7 +159,7 @@ mod tests {
     #[test]
     fn every_result_has_a_description_and_is_listed_once() {
         let listed: std::collections::HashSet<u32> = netagg_result::ALL.iter().map(|r| *r as u32).collect();
-        let errors = (NETAGG_NULL_ARGUMENT as u32..=NETAGG_BACKEND as u32).chain([NETAGG_OK as u32]);
+        let errors = (NETAGG_NULL_ARGUMENT as u32..=NETAGG_BUFFER_IN_USE as u32).chain([NETAGG_OK as u32]);
         assert_eq!(listed, errors.collect());
         assert!(netagg_result::ALL.iter().all(|r| !r.description().is_empty()));
         assert_eq!(netagg_result::from_code(7011), Some(NETAGG_STOPPED));
