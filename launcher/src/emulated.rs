@@ -79,7 +79,7 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
         set_dpdk_environment(&mut switch_command, "SWITCH", &[("NETAGG_SWITCH__TRANSPORT", "dpdk")]);
     }
     let (switch, control) =
-        start_switch(switch_command, &fabric.switch_ip().to_string(), &options.switch_args)?;
+        start_switch(switch_command, &fabric.switch_ip().to_string(), &options.switch_args, "switch")?;
     let session = format!("{}-session", fabric.prefix());
     let master = fabric.worker_ip(0).to_string();
     let links = fabric.links();

@@ -117,24 +117,30 @@ pub enum OpenError {
     /// Nothing answered the request.
     #[error("the data path is not running")]
     Unanswered,
+    /// A lower switch's upper switch refused its rack, or could not be reached.
+    #[error("{0}")]
+    Upstream(String),
 }
 
 impl OpenError {
     fn code(&self) -> RejectCode {
         match self {
-            OpenError::Session(_) | OpenError::Unanswered => RejectCode::Limit,
+            OpenError::Session(_) | OpenError::Unanswered | OpenError::Upstream(_) => RejectCode::Limit,
             OpenError::Endpoint(_) => RejectCode::Transport,
         }
     }
 }
 
 /// Why the data path closed a session on its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEnd {
     /// No packets came for its idle timeout.
     Expired,
     /// A round needed `departed`, which had left.
     Orphaned { departed: u16 },
+    /// A lower switch's upper session ended (a rank of another rack left, or the upper
+    /// switch is gone), as the message says.
+    Upstream(String),
 }
 
 /// Why the control plane closes a session in the data path.
@@ -538,6 +544,7 @@ impl Registry {
         let message = match end {
             SessionEnd::Expired => format!("session '{name}' expired: no packets for the idle timeout"),
             SessionEnd::Orphaned { departed } => departed_message(departed + open.first_rank, &name),
+            SessionEnd::Upstream(why) => format!("session '{name}' is closed: {why}"),
         };
         self.tell_remaining(&open, &message);
     }

@@ -169,6 +169,8 @@ pub struct Engine {
     /// Open sessions with an upper switch: while there are none, packets from a switch
     /// are refused as they always were, at one predictable check.
     uplinked: usize,
+    /// What closed sessions exchanged with their upper switches.
+    closed_uplinks: UplinkCounters,
 }
 
 impl Engine {
@@ -181,6 +183,7 @@ impl Engine {
             counters: EngineCounters::default(),
             orphaned: Vec::new(),
             uplinked: 0,
+            closed_uplinks: UplinkCounters::default(),
         }
     }
 
@@ -293,7 +296,10 @@ impl Engine {
         }
         let session = entry.take()?;
         self.bytes_in_use -= session.spec.state_bytes();
-        self.uplinked -= session.uplink.is_some() as usize;
+        if let Some(uplink) = &session.uplink {
+            self.uplinked -= 1;
+            self.closed_uplinks = self.closed_uplinks + uplink.counters();
+        }
         Some(session)
     }
 

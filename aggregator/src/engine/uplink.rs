@@ -16,9 +16,13 @@
 //!
 //! Towards the upper switch this session is a worker, and recovers its losses as one
 //! (`docs/protocol.md` §3): a round sent up and unanswered for a timeout is sent again
-//! (the upper switch answers with its result or a pending notice), a silent round asks
-//! for its result, the timeout doubles up to a maximum and resets on every result, and a
-//! silent stretch is acknowledged every `depth / 2` results. Towards its workers nothing
+//! (the upper switch answers with its result or a pending notice), unless the upper
+//! switch said it holds it, when it is only asked after, as a silent round's result is;
+//! the timeout follows the rounds' measured round trips as a worker thread's does
+//! (RFC 6298, Karn's rule), doubles on every timeout of a slot up to a maximum and resets
+//! on its next round; a silent stretch is acknowledged every `depth / 2` results. It does
+//! not probe: a rack's switch has no job whose tail it could lose, and each slot's timer
+//! finds its own loss. Towards its workers nothing
 //! changes: a worker's resend of a round this switch holds the result of is answered
 //! from it.
 
@@ -30,6 +34,7 @@ use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 use super::session::{Session, SessionError, SessionId};
 use super::{DropReason, Engine, Recipient, Transmit, Verdict};
 use crate::sum16;
+use crate::worker::RttEstimate;
 
 /// The rank a shell's source check is asked about for a packet from the upper switch.
 pub const UPSTREAM_RANK: u16 = u16::MAX;
@@ -46,8 +51,9 @@ pub struct Upstream {
     /// and send their ranks in the whole tree (so that block floating point scales by the
     /// whole tree's worker count), and the session numbers them from 0.
     pub first_rank: u16,
-    /// How long a round sent up waits for the upper switch's answer before it is sent
-    /// again; it doubles on every timeout of a slot, up to the maximum.
+    /// How long a round sent up waits at least for the upper switch's answer before it is
+    /// sent again (the measured round trips set it above that); it doubles on every
+    /// timeout of a slot, up to the maximum.
     pub retransmit_timeout: Duration,
     pub max_retransmit_timeout: Duration,
 }
@@ -80,6 +86,15 @@ pub(super) struct Uplink {
     /// Per slot: when its wait for the upper switch times out, and the timeout.
     deadlines: Box<[Option<Instant>]>,
     timeouts: Box<[Duration]>,
+    /// Per slot: when its open round went up, while it has gone only once: its answer
+    /// then times the round trip.
+    sent: Box<[Option<Instant>]>,
+    /// Per slot: the upper switch said it holds the open round's partial sum, which is
+    /// then never sent again, only asked after.
+    held: Box<[bool]>,
+    rtt: Option<RttEstimate>,
+    /// A slot's timeout before any doubling, from `rtt` and the configured floor.
+    base_timeout: Duration,
     /// Per slot: the latest `ack round` sent up.
     acked: Box<[u32]>,
     /// Slots that owe the upper switch a plain acknowledgement.
@@ -108,6 +123,10 @@ impl Engine {
             upstream,
             deadlines: vec![None; slots].into_boxed_slice(),
             timeouts: vec![upstream.retransmit_timeout; slots].into_boxed_slice(),
+            sent: vec![None; slots].into_boxed_slice(),
+            held: vec![false; slots].into_boxed_slice(),
+            rtt: None,
+            base_timeout: upstream.retransmit_timeout,
             acked: vec![u32::MAX; slots].into_boxed_slice(),
             acks_due: Vec::new(),
             earliest: None,
@@ -122,6 +141,12 @@ impl Engine {
     pub fn uplink_counters(&self, id: SessionId) -> Option<UplinkCounters> {
         let session = self.sessions.get(id.index())?.as_ref().filter(|s| s.id == id)?;
         Some(session.uplink.as_ref()?.counters)
+    }
+
+    /// What every session, open or closed, exchanged with its upper switch.
+    pub fn uplink_totals(&self) -> UplinkCounters {
+        let open = self.sessions.iter().flatten().filter_map(|s| Some(s.uplink.as_ref()?.counters));
+        open.fold(self.closed_uplinks, |total, session| total + session)
     }
 
     /// The next packet for an upper switch that a timer or an acknowledgement calls for,
@@ -190,9 +215,13 @@ impl Session {
         match repr.message_type {
             MessageType::Result if repr.round == open_round => self.take_result(now, repr, payload, out),
             MessageType::Pending if repr.round == open_round && forwarded.is_some() => {
+                let uplink = self.uplink_mut();
+                // Its wait is now for the other groups or a loss, not the path.
+                uplink.sent[repr.slot as usize] = None;
                 if repr.flags.contains(Flags::CONTRIBUTED) {
                     // The upper switch waits for another group: nothing to send.
-                    self.uplink_mut().counters.ignored += 1;
+                    uplink.held[repr.slot as usize] = true;
+                    uplink.counters.ignored += 1;
                     return Verdict::Consumed;
                 }
                 self.forward(now, repr.slot, true, out)
@@ -260,9 +289,12 @@ impl Session {
         uplink.acked[slot as usize] = ack_round;
         if again {
             uplink.counters.resent_up += 1;
+            uplink.sent[slot as usize] = None;
         } else {
             uplink.counters.sent_up += 1;
-            uplink.timeouts[slot as usize] = uplink.upstream.retransmit_timeout;
+            uplink.timeouts[slot as usize] = uplink.base_timeout;
+            uplink.sent[slot as usize] = Some(now);
+            uplink.held[slot as usize] = false;
         }
         uplink.counters.bytes_up += len as u64;
         uplink.arm(slot, now);
@@ -329,7 +361,14 @@ impl Session {
         let uplink = self.uplink_mut();
         uplink.counters.results_down += 1;
         uplink.counters.bytes_down += repr.buffer_len() as u64;
-        uplink.timeouts[slot] = uplink.upstream.retransmit_timeout;
+        if let Some(sent) = uplink.sent[slot].take() {
+            let rtt = RttEstimate::sampled(uplink.rtt, now.saturating_duration_since(sent));
+            uplink.rtt = Some(rtt);
+            let (floor, ceiling) = (uplink.upstream.retransmit_timeout, uplink.upstream.max_retransmit_timeout);
+            uplink.base_timeout = rtt.timeout(floor, ceiling.max(floor));
+        }
+        uplink.held[slot] = false;
+        uplink.timeouts[slot] = uplink.base_timeout;
         uplink.deadlines[slot] = None;
         if silent_next {
             uplink.arm(repr.slot, now);
@@ -361,15 +400,18 @@ impl Session {
         };
         let slot = slot as u16;
         let timeout = &mut uplink.timeouts[slot as usize];
-        *timeout = (*timeout * 2).min(uplink.upstream.max_retransmit_timeout);
+        *timeout = (*timeout * 2).min(uplink.upstream.max_retransmit_timeout.max(uplink.base_timeout));
         uplink.deadlines[slot as usize] = None;
-        if self.forwarded(slot).is_some() {
+        // Its answer would time a loss or a wait, not the path (Karn's rule).
+        uplink.sent[slot as usize] = None;
+        let held = uplink.held[slot as usize];
+        if self.forwarded(slot).is_some() && !held {
             return match self.forward(now, slot, true, out) {
                 Verdict::Send(transmit) => Some(transmit),
                 _ => None,
             };
         }
-        if self.slots[slot as usize].expects_no_one() {
+        if held || self.slots[slot as usize].expects_no_one() {
             self.uplink_mut().arm(slot, now);
             return self.ask_upstream(slot, true, out);
         }
@@ -409,6 +451,10 @@ impl Session {
 }
 
 impl Uplink {
+    pub(super) fn counters(&self) -> UplinkCounters {
+        self.counters
+    }
+
     /// Starts `slot`'s wait for the upper switch, one timeout from `now`.
     fn arm(&mut self, slot: u16, now: Instant) {
         let deadline = now + self.timeouts[slot as usize];
@@ -643,8 +689,15 @@ mod tests {
         assert!(header(&notice).flags.contains(Flags::CONTRIBUTED));
         assert!(tree.poll(0).is_empty(), "no timeout yet");
 
-        // Rack 0's timer sends its partial sum again; the result to rack 1 is lost.
+        // Rack 1's timer fires first: the upper switch says it holds rack 1's sum, which
+        // is then only asked after.
         tree.now += TIMEOUT;
+        let resent = tree.poll(1);
+        let (recipient, notice) = tree.to_upper(&resent[0]).unwrap();
+        assert_eq!((recipient, header(&notice).message_type), (Recipient::Worker(1), MessageType::Pending));
+        assert_eq!(tree.to_lower(1, &notice), None);
+
+        // Rack 0's timer sends its partial sum again; the result to rack 1 is lost.
         let resent = tree.poll(0);
         assert_eq!(resent.len(), 1);
         assert!(header(&resent[0]).flags.contains(Flags::RETRANSMISSION));
@@ -652,10 +705,13 @@ mod tests {
         let (_, down) = tree.to_lower(0, &result).unwrap();
         assert_eq!(values(&down), [10]);
 
-        // Rack 1's timer resends; the upper switch answers it alone with the result.
-        tree.now += TIMEOUT;
-        let resent = tree.poll(1);
-        let (recipient, again) = tree.to_upper(&resent[0]).unwrap();
+        // Rack 1's timer asks for the result; the upper switch answers it alone.
+        tree.now += 2 * TIMEOUT;
+        let asked = tree.poll(1);
+        let request = header(&asked[0]);
+        assert_eq!((request.message_type, request.round), (MessageType::Ack, 0));
+        assert!(request.flags.contains(Flags::WANT_RESULT), "not the sum again: {request:?}");
+        let (recipient, again) = tree.to_upper(&asked[0]).unwrap();
         assert_eq!(recipient, Recipient::Worker(1));
         let (_, down) = tree.to_lower(1, &again).unwrap();
         assert_eq!((header(&down).rank, values(&down)), (BROADCAST_RANK, vec![10]));
@@ -665,6 +721,7 @@ mod tests {
         let (recipient, answer) = tree.contribute(3, dense(b, 0), &[4]).unwrap();
         assert_eq!((recipient, header(&answer).rank, values(&answer)), (Recipient::Worker(1), 3, vec![10]));
         assert_eq!((tree.counters(0).resent_up, tree.counters(1).resent_up), (1, 1));
+        assert_eq!(tree.counters(1).requests, 1);
         assert!(tree.poll(1).is_empty(), "the result stopped the timer");
     }
 

@@ -41,7 +41,8 @@ mod timers;
 pub use job::{JobError, JobSpec, JobStatus};
 pub use streams::{BlockMask, Layout};
 
-use timers::{RttEstimate, YEAR};
+pub(crate) use timers::RttEstimate;
+use timers::YEAR;
 
 /// Moves payloads between the caller's tensors and packets: the pre- and
 /// post-processing.
