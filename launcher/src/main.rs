@@ -76,7 +76,8 @@ impl Options {
     }
 }
 
-const USAGE: &str = "usage: netagg-run -n N [--switch HOST:PORT] [--racks R] [--switch-arg ARG]... -- PROGRAM [ARGS...]
+const USAGE: &str =
+    "usage: netagg-run -n N [--switch HOST:PORT] [--racks R] [--switch-arg ARG]... -- PROGRAM [ARGS...]
    or: netagg-run -n N [--link SETTINGS] [--rank-link RANK:SETTINGS]... [--topology FILE]
                   [--impairer auto|netem|user-space] [--mpi] [--dpdk workers|switch|both]
                   [--switch-arg ARG]... -- PROGRAM [ARGS...]
@@ -157,7 +158,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
             .into());
     }
     if options.racks > 0 && (options.emulated() || options.switch.is_some()) {
-        return Err("--racks starts the switches of a tree on loopback: drop --switch and the link options".into());
+        return Err(
+            "--racks starts the switches of a tree on loopback: drop --switch and the link options".into()
+        );
     }
     if options.racks > options.workers {
         return Err(format!("--racks {}: more racks than the {} ranks", options.racks, options.workers));
@@ -224,7 +227,8 @@ fn run(options: Options) -> Result<u8, String> {
             ["--upstream", &control, "--rack", &rack.to_string(), "--racks", &options.racks.to_string()]
                 .map(String::from),
         );
-        let started = start_switch(Command::new(switch_program()), "127.0.0.1", &arguments, &format!("rack {rack}"));
+        let started =
+            start_switch(Command::new(switch_program()), "127.0.0.1", &arguments, &format!("rack {rack}"));
         let (child, rack_control) = match started {
             Ok(started) => started,
             Err(message) => {

@@ -39,8 +39,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::control::{
-    Action, Assembly, Closure, ConnectionId, ControlLimits, Group, OpenError, OpenRequest, Opened, Registered,
-    Registry, SessionEnd,
+    Action, Assembly, Closure, ConnectionId, ControlLimits, Group, OpenError, OpenRequest, Opened,
+    Registered, Registry, SessionEnd,
 };
 use netagg_aggregator::{SessionId, SessionSpec};
 use netagg_wire::{ControlMessage, Endpoint, RejectCode, WireError};
@@ -447,11 +447,12 @@ impl ControlPlane {
         let stream = Arc::new(stream);
         let membership = Membership { stream: Arc::clone(&stream), session: upper_session, rank };
         self.memberships().insert(opened.id, membership);
-        let address = upper.address.clone();
-        let watcher = std::thread::Builder::new().name(format!("upper-{}", session(opened.id))).spawn(move || {
-            let why = tree::watch(&stream, &address);
-            plane.upper_ended(opened.id, why);
-        });
+        let upper = upper.clone();
+        let watcher =
+            std::thread::Builder::new().name(format!("upper-{}", session(opened.id))).spawn(move || {
+                let why = tree::watch(&stream, &upper);
+                plane.upper_ended(opened.id, why);
+            });
         if let Err(error) = watcher {
             tracing::warn!(%error, "cannot start a thread to watch the upper switch");
             self.leave_upper(opened.id, false);

@@ -22,8 +22,8 @@ use crossbeam_channel::{Receiver, Sender};
 use netagg_aggregator::control::{OpenError, Registered};
 use netagg_aggregator::engine::SessionError;
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
-use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::engine::{UplinkCounters, Upstream, UPSTREAM_RANK};
+use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::{Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
 use netagg_wire::packet::HEADER_LEN;
 use netagg_wire::{packet, Endpoint, Packet, SlotSplit};
@@ -352,9 +352,11 @@ impl<P: DataPort> DataPath<P> {
             },
         };
         let attached = opened.and_then(|id| match upstream {
-            Some(path) => self.board.engine.attach_upstream(id, path.upstream).map(|()| id).inspect_err(|_| {
-                let _ = self.board.engine.close_session(id);
-            }),
+            Some(path) => {
+                self.board.engine.attach_upstream(id, path.upstream).map(|()| id).inspect_err(|_| {
+                    let _ = self.board.engine.close_session(id);
+                })
+            }
             None => Ok(id),
         });
         match attached {

@@ -256,7 +256,10 @@ mod tests {
         );
 
         let (second_refuses, asked) = lanes(&[(None, true), (None, false)]);
-        assert_eq!(second_refuses.open(SPEC, 7, Vec::new(), None), Err(OpenError::Endpoint("unreachable".into())));
+        assert_eq!(
+            second_refuses.open(SPEC, 7, Vec::new(), None),
+            Err(OpenError::Endpoint("unreachable".into()))
+        );
         let mut closes: Vec<_> =
             asked.lock().unwrap().iter().filter(|(_, what)| what.starts_with("close")).cloned().collect();
         closes.sort();

@@ -39,9 +39,9 @@ use crate::control::ControlPlane;
 pub use crate::datapath::Counters;
 use crate::datapath::{DataPath, Lane};
 use crate::lanes::Lanes;
-use crate::tree::UpperSwitch;
 pub use crate::port::udp::SOCKET_BUFFER as DATA_SOCKET_BUFFER;
 pub use crate::port::DataPort;
+use crate::tree::UpperSwitch;
 
 /// Why a switch could not start, or stopped with an error.
 #[derive(Debug, thiserror::Error)]

@@ -104,13 +104,16 @@ pub fn join(
 }
 
 /// Reads the upper switch's connection until it ends, and says why: the upper switch
-/// closed the session (a rank of another rack left) or is gone.
-pub fn watch(stream: &TcpStream, address: &str) -> String {
+/// closed the session (a rank of another rack, or its switch, left) or is gone.
+pub fn watch(stream: &TcpStream, upper: &UpperSwitch) -> String {
+    let (address, racks) = (&upper.address, upper.rack.count);
     loop {
         match ControlMessage::read_from(&mut &*stream) {
-            Ok((_, ControlMessage::Reject { message, .. })) => {
-                return format!("the upper switch at {address} ended the tree's session: {message}")
-            }
+            // Its ranks are the racks: its message names a rack as a rank.
+            Ok((_, ControlMessage::Reject { message, .. })) => return format!(
+                "the upper switch at {address}, whose ranks are the tree's {racks} racks, ended the tree's \
+                     session: {message}"
+            ),
             Ok(_) => continue,
             Err(_) => return format!("the upper switch at {address} closed its connection: it is gone"),
         }

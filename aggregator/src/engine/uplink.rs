@@ -15,9 +15,11 @@
 //! the upper switch's result completes the round here.
 //!
 //! Towards the upper switch this session is a worker, and recovers its losses as one
-//! (`docs/protocol.md` §3): a round sent up and unanswered for a timeout is sent again
-//! (the upper switch answers with its result or a pending notice), unless the upper
-//! switch said it holds it, when it is only asked after, as a silent round's result is;
+//! (`docs/protocol.md` §3): a round sent up and unanswered for a timeout is asked after
+//! (header only, as a silent round's result is), and the upper switch answers with its
+//! result, or with a pending notice saying whether it holds the partial sum, which is sent
+//! again only if it does not: a round waiting for a slower rack costs its slot a request
+//! per timeout, not a packet of data;
 //! the timeout follows the rounds' measured round trips as a worker thread's does
 //! (RFC 6298, Karn's rule), doubles on every timeout of a slot up to a maximum and resets
 //! on its next round; a silent stretch is acknowledged every `depth / 2` results. It does
@@ -89,9 +91,6 @@ pub(super) struct Uplink {
     /// Per slot: when its open round went up, while it has gone only once: its answer
     /// then times the round trip.
     sent: Box<[Option<Instant>]>,
-    /// Per slot: the upper switch said it holds the open round's partial sum, which is
-    /// then never sent again, only asked after.
-    held: Box<[bool]>,
     rtt: Option<RttEstimate>,
     /// A slot's timeout before any doubling, from `rtt` and the configured floor.
     base_timeout: Duration,
@@ -124,7 +123,6 @@ impl Engine {
             deadlines: vec![None; slots].into_boxed_slice(),
             timeouts: vec![upstream.retransmit_timeout; slots].into_boxed_slice(),
             sent: vec![None; slots].into_boxed_slice(),
-            held: vec![false; slots].into_boxed_slice(),
             rtt: None,
             base_timeout: upstream.retransmit_timeout,
             acked: vec![u32::MAX; slots].into_boxed_slice(),
@@ -220,7 +218,6 @@ impl Session {
                 uplink.sent[repr.slot as usize] = None;
                 if repr.flags.contains(Flags::CONTRIBUTED) {
                     // The upper switch waits for another group: nothing to send.
-                    uplink.held[repr.slot as usize] = true;
                     uplink.counters.ignored += 1;
                     return Verdict::Consumed;
                 }
@@ -294,7 +291,6 @@ impl Session {
             uplink.counters.sent_up += 1;
             uplink.timeouts[slot as usize] = uplink.base_timeout;
             uplink.sent[slot as usize] = Some(now);
-            uplink.held[slot as usize] = false;
         }
         uplink.counters.bytes_up += len as u64;
         uplink.arm(slot, now);
@@ -364,10 +360,10 @@ impl Session {
         if let Some(sent) = uplink.sent[slot].take() {
             let rtt = RttEstimate::sampled(uplink.rtt, now.saturating_duration_since(sent));
             uplink.rtt = Some(rtt);
-            let (floor, ceiling) = (uplink.upstream.retransmit_timeout, uplink.upstream.max_retransmit_timeout);
+            let (floor, ceiling) =
+                (uplink.upstream.retransmit_timeout, uplink.upstream.max_retransmit_timeout);
             uplink.base_timeout = rtt.timeout(floor, ceiling.max(floor));
         }
-        uplink.held[slot] = false;
         uplink.timeouts[slot] = uplink.base_timeout;
         uplink.deadlines[slot] = None;
         if silent_next {
@@ -404,14 +400,7 @@ impl Session {
         uplink.deadlines[slot as usize] = None;
         // Its answer would time a loss or a wait, not the path (Karn's rule).
         uplink.sent[slot as usize] = None;
-        let held = uplink.held[slot as usize];
-        if self.forwarded(slot).is_some() && !held {
-            return match self.forward(now, slot, true, out) {
-                Verdict::Send(transmit) => Some(transmit),
-                _ => None,
-            };
-        }
-        if held || self.slots[slot as usize].expects_no_one() {
+        if self.forwarded(slot).is_some() || self.slots[slot as usize].expects_no_one() {
             self.uplink_mut().arm(slot, now);
             return self.ask_upstream(slot, true, out);
         }
@@ -689,28 +678,32 @@ mod tests {
         assert!(header(&notice).flags.contains(Flags::CONTRIBUTED));
         assert!(tree.poll(0).is_empty(), "no timeout yet");
 
-        // Rack 1's timer fires first: the upper switch says it holds rack 1's sum, which
-        // is then only asked after.
+        // Both timers ask, header only. The upper switch holds rack 1's sum: rack 1 waits.
         tree.now += TIMEOUT;
-        let resent = tree.poll(1);
-        let (recipient, notice) = tree.to_upper(&resent[0]).unwrap();
+        let asked = tree.poll(1);
+        let request = header(&asked[0]);
+        assert_eq!((request.message_type, request.round, request.rank), (MessageType::Ack, 0, 1));
+        assert!(request.flags.contains(Flags::WANT_RESULT), "not the sum again: {request:?}");
+        let (recipient, notice) = tree.to_upper(&asked[0]).unwrap();
         assert_eq!((recipient, header(&notice).message_type), (Recipient::Worker(1), MessageType::Pending));
         assert_eq!(tree.to_lower(1, &notice), None);
 
-        // Rack 0's timer sends its partial sum again; the result to rack 1 is lost.
-        let resent = tree.poll(0);
-        assert_eq!(resent.len(), 1);
-        assert!(header(&resent[0]).flags.contains(Flags::RETRANSMISSION));
-        let (_, result) = tree.to_upper(&resent[0]).unwrap();
+        // It lacks rack 0's: rack 0 sends its partial sum again; the result to rack 1 is
+        // lost.
+        let asked = tree.poll(0);
+        let (_, notice) = tree.to_upper(&asked[0]).unwrap();
+        assert!(!header(&notice).flags.contains(Flags::CONTRIBUTED));
+        let (recipient, resent) = tree.to_lower(0, &notice).unwrap();
+        assert_eq!(recipient, Recipient::Upstream);
+        assert!(header(&resent).flags.contains(Flags::RETRANSMISSION));
+        assert_eq!(values(&resent), [3]);
+        let (_, result) = tree.to_upper(&resent).unwrap();
         let (_, down) = tree.to_lower(0, &result).unwrap();
         assert_eq!(values(&down), [10]);
 
-        // Rack 1's timer asks for the result; the upper switch answers it alone.
+        // Rack 1's timer asks again; the upper switch answers it alone with the result.
         tree.now += 2 * TIMEOUT;
         let asked = tree.poll(1);
-        let request = header(&asked[0]);
-        assert_eq!((request.message_type, request.round), (MessageType::Ack, 0));
-        assert!(request.flags.contains(Flags::WANT_RESULT), "not the sum again: {request:?}");
         let (recipient, again) = tree.to_upper(&asked[0]).unwrap();
         assert_eq!(recipient, Recipient::Worker(1));
         let (_, down) = tree.to_lower(1, &again).unwrap();
@@ -720,8 +713,8 @@ mod tests {
         // by its rank in the whole tree.
         let (recipient, answer) = tree.contribute(3, dense(b, 0), &[4]).unwrap();
         assert_eq!((recipient, header(&answer).rank, values(&answer)), (Recipient::Worker(1), 3, vec![10]));
-        assert_eq!((tree.counters(0).resent_up, tree.counters(1).resent_up), (1, 1));
-        assert_eq!(tree.counters(1).requests, 1);
+        assert_eq!((tree.counters(0).resent_up, tree.counters(1).resent_up), (1, 0));
+        assert_eq!((tree.counters(0).requests, tree.counters(1).requests), (1, 2));
         assert!(tree.poll(1).is_empty(), "the result stopped the timer");
     }
 
