@@ -173,3 +173,52 @@ fn a_killed_rack_switch_fails_every_rank_with_a_reason() {
         assert!(stderr.contains(reason), "rank {rank} does not say '{reason}':\n{stderr}");
     }
 }
+
+#[test]
+fn three_levels_sum_exactly_through_racks_of_racks() {
+    // A top switch; 2 middle switches, each a rack of 2 bottom switches; 4 bottom
+    // switches, each a rack of 2 of the 8 ranks.
+    let (top, top_control) = switch(&[]);
+    let mut switches = vec![top];
+    let mut middle = Vec::new();
+    for rack in 0..2 {
+        let (child, control) =
+            switch(&["--upstream", &top_control, "--rack", &rack.to_string(), "--racks", "2"]);
+        switches.push(child);
+        middle.push(control);
+    }
+    let mut bottom = Vec::new();
+    for rack in 0..4usize {
+        let upstream = &middle[rack / 2];
+        let (child, control) = switch(&["--upstream", upstream, "--rack", &rack.to_string(), "--racks", "4"]);
+        switches.push(child);
+        bottom.push(control);
+    }
+    let session = format!("three-levels-{}", std::process::id());
+    let ranks: Vec<Child> = (0..8usize)
+        .map(|rank| {
+            let (host, port) = bottom[rank / 2].rsplit_once(':').unwrap();
+            Command::new(program("netagg-allreduce"))
+                .args(["--numel", "20000,77", "--jobs", "2", "--type", "int32"])
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "8")
+                .env("NETAGG_GENERAL__CONTROLLER_IP", host)
+                .env("NETAGG_GENERAL__CONTROLLER_PORT", port)
+                .env("NETAGG_GENERAL__SESSION", &session)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<Output> = ranks.into_iter().map(|rank| rank.wait_with_output().unwrap()).collect();
+    for child in &mut switches {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    for (rank, output) in outputs.iter().enumerate() {
+        let all = text(output);
+        assert!(output.status.success(), "rank {rank}: {all}");
+        assert_eq!(all.matches("elements verified").count(), 2, "rank {rank}: {all}");
+    }
+}

@@ -110,10 +110,12 @@ pub fn watch(stream: &TcpStream, upper: &UpperSwitch) -> String {
     loop {
         match ControlMessage::read_from(&mut &*stream) {
             // Its ranks are the racks: its message names a rack as a rank.
-            Ok((_, ControlMessage::Reject { message, .. })) => return format!(
+            Ok((_, ControlMessage::Reject { message, .. })) => {
+                return format!(
                 "the upper switch at {address}, whose ranks are the tree's {racks} racks, ended the tree's \
                      session: {message}"
-            ),
+            )
+            }
             Ok(_) => continue,
             Err(_) => return format!("the upper switch at {address} closed its connection: it is gone"),
         }
