@@ -501,13 +501,14 @@ mod tests {
             Tree { upper, lowers: [a, b], sessions: [a_id, b_id], upper_session, now, out }
         }
 
-        /// Hands `datagram` to rack `rack`'s switch.
-        fn to_lower(&mut self, rack: usize, datagram: &[u8]) -> Option<Sent> {
+        /// Hands `datagram` to rack `rack`'s switch: what it made that switch send.
+        fn deliver_down(&mut self, rack: usize, datagram: &[u8]) -> Option<Sent> {
             let verdict = self.lowers[rack].handle_datagram(self.now, datagram, &mut self.out);
             self.sent(verdict)
         }
 
-        fn to_upper(&mut self, datagram: &[u8]) -> Option<Sent> {
+        /// Hands `datagram` to the upper switch: what it made the upper switch send.
+        fn deliver_up(&mut self, datagram: &[u8]) -> Option<Sent> {
             let verdict = self.upper.handle_datagram(self.now, datagram, &mut self.out);
             self.sent(verdict)
         }
@@ -532,7 +533,7 @@ mod tests {
         /// Worker `rank`'s packets of one round of slot 0 go to its rack: what they made
         /// its switch send.
         fn contribute(&mut self, rank: u16, repr: PacketRepr, values: &[i32]) -> Option<Sent> {
-            self.to_lower(rank as usize / 2, &worker_packet(rank, repr, values))
+            self.deliver_down(rank as usize / 2, &worker_packet(rank, repr, values))
         }
 
         fn counters(&self, rack: usize) -> UplinkCounters {
@@ -595,11 +596,11 @@ mod tests {
                     up.push(packet);
                 }
             }
-            assert_eq!(tree.to_upper(&up[0]), None);
-            let (recipient, result) = tree.to_upper(&up[1]).unwrap();
+            assert_eq!(tree.deliver_up(&up[0]), None);
+            let (recipient, result) = tree.deliver_up(&up[1]).unwrap();
             assert_eq!(recipient, Recipient::All);
             for rack in 0..2 {
-                let (recipient, down) = tree.to_lower(rack, &result).unwrap();
+                let (recipient, down) = tree.deliver_down(rack, &result).unwrap();
                 assert_eq!(recipient, Recipient::All);
                 let repr = header(&down);
                 assert_eq!(
@@ -627,36 +628,36 @@ mod tests {
         let (_, up_b) = tree.contribute(3, sparse(b, 0, 0, END_OF_STREAM), &[]).unwrap();
         assert_eq!(header(&up_a).next_block, 3, "the rack's lowest next block");
         assert_eq!((header(&up_b).next_block, header(&up_b).element_count), (5, 0));
-        tree.to_upper(&up_a);
-        let (_, result) = tree.to_upper(&up_b).unwrap();
+        tree.deliver_up(&up_a);
+        let (_, result) = tree.deliver_up(&up_b).unwrap();
         assert_eq!((header(&result).next_block, values(&result)), (3, vec![1]));
-        tree.to_lower(0, &result).unwrap();
-        tree.to_lower(1, &result).unwrap();
+        tree.deliver_down(0, &result).unwrap();
+        tree.deliver_down(1, &result).unwrap();
 
         // Block 3 is rank 0's alone: rack 1 is silent, and gets the result all the same.
         let (_, up) = tree.contribute(0, sparse(a, 1, 3, END_OF_STREAM), &[30]).unwrap();
         assert_eq!(header(&up).next_block, 6, "rank 1's stream goes on at 6");
-        let (_, result) = tree.to_upper(&up).unwrap();
+        let (_, result) = tree.deliver_up(&up).unwrap();
         assert_eq!((header(&result).block, header(&result).next_block), (3, 5));
-        tree.to_lower(0, &result).unwrap();
-        let (_, down) = tree.to_lower(1, &result).unwrap();
+        tree.deliver_down(0, &result).unwrap();
+        let (_, down) = tree.deliver_down(1, &result).unwrap();
         assert_eq!((header(&down).block, values(&down)), (3, vec![30]));
 
         // Block 5 is rank 2's alone; block 6 rank 1's; then the stream ends everywhere.
         let (_, up) = tree.contribute(2, sparse(b, 2, 5, END_OF_STREAM), &[50]).unwrap();
-        let (_, result) = tree.to_upper(&up).unwrap();
+        let (_, result) = tree.deliver_up(&up).unwrap();
         assert_eq!(header(&result).next_block, 6);
-        tree.to_lower(1, &result).unwrap();
-        tree.to_lower(0, &result).unwrap();
+        tree.deliver_down(1, &result).unwrap();
+        tree.deliver_down(0, &result).unwrap();
         let (_, up) = tree.contribute(1, sparse(a, 3, 6, END_OF_STREAM), &[60]).unwrap();
-        let (_, result) = tree.to_upper(&up).unwrap();
+        let (_, result) = tree.deliver_up(&up).unwrap();
         assert_eq!(header(&result).next_block, END_OF_STREAM);
-        let (_, down) = tree.to_lower(1, &result).unwrap();
+        let (_, down) = tree.deliver_down(1, &result).unwrap();
         assert_eq!(
             (header(&down).block, header(&down).next_block, values(&down)),
             (6, END_OF_STREAM, vec![60])
         );
-        tree.to_lower(0, &result).unwrap();
+        tree.deliver_down(0, &result).unwrap();
         // Rack 0 sent blocks 0, 3 and 6 up, rack 1 blocks 0 and 5: no block twice.
         assert_eq!((tree.counters(0).sent_up, tree.counters(1).sent_up), (3, 2));
         assert_eq!((tree.counters(0).results_down, tree.counters(1).results_down), (4, 4));
@@ -670,7 +671,7 @@ mod tests {
         let (_, lost) = tree.contribute(1, dense(a, 0), &[2]).unwrap();
         tree.contribute(2, dense(b, 0), &[3]);
         let (_, up_b) = tree.contribute(3, dense(b, 0), &[4]).unwrap();
-        assert_eq!(tree.to_upper(&up_b), None);
+        assert_eq!(tree.deliver_up(&up_b), None);
         drop(lost);
         // A worker asking meanwhile hears its contribution is in.
         let (recipient, notice) = tree.contribute(1, dense(a, 0), &[2]).unwrap();
@@ -684,29 +685,29 @@ mod tests {
         let request = header(&asked[0]);
         assert_eq!((request.message_type, request.round, request.rank), (MessageType::Ack, 0, 1));
         assert!(request.flags.contains(Flags::WANT_RESULT), "not the sum again: {request:?}");
-        let (recipient, notice) = tree.to_upper(&asked[0]).unwrap();
+        let (recipient, notice) = tree.deliver_up(&asked[0]).unwrap();
         assert_eq!((recipient, header(&notice).message_type), (Recipient::Worker(1), MessageType::Pending));
-        assert_eq!(tree.to_lower(1, &notice), None);
+        assert_eq!(tree.deliver_down(1, &notice), None);
 
         // It lacks rack 0's: rack 0 sends its partial sum again; the result to rack 1 is
         // lost.
         let asked = tree.poll(0);
-        let (_, notice) = tree.to_upper(&asked[0]).unwrap();
+        let (_, notice) = tree.deliver_up(&asked[0]).unwrap();
         assert!(!header(&notice).flags.contains(Flags::CONTRIBUTED));
-        let (recipient, resent) = tree.to_lower(0, &notice).unwrap();
+        let (recipient, resent) = tree.deliver_down(0, &notice).unwrap();
         assert_eq!(recipient, Recipient::Upstream);
         assert!(header(&resent).flags.contains(Flags::RETRANSMISSION));
         assert_eq!(values(&resent), [3]);
-        let (_, result) = tree.to_upper(&resent).unwrap();
-        let (_, down) = tree.to_lower(0, &result).unwrap();
+        let (_, result) = tree.deliver_up(&resent).unwrap();
+        let (_, down) = tree.deliver_down(0, &result).unwrap();
         assert_eq!(values(&down), [10]);
 
         // Rack 1's timer asks again; the upper switch answers it alone with the result.
         tree.now += 2 * TIMEOUT;
         let asked = tree.poll(1);
-        let (recipient, again) = tree.to_upper(&asked[0]).unwrap();
+        let (recipient, again) = tree.deliver_up(&asked[0]).unwrap();
         assert_eq!(recipient, Recipient::Worker(1));
-        let (_, down) = tree.to_lower(1, &again).unwrap();
+        let (_, down) = tree.deliver_down(1, &again).unwrap();
         assert_eq!((header(&down).rank, values(&down)), (BROADCAST_RANK, vec![10]));
 
         // Rank 3 lost that result: its resend is answered by rack 1's switch, to it alone,
@@ -726,13 +727,13 @@ mod tests {
         let (_, up_a) = tree.contribute(1, sparse(a, 0, 0, END_OF_STREAM), &[]).unwrap();
         tree.contribute(2, sparse(b, 0, 0, END_OF_STREAM), &[]);
         let (_, up_b) = tree.contribute(3, sparse(b, 0, 0, END_OF_STREAM), &[]).unwrap();
-        tree.to_upper(&up_a);
-        let (_, result) = tree.to_upper(&up_b).unwrap();
-        tree.to_lower(0, &result);
-        tree.to_lower(1, &result);
+        tree.deliver_up(&up_a);
+        let (_, result) = tree.deliver_up(&up_b).unwrap();
+        tree.deliver_down(0, &result);
+        tree.deliver_down(1, &result);
         // Rack 1 is silent at block 2, whose result it never gets.
         let (_, up) = tree.contribute(0, sparse(a, 1, 2, END_OF_STREAM), &[5]).unwrap();
-        tree.to_upper(&up).unwrap();
+        tree.deliver_up(&up).unwrap();
         assert!(tree.poll(1).is_empty(), "no timeout yet");
         tree.now += TIMEOUT;
         let asked = tree.poll(1);
@@ -740,8 +741,8 @@ mod tests {
         let request = header(&asked[0]);
         assert!(request.flags.contains(Flags::WANT_RESULT));
         assert_eq!((request.round, request.rank), (1, 1));
-        let (_, answer) = tree.to_upper(&asked[0]).unwrap();
-        let (_, down) = tree.to_lower(1, &answer).unwrap();
+        let (_, answer) = tree.deliver_up(&asked[0]).unwrap();
+        let (_, down) = tree.deliver_down(1, &answer).unwrap();
         assert_eq!((header(&down).block, values(&down)), (2, vec![5]));
         let owed = tree.poll(1);
         assert_eq!(owed.len(), 1, "an acknowledgement of the result taken silently");
