@@ -65,8 +65,9 @@ fn a_two_level_tree_sums_exactly_dense_and_sparse_with_loss_on_both_hops() {
 #[test]
 fn each_rack_s_uplink_carries_one_tensor_each_way() {
     // 3 jobs (one warm-up) of 64Ki int32 elements: 256 packets of 256 elements each.
+    // Every switch runs two data-path threads, each relaying its share of the slots.
     let output = launcher()
-        .args(["-n", "4", "--racks", "2", "--"])
+        .args(["-n", "4", "--racks", "2", "--switch-arg", "--threads", "--switch-arg", "2", "--"])
         .arg(benchmark())
         .args(["--tensor-numel", "64Ki", "--num-jobs", "2", "--num-warmup-jobs", "1", "--verify"])
         .output()
