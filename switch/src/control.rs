@@ -27,8 +27,8 @@
 //!
 //! A lower switch of an aggregation tree opens each session at its upper switch first
 //! ([`crate::tree`]), after the lock, on the thread of the connection whose registration
-//! completed the rack; a thread per session watches the upper switch's connection, and
-//! the session's ending closes it.
+//! completed the rack; once the registry knows the session is open, a thread per session
+//! watches the upper switch's connection, and the session's ending closes it.
 
 use std::collections::HashMap;
 use std::io;
@@ -423,7 +423,7 @@ impl ControlPlane {
         opened
     }
 
-    /// Opens a rack's session at the upper switch, then in the data path, and watches the
+    /// Opens a rack's session at the upper switch, then in the data path, and keeps the
     /// upper switch's connection for the session's life.
     fn open_in_tree(
         &self,
@@ -433,9 +433,7 @@ impl ControlPlane {
         workers: Vec<Registered>,
         group: Group,
     ) -> Result<Opened, OpenError> {
-        let (Some(upper), Some(plane)) = (&self.upper, self.me.upgrade()) else {
-            return Err(OpenError::Unanswered);
-        };
+        let Some(upper) = &self.upper else { return Err(OpenError::Unanswered) };
         let (stream, path) = tree::join(upper, name, spec, group).map_err(|why| {
             tracing::warn!(%name, %why, "the upper switch did not open the session");
             OpenError::Upstream(why)
@@ -444,22 +442,26 @@ impl ControlPlane {
         // Closing `stream` on failure tells the upper switch this rack left.
         let opened = self.open(request, name, spec, workers, Some(path))?;
         tracing::info!(%name, session = %session(opened.id), upper = %session(SessionId(upper_session)), "session open at the upper switch");
-        let stream = Arc::new(stream);
-        let membership = Membership { stream: Arc::clone(&stream), session: upper_session, rank };
+        let membership = Membership { stream: Arc::new(stream), session: upper_session, rank };
         self.memberships().insert(opened.id, membership);
-        let upper = upper.clone();
-        let watcher =
-            std::thread::Builder::new().name(format!("upper-{}", session(opened.id))).spawn(move || {
-                let why = tree::watch(&stream, &upper);
-                plane.upper_ended(opened.id, why);
-            });
-        if let Err(error) = watcher {
-            tracing::warn!(%error, "cannot start a thread to watch the upper switch");
-            self.leave_upper(opened.id, false);
-            self.lanes.close(opened.id);
-            return Err(OpenError::Upstream(format!("cannot watch the upper switch: {error}")));
-        }
         Ok(opened)
+    }
+
+    /// Watches the upper switch's connection of rack session `id` on a thread of its own,
+    /// once the registry knows the session is open: what the upper switch says meanwhile
+    /// waits in the socket.
+    fn watch_upper(&self, id: SessionId) {
+        let stream = self.memberships().get(&id).map(|membership| Arc::clone(&membership.stream));
+        let (Some(stream), Some(upper), Some(plane)) = (stream, self.upper.clone(), self.me.upgrade()) else {
+            return;
+        };
+        let watcher = std::thread::Builder::new().name(format!("upper-{}", session(id))).spawn(move || {
+            let why = tree::watch(&stream, &upper);
+            plane.upper_ended(id, why);
+        });
+        if let Err(error) = watcher {
+            self.upper_ended(id, format!("cannot start a thread to watch the upper switch: {error}"));
+        }
     }
 
     /// The upper switch's session of a rack's session `id` ended: so does the rack's, and
@@ -502,7 +504,11 @@ impl ControlPlane {
                 }
                 Io::OpenInTree { request, name, spec, workers, group } => {
                     let opened = self.open_in_tree(request, &name, spec, workers, group);
+                    let id = opened.as_ref().ok().map(|opened| opened.id);
                     self.feed(|registry| registry.handle_opened(request, opened));
+                    if let Some(id) = id {
+                        self.watch_upper(id);
+                    }
                 }
                 Io::Depart { connection, id, rank } => {
                     let departure = self.lanes.depart(id, rank);
