@@ -730,6 +730,8 @@ impl Cluster {
                     let recipients: Vec<u16> = match transmit.recipient {
                         Recipient::All => (0..self.config.workers).collect(),
                         Recipient::Worker(rank) => vec![rank],
+                        // The simulated switch's sessions have no upper switch.
+                        Recipient::Upstream => Vec::new(),
                     };
                     let (wire, now, latency) = (&mut self.wire, self.now, self.config.downlink.latency);
                     let result = Packet::new_checked(&buf[..transmit.len])

@@ -294,6 +294,16 @@ struct_keys! {
         /// Seconds a control connection may take to register, and its session to assemble
         /// after that; a registration still waiting for other ranks then is refused and closed.
         register_timeout = Duration::from_secs(60), Timeout { unit: Seconds, zero: None };
+        /// The upper switch's control address (host:port) of an aggregation tree, for a switch
+        /// that serves one rack of the workers: it sums its rack's contributions and takes part
+        /// in the upper switch's session as one member, rack of racks. Empty: no upper switch.
+        upstream = String::new(), Text;
+        /// With upstream: the rack this switch serves, of racks. A world of N ranks is split
+        /// into racks of contiguous ranks (rack r of R holds ranks ceil(r·N/R) to
+        /// ceil((r+1)·N/R) − 1); workers register at their rack's switch with their rank and
+        /// world size in the whole tree.
+        rack = 0, Integer { min: 0, max: 65534 };
+        racks = 1, Integer { min: 1, max: 65535 };
         /// Print counters every this many seconds; 0 prints them only on exit.
         stats_interval = Duration::ZERO, Timeout { unit: Seconds, zero: Some("prints only on exit") };
         /// error, warn, info, debug or trace (RUST_LOG overrides).

@@ -47,6 +47,12 @@ pub struct Switch {
     /// How long a control connection may take to register, and its session to
     /// assemble after that.
     pub register_timeout: Duration,
+    /// The upper switch's control address, for a switch serving one rack of an
+    /// aggregation tree; empty for none.
+    pub upstream: String,
+    /// With `upstream`: the rack this switch serves, of `racks`.
+    pub rack: u16,
+    pub racks: u16,
     /// Print counters this often; zero prints them only on exit.
     pub stats_interval: Duration,
     /// error, warn, info, debug or trace.

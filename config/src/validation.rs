@@ -41,6 +41,14 @@ impl Config {
                 self.described("general.prepostprocessor")
             ));
         }
+        let s = &self.switch;
+        if !s.upstream.is_empty() && s.rack >= s.racks {
+            return Err(format!(
+                "{} must be below {}",
+                self.described("switch.rack"),
+                self.described("switch.racks")
+            ));
+        }
         Ok(())
     }
 

@@ -245,6 +245,7 @@ impl Harness {
         let rank = match transmit.recipient {
             Recipient::All => BROADCAST_RANK,
             Recipient::Worker(rank) => rank,
+            Recipient::Upstream => panic!("no session of this engine has an upper switch: {repr:?}"),
         };
         assert_eq!(repr.rank, rank, "{repr:?} to {:?}", transmit.recipient);
     }

@@ -100,13 +100,16 @@ fn switch_places(options: &Options, fabric: &Fabric) -> Vec<(String, std::net::I
 fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Result<u8, String> {
     let mut switches = Vec::new();
     let mut controls = Vec::new();
-    for (namespace, address) in switch_places(options, fabric) {
+    let places = switch_places(options, fabric);
+    let several = places.len() > 1;
+    for (shard, (namespace, address)) in places.into_iter().enumerate() {
+        let label = if several { format!("switch {shard}") } else { "switch".into() };
         let mut switch_command = Command::new("ip");
         switch_command.args(["netns", "exec", &namespace]).arg(switch_program());
         if options.dpdk.switch {
             set_dpdk_environment(&mut switch_command, "SWITCH", &[("NETAGG_SWITCH__TRANSPORT", "dpdk")]);
         }
-        match start_switch(switch_command, &address.to_string(), &options.switch_args) {
+        match start_switch(switch_command, &address.to_string(), &options.switch_args, &label) {
             Ok((switch, control)) => {
                 switches.push(switch);
                 controls.push(control);

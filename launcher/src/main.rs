@@ -14,6 +14,10 @@
 //! Output lines are prefixed with the rank. The exit code is that of the first worker
 //! to fail (the others are then stopped), 130 after Ctrl-C, or 0.
 //!
+//! With `--racks R` it starts an aggregation tree instead: one upper switch, and R lower
+//! switches that each serve a rack of contiguous ranks and take part in the upper
+//! switch's session as one member; each rank registers at its rack's switch.
+//!
 //! With `--link`, `--rank-link` or `--topology`, the switch and every worker run in
 //! network namespaces of their own behind shaped links (see [`emulated`]); `--mpi`
 //! then runs the program with `mpirun`, one rank per worker namespace, over the same
@@ -42,6 +46,8 @@ struct Options {
     /// One switch in each worker's namespace (`--colocated`).
     colocated: bool,
     switch_args: Vec<String>,
+    /// Racks of an aggregation tree, each behind a lower switch of its own; 0 for none.
+    racks: u16,
     program: Vec<String>,
     /// The emulated network, if any of these is given.
     topology: Option<PathBuf>,
@@ -91,7 +97,7 @@ impl Options {
 const MAX_SWITCHES: u16 = netagg_emulate::fabric::MAX_SWITCH_HOSTS as u16;
 
 const USAGE: &str =
-    "usage: netagg-run -n N [--switch HOST:PORT | --switches K] [--switch-arg ARG]... -- PROGRAM [ARGS...]
+    "usage: netagg-run -n N [--switch HOST:PORT | --switches K | --racks R] [--switch-arg ARG]... -- PROGRAM [ARGS...]
    or: netagg-run -n N [--link SETTINGS] [--rank-link RANK:SETTINGS]... [--topology FILE]
                   [--impairer auto|netem|user-space] [--mpi] [--dpdk workers|switch|both]
                   [--switches K | --colocated] [--switch-arg ARG]... -- PROGRAM [ARGS...]
@@ -109,7 +115,9 @@ const USAGE: &str =
   user-space delay line). --mpi: run PROGRAM with mpirun, one rank per worker namespace, and
   no switch. --dpdk: the workers' data, the switch's, or both, leave from DPDK ports (DPDK's
   af_packet driver on each namespace's interface) instead of kernel sockets; NETAGG_* variables
-  set beforehand win.";
+  set beforehand win.
+  --racks R: an aggregation tree on loopback: an upper switch and R lower switches, rack r
+  holding ranks ceil(r·N/R) to ceil((r+1)·N/R) − 1; --switch-arg goes to every switch.";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
@@ -118,6 +126,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         switches: None,
         colocated: false,
         switch_args: Vec::new(),
+        racks: 0,
         program: Vec::new(),
         topology: None,
         link: None,
@@ -148,6 +157,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             "--colocated" => options.colocated = true,
             "--switch-arg" => options.switch_args.push(value("--switch-arg")?),
+            "--racks" => {
+                options.racks = value("--racks")?
+                    .parse()
+                    .ok()
+                    .filter(|&racks| racks > 0)
+                    .ok_or("--racks takes a number of racks from 1 to 65535")?
+            }
             "--link" => {
                 let settings = LinkSettings::parse(&value("--link")?).map_err(|e| format!("--link: {e}"))?;
                 options.link = Some(settings.over(&options.link.unwrap_or_default()));
@@ -176,6 +192,17 @@ fn parse(args: &[String]) -> Result<Options, String> {
         return Err("--switch: on an emulated network the switch runs in a namespace of its own; \
                     drop --switch or the link options"
             .into());
+    }
+    if options.racks > 0 && (options.emulated() || options.switch.is_some()) {
+        return Err(
+            "--racks starts the switches of a tree on loopback: drop --switch and the link options".into()
+        );
+    }
+    if options.racks > 0 && (options.switches.is_some() || options.colocated) {
+        return Err("--racks starts a tree of single switches: drop --switches and --colocated".into());
+    }
+    if options.racks > options.workers {
+        return Err(format!("--racks {}: more racks than the {} ranks", options.racks, options.workers));
     }
     if options.dpdk != DpdkSides::default() && (!options.emulated() || options.mpi) {
         return Err("--dpdk puts DPDK ports on an emulated network's interfaces: give its links (--link, \
@@ -241,16 +268,36 @@ fn run(options: Options) -> Result<u8, String> {
     let controls = match &options.switch {
         Some(address) => Ok(vec![address.clone()]),
         None => (0..options.switch_count())
-            .map(|_| {
+            .map(|shard| {
+                let label = if options.switch_count() > 1 { format!("switch {shard}") } else { "switch".into() };
                 let (child, control) =
-                    start_switch(Command::new(switch_program()), "127.0.0.1", &options.switch_args)?;
+                    start_switch(Command::new(switch_program()), "127.0.0.1", &options.switch_args, &label)?;
                 switches.push(child);
                 Ok(control)
             })
             .collect::<Result<Vec<_>, String>>(),
     };
+    // The switches each rank registers with: every shard, or in a tree its rack's.
+    let rank_controls = controls.and_then(|controls| {
+        let mut rank_controls = vec![controls.clone(); usize::from(options.workers)];
+        for rack in 0..options.racks {
+            let mut arguments = options.switch_args.clone();
+            arguments.extend(
+                ["--upstream", &controls[0], "--rack", &rack.to_string(), "--racks", &options.racks.to_string()]
+                    .map(String::from),
+            );
+            let label = format!("rack {rack}");
+            let (child, rack_control) =
+                start_switch(Command::new(switch_program()), "127.0.0.1", &arguments, &label)?;
+            switches.push(child);
+            for rank in netagg_wire::control::rack_ranks(rack, options.racks, options.workers) {
+                rank_controls[usize::from(rank)] = vec![rack_control.clone()];
+            }
+        }
+        Ok(rank_controls)
+    });
     // The switches are stopped on every path, errors included: they must not outlive us.
-    let result = controls.and_then(|controls| {
+    let result = rank_controls.and_then(|rank_controls| {
         let rendezvous = PortReservation::on_loopback()?;
         let session = format!("netagg-run-{}", std::process::id());
         let ranks = (0..options.workers)
@@ -262,7 +309,7 @@ fn run(options: Options) -> Result<u8, String> {
                     rank,
                     options.workers,
                     ("127.0.0.1", rendezvous.port),
-                    &controls,
+                    &rank_controls[usize::from(rank)],
                     &session,
                 )?;
                 Ok((rank.to_string(), command))
@@ -273,7 +320,9 @@ fn run(options: Options) -> Result<u8, String> {
         drop(rendezvous);
         code
     });
-    switches.into_iter().for_each(stop_switch);
+    // The lower switches of a tree first, so that each prints its counters while its
+    // upper switch still runs.
+    switches.into_iter().rev().for_each(stop_switch);
     result
 }
 
@@ -286,8 +335,14 @@ fn switch_program() -> PathBuf {
 }
 
 /// Starts a switch (`command`: the switch program, or a command that runs it) on free
-/// ports of `host`, and returns it with its control address.
-fn start_switch(mut command: Command, host: &str, extra: &[String]) -> Result<(Child, String), String> {
+/// ports of `host`, its output lines prefixed with `label`, and returns it with its
+/// control address.
+fn start_switch(
+    mut command: Command,
+    host: &str,
+    extra: &[String],
+    label: &str,
+) -> Result<(Child, String), String> {
     let mut child = command
         .args(["--control", &format!("{host}:0"), "--data", &format!("{host}:0")])
         .args(extra)
@@ -303,9 +358,10 @@ fn start_switch(mut command: Command, host: &str, extra: &[String]) -> Result<(C
         let _ = child.wait();
         return Err(format!("the switch did not start (it printed '{first}')"));
     };
+    let label = label.to_string();
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
-            println!("[switch] {line}");
+            println!("[{label}] {line}");
         }
     });
     Ok((child, control))

@@ -24,25 +24,31 @@
 //!
 //! The plane keeps every connection's stream and thread, so that a switch stopped in
 //! process closes them all and joins their threads instead of leaving them behind.
+//!
+//! A lower switch of an aggregation tree opens each session at its upper switch first
+//! ([`crate::tree`]), after the lock, on the thread of the connection whose registration
+//! completed the rack; once the registry knows the session is open, a thread per session
+//! watches the upper switch's connection, and the session's ending closes it.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::control::{
-    Action, Assembly, Closure, ConnectionId, ControlLimits, OpenError, OpenRequest, Opened, Registered,
-    Registry, SessionEnd,
+    Action, Assembly, Closure, ConnectionId, ControlLimits, Group, OpenError, OpenRequest, Opened,
+    Registered, Registry, SessionEnd,
 };
 use netagg_aggregator::{SessionId, SessionSpec};
 use netagg_wire::{ControlMessage, Endpoint, RejectCode, WireError};
 use rand::RngCore;
 
-use crate::datapath::Event;
+use crate::datapath::{Event, UpstreamPath};
 use crate::lanes::Lanes;
+use crate::tree::{self, UpperSwitch};
 
 /// A connection's stream, shared by its thread and the table of connections: one
 /// descriptor per connection.
@@ -71,6 +77,23 @@ enum Io {
         id: SessionId,
         rank: u16,
     },
+    /// Open a rack's session at the upper switch, then in the data path, and feed the
+    /// answer back to the registry.
+    OpenInTree {
+        request: OpenRequest,
+        name: String,
+        spec: SessionSpec,
+        workers: Vec<Registered>,
+        group: Group,
+    },
+}
+
+/// A rack's session's membership in its upper switch's session.
+struct Membership {
+    stream: Arc<TcpStream>,
+    /// The upper session's id, and this switch's rank in it, for *leave*.
+    session: u32,
+    rank: u16,
 }
 
 /// What the control plane holds at one moment, for the metrics.
@@ -90,6 +113,12 @@ pub struct ControlPlane {
     /// connections no longer counts as ranks leaving.
     stopping: AtomicBool,
     lanes: Lanes,
+    /// This switch's upper switch, if it serves a rack of a tree.
+    upper: Option<UpperSwitch>,
+    /// Each open session's membership in its upper switch's session.
+    memberships: Mutex<HashMap<SessionId, Membership>>,
+    /// The plane itself, for the threads that watch upper switches.
+    me: Weak<ControlPlane>,
 }
 
 /// The longest the acceptor waits after `accept` fails before it tries again (out of
@@ -99,13 +128,24 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl ControlPlane {
-    pub fn new(lanes: Lanes, data_endpoints: Vec<Endpoint>, limits: ControlLimits) -> Arc<ControlPlane> {
-        let registry = Registry::new(data_endpoints, limits);
-        Arc::new(ControlPlane {
+    pub fn new(
+        lanes: Lanes,
+        data_endpoints: Vec<Endpoint>,
+        limits: ControlLimits,
+        upper: Option<UpperSwitch>,
+    ) -> Arc<ControlPlane> {
+        let mut registry = Registry::new(data_endpoints, limits);
+        if let Some(upper) = &upper {
+            registry = registry.serving_rack(upper.rack);
+        }
+        Arc::new_cyclic(|me| ControlPlane {
             shared: Mutex::new(Shared { registry, connections: HashMap::new() }),
             deadlines: Condvar::new(),
             stopping: AtomicBool::new(false),
             lanes,
+            upper,
+            memberships: Mutex::new(HashMap::new()),
+            me: me.clone(),
         })
     }
 
@@ -206,6 +246,10 @@ impl ControlPlane {
         self.stopping.store(true, Ordering::Release);
         let connections: Vec<_> = self.lock().connections.drain().map(|(_, entry)| entry).collect();
         self.deadlines.notify_all();
+        // Ends the threads watching upper switches.
+        for (_, membership) in self.memberships().drain() {
+            let _ = membership.stream.shutdown(Shutdown::Both);
+        }
         for (stream, thread) in connections {
             // Ends the thread's blocking read.
             let _ = stream.shutdown(Shutdown::Both);
@@ -248,8 +292,13 @@ impl ControlPlane {
                     (id, SessionEnd::Orphaned { departed })
                 }
             };
+            self.leave_upper(id, false);
             self.feed(|registry| registry.handle_session_ended(id, end));
         }
+    }
+
+    fn memberships(&self) -> MutexGuard<'_, HashMap<SessionId, Membership>> {
+        self.memberships.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -349,8 +398,13 @@ impl ControlPlane {
                         io.push(Io::Close(Arc::clone(stream)));
                     }
                 }
-                Action::OpenSession { request, name, spec, workers } => {
-                    let opened = self.open(request, &name, spec, workers);
+                // The upper switch's answer may take until its other racks register:
+                // asked after the lock.
+                Action::OpenSession { request, name, spec, workers, group } if self.upper.is_some() => {
+                    io.push(Io::OpenInTree { request, name, spec, workers, group })
+                }
+                Action::OpenSession { request, name, spec, workers, .. } => {
+                    let opened = self.open(request, &name, spec, workers, None);
                     shared.registry.handle_opened(request, opened);
                 }
                 // The data path is asked once the lock is released, as the sockets are
@@ -369,10 +423,11 @@ impl ControlPlane {
         name: &str,
         spec: SessionSpec,
         workers: Vec<Registered>,
+        upstream: Option<UpstreamPath>,
     ) -> Result<Opened, OpenError> {
         // The token is the session's credential: unguessable, so only a CSPRNG will do.
         let token = rand::rngs::OsRng.next_u64();
-        let opened = self.lanes.open(spec, token, workers).map(|id| Opened { id, token });
+        let opened = self.lanes.open(spec, token, workers, upstream).map(|id| Opened { id, token });
         match &opened {
             Ok(Opened { id, .. }) => {
                 tracing::info!(%name, session = %session(*id), workers = spec.workers, "session open")
@@ -380,6 +435,70 @@ impl ControlPlane {
             Err(error) => tracing::warn!(%name, ?request, %error, "session could not open"),
         }
         opened
+    }
+
+    /// Opens a rack's session at the upper switch, then in the data path, and keeps the
+    /// upper switch's connection for the session's life.
+    fn open_in_tree(
+        &self,
+        request: OpenRequest,
+        name: &str,
+        spec: SessionSpec,
+        workers: Vec<Registered>,
+        group: Group,
+    ) -> Result<Opened, OpenError> {
+        let Some(upper) = &self.upper else { return Err(OpenError::Unanswered) };
+        let (stream, path) = tree::join(upper, name, spec, group).map_err(|why| {
+            tracing::warn!(%name, %why, "the upper switch did not open the session");
+            OpenError::Upstream(why)
+        })?;
+        let (upper_session, rank) = (path.upstream.session, path.upstream.rank);
+        // Closing `stream` on failure tells the upper switch this rack left.
+        let opened = self.open(request, name, spec, workers, Some(path))?;
+        tracing::info!(%name, session = %session(opened.id), upper = %session(SessionId(upper_session)), "session open at the upper switch");
+        let membership = Membership { stream: Arc::new(stream), session: upper_session, rank };
+        self.memberships().insert(opened.id, membership);
+        Ok(opened)
+    }
+
+    /// Watches the upper switch's connection of rack session `id` on a thread of its own,
+    /// once the registry knows the session is open: what the upper switch says meanwhile
+    /// waits in the socket.
+    fn watch_upper(&self, id: SessionId) {
+        let stream = self.memberships().get(&id).map(|membership| Arc::clone(&membership.stream));
+        let (Some(stream), Some(upper), Some(plane)) = (stream, self.upper.clone(), self.me.upgrade()) else {
+            return;
+        };
+        let watcher = std::thread::Builder::new().name(format!("upper-{}", session(id))).spawn(move || {
+            let why = tree::watch(&stream, &upper);
+            plane.upper_ended(id, why);
+        });
+        if let Err(error) = watcher {
+            self.upper_ended(id, format!("cannot start a thread to watch the upper switch: {error}"));
+        }
+    }
+
+    /// The upper switch's session of a rack's session `id` ended: so does the rack's, and
+    /// its ranks are told why. Nothing if the rack's session ended first.
+    fn upper_ended(&self, id: SessionId, why: String) {
+        if self.stopping.load(Ordering::Acquire) || self.memberships().remove(&id).is_none() {
+            return;
+        }
+        let counters = self.lanes.close(id);
+        tracing::info!(session = %session(id), %why, ?counters, "session closed: its upper switch's ended");
+        self.feed(|registry| registry.handle_session_ended(id, SessionEnd::Upstream(why)));
+    }
+
+    /// Closes a rack's session's connection to its upper switch, which tells the upper
+    /// switch the rack left: after its last job (`leave`), or mid-job, which ends the
+    /// upper session for every rack.
+    fn leave_upper(&self, id: SessionId, leave: bool) {
+        let Some(membership) = self.memberships().remove(&id) else { return };
+        if leave {
+            let message = ControlMessage::Leave { session: membership.session, rank: membership.rank };
+            send(&membership.stream, 0, &message);
+        }
+        let _ = membership.stream.shutdown(Shutdown::Both);
     }
 
     /// Does what [`ControlPlane::perform`] left for after the lock, in the registry's
@@ -395,6 +514,15 @@ impl ControlPlane {
                 Io::CloseSession { id, name, why } => {
                     let counters = self.lanes.close(id);
                     tracing::info!(%name, session = %session(id), ?counters, "session closed: {why}");
+                    self.leave_upper(id, why == Closure::AllLeft);
+                }
+                Io::OpenInTree { request, name, spec, workers, group } => {
+                    let opened = self.open_in_tree(request, &name, spec, workers, group);
+                    let id = opened.as_ref().ok().map(|opened| opened.id);
+                    self.feed(|registry| registry.handle_opened(request, opened));
+                    if let Some(id) = id {
+                        self.watch_upper(id);
+                    }
                 }
                 Io::Depart { connection, id, rank } => {
                     let departure = self.lanes.depart(id, rank);

@@ -22,10 +22,11 @@ use crossbeam_channel::{Receiver, Sender};
 use netagg_aggregator::control::{OpenError, Registered};
 use netagg_aggregator::engine::SessionError;
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
+use netagg_aggregator::engine::{UplinkCounters, Upstream, UPSTREAM_RANK};
 use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::{Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
 use netagg_wire::packet::HEADER_LEN;
-use netagg_wire::{packet, Packet, SlotSplit};
+use netagg_wire::{packet, Endpoint, Packet, SlotSplit};
 use rustc_hash::FxHashMap;
 
 use crate::outbox::{GroupKey, Outbox};
@@ -43,6 +44,10 @@ struct Peers<A> {
     slots_per_thread: u16,
     /// The session's slots this lane owns: packets for others are misdirected.
     owned: Range<u16>,
+    /// A lower switch's upper switch: the address of each of its data endpoints, which
+    /// own the session's slots as `SlotSplit::Ranges` says; empty without one.
+    upstream: Vec<A>,
+    slots: u16,
 }
 
 impl<A: Copy> Peers<A> {
@@ -73,11 +78,22 @@ impl<A: Copy> Peers<A> {
             }
             resolved.push(threads);
         }
-        Ok(Peers { workers: resolved, slots_per_thread, owned })
+        Ok(Peers { workers: resolved, slots_per_thread, owned, upstream: Vec::new(), slots: spec.slots })
     }
 
     fn address(&self, rank: u16, slot: u16) -> Option<A> {
-        self.workers.get(rank as usize)?.get(usize::from(self.thread(slot))).copied()
+        match self.workers.get(rank as usize) {
+            Some(threads) => threads.get(usize::from(self.thread(slot))).copied(),
+            // No worker has the upper switch's rank.
+            None if rank == UPSTREAM_RANK => self.upstream_owner(slot).map(|(_, address)| address),
+            None => None,
+        }
+    }
+
+    /// The upper switch's data endpoint that owns `slot`: its index and address.
+    fn upstream_owner(&self, slot: u16) -> Option<(usize, A)> {
+        let owner = SlotSplit::Ranges.owner(slot, self.slots, self.upstream.len());
+        Some((owner, *self.upstream.get(owner)?))
     }
 
     /// The worker thread that owns `slot`, in every rank.
@@ -96,7 +112,7 @@ impl<A: Copy> Peers<A> {
     }
 
     fn all(&self) -> impl Iterator<Item = A> + '_ {
-        self.workers.iter().flatten().copied()
+        self.workers.iter().flatten().chain(&self.upstream).copied()
     }
 }
 
@@ -110,6 +126,8 @@ pub enum Command {
         token: u64,
         /// Per rank, in rank order.
         workers: Vec<Registered>,
+        /// A lower switch's upper switch, which the session's rounds complete at.
+        upstream: Option<UpstreamPath>,
         reply: Sender<Result<SessionId, OpenError>>,
     },
     Close {
@@ -129,10 +147,23 @@ pub enum Command {
     Shutdown,
 }
 
+/// Where a lower switch's session reaches its upper switch, from the upper switch's
+/// accept.
+#[derive(Debug, Clone)]
+pub struct UpstreamPath {
+    pub upstream: Upstream,
+    /// The upper switch's data endpoints, each owning its range of the slots.
+    pub endpoints: Vec<Endpoint>,
+    /// The upper switch's address, which an unspecified IP in an endpoint stands for.
+    pub peer: std::net::IpAddr,
+}
+
 /// A snapshot of the data path's counters.
 pub struct Counters {
     pub engine: EngineCounters,
     pub sessions: Vec<(SessionId, SessionCounters)>,
+    /// What this switch's sessions, open or closed, exchanged with upper switches.
+    pub uplink: UplinkCounters,
     /// What fault injection did to datagrams received and sent, if it is on.
     pub faults: Option<(FaultCounters, FaultCounters)>,
 }
@@ -205,6 +236,9 @@ impl<P: DataPort> DataPath<P> {
             self.port.recv(IDLE_WAKEUP, &mut |source, datagram| {
                 board.handle(*arrived.get_or_insert_with(Instant::now), source, datagram)
             })?;
+            if let Some(now) = arrived {
+                self.board.poll_upstream(now);
+            }
             self.board.results.send(&mut self.port);
             self.port.flush();
             if self.board.engine.has_orphaned() {
@@ -216,6 +250,9 @@ impl<P: DataPort> DataPath<P> {
             }
             let now = Instant::now();
             if now >= next_timer_check {
+                self.board.poll_upstream(now);
+                self.board.results.send(&mut self.port);
+                self.port.flush();
                 self.share_activity();
                 for id in self.board.engine.handle_timeout(now) {
                     self.forget(id);
@@ -236,8 +273,8 @@ impl<P: DataPort> DataPath<P> {
                 Err(crossbeam_channel::TryRecvError::Disconnected) => return false,
             };
             match command {
-                Command::Open { id, spec, token, workers, reply } => {
-                    let _ = reply.send(self.open(id, spec, token, &workers));
+                Command::Open { id, spec, token, workers, upstream, reply } => {
+                    let _ = reply.send(self.open(id, spec, token, &workers, upstream));
                 }
                 Command::Close { id, reply } => {
                     self.forget(id);
@@ -250,8 +287,9 @@ impl<P: DataPort> DataPath<P> {
                     let engine = &self.board.engine;
                     let sessions =
                         engine.sessions().filter_map(|id| Some((id, engine.session(id)?.1))).collect();
+                    let uplink = engine.uplink_totals();
                     let faults = self.port.fault_counters();
-                    let _ = reply.send(Counters { engine: *engine.counters(), sessions, faults });
+                    let _ = reply.send(Counters { engine: *engine.counters(), sessions, uplink, faults });
                 }
                 Command::Shutdown => return false,
             }
@@ -278,11 +316,27 @@ impl<P: DataPort> DataPath<P> {
         spec: SessionSpec,
         token: u64,
         workers: &[Registered],
+        upstream: Option<UpstreamPath>,
     ) -> Result<SessionId, OpenError> {
         let threads = workers.first().map_or(1, |worker| worker.endpoints.len().max(1));
         let owned = SlotSplit::Ranges.owned(self.lane.index, spec.slots, self.lane.count);
-        let peers = Peers::resolve(&mut self.port, workers, &spec, spec.slots / threads as u16, owned)
+        let mut peers = Peers::resolve(&mut self.port, workers, &spec, spec.slots / threads as u16, owned)
             .map_err(OpenError::Endpoint)?;
+        if let Some(path) = &upstream {
+            let link = ThreadLink {
+                datagram_len: packet::datagram_len(usize::from(spec.packet_elements)),
+                window: usize::from(spec.slots),
+            };
+            for endpoint in &path.endpoints {
+                match self.port.resolve(endpoint, path.peer, link) {
+                    Ok(address) => peers.upstream.push(address),
+                    Err(message) => {
+                        peers.all().for_each(|address| self.port.forget(address));
+                        return Err(OpenError::Upstream(format!("the upper switch's {endpoint}: {message}")));
+                    }
+                }
+            }
+        }
         let now = Instant::now();
         let opened = match id {
             None => self.board.engine.open_session(now, spec, token),
@@ -297,7 +351,15 @@ impl<P: DataPort> DataPath<P> {
                 other => other,
             },
         };
-        match opened {
+        let attached = opened.and_then(|id| match upstream {
+            Some(path) => {
+                self.board.engine.attach_upstream(id, path.upstream).map(|()| id).inspect_err(|_| {
+                    let _ = self.board.engine.close_session(id);
+                })
+            }
+            None => Ok(id),
+        });
+        match attached {
             Ok(id) => {
                 self.board.peers.insert(id, peers);
                 Ok(id)
@@ -357,11 +419,44 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
         };
         let Some(session_peers) = peers.get(&transmit.session) else { return };
         let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
-        let rank = match transmit.recipient {
-            Recipient::All => None,
-            Recipient::Worker(rank) => Some(rank),
-        };
-        let group = GroupKey { session: transmit.session, thread: session_peers.thread(slot), rank };
-        results.commit(lent, transmit.len, group, || session_peers.group(group.thread, rank));
+        commit(results, lent, session_peers, transmit, slot);
     }
+
+    /// Sends a lower switch's sessions' packets that their timers call for up to their
+    /// upper switches.
+    fn poll_upstream(&mut self, now: Instant) {
+        let Switchboard { engine, peers, results } = self;
+        loop {
+            let (lent, out) = results.room(None, Vec::new);
+            let Some(transmit) = engine.poll_upstream(now, out) else { return };
+            let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
+            if let Some(session_peers) = peers.get(&transmit.session) {
+                commit(results, lent, session_peers, transmit, slot);
+            }
+        }
+    }
+}
+
+/// Keeps a packet the engine wrote for `slot` of a session in the batch of its recipients:
+/// a worker thread of every rank or of one, or the upper switch's endpoint owning the slot.
+fn commit<A: Copy + Eq + std::hash::Hash>(
+    results: &mut Outbox<A>,
+    lent: crate::outbox::Lent,
+    session_peers: &Peers<A>,
+    transmit: netagg_aggregator::Transmit,
+    slot: u16,
+) {
+    let (thread, rank) = match transmit.recipient {
+        Recipient::All => (session_peers.thread(slot), None),
+        Recipient::Worker(rank) => (session_peers.thread(slot), Some(rank)),
+        Recipient::Upstream => match session_peers.upstream_owner(slot) {
+            Some((owner, _)) => (owner as u16, Some(UPSTREAM_RANK)),
+            None => return,
+        },
+    };
+    let group = GroupKey { session: transmit.session, thread, rank };
+    results.commit(lent, transmit.len, group, || match transmit.recipient {
+        Recipient::Upstream => session_peers.upstream.get(usize::from(thread)).copied().into_iter().collect(),
+        _ => session_peers.group(thread, rank),
+    });
 }

@@ -16,7 +16,7 @@ use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::{Departure, SessionId, SessionSpec};
 use rustc_hash::FxHashMap;
 
-use crate::datapath::{Activity, Command, Counters};
+use crate::datapath::{Activity, Command, Counters, UpstreamPath};
 use crate::metrics::Retired;
 
 /// How long a lane has to answer a request of the control plane.
@@ -42,9 +42,17 @@ impl Lanes {
         spec: SessionSpec,
         token: u64,
         workers: Vec<Registered>,
+        upstream: Option<UpstreamPath>,
     ) -> Result<SessionId, OpenError> {
         let Some((first, others)) = self.commands.split_first() else { return Err(OpenError::Unanswered) };
-        let open = |id, reply| Command::Open { id, spec, token, workers: workers.clone(), reply };
+        let open = |id, reply| Command::Open {
+            id,
+            spec,
+            token,
+            workers: workers.clone(),
+            upstream: upstream.clone(),
+            reply,
+        };
         let id = ask(first, |reply| open(None, reply)).unwrap_or(Err(OpenError::Unanswered))?;
         // The other lanes open it at once, each between two of its receive calls.
         let answers: Vec<_> = others.iter().map(|lane| send(lane, |reply| open(Some(id), reply))).collect();
@@ -170,7 +178,7 @@ fn add(sum: Counters, lane: Counters) -> Counters {
         }
         (one, other) => one.or(other),
     };
-    Counters { engine: sum.engine + lane.engine, sessions, faults }
+    Counters { engine: sum.engine + lane.engine, sessions, uplink: sum.uplink + lane.uplink, faults }
 }
 
 fn add_faults(a: FaultCounters, b: FaultCounters) -> FaultCounters {
@@ -252,7 +260,7 @@ mod tests {
     #[test]
     fn a_session_opens_under_the_first_lane_s_id_and_closes_everywhere_if_one_refuses() {
         let (both, asked) = lanes(&[(None, true), (None, true)]);
-        assert_eq!(both.open(SPEC, 7, Vec::new()), Ok(SessionId(0x0001_0003)));
+        assert_eq!(both.open(SPEC, 7, Vec::new(), None), Ok(SessionId(0x0001_0003)));
         assert_eq!(
             *asked.lock().unwrap(),
             [(0, "open None".into()), (1, "open Some(SessionId(65539))".into())]
@@ -264,7 +272,10 @@ mod tests {
         );
 
         let (second_refuses, asked) = lanes(&[(None, true), (None, false)]);
-        assert_eq!(second_refuses.open(SPEC, 7, Vec::new()), Err(OpenError::Endpoint("unreachable".into())));
+        assert_eq!(
+            second_refuses.open(SPEC, 7, Vec::new(), None),
+            Err(OpenError::Endpoint("unreachable".into()))
+        );
         let mut closes: Vec<_> =
             asked.lock().unwrap().iter().filter(|(_, what)| what.starts_with("close")).cloned().collect();
         closes.sort();

@@ -23,6 +23,7 @@ mod lanes;
 mod metrics;
 mod outbox;
 pub mod port;
+mod tree;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -30,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use netagg_aggregator::control::ControlLimits;
+use netagg_aggregator::control::{ControlLimits, Rack};
 use netagg_aggregator::EngineLimits;
 use netagg_config::SwitchTransport;
 use netagg_wire::Endpoint;
@@ -43,6 +44,7 @@ pub use crate::metrics::resident_bytes;
 use crate::metrics::MetricsServer;
 pub use crate::port::udp::SOCKET_BUFFER as DATA_SOCKET_BUFFER;
 pub use crate::port::DataPort;
+use crate::tree::UpperSwitch;
 
 /// Why a switch could not start, or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -206,7 +208,13 @@ impl Switch {
         let lanes =
             Lanes::new(channels.iter().map(|(sender, _)| sender.clone()).collect(), Arc::clone(&activity));
         let plane_limits = ControlLimits { max_datagram, ..control_limits(settings) };
-        let plane = ControlPlane::new(lanes.clone(), data_endpoints.clone(), plane_limits);
+        let upper = (!settings.upstream.is_empty()).then(|| UpperSwitch {
+            address: settings.upstream.clone(),
+            rack: Rack { index: settings.rack, count: settings.racks },
+            data_endpoints: data_endpoints.clone(),
+            register_timeout: settings.register_timeout,
+        });
+        let plane = ControlPlane::new(lanes.clone(), data_endpoints.clone(), plane_limits, upper);
         // Built before any thread starts, so that a failed start stops what did start.
         let mut switch =
             Switch { control_addr, data_endpoints, lanes, plane, threads: Threads::default(), metrics: None };

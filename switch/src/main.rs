@@ -150,7 +150,7 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
 }
 
 fn print_counters(switch: &Switch) {
-    let Some(Counters { engine, sessions, faults }) = switch.counters() else { return };
+    let Some(Counters { engine, sessions, uplink, faults }) = switch.counters() else { return };
     println!(
         "stats: datagrams {} malformed {} unknown-session {} sessions opened {} closed {} expired {}",
         engine.datagrams,
@@ -165,6 +165,14 @@ fn print_counters(switch: &Switch) {
             "stats: faults injected: receive dropped {} duplicated {} reordered {} corrupted {} delayed {}; send dropped {} duplicated {} reordered {} corrupted {} delayed {}",
             receive.dropped, receive.duplicated, receive.reordered, receive.corrupted, receive.delayed,
             send.dropped, send.duplicated, send.reordered, send.corrupted, send.delayed
+        );
+    }
+    // A lower switch of a tree: what went up to its upper switch and came back down.
+    if uplink != Default::default() {
+        let u = uplink;
+        println!(
+            "stats: uplink sent-up {} resent-up {} requests {} acks {} bytes-up {} results-down {} bytes-down {} ignored {}",
+            u.sent_up, u.resent_up, u.requests, u.acks, u.bytes_up, u.results_down, u.bytes_down, u.ignored
         );
     }
     for (id, c) in sessions {

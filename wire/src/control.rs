@@ -101,6 +101,13 @@ impl SlotSplit {
     }
 }
 
+/// The ranks, of a world of `world_size`, that rack `rack` of `racks` holds in an
+/// aggregation tree: contiguous ranges in rack order, by the rule that splits slots over
+/// endpoints ([`SlotSplit::Ranges`]), so that racks differ in size by one at most.
+pub fn rack_ranks(rack: u16, racks: u16, world_size: u16) -> std::ops::Range<u16> {
+    SlotSplit::Ranges.owned(usize::from(rack), world_size, usize::from(racks))
+}
+
 impl TryFrom<u8> for SlotSplit {
     type Error = WireError;
     fn try_from(value: u8) -> Result<Self> {

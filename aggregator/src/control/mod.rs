@@ -39,9 +39,11 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use netagg_wire::{ControlMessage, Endpoint, RejectCode, SlotSplit, WireError};
+use netagg_wire::control::rack_ranks;
+use netagg_wire::{ControlMessage, Endpoint, RejectCode, SlotSplit, ValueEncoding, WireError};
 
 use crate::engine::{Departure, SessionError, SessionId, SessionSpec};
 use registration::{Registration, Shape};
@@ -78,6 +80,15 @@ pub struct ControlLimits {
     pub max_datagram: Option<usize>,
 }
 
+/// A lower switch's place in an aggregation tree: rack `index` of `count`. It serves the
+/// ranks of each session's world that [`rack_ranks`] gives its rack, and takes part in the
+/// upper switch's session as its rank `index` of `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rack {
+    pub index: u16,
+    pub count: u16,
+}
+
 /// A worker as it registered: where its control connection came from, and the endpoint
 /// of each of its threads, which the data path resolves to reach them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,24 +117,30 @@ pub enum OpenError {
     /// Nothing answered the request.
     #[error("the data path is not running")]
     Unanswered,
+    /// A lower switch's upper switch refused its rack, or could not be reached.
+    #[error("{0}")]
+    Upstream(String),
 }
 
 impl OpenError {
     fn code(&self) -> RejectCode {
         match self {
-            OpenError::Session(_) | OpenError::Unanswered => RejectCode::Limit,
+            OpenError::Session(_) | OpenError::Unanswered | OpenError::Upstream(_) => RejectCode::Limit,
             OpenError::Endpoint(_) => RejectCode::Transport,
         }
     }
 }
 
 /// Why the data path closed a session on its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEnd {
     /// No packets came for its idle timeout.
     Expired,
     /// A round needed `departed`, which had left.
     Orphaned { departed: u16 },
+    /// A lower switch's upper session ended (a rank of another rack left, or the upper
+    /// switch is gone), as the message says.
+    Upstream(String),
 }
 
 /// Why the control plane closes a session in the data path.
@@ -158,15 +175,36 @@ pub enum Action {
     /// limit and what it says is ignored.
     Close(ConnectionId),
     /// Open a session of `spec` in the data path for `workers` (in rank order) under a
-    /// token drawn from a CSPRNG, and answer with [`Registry::handle_opened`].
-    OpenSession { request: OpenRequest, name: String, spec: SessionSpec, workers: Vec<Registered> },
+    /// token drawn from a CSPRNG, and answer with [`Registry::handle_opened`]. A lower
+    /// switch of a tree ([`Registry::serving_rack`]) first registers with its upper switch
+    /// as `group` says.
+    OpenSession {
+        request: OpenRequest,
+        name: String,
+        spec: SessionSpec,
+        workers: Vec<Registered>,
+        group: Group,
+    },
     /// Close session `id` in the data path; `name` and `why` are for the log.
     CloseSession { id: SessionId, name: String, why: Closure },
-    /// Tell the data path that `rank` leaves session `id` ([`Engine::depart`]), and answer
+    /// Tell the data path that `rank` (as it numbers the session's workers, from 0) leaves
+    /// session `id` ([`Engine::depart`]), and answer
     /// with [`Registry::handle_departure`].
     ///
     /// [`Engine::depart`]: crate::Engine::depart
     Depart { connection: ConnectionId, id: SessionId, rank: u16 },
+}
+
+/// A session's workers as a part of the whole it belongs to: the data path numbers them
+/// from 0, and a lower switch registers upward with the shape they agreed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    /// The rank its worker 0 registered as; 0 unless the switch serves a rack.
+    pub first_rank: u16,
+    /// The world size its ranks registered with.
+    pub world_size: u16,
+    pub encoding: ValueEncoding,
+    pub sparse_blocks: bool,
 }
 
 /// A registration in a session that is assembling, for the shell's log
@@ -239,6 +277,8 @@ struct Assembling {
 
 struct OpenSession {
     id: SessionId,
+    /// The rank of the data path's worker 0 ([`Group::first_rank`]).
+    first_rank: u16,
     members: BTreeMap<u16, ConnectionId>,
     /// Ranks that left after their last job while the others still recover theirs: their
     /// connections' closing ends nothing.
@@ -256,6 +296,8 @@ struct Leave {
 /// they call for. See the [module docs](self).
 pub struct Registry {
     limits: ControlLimits,
+    /// The rack this switch serves, if it is a lower switch of a tree.
+    rack: Option<Rack>,
     /// The data path's endpoints, announced in every accept with the slots each owns
     /// ([`SlotSplit::Ranges`]): registrations must name endpoints of their kind.
     data_endpoints: Vec<Endpoint>,
@@ -278,6 +320,7 @@ impl Registry {
         assert!(!data_endpoints.is_empty(), "a registry needs the data path's endpoints");
         Registry {
             limits,
+            rack: None,
             data_endpoints,
             connections: BTreeMap::new(),
             assembling: HashMap::new(),
@@ -287,6 +330,12 @@ impl Registry {
             next_request: 0,
             actions: VecDeque::new(),
         }
+    }
+
+    /// This registry as a lower switch's of an aggregation tree, serving `rack`.
+    pub fn serving_rack(mut self, rack: Rack) -> Registry {
+        self.rack = Some(rack);
+        self
     }
 
     pub fn limits(&self) -> &ControlLimits {
@@ -499,7 +548,8 @@ impl Registry {
         let Some(open) = self.open.remove(&name) else { return };
         let message = match end {
             SessionEnd::Expired => format!("session '{name}' expired: no packets for the idle timeout"),
-            SessionEnd::Orphaned { departed } => departed_message(departed, &name),
+            SessionEnd::Orphaned { departed } => departed_message(departed + open.first_rank, &name),
+            SessionEnd::Upstream(why) => format!("session '{name}' is closed: {why}"),
         };
         self.tell_remaining(&open, &message);
     }
@@ -547,6 +597,7 @@ impl Registry {
             return;
         }
         let Registration { name, rank, shape, registered } = registration;
+        let rack = self.rack;
         let session = self.assembling.entry(name.clone()).or_insert_with(|| Assembling {
             shape,
             first_rank: rank,
@@ -555,7 +606,7 @@ impl Registry {
             departed: None,
         });
         session.members.insert(rank, Member { connection, request_id, registered });
-        let complete = session.members.len() == usize::from(session.shape.world_size);
+        let complete = session.members.len() == served(rack, session.shape.world_size).len();
         if let Some(state) = self.connections.get_mut(&connection) {
             state.membership = Some(Membership { name: name.clone(), rank });
             // The session must assemble within the timeout from now on; once open, the
@@ -573,6 +624,22 @@ impl Registry {
         registration.check(&self.limits, &self.data_endpoints[0])?;
         let Registration { name, rank, shape, .. } = registration;
         let (name, rank) = (name.as_str(), *rank);
+        let served = served(self.rack, shape.world_size);
+        if let Some(Rack { index, count }) = self.rack.filter(|_| !served.contains(&rank)) {
+            let world = shape.world_size;
+            let held = if served.is_empty() {
+                "none".to_string()
+            } else {
+                format!("{} to {}", served.start, served.end - 1)
+            };
+            return Err(Refusal::new(
+                RejectCode::RankOutOfRange,
+                format!(
+                    "rank {rank} is not in rack {index} of {count}, which this switch serves and which holds \
+                     ranks {held} of a world of {world}: register at its rack's switch"
+                ),
+            ));
+        }
         // A session some rank has left after its last job is ending: the same program's
         // next context (or its restart) may assemble under its name beside it.
         let running = self.open.get(name).is_some_and(|open| open.departed.is_empty())
@@ -617,6 +684,7 @@ impl Registry {
     fn start_opening(&mut self, name: String) {
         let request = OpenRequest(self.next_request);
         self.next_request += 1;
+        let rack = self.rack;
         let Some(session) = self.assembling.get_mut(&name) else { return };
         session.opening = Some(request);
         for member in session.members.values() {
@@ -625,14 +693,21 @@ impl Registry {
             }
         }
         let shape = &session.shape;
+        let served = served(rack, shape.world_size);
         let spec = SessionSpec {
-            workers: shape.world_size,
+            workers: served.len() as u16,
             slots: shape.slots,
             packet_elements: shape.packet_elements,
             depth: shape.depth,
         };
+        let group = Group {
+            first_rank: served.start,
+            world_size: shape.world_size,
+            encoding: shape.encoding,
+            sparse_blocks: shape.sparse_blocks,
+        };
         let workers = session.members.values().map(|member| member.registered.clone()).collect();
-        self.actions.push_back(Action::OpenSession { request, name, spec, workers });
+        self.actions.push_back(Action::OpenSession { request, name, spec, workers, group });
     }
 
     /// Answers every rank of a session the data path opened, and keeps it as open.
@@ -654,7 +729,11 @@ impl Registry {
             self.send(member.connection, member.request_id, message);
             members.insert(rank, member.connection);
         }
-        self.open.insert(name.to_string(), OpenSession { id: opened.id, members, departed: BTreeSet::new() });
+        let first_rank = served(self.rack, shape.world_size).start;
+        self.open.insert(
+            name.to_string(),
+            OpenSession { id: opened.id, first_rank, members, departed: BTreeSet::new() },
+        );
     }
 
     /// A rank says it leaves, its jobs done. If no round waits for it, the session stays
@@ -667,15 +746,17 @@ impl Registry {
         let Some(state) = self.connections.get_mut(&connection) else { return };
         let open = state.membership.as_ref().and_then(|Membership { name, rank }| {
             let open = self.open.get(name)?;
-            (open.members.get(rank) == Some(&connection)).then(|| (name.clone(), open.id, *rank))
+            (open.members.get(rank) == Some(&connection))
+                .then(|| (name.clone(), open.id, *rank, open.first_rank))
         });
-        let Some((name, id, rank)) = open else {
+        let Some((name, id, rank, first_rank)) = open else {
             self.close(connection);
             return;
         };
         state.stage = Stage::Leaving;
         self.leaving.insert(connection, Leave { name, id, rank });
-        self.actions.push_back(Action::Depart { connection, id, rank });
+        // The data path numbers the session's workers from 0.
+        self.actions.push_back(Action::Depart { connection, id, rank: rank - first_rank });
     }
 
     /// A rank's connection closed (or is closed): a registration is withdrawn; an open
@@ -769,6 +850,12 @@ impl Registry {
         }
         self.actions.push_back(Action::Send { connection, request_id, message });
     }
+}
+
+/// The ranks of a world of `world_size` that register at a switch serving `rack`: all of
+/// them, or the rack's.
+fn served(rack: Option<Rack>, world_size: u16) -> Range<u16> {
+    rack.map_or(0..world_size, |rack| rack_ranks(rack.index, rack.count, world_size))
 }
 
 /// Why a session closed when a rank left.

@@ -133,7 +133,7 @@ impl Harness {
     /// The one open request among the actions, which must be exactly that.
     fn open_request(&mut self, name: &str, workers: u16) -> OpenRequest {
         match self.actions().as_slice() {
-            [Action::OpenSession { request, name: opened, spec, workers: registered }] => {
+            [Action::OpenSession { request, name: opened, spec, workers: registered, .. }] => {
                 assert_eq!(opened, name);
                 assert_eq!(*spec, SessionSpec { workers, ..SPEC });
                 let expected: Vec<_> = (0..workers)
@@ -636,4 +636,53 @@ fn the_registry_opens_and_closes_sessions_in_the_engine_and_passes_its_refusals_
     }
     assert_eq!(switch.engine.sessions().count(), 0);
     assert_eq!(switch.closed, [first, second]);
+}
+
+#[test]
+fn a_rack_s_switch_opens_its_ranks_alone_numbered_from_0_and_refuses_the_others() {
+    // Rack 1 of 2 in a world of 4: ranks 2 and 3.
+    let mut harness = Harness::new();
+    harness.registry = Registry::new(data_endpoints(), limits()).serving_rack(Rack { index: 1, count: 2 });
+    let (connection, actions) = harness.register_alone(register(1, 4, "job"));
+    let message = "rank 1 is not in rack 1 of 2, which this switch serves and which holds ranks 2 to 3 \
+                   of a world of 4: register at its rack's switch";
+    assert_eq!(actions, refused(connection, RejectCode::RankOutOfRange, message));
+    let third = harness.join(2, 4, "job");
+    assert_eq!(harness.actions(), [], "one of the rack's two ranks");
+    let fourth = harness.join(3, 4, "job");
+    let request = match harness.actions().as_slice() {
+        [Action::OpenSession { request, spec, workers, group, .. }] => {
+            assert_eq!(*spec, SessionSpec { workers: 2, ..SPEC });
+            assert_eq!(workers[0].peer, peer(2), "the rack's first rank is the data path's worker 0");
+            let expected =
+                Group { first_rank: 2, world_size: 4, encoding: ValueEncoding::Native, sparse_blocks: false };
+            assert_eq!(*group, expected);
+            *request
+        }
+        other => panic!("expected one open request, got {other:?}"),
+    };
+    let opened = Opened { id: SessionId(3), token: 5 };
+    harness.registry.handle_opened(request, Ok(opened));
+    let accepts: Vec<_> = harness
+        .actions()
+        .into_iter()
+        .map(|action| match action {
+            Action::Send { message: ControlMessage::Accept { rank, world_size, .. }, .. } => {
+                (rank, world_size)
+            }
+            other => panic!("expected accepts, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(accepts, [(2, 4), (3, 4)], "ranks and world size of the whole tree");
+    // Rank 3 leaves: the data path hears of its worker 1; a round stopped by it is
+    // reported by its rank in the tree.
+    harness.registry.handle_message(harness.now, fourth, 0, ControlMessage::Leave { session: 3, rank: 3 });
+    assert_eq!(harness.actions(), [Action::Depart { connection: fourth, id: SessionId(3), rank: 1 }]);
+    harness.registry.handle_departure(fourth, Some(Departure::Lingers));
+    harness.actions();
+    harness.registry.handle_session_ended(SessionId(3), SessionEnd::Orphaned { departed: 1 });
+    assert_eq!(
+        harness.actions(),
+        [reject(third, 0, RejectCode::UnknownSession, "rank 3 left session 'job'; the session is closed")]
+    );
 }

@@ -47,7 +47,7 @@ impl Session {
         let notice = PacketRepr {
             flags: if self.contributed(repr.slot, repr.rank) { Flags::CONTRIBUTED } else { Flags::NONE },
             job: repr.job,
-            rank: repr.rank,
+            rank: repr.rank.wrapping_add(self.rank_base),
             slot: repr.slot,
             round: repr.round,
             ..PacketRepr::new(MessageType::Pending, repr.element_type, self.id.0, self.token, 0)
@@ -72,7 +72,7 @@ impl Session {
         let mut report = PacketRepr {
             job: repr.job,
             packet_id: repr.packet_id,
-            rank: repr.rank,
+            rank: repr.rank.wrapping_add(self.rank_base),
             slot: repr.slot,
             round: repr.round,
             // The report's elements are rounds, whatever the session's tensors hold.
@@ -118,8 +118,8 @@ impl Session {
             job: set.job,
             packet_id: set.packet_id,
             rank: match recipient {
-                Recipient::All => BROADCAST_RANK,
-                Recipient::Worker(rank) => rank,
+                Recipient::All | Recipient::Upstream => BROADCAST_RANK,
+                Recipient::Worker(rank) => rank.wrapping_add(self.rank_base),
             },
             element_count: set.element_count,
             slot,
@@ -130,7 +130,7 @@ impl Session {
             ack_round: 0,
             token: self.token,
         };
-        repr.set_completed_by(set.completed_by);
+        repr.set_completed_by(set.completed_by.map(|rank| rank.wrapping_add(self.rank_base)));
         let len = repr.buffer_len();
         // `handle` checked that `out` holds a full packet of the session.
         match repr.emit(out) {

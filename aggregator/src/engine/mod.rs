@@ -12,6 +12,8 @@
 //! - `stream`: which workers a slot's next round expects, dense or sparse.
 //! - `answer`: results and pending notices, written into the caller's buffer.
 //! - `departures`: ranks that leave a session, and the rounds that then cannot complete.
+//! - `uplink`: a session of a lower switch in an aggregation tree, whose rounds complete
+//!   at the upper switch it takes part in as one member.
 
 use std::time::{Duration, Instant};
 
@@ -25,9 +27,11 @@ mod slot;
 mod stream;
 #[cfg(test)]
 mod testing;
+mod uplink;
 
 pub use departures::Departure;
 pub use session::{SessionCounters, SessionError, SessionId, SessionSpec};
+pub use uplink::{UplinkCounters, Upstream, UPSTREAM_RANK};
 
 use session::Session;
 
@@ -99,6 +103,8 @@ pub enum Recipient {
     All,
     /// One worker, by rank.
     Worker(u16),
+    /// The upper switch of a lower switch's session ([`Engine::attach_upstream`]).
+    Upstream,
 }
 
 /// Why a datagram was dropped.
@@ -160,6 +166,11 @@ pub struct Engine {
     /// Sessions that received a contribution to a round a departed rank must complete,
     /// with that rank, each once, until taken.
     orphaned: Vec<(SessionId, u16)>,
+    /// Open sessions with an upper switch: while there are none, packets from a switch
+    /// are refused as they always were, at one predictable check.
+    uplinked: usize,
+    /// What closed sessions exchanged with their upper switches.
+    closed_uplinks: UplinkCounters,
 }
 
 impl Engine {
@@ -171,6 +182,8 @@ impl Engine {
             bytes_in_use: 0,
             counters: EngineCounters::default(),
             orphaned: Vec::new(),
+            uplinked: 0,
+            closed_uplinks: UplinkCounters::default(),
         }
     }
 
@@ -283,6 +296,10 @@ impl Engine {
         }
         let session = entry.take()?;
         self.bytes_in_use -= session.spec.state_bytes();
+        if let Some(uplink) = &session.uplink {
+            self.uplinked -= 1;
+            self.closed_uplinks = self.closed_uplinks + uplink.counters();
+        }
         Some(session)
     }
 
@@ -349,11 +366,16 @@ impl Engine {
                 return Verdict::Dropped(DropReason::Malformed(error));
             }
         };
-        let repr = PacketRepr::parse(&packet);
+        let mut repr = PacketRepr::parse(&packet);
+        if self.uplinked > 0 && uplink::is_from_switch(repr.message_type) {
+            return self.handle_from_upstream(now, &repr, packet.payload(), out, from_its_rank);
+        }
         let Some(session) = self.session_mut(SessionId(repr.session)) else {
             self.counters.unknown_session += 1;
             return Verdict::Dropped(DropReason::UnknownSession);
         };
+        // A lower switch's workers send their ranks in the whole tree; 0 elsewhere.
+        repr.rank = repr.rank.wrapping_sub(session.rank_base);
         let verdict = session.handle(now, &repr, packet.payload(), out, from_its_rank);
         if let Verdict::Dropped(DropReason::Departed(rank)) = verdict {
             self.orphan(SessionId(repr.session), rank);

@@ -7,6 +7,7 @@ use netagg_wire::packet::{progress_slots, ELEMENT_LEN, HEADER_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 
 use super::slot::{Set, Slot};
+use super::uplink::Uplink;
 use super::{DropReason, Verdict};
 use crate::workers::WorkerSet;
 
@@ -123,6 +124,13 @@ pub(super) struct Session {
     ///
     /// [`Engine::depart`]: super::Engine::depart
     pub(super) departed: WorkerSet,
+    /// The rank in the whole tree of this session's worker 0, for a lower switch's group
+    /// of workers ([`Upstream::first_rank`]); 0 for a session of its own.
+    ///
+    /// [`Upstream::first_rank`]: super::Upstream::first_rank
+    pub(super) rank_base: u16,
+    /// The upper switch this session's rounds complete at, for a lower switch.
+    pub(super) uplink: Option<Box<Uplink>>,
 }
 
 impl Session {
@@ -142,6 +150,8 @@ impl Session {
             payloads: vec![0; set_count * payload_len].into_boxed_slice(),
             payload_len,
             departed: WorkerSet::new(spec.workers),
+            rank_base: 0,
+            uplink: None,
         }
     }
 
@@ -201,7 +211,7 @@ impl Session {
             }
             MessageType::Data => {
                 self.apply_ack(repr.slot, repr.rank, repr.ack_round);
-                self.contribute(repr, payload, out)
+                self.contribute(now, repr, payload, out)
             }
         }
     }

@@ -18,6 +18,8 @@
 //! retained is dropped, where SwitchML's single set bit would let a late duplicate of an
 //! earlier job count as a contribution to a later one.
 
+use std::time::Instant;
+
 use netagg_wire::packet::{ELEMENT_LEN, END_OF_STREAM};
 use netagg_wire::{ElementType, Flags, PacketRepr};
 
@@ -103,7 +105,7 @@ impl Set {
     }
 
     /// Resets the set for a new round; the first contribution writes rather than adds.
-    fn start(&mut self, repr: &PacketRepr) {
+    pub(super) fn start(&mut self, repr: &PacketRepr) {
         self.round = repr.round;
         self.contributed.clear();
         self.unacked.clear();
@@ -120,7 +122,7 @@ impl Set {
     }
 
     /// Checks that a further contribution describes the same round as the first.
-    fn agrees_with(&self, repr: &PacketRepr) -> Result<(), &'static str> {
+    pub(super) fn agrees_with(&self, repr: &PacketRepr) -> Result<(), &'static str> {
         if repr.job != self.job {
             return Err("job");
         }
@@ -181,7 +183,13 @@ impl Session {
         }
     }
 
-    pub(super) fn contribute(&mut self, repr: &PacketRepr, payload: &[u8], out: &mut [u8]) -> Verdict {
+    pub(super) fn contribute(
+        &mut self,
+        now: Instant,
+        repr: &PacketRepr,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Verdict {
         let slot_index = repr.slot as usize;
         let open_round = self.slots[slot_index].open_round;
         if repr.round != open_round {
@@ -254,8 +262,12 @@ impl Session {
             return Verdict::Consumed;
         }
 
-        // The last expected contribution: the round completes.
+        // The last expected contribution: the round completes, or at a lower switch its
+        // group's share does, which goes up to the upper switch.
         set.completed_by = Some(repr.rank);
+        if self.uplink.is_some() {
+            return self.forward(now, repr.slot, false, out);
+        }
         set.unacked.fill(self.spec.workers);
         slot.open_set = None;
         slot.retained |= 1 << own_set;

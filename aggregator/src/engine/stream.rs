@@ -26,11 +26,25 @@ impl Slot {
     /// otherwise the next round is a start round. Returns the block the stream goes on
     /// at, [`END_OF_STREAM`] if none: the completed round's result names it.
     pub(super) fn schedule_next_round(&mut self, sparse: bool) -> u32 {
-        self.continuation = None;
         if !sparse {
+            self.continuation = None;
             return END_OF_STREAM;
         }
-        let next = self.next_blocks.iter().copied().min().unwrap_or(END_OF_STREAM);
+        let next = self.lowest_next_block();
+        self.continue_at(next);
+        next
+    }
+
+    /// The smallest next block the workers' streams named: where a sparse stream goes on.
+    pub(super) fn lowest_next_block(&self) -> u32 {
+        self.next_blocks.iter().copied().min().unwrap_or(END_OF_STREAM)
+    }
+
+    /// Sets up a sparse stream's next round at block `next`, expecting the workers whose
+    /// streams named it (none, in a group whose upper switch goes on at a block another
+    /// group has); a start round if `next` is [`END_OF_STREAM`].
+    pub(super) fn continue_at(&mut self, next: u32) {
+        self.continuation = None;
         if next != END_OF_STREAM {
             self.continuation = Some(next);
             self.expected.clear();
@@ -40,7 +54,11 @@ impl Slot {
                 }
             }
         }
-        next
+    }
+
+    /// Whether the open round is a continuation no worker of this session contributes to.
+    pub(super) fn expects_no_one(&self) -> bool {
+        self.continuation.is_some() && self.expected.is_empty()
     }
 }
 

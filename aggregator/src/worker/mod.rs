@@ -43,7 +43,8 @@ pub use job::{JobError, JobSpec, JobStatus};
 pub use keys::{SessionKey, SessionKeys};
 pub use streams::{BlockMask, Layout};
 
-use timers::{RttEstimate, YEAR};
+pub(crate) use timers::RttEstimate;
+use timers::YEAR;
 
 /// Moves payloads between the caller's tensors and packets: the pre- and
 /// post-processing.

@@ -21,10 +21,35 @@ pub(super) const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Smoothed round-trip time and its deviation (RFC 6298), in nanoseconds: integer
 /// arithmetic, where `Duration`'s costs a normalisation per operation on every result.
+/// A lower switch of an aggregation tree times its rounds at the upper switch with it too.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct RttEstimate {
+pub(crate) struct RttEstimate {
     smoothed: u64,
     deviation: u64,
+}
+
+impl RttEstimate {
+    /// The estimate after round trip `sample`, from `previous` if there is one.
+    pub(crate) fn sampled(previous: Option<RttEstimate>, sample: Duration) -> RttEstimate {
+        // At most a year, so that no sum below overflows.
+        let sample = sample.as_nanos().min(YEAR.as_nanos()) as u64;
+        match previous {
+            None => RttEstimate { smoothed: sample, deviation: sample / 2 },
+            Some(rtt) => {
+                let error = sample.abs_diff(rtt.smoothed);
+                RttEstimate {
+                    smoothed: (rtt.smoothed * 7 + sample) / 8,
+                    deviation: (rtt.deviation * 3 + error) / 4,
+                }
+            }
+        }
+    }
+
+    /// The retransmission timeout it gives: the smoothed mean plus four deviations, from
+    /// `floor` to `ceiling`.
+    pub(crate) fn timeout(&self, floor: Duration, ceiling: Duration) -> Duration {
+        Duration::from_nanos(self.smoothed + self.deviation * 4).min(ceiling).max(floor)
+    }
 }
 
 impl WorkerProtocol {
@@ -88,22 +113,10 @@ impl WorkerProtocol {
     }
 
     fn sample_rtt(&mut self, sample: Duration) {
-        // At most a year (`new` caps the timeouts so), so that no sum below overflows.
-        let sample = sample.as_nanos().min(YEAR.as_nanos()) as u64;
-        let rtt = match self.rtt {
-            None => RttEstimate { smoothed: sample, deviation: sample / 2 },
-            Some(rtt) => {
-                let error = sample.abs_diff(rtt.smoothed);
-                RttEstimate {
-                    smoothed: (rtt.smoothed * 7 + sample) / 8,
-                    deviation: (rtt.deviation * 3 + error) / 4,
-                }
-            }
-        };
+        let rtt = RttEstimate::sampled(self.rtt, sample);
         self.rtt = Some(rtt);
-        let timeout = Duration::from_nanos(rtt.smoothed + rtt.deviation * 4);
         let ceiling = self.config.max_retransmit_timeout.max(self.config.retransmit_timeout);
-        self.base_timeout = timeout.min(ceiling).max(self.config.retransmit_timeout);
+        self.base_timeout = rtt.timeout(self.config.retransmit_timeout, ceiling);
     }
 
     /// Slot `index`'s timed packet, if it is the timed one, no longer measures the path:
