@@ -413,6 +413,82 @@ impl Wire {
     }
 }
 
+/// Which workers an event reached since they were last polled, and when each worker's
+/// next timer is due.
+#[derive(Debug)]
+struct Agenda {
+    touched: Vec<u16>,
+    is_touched: Vec<bool>,
+    /// Each worker's armed deadline; entries of `timers` that disagree are stale.
+    deadlines: Vec<Option<Instant>>,
+    timers: BinaryHeap<Reverse<(Instant, u16)>>,
+}
+
+impl Agenda {
+    fn new(workers: usize) -> Agenda {
+        Agenda {
+            touched: Vec::new(),
+            is_touched: vec![false; workers],
+            deadlines: vec![None; workers],
+            timers: BinaryHeap::new(),
+        }
+    }
+
+    fn touch(&mut self, rank: u16) {
+        if !std::mem::replace(&mut self.is_touched[rank as usize], true) {
+            self.touched.push(rank);
+        }
+    }
+
+    /// The workers touched since the last call, in rank order (the order in which a
+    /// poll of every worker would meet them, so that runs stay as they were).
+    fn take_touched(&mut self) -> Vec<u16> {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        for &rank in &touched {
+            self.is_touched[rank as usize] = false;
+        }
+        touched
+    }
+
+    /// Records worker `rank`'s next deadline, as its `poll_timeout` gives it.
+    fn arm(&mut self, rank: u16, deadline: Option<Instant>) {
+        if self.deadlines[rank as usize] != deadline {
+            self.deadlines[rank as usize] = deadline;
+            if let Some(at) = deadline {
+                self.timers.push(Reverse((at, rank)));
+            }
+        }
+    }
+
+    fn next_timer(&mut self) -> Option<Instant> {
+        self.drop_stale();
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// A worker whose deadline has come by `now`, touched so that it is polled again.
+    fn pop_due(&mut self, now: Instant) -> Option<u16> {
+        self.drop_stale();
+        let &Reverse((at, rank)) = self.timers.peek()?;
+        if at > now {
+            return None;
+        }
+        self.timers.pop();
+        self.deadlines[rank as usize] = None;
+        self.touch(rank);
+        Some(rank)
+    }
+
+    fn drop_stale(&mut self) {
+        while let Some(&Reverse((at, rank))) = self.timers.peek() {
+            if self.deadlines[rank as usize] == Some(at) {
+                break;
+            }
+            self.timers.pop();
+        }
+    }
+}
+
 struct TensorIo {
     input: Vec<u8>,
     output: Vec<u8>,
@@ -625,35 +701,48 @@ impl Cluster {
         }
         let start_at =
             |rank: usize| started + self.config.start_delays.get(rank).copied().unwrap_or(Duration::ZERO);
-        let start_times: Vec<Instant> = (0..specs.len()).map(start_at).collect();
+        // Ranks not yet started, latest first, so that the next to start is at the end.
+        let mut pending: Vec<(Instant, u16)> =
+            (0..specs.len()).map(|rank| (start_at(rank), rank as u16)).collect();
+        pending.sort_by(|a, b| b.cmp(a));
+        let mut done = vec![false; specs.len()];
+        let mut finished = 0;
+        // Only the workers an event reached can have something to send or a new timer:
+        // polling every worker at every event would make a step cost O(N).
+        let mut agenda = Agenda::new(self.workers.len());
 
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
         let mut steps = 0;
         loop {
-            for (rank, worker) in self.workers.iter_mut().enumerate() {
-                if start_times[rank] <= self.now {
-                    if let Some(spec) = specs[rank].take() {
-                        worker
-                            .start_job(self.now, spec)
-                            .map_err(|e| SimError::Failed { rank: rank as u16, reason: e.to_string() })?;
-                    }
-                }
+            while pending.last().is_some_and(|&(at, _)| at <= self.now) {
+                let Some((_, rank)) = pending.pop() else { break };
+                let spec = specs[rank as usize].take().expect("each rank starts once");
+                self.workers[rank as usize]
+                    .start_job(self.now, spec)
+                    .map_err(|e| SimError::Failed { rank, reason: e.to_string() })?;
+                agenda.touch(rank);
             }
-            for ((worker, io), rank) in self.workers.iter_mut().zip(&mut ios).zip(0..) {
+            for rank in agenda.take_touched() {
+                let (worker, io) = (&mut self.workers[rank as usize], &mut ios[rank as usize]);
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
                     let (wire, now, latency) = (&mut self.wire, self.now, self.config.uplink.latency);
                     self.uplink.push(now, rank, &buf[..len], |rank, bytes| {
                         wire.carry(now, latency, Direction::Up, rank, bytes)
                     });
                 }
+                match worker.status() {
+                    JobStatus::Failed(error) => {
+                        return Err(SimError::Failed { rank, reason: error.to_string() })
+                    }
+                    JobStatus::Done if specs[rank as usize].is_none() && !done[rank as usize] => {
+                        done[rank as usize] = true;
+                        finished += 1;
+                    }
+                    _ => {}
+                }
+                agenda.arm(rank, worker.poll_timeout());
             }
-            if let Some(failed) = self.workers.iter().find(|w| matches!(w.status(), JobStatus::Failed(_))) {
-                let JobStatus::Failed(error) = failed.status() else { unreachable!() };
-                return Err(SimError::Failed { rank: failed.config().rank, reason: error.to_string() });
-            }
-            if specs.iter().all(Option::is_none)
-                && self.workers.iter().all(|w| *w.status() == JobStatus::Done)
-            {
+            if finished == self.workers.len() {
                 break;
             }
             steps += 1;
@@ -661,19 +750,17 @@ impl Cluster {
                 return Err(SimError::Livelock { steps });
             }
             let next_delivery = self.wire.in_flight.peek().map(|Reverse(p)| p.at);
-            let next_timer = self.workers.iter_mut().filter_map(|w| w.poll_timeout()).min();
             let next_release = [self.uplink.next_release(), self.downlink.next_release()];
-            let next_start =
-                (0..specs.len()).filter(|&rank| specs[rank].is_some()).map(|rank| start_times[rank]).min();
-            let events = [next_delivery, next_timer, next_start].into_iter().chain(next_release);
+            let next_start = pending.last().map(|&(at, _)| at);
+            let events = [next_delivery, agenda.next_timer(), next_start].into_iter().chain(next_release);
             let Some(next) = events.flatten().min() else {
-                let rank = self.workers.iter().position(|w| *w.status() != JobStatus::Done).unwrap_or(0);
+                let rank = done.iter().position(|&done| !done).unwrap_or(0);
                 return Err(SimError::Stuck { rank: rank as u16 });
             };
             self.now = self.now.max(next);
-            self.deliver_due(&mut ios, &mut buf);
-            for worker in &mut self.workers {
-                worker.handle_timeout(self.now);
+            self.deliver_due(&mut ios, &mut buf, &mut agenda);
+            while let Some(rank) = agenda.pop_due(self.now) {
+                self.workers[rank as usize].handle_timeout(self.now);
             }
         }
 
@@ -699,7 +786,7 @@ impl Cluster {
         self.engine.session(self.session).map(|(_, c)| c).unwrap_or_default()
     }
 
-    fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8]) {
+    fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8], agenda: &mut Agenda) {
         // Packets the links held back go on their way now, after the link's latency.
         for (link, latency, direction) in [
             (&mut self.uplink, self.config.uplink.latency, Direction::Up),
@@ -714,6 +801,7 @@ impl Cluster {
             };
             match packet.to {
                 Endpoint::Worker(rank) => {
+                    agenda.touch(rank);
                     self.workers[rank as usize].handle_datagram(
                         self.now,
                         &packet.bytes,
