@@ -4,6 +4,8 @@
 //! The faults are those of [`FaultInjector`], the one the client and switch shells use;
 //! the links add their latency to it.
 //!
+//! [`Ring`] runs the ring allreduce over the same links, for comparison.
+//!
 //! Runs are deterministic for a seed and bounded in steps, so a livelock fails instead of
 //! hanging. The tests, property tests and benches drive the protocol through it.
 
@@ -21,6 +23,10 @@ use crate::faults::{FaultInjector, FaultRates};
 use crate::pacer::PacingConfig;
 use crate::worker::{BlockIo, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol};
 use crate::zero_scan::nonzero_blocks;
+
+mod ring;
+
+pub use ring::{Ring, RingReport, TcpSegments};
 
 /// Faults and timing of one direction of every worker's link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -166,6 +172,13 @@ pub struct ClusterConfig {
     /// Events (deliveries and timer firings) one allreduce may take before it counts as a
     /// livelock.
     pub max_steps: u64,
+    /// Bytes the links count for each packet beyond its datagram, as a shaping queue
+    /// counts frames: Ethernet, IPv4 and UDP add 42.
+    pub frame_overhead_bytes: u64,
+    /// The switch host's own link, each way, when the switch runs on a server behind a
+    /// NIC: it carries every worker's packets in and a copy of every result to each
+    /// worker out. `None`: the switch is the network, its ports at line rate.
+    pub switch_link: Option<RateLimit>,
     /// Results lost on the way down the first time the switch sends them, as
     /// `(rank, block)`: a loss placed where random faults would rarely put it, such as
     /// the last results of a job.
@@ -191,6 +204,8 @@ impl ClusterConfig {
             start_delays: Vec::new(),
             rank_rates: Vec::new(),
             max_steps: 10_000_000,
+            frame_overhead_bytes: 0,
+            switch_link: None,
             lost_results: Vec::new(),
         }
     }
@@ -207,6 +222,13 @@ impl ClusterConfig {
         self.rank_rates.retain(|&(other, _)| other != rank);
         self.rank_rates.push((rank, limit));
         self
+    }
+
+    /// The rate of worker `rank`'s link: its own, if it has one, else `default` (the
+    /// uplinks' or downlinks' rate).
+    pub fn rank_rate(&self, rank: u16, default: Option<RateLimit>) -> Option<RateLimit> {
+        let own = self.rank_rates.iter().find(|&&(other, _)| other == rank).map(|&(_, limit)| limit);
+        own.or(default)
     }
 
     /// Both directions lose, duplicate and reorder `rate` of the packets.
@@ -313,10 +335,16 @@ pub struct QueueWaits {
     pub down: Duration,
 }
 
+/// Where a packet in flight arrives next: its destination, or a hop of its path where
+/// it joins another link's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Endpoint {
     Switch,
     Worker(u16),
+    /// The switch host's link towards the switch.
+    SwitchIngress,
+    /// Worker `rank`'s link, from the switch host's link.
+    WorkerEgress(u16),
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -351,6 +379,12 @@ struct Wire {
     sequence: u64,
     uplinks: Vec<Option<Bottleneck>>,
     downlinks: Vec<Option<Bottleneck>>,
+    /// The switch host's link, in and out, if it has one of its own.
+    switch_in: Option<Bottleneck>,
+    switch_out: Option<Bottleneck>,
+    uplink_latency: Duration,
+    downlink_latency: Duration,
+    frame_overhead_bytes: u64,
     /// Packets dropped by full queues at the bottlenecks.
     queue_drops: u64,
 }
@@ -361,15 +395,22 @@ enum Direction {
     Down,
 }
 
+/// One of the links of the cluster's topology.
+#[derive(Debug, Clone, Copy)]
+enum LinkSlot {
+    /// Worker `rank`'s link towards the fabric.
+    Up(u16),
+    /// Worker `rank`'s link from the fabric.
+    Down(u16),
+    SwitchIn,
+    SwitchOut,
+}
+
 impl Wire {
     fn new(config: &ClusterConfig, now: Instant) -> Wire {
         let links = |rate: Option<RateLimit>| {
             (0..config.workers)
-                .map(|rank| {
-                    let own =
-                        config.rank_rates.iter().find(|&&(other, _)| other == rank).map(|&(_, limit)| limit);
-                    own.or(rate).map(|limit| Bottleneck::new(limit, now))
-                })
+                .map(|rank| config.rank_rate(rank, rate).map(|limit| Bottleneck::new(limit, now)))
                 .collect()
         };
         Wire {
@@ -377,6 +418,11 @@ impl Wire {
             sequence: 0,
             uplinks: links(config.uplink.rate),
             downlinks: links(config.downlink.rate),
+            switch_in: config.switch_link.map(|limit| Bottleneck::new(limit, now)),
+            switch_out: config.switch_link.map(|limit| Bottleneck::new(limit, now)),
+            uplink_latency: config.uplink.latency,
+            downlink_latency: config.downlink.latency,
+            frame_overhead_bytes: config.frame_overhead_bytes,
             queue_drops: 0,
         }
     }
@@ -387,18 +433,56 @@ impl Wire {
             let waits = links.iter_mut().flatten().map(|link| std::mem::take(&mut link.longest_wait));
             waits.max().unwrap_or_default()
         };
-        QueueWaits { up: longest(&mut self.uplinks), down: longest(&mut self.downlinks) }
+        let switch =
+            |link: &mut Option<Bottleneck>| link.as_mut().map(|link| std::mem::take(&mut link.longest_wait));
+        QueueWaits {
+            up: longest(&mut self.uplinks).max(switch(&mut self.switch_in).unwrap_or_default()),
+            down: longest(&mut self.downlinks).max(switch(&mut self.switch_out).unwrap_or_default()),
+        }
     }
 
-    /// Puts a packet on worker `rank`'s link in `direction` at `now`: through the link's
-    /// bottleneck, if it has one, then `latency` to the far end.
-    fn carry(&mut self, now: Instant, latency: Duration, direction: Direction, rank: u16, bytes: &[u8]) {
-        let (bottleneck, to) = match direction {
-            Direction::Up => (&mut self.uplinks[rank as usize], Endpoint::Switch),
-            Direction::Down => (&mut self.downlinks[rank as usize], Endpoint::Worker(rank)),
+    /// Puts a packet on its way at `now`, in `direction` between worker `rank` and the
+    /// switch: up, through the worker's link, its latency, then the switch host's link
+    /// if it has one; down, through the switch host's link first.
+    fn carry(&mut self, now: Instant, direction: Direction, rank: u16, bytes: &[u8]) {
+        let (link, latency, to) = match direction {
+            Direction::Up => {
+                let to = if self.switch_in.is_some() { Endpoint::SwitchIngress } else { Endpoint::Switch };
+                (LinkSlot::Up(rank), self.uplink_latency, to)
+            }
+            Direction::Down if self.switch_out.is_some() => {
+                (LinkSlot::SwitchOut, Duration::ZERO, Endpoint::WorkerEgress(rank))
+            }
+            Direction::Down => (LinkSlot::Down(rank), self.downlink_latency, Endpoint::Worker(rank)),
+        };
+        self.enqueue(now, link, latency, to, bytes.to_vec());
+    }
+
+    /// Moves a packet that reached a hop of its path on to the hop's link.
+    fn forward(&mut self, now: Instant, at: Endpoint, bytes: Vec<u8>) {
+        match at {
+            Endpoint::SwitchIngress => {
+                self.enqueue(now, LinkSlot::SwitchIn, Duration::ZERO, Endpoint::Switch, bytes)
+            }
+            Endpoint::WorkerEgress(rank) => {
+                self.enqueue(now, LinkSlot::Down(rank), self.downlink_latency, Endpoint::Worker(rank), bytes)
+            }
+            Endpoint::Switch | Endpoint::Worker(_) => unreachable!("destinations are not hops"),
+        }
+    }
+
+    /// Puts `bytes` on a link at `now` (through its bottleneck, if it has one), to reach
+    /// `to` `latency` after it leaves.
+    fn enqueue(&mut self, now: Instant, link: LinkSlot, latency: Duration, to: Endpoint, bytes: Vec<u8>) {
+        let frame_bytes = bytes.len() as u64 + self.frame_overhead_bytes;
+        let bottleneck = match link {
+            LinkSlot::Up(rank) => self.uplinks[rank as usize].as_mut(),
+            LinkSlot::Down(rank) => self.downlinks[rank as usize].as_mut(),
+            LinkSlot::SwitchIn => self.switch_in.as_mut(),
+            LinkSlot::SwitchOut => self.switch_out.as_mut(),
         };
         let departure = match bottleneck {
-            Some(bottleneck) => match bottleneck.admit(now, bytes.len() as u64) {
+            Some(bottleneck) => match bottleneck.admit(now, frame_bytes) {
                 Some(departure) => departure,
                 None => {
                     self.queue_drops += 1;
@@ -408,7 +492,7 @@ impl Wire {
             None => now,
         };
         self.sequence += 1;
-        let packet = InFlight { at: departure + latency, sequence: self.sequence, to, bytes: bytes.to_vec() };
+        let packet = InFlight { at: departure + latency, sequence: self.sequence, to, bytes };
         self.in_flight.push(Reverse(packet));
     }
 }
@@ -725,9 +809,9 @@ impl Cluster {
             for rank in agenda.take_touched() {
                 let (worker, io) = (&mut self.workers[rank as usize], &mut ios[rank as usize]);
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
-                    let (wire, now, latency) = (&mut self.wire, self.now, self.config.uplink.latency);
+                    let (wire, now) = (&mut self.wire, self.now);
                     self.uplink.push(now, rank, &buf[..len], |rank, bytes| {
-                        wire.carry(now, latency, Direction::Up, rank, bytes)
+                        wire.carry(now, Direction::Up, rank, bytes)
                     });
                 }
                 match worker.status() {
@@ -788,18 +872,18 @@ impl Cluster {
 
     fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8], agenda: &mut Agenda) {
         // Packets the links held back go on their way now, after the link's latency.
-        for (link, latency, direction) in [
-            (&mut self.uplink, self.config.uplink.latency, Direction::Up),
-            (&mut self.downlink, self.config.downlink.latency, Direction::Down),
-        ] {
+        for (link, direction) in [(&mut self.uplink, Direction::Up), (&mut self.downlink, Direction::Down)] {
             let (wire, now) = (&mut self.wire, self.now);
-            link.release(now, |rank, bytes| wire.carry(now, latency, direction, rank, bytes));
+            link.release(now, |rank, bytes| wire.carry(now, direction, rank, bytes));
         }
         while self.wire.in_flight.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
             let Some(Reverse(packet)) = self.wire.in_flight.pop() else {
                 break;
             };
             match packet.to {
+                hop @ (Endpoint::SwitchIngress | Endpoint::WorkerEgress(_)) => {
+                    self.wire.forward(self.now, hop, packet.bytes)
+                }
                 Endpoint::Worker(rank) => {
                     agenda.touch(rank);
                     self.workers[rank as usize].handle_datagram(
@@ -817,7 +901,7 @@ impl Cluster {
                         Recipient::All => (0..self.config.workers).collect(),
                         Recipient::Worker(rank) => vec![rank],
                     };
-                    let (wire, now, latency) = (&mut self.wire, self.now, self.config.downlink.latency);
+                    let (wire, now) = (&mut self.wire, self.now);
                     let result = Packet::new_checked(&buf[..transmit.len])
                         .ok()
                         .filter(|packet| packet.message_type() == MessageType::Result);
@@ -831,7 +915,7 @@ impl Cluster {
                             }
                         }
                         self.downlink.push(now, rank, &buf[..transmit.len], |rank, bytes| {
-                            wire.carry(now, latency, Direction::Down, rank, bytes)
+                            wire.carry(now, Direction::Down, rank, bytes)
                         });
                     }
                 }
