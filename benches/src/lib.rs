@@ -18,6 +18,8 @@
 
 pub mod data;
 pub mod model;
+pub mod plot;
+pub mod predict;
 pub mod relay;
 pub mod rounds;
 pub mod summary;
