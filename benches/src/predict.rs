@@ -20,6 +20,7 @@ use netagg_aggregator::sim::{Cluster, ClusterConfig, RateLimit, Ring, TcpSegment
 use netagg_emulate::link::{parse_duration, parse_rate};
 
 use crate::model::{Link, Scenario, UDP_OVERHEAD_BYTES};
+use crate::plot::Verdict;
 use crate::summary::median_of;
 
 /// A network and a workload to predict.
@@ -221,6 +222,14 @@ impl EmulatedRun {
         })
     }
 
+    /// Whether the links set each side's pace in every run (netagg, the ring): where the
+    /// emulator was faithful.
+    pub fn faithful(&self) -> (bool, bool) {
+        let mut sides = self.pace.split('/').map(|side| side.trim() == "links");
+        let netagg = sides.next().unwrap_or(false);
+        (netagg, self.ring_s.is_some() && sides.next().unwrap_or(false))
+    }
+
     /// The run as a line of a file of them.
     pub fn line(&self) -> String {
         let late =
@@ -247,6 +256,26 @@ impl EmulatedRun {
             ..Setup::new(self.workers, self.bits_per_second, self.delay, self.tensor_numel * 4)
         }
     }
+}
+
+/// Each network of `runs` with a delay line in its path (the emulator's limit), lossless
+/// and on time, by workers and rate: faithful if the links set both sides' pace in every
+/// run on it.
+pub fn faithful_region(runs: &[EmulatedRun]) -> Vec<Verdict> {
+    let mut verdicts: Vec<Verdict> = Vec::new();
+    let delayed = runs.iter().filter(|run| run.loss == 0.0 && run.late.is_none() && !run.delay.is_zero());
+    for run in delayed {
+        let (workers, megabits_per_second) = (f64::from(run.workers), run.bits_per_second as f64 / 1e6);
+        let faithful = run.faithful() == (true, true);
+        match verdicts
+            .iter_mut()
+            .find(|v| (v.workers, v.megabits_per_second) == (workers, megabits_per_second))
+        {
+            Some(verdict) => verdict.faithful &= faithful,
+            None => verdicts.push(Verdict { workers, megabits_per_second, faithful }),
+        }
+    }
+    verdicts
 }
 
 /// A rate in tc's words: `100mbit`, `10gbit`.
@@ -297,9 +326,19 @@ mod tests {
         );
         assert_eq!(EmulatedRun::parse_all(&format!("{EMULATED_RUN_COLUMNS}\n{}", run.line())).unwrap(), runs);
         assert_eq!(run.setup().tensor_bytes, 4 << 20);
+        assert_eq!(run.faithful(), (true, true));
+        let bound = EmulatedRun { pace: "links / CPU; links".into(), ..run.clone() };
+        assert_eq!(bound.faithful(), (true, false));
         let error = EmulatedRun::parse_all(&format!("{EMULATED_RUN_COLUMNS}\n4,50mbit,1ms")).unwrap_err();
         assert!(error.starts_with("line 2: 3 fields"), "{error}");
         assert!(EmulatedRun::parse_all("workers\n").unwrap_err().contains("header"));
+
+        let cpu_bound = EmulatedRun { pace: "CPU / links".into(), ..run.clone() };
+        let lossless = EmulatedRun { loss: 0.0, late: None, ..run.clone() };
+        let region = faithful_region(&[lossless.clone(), run.clone()]);
+        assert_eq!(region, [Verdict { workers: 4.0, megabits_per_second: 50.0, faithful: true }]);
+        let region = faithful_region(&[lossless, EmulatedRun { loss: 0.0, late: None, ..cpu_bound }]);
+        assert!(!region[0].faithful, "one run the CPU bound makes the network unfaithful");
     }
 
     #[test]

@@ -21,6 +21,7 @@ fn the_simulator_predicts_faithful_emulated_runs_within_ten_percent() {
     let runs: Vec<EmulatedRun> = EmulatedRun::parse_all(RUNS).unwrap().into_iter().filter(chosen).collect();
     assert_eq!(runs.len(), 4, "the chosen runs are in the file");
     for run in runs {
+        assert_eq!(run.faithful(), (true, true), "{}", run.line());
         let setup = run.setup();
         let netagg = setup.netagg().unwrap().time.as_secs_f64();
         let ratio = netagg / run.netagg_s;

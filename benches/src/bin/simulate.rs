@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use netagg_benches::plot::{self, Agreement, Series};
-use netagg_benches::predict::{rate_name, EmulatedRun, Setup};
+use netagg_benches::predict::{faithful_region, rate_name, EmulatedRun, Setup};
 use netagg_emulate::link::{parse_duration, parse_rate};
 
 #[derive(Debug, Parser)]
@@ -133,6 +133,15 @@ fn predict(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// A ratio, in brackets when it compares with a run the machine bound.
+fn ratio(value: f64, faithful: bool) -> String {
+    if faithful {
+        format!("{value:.2}")
+    } else {
+        format!("({value:.2})")
+    }
+}
+
 /// A time readable at any scale: milliseconds below a second.
 fn seconds(value: f64) -> String {
     if value < 1.0 {
@@ -213,32 +222,46 @@ fn against(options: &Options, file: &Path) -> Result<(), String> {
     let mut points = Vec::new();
     for run in &runs {
         let setup = run.setup();
+        let (netagg_faithful, ring_faithful) = run.faithful();
         let netagg = setup.netagg()?.time.as_secs_f64();
-        let ring = run.ring_s.map(|_| setup.ring().time.as_secs_f64());
-        points.push(Agreement { predicted: netagg, measured: run.netagg_s, colour: 0 });
-        let (ring_emulated, ring_simulated, ring_ratio) = match (run.ring_s, ring) {
-            (Some(measured), Some(predicted)) => {
-                points.push(Agreement { predicted, measured, colour: 1 });
-                (format!("{measured:.3}"), format!("{predicted:.3}"), format!("{:.2}", predicted / measured))
+        if netagg_faithful {
+            points.push(Agreement { predicted: netagg, measured: run.netagg_s, colour: 0 });
+        }
+        let ring = run.ring_s.map(|measured| (measured, setup.ring().time.as_secs_f64()));
+        let (ring_emulated, ring_simulated, ring_ratio) = match ring {
+            Some((measured, predicted)) => {
+                if ring_faithful {
+                    points.push(Agreement { predicted, measured, colour: 1 });
+                }
+                (
+                    format!("{measured:.3}"),
+                    format!("{predicted:.3}"),
+                    ratio(predicted / measured, ring_faithful),
+                )
             }
-            _ => ("-".into(), "-".into(), "-".into()),
+            None => ("-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {} | {} | {:.3} | {netagg:.3} | {:.2} | {ring_emulated} | {ring_simulated} | {ring_ratio} | {} | {} |",
+            "| {} | {} | {:.3} | {netagg:.3} | {} | {ring_emulated} | {ring_simulated} | {ring_ratio} | {} | {} |",
             setup.workers,
             link_name(&setup),
             run.netagg_s,
-            netagg / run.netagg_s,
+            ratio(netagg / run.netagg_s, netagg_faithful),
             run.pace,
             run.source
         );
     }
+    println!("\nA ratio in brackets compares with a run the machine, not its links, bound.");
     if let Some(directory) = &options.plots {
         std::fs::create_dir_all(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
         let file = directory.join("simulated-against-emulated.svg");
         let title = "emulated runs against the simulator's predictions";
         plot::measured_against_predicted(&file, title, &["netagg", "MPI ring"], &points)?;
         println!("\nwrote {}", file.display());
+        let file = directory.join("emulator-faithful-region.svg");
+        let title = "emulated networks with 1-5 ms delays: where the links set the pace";
+        plot::faithful_region(&file, title, &faithful_region(&runs))?;
+        println!("wrote {}", file.display());
     }
     Ok(())
 }
