@@ -46,6 +46,9 @@ pub struct Setup {
     /// Timed jobs, after one warm-up job.
     pub jobs: usize,
     pub seed: u64,
+    /// The switch runs on a server behind a link like the workers' (a switch process, as
+    /// netagg deploys without a programmable switch), not as the network itself.
+    pub switch_on_server: bool,
 }
 
 impl Setup {
@@ -66,6 +69,7 @@ impl Setup {
             burst_bytes: 64 * 1024,
             jobs: 3,
             seed: 1,
+            switch_on_server: false,
         }
     }
 
@@ -79,6 +83,7 @@ impl Setup {
             link.drop = self.loss;
         }
         config.frame_overhead_bytes = UDP_OVERHEAD_BYTES;
+        config.switch_link = self.switch_on_server.then_some(limit);
         // The library's defaults (general.timeout, and 64 times it).
         config.retransmit_timeout = Duration::from_millis(10);
         config.max_retransmit_timeout = Duration::from_millis(640);
@@ -141,16 +146,26 @@ impl Setup {
     }
 }
 
-impl std::fmt::Display for Setup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "N = {}, {} at {:?}", self.workers, rate_name(self.bits_per_second), self.delay)?;
+impl Setup {
+    /// The network, in words: `10gbit, 5µs, 1 % loss, rank 3 50ms late`.
+    pub fn network(&self) -> String {
+        let mut name = format!("{}, {:?}", rate_name(self.bits_per_second), self.delay);
         if self.loss > 0.0 {
-            write!(f, ", {} % loss", self.loss * 100.0)?;
+            name += &format!(", {} % loss", self.loss * 100.0);
         }
         if let Some((rank, late)) = self.late {
-            write!(f, ", rank {rank} {late:?} late")?;
+            name += &format!(", rank {rank} {late:?} late");
         }
-        Ok(())
+        if self.switch_on_server {
+            name += ", the switch on a server";
+        }
+        name
+    }
+}
+
+impl std::fmt::Display for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "N = {}, {}", self.workers, self.network())
     }
 }
 
@@ -348,7 +363,7 @@ mod tests {
             late: Some((3, Duration::from_millis(50))),
             ..Setup::new(4, 10_000_000_000, Duration::from_micros(5), 1 << 20)
         };
-        assert_eq!(setup.to_string(), "N = 4, 10gbit at 5µs, 1 % loss, rank 3 50ms late");
+        assert_eq!(setup.to_string(), "N = 4, 10gbit, 5µs, 1 % loss, rank 3 50ms late");
         assert_eq!(rate_name(50_000_000), "50mbit");
         assert_eq!(setup.cluster().start_delays[3], Duration::from_millis(50));
     }

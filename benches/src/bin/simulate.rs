@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use netagg_benches::plot::{self, Agreement, Series};
-use netagg_benches::predict::{faithful_region, rate_name, EmulatedRun, Setup};
+use netagg_benches::predict::{faithful_region, EmulatedRun, Setup};
 use netagg_emulate::link::{parse_duration, parse_rate};
 
 #[derive(Debug, Parser)]
@@ -42,6 +42,9 @@ struct Options {
     /// Timed jobs, after one warm-up job.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
+    /// Also netagg with its switch on a server behind a link like the workers'.
+    #[arg(long)]
+    server_switch: bool,
     /// Predict the emulated runs recorded in this file instead, beside their measurements.
     #[arg(long)]
     against: Option<PathBuf>,
@@ -77,6 +80,8 @@ fn main() -> std::process::ExitCode {
 struct Row {
     setup: Setup,
     netagg_s: f64,
+    /// netagg with its switch on a server, if asked.
+    server_s: Option<f64>,
     ring_s: f64,
     model_s: f64,
     ring_model_s: f64,
@@ -88,8 +93,10 @@ fn predict(options: &Options) -> Result<(), String> {
         options.tensor_bytes >> 10,
         options.jobs
     );
-    println!("| N | link | netagg s | model s | sim/model | ring s | ring model s | sim/model | netagg / ring | simulated in: netagg / ring |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let server = if options.server_switch { " switch on a server s | server / ring |" } else { "" };
+    let server_rule = if options.server_switch { "---|---|" } else { "" };
+    println!("| N | link | netagg s | model s | sim/model | ring s | ring model s | sim/model | netagg / ring |{server} simulated in: netagg / ring |");
+    println!("|---|---|---|---|---|---|---|---|---|---|{server_rule}");
     let mut rows = Vec::new();
     for &rate in &options.rates {
         for &delay in &options.delays {
@@ -101,17 +108,24 @@ fn predict(options: &Options) -> Result<(), String> {
                     setup.late = options.late.map(|late| (workers - 1, late));
                     let netagg = setup.netagg()?;
                     let ring = setup.ring();
+                    let server =
+                        options.server_switch.then(|| Setup { switch_on_server: true, ..setup.clone() });
+                    let server = server.map(|setup| setup.netagg()).transpose()?;
                     let scenario = setup.scenario();
                     let row = Row {
                         netagg_s: netagg.time.as_secs_f64(),
+                        server_s: server.map(|server| server.time.as_secs_f64()),
                         ring_s: ring.time.as_secs_f64(),
                         model_s: scenario.netagg().time.as_secs_f64(),
                         ring_model_s: scenario.ring().as_secs_f64(),
                         setup,
                     };
+                    let server_cells = row.server_s.map_or(String::new(), |server_s| {
+                        format!(" {} | {:.2} |", seconds(server_s), server_s / row.ring_s)
+                    });
                     println!(
-                        "| {workers} | {} | {} | {} | {:.2} | {} | {} | {:.2} | **{:.2}** | {:.1} s / {:.1} s |",
-                        link_name(&row.setup),
+                        "| {workers} | {} | {} | {} | {:.2} | {} | {} | {:.2} | **{:.2}** |{server_cells} {:.1} s / {:.1} s |",
+                        row.setup.network(),
                         seconds(row.netagg_s),
                         seconds(row.model_s),
                         row.netagg_s / row.model_s,
@@ -151,24 +165,13 @@ fn seconds(value: f64) -> String {
     }
 }
 
-fn link_name(setup: &Setup) -> String {
-    let mut name = format!("{}, {:?}", rate_name(setup.bits_per_second), setup.delay);
-    if setup.loss > 0.0 {
-        name += &format!(", {} % loss", setup.loss * 100.0);
-    }
-    if let Some((rank, late)) = setup.late {
-        name += &format!(", rank {rank} {late:?} late");
-    }
-    name
-}
-
 /// One plot per network (rate, delay, loss): time against N, simulated and modelled.
 fn plot_rows(directory: &Path, rows: &[Row]) -> Result<(), String> {
     std::fs::create_dir_all(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
-    let mut networks: Vec<String> = rows.iter().map(|row| link_name(&row.setup)).collect();
+    let mut networks: Vec<String> = rows.iter().map(|row| row.setup.network()).collect();
     networks.dedup();
     for network in networks {
-        let rows: Vec<&Row> = rows.iter().filter(|row| link_name(&row.setup) == network).collect();
+        let rows: Vec<&Row> = rows.iter().filter(|row| row.setup.network() == network).collect();
         let line = |value: fn(&Row) -> f64| -> Vec<(f64, f64)> {
             rows.iter().map(|row| (f64::from(row.setup.workers), value(row) * 1e3)).collect()
         };
@@ -193,6 +196,15 @@ fn plot_rows(directory: &Path, rows: &[Row]) -> Result<(), String> {
                 model: true,
             },
         ];
+        let server: Vec<(f64, f64)> =
+            rows.iter().filter_map(|row| Some((f64::from(row.setup.workers), row.server_s? * 1e3))).collect();
+        let server = (!server.is_empty()).then(|| Series {
+            name: "netagg, switch on a server, simulated".into(),
+            points: server,
+            colour: 2,
+            model: false,
+        });
+        let series: Vec<Series> = series.into_iter().chain(server).collect();
         let file = directory.join(format!("simulated-{}.svg", file_name(&network)));
         let title = format!("{} KiB allreduce, {network}", rows[0].setup.tensor_bytes >> 10);
         plot::time_against_workers(&file, &title, "time (ms)", &series)?;
@@ -244,7 +256,7 @@ fn against(options: &Options, file: &Path) -> Result<(), String> {
         println!(
             "| {} | {} | {:.3} | {netagg:.3} | {} | {ring_emulated} | {ring_simulated} | {ring_ratio} | {} | {} |",
             setup.workers,
-            link_name(&setup),
+            setup.network(),
             run.netagg_s,
             ratio(netagg / run.netagg_s, netagg_faithful),
             run.pace,
