@@ -3,6 +3,7 @@
 //! faithful. SVG alone, so that no system font or image library is needed: the text is
 //! SVG text, set by the viewer.
 
+use std::ops::Range;
 use std::path::Path;
 
 use plotters::coord::Shift;
@@ -15,7 +16,8 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// Which of the plot's colours; a model and what it models share one.
     pub colour: usize,
-    /// A model, drawn dashed, beside measurements or simulations drawn solid with marks.
+    /// A model, drawn dashed (and so named in the legend), beside measurements or
+    /// simulations drawn solid with marks.
     pub model: bool,
 }
 
@@ -40,7 +42,7 @@ fn failed(path: &Path, error: impl std::fmt::Display) -> String {
 }
 
 /// The smallest and largest of `values`, widened so that a log axis shows them all.
-fn log_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+fn log_range(values: impl Iterator<Item = f64>) -> Range<f64> {
     let (low, high) = values
         .filter(|value| value.is_finite() && *value > 0.0)
         .fold((f64::INFINITY, 0.0f64), |(low, high), value| (low.min(value), high.max(value)));
@@ -48,6 +50,31 @@ fn log_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
         return 0.1..10.0;
     }
     low / 1.5..high * 1.5
+}
+
+/// Tick marks of a log axis within `range`: each power of ten times each of
+/// `multiples`.
+fn ticks(range: &Range<f64>, multiples: &[f64]) -> Vec<f64> {
+    let lowest = range.start.log10().floor() as i32;
+    let highest = range.end.log10().ceil() as i32;
+    let marks = (lowest..=highest).flat_map(|power| multiples.iter().map(move |m| m * 10f64.powi(power)));
+    marks.filter(|mark| range.contains(mark)).collect()
+}
+
+/// 1, 2 and 5 times the powers of ten: a log axis of times or rates.
+fn decades(range: &Range<f64>) -> Vec<f64> {
+    ticks(range, &[1.0, 2.0, 5.0])
+}
+
+/// The powers of two: a log axis of worker counts.
+fn powers_of_two(range: &Range<f64>) -> Vec<f64> {
+    (0..=20).map(|power| f64::from(1u32 << power)).filter(|mark| range.contains(mark)).collect()
+}
+
+/// A tick's label: as few digits as the value needs.
+fn label(value: &f64) -> String {
+    let text = format!("{value:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>, String> {
@@ -72,13 +99,18 @@ pub fn time_against_workers(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(x_range.log_scale(), y_range.log_scale())
+        .build_cartesian_2d(
+            x_range.clone().log_scale().with_key_points(powers_of_two(&x_range)),
+            y_range.clone().log_scale().with_key_points(decades(&y_range)),
+        )
         .map_err(|e| failed(path, e))?;
     chart
         .configure_mesh()
         .x_desc("workers (N)")
         .y_desc(y_label)
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&label)
+        .y_label_formatter(&label)
+        .light_line_style(WHITE)
         .draw()
         .map_err(|e| failed(path, e))?;
     for series in series {
@@ -89,9 +121,10 @@ pub fn time_against_workers(
         } else {
             chart.draw_series(LineSeries::new(points, style).point_size(3))
         };
+        let name = if series.model { format!("{} (dashed)", series.name) } else { series.name.clone() };
         drawn
             .map_err(|e| failed(path, e))?
-            .label(series.name.as_str())
+            .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
     }
     chart
@@ -128,12 +161,18 @@ pub fn measured_against_predicted(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(range.clone().log_scale(), range.clone().log_scale())
+        .build_cartesian_2d(
+            range.clone().log_scale().with_key_points(decades(&range)),
+            range.clone().log_scale().with_key_points(decades(&range)),
+        )
         .map_err(|e| failed(path, e))?;
     chart
         .configure_mesh()
         .x_desc("predicted by the simulator (s)")
         .y_desc("measured on the emulator (s)")
+        .x_label_formatter(&label)
+        .y_label_formatter(&label)
+        .light_line_style(WHITE)
         .draw()
         .map_err(|e| failed(path, e))?;
     let ends = [range.start, range.end];
@@ -188,17 +227,22 @@ pub fn faithful_region(path: &Path, title: &str, verdicts: &[Verdict]) -> Result
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(x_range.log_scale(), y_range.log_scale())
+        .build_cartesian_2d(
+            x_range.clone().log_scale().with_key_points(powers_of_two(&x_range)),
+            y_range.clone().log_scale().with_key_points(decades(&y_range)),
+        )
         .map_err(|e| failed(path, e))?;
     chart
         .configure_mesh()
         .x_desc("workers (N)")
         .y_desc("link rate (Mbit/s)")
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&label)
+        .y_label_formatter(&label)
+        .light_line_style(WHITE)
         .draw()
         .map_err(|e| failed(path, e))?;
     for (faithful, name, index) in
-        [(true, "the links set the pace", 2), (false, "the machine did (CPU, delay)", 1)]
+        [(true, "the links set the pace", 2), (false, "in some run, the machine did (CPU, delay)", 1)]
     {
         let style = colour(index).filled();
         let marks = verdicts
@@ -230,6 +274,16 @@ mod tests {
     }
 
     #[test]
+    fn log_axes_are_marked_at_round_values() {
+        assert_eq!(decades(&(0.15..30.0)), [0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0]);
+        assert_eq!(powers_of_two(&(1.5..20.0)), [2.0, 4.0, 8.0, 16.0]);
+        assert_eq!(
+            (label(&0.2), label(&1000.0), label(&0.125)),
+            ("0.2".into(), "1000".into(), "0.125".into())
+        );
+    }
+
+    #[test]
     fn plots_are_svg_with_their_labels() {
         let path = temporary("workers.svg");
         let series = [
@@ -243,7 +297,10 @@ mod tests {
         ];
         time_against_workers(&path, "time", "seconds", &series).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("netagg") && svg.contains("ring model"), "{svg}");
+        assert!(
+            svg.starts_with("<svg") && svg.contains("netagg") && svg.contains("ring model (dashed)"),
+            "{svg}"
+        );
 
         let points = [Agreement { predicted: 0.37, measured: 0.38, colour: 0 }];
         measured_against_predicted(&path, "agreement", &["netagg"], &points).unwrap();

@@ -124,7 +124,7 @@ fn predict(options: &Options) -> Result<(), String> {
                         format!(" {} | {:.2} |", seconds(server_s), server_s / row.ring_s)
                     });
                     println!(
-                        "| {workers} | {} | {} | {} | {:.2} | {} | {} | {:.2} | **{:.2}** |{server_cells} {:.1} s / {:.1} s |",
+                        "| {workers} | {} | {} | {} | {:.2} | {} | {} | {:.2} | **{:.3}** |{server_cells} {:.1} s / {:.1} s |",
                         row.setup.network(),
                         seconds(row.netagg_s),
                         seconds(row.model_s),
