@@ -4,6 +4,8 @@
 //! The faults are those of [`FaultInjector`], the one the client and switch shells use;
 //! the links add their latency to it.
 //!
+//! [`Ring`] runs the ring allreduce over the same links, for comparison.
+//!
 //! Runs are deterministic for a seed and bounded in steps, so a livelock fails instead of
 //! hanging. The tests, property tests and benches drive the protocol through it.
 
@@ -24,6 +26,10 @@ use crate::worker::{
     WorkerProtocol,
 };
 use crate::zero_scan::nonzero_blocks;
+
+mod ring;
+
+pub use ring::{Ring, RingReport, TcpSegments};
 
 /// Faults and timing of one direction of every worker's link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -169,6 +175,13 @@ pub struct ClusterConfig {
     /// Events (deliveries and timer firings) one allreduce may take before it counts as a
     /// livelock.
     pub max_steps: u64,
+    /// Bytes the links count for each packet beyond its datagram, as a shaping queue
+    /// counts frames: Ethernet, IPv4 and UDP add 42.
+    pub frame_overhead_bytes: u64,
+    /// The switch host's own link, each way, when the switch runs on a server behind a
+    /// NIC: it carries every worker's packets in and a copy of every result to each
+    /// worker out. `None`: the switch is the network, its ports at line rate.
+    pub switch_link: Option<RateLimit>,
     /// Results lost on the way down the first time the switch sends them, as
     /// `(rank, block)`: a loss placed where random faults would rarely put it, such as
     /// the last results of a job.
@@ -194,6 +207,8 @@ impl ClusterConfig {
             start_delays: Vec::new(),
             rank_rates: Vec::new(),
             max_steps: 10_000_000,
+            frame_overhead_bytes: 0,
+            switch_link: None,
             lost_results: Vec::new(),
         }
     }
@@ -210,6 +225,13 @@ impl ClusterConfig {
         self.rank_rates.retain(|&(other, _)| other != rank);
         self.rank_rates.push((rank, limit));
         self
+    }
+
+    /// The rate of worker `rank`'s link: its own, if it has one, else `default` (the
+    /// uplinks' or downlinks' rate).
+    pub fn rank_rate(&self, rank: u16, default: Option<RateLimit>) -> Option<RateLimit> {
+        let own = self.rank_rates.iter().find(|&&(other, _)| other == rank).map(|&(_, limit)| limit);
+        own.or(default)
     }
 
     /// Both directions lose, duplicate and reorder `rate` of the packets.
@@ -316,10 +338,16 @@ pub struct QueueWaits {
     pub down: Duration,
 }
 
+/// Where a packet in flight arrives next: its destination, or a hop of its path where
+/// it joins another link's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Endpoint {
     Switch,
     Worker(u16),
+    /// The switch host's link towards the switch.
+    SwitchIngress,
+    /// Worker `rank`'s link, from the switch host's link.
+    WorkerEgress(u16),
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -354,6 +382,12 @@ struct Wire {
     sequence: u64,
     uplinks: Vec<Option<Bottleneck>>,
     downlinks: Vec<Option<Bottleneck>>,
+    /// The switch host's link, in and out, if it has one of its own.
+    switch_in: Option<Bottleneck>,
+    switch_out: Option<Bottleneck>,
+    uplink_latency: Duration,
+    downlink_latency: Duration,
+    frame_overhead_bytes: u64,
     /// Packets dropped by full queues at the bottlenecks.
     queue_drops: u64,
 }
@@ -364,15 +398,22 @@ enum Direction {
     Down,
 }
 
+/// One of the links of the cluster's topology.
+#[derive(Debug, Clone, Copy)]
+enum LinkSlot {
+    /// Worker `rank`'s link towards the fabric.
+    Up(u16),
+    /// Worker `rank`'s link from the fabric.
+    Down(u16),
+    SwitchIn,
+    SwitchOut,
+}
+
 impl Wire {
     fn new(config: &ClusterConfig, now: Instant) -> Wire {
         let links = |rate: Option<RateLimit>| {
             (0..config.workers)
-                .map(|rank| {
-                    let own =
-                        config.rank_rates.iter().find(|&&(other, _)| other == rank).map(|&(_, limit)| limit);
-                    own.or(rate).map(|limit| Bottleneck::new(limit, now))
-                })
+                .map(|rank| config.rank_rate(rank, rate).map(|limit| Bottleneck::new(limit, now)))
                 .collect()
         };
         Wire {
@@ -380,6 +421,11 @@ impl Wire {
             sequence: 0,
             uplinks: links(config.uplink.rate),
             downlinks: links(config.downlink.rate),
+            switch_in: config.switch_link.map(|limit| Bottleneck::new(limit, now)),
+            switch_out: config.switch_link.map(|limit| Bottleneck::new(limit, now)),
+            uplink_latency: config.uplink.latency,
+            downlink_latency: config.downlink.latency,
+            frame_overhead_bytes: config.frame_overhead_bytes,
             queue_drops: 0,
         }
     }
@@ -390,18 +436,56 @@ impl Wire {
             let waits = links.iter_mut().flatten().map(|link| std::mem::take(&mut link.longest_wait));
             waits.max().unwrap_or_default()
         };
-        QueueWaits { up: longest(&mut self.uplinks), down: longest(&mut self.downlinks) }
+        let switch =
+            |link: &mut Option<Bottleneck>| link.as_mut().map(|link| std::mem::take(&mut link.longest_wait));
+        QueueWaits {
+            up: longest(&mut self.uplinks).max(switch(&mut self.switch_in).unwrap_or_default()),
+            down: longest(&mut self.downlinks).max(switch(&mut self.switch_out).unwrap_or_default()),
+        }
     }
 
-    /// Puts a packet on worker `rank`'s link in `direction` at `now`: through the link's
-    /// bottleneck, if it has one, then `latency` to the far end.
-    fn carry(&mut self, now: Instant, latency: Duration, direction: Direction, rank: u16, bytes: &[u8]) {
-        let (bottleneck, to) = match direction {
-            Direction::Up => (&mut self.uplinks[rank as usize], Endpoint::Switch),
-            Direction::Down => (&mut self.downlinks[rank as usize], Endpoint::Worker(rank)),
+    /// Puts a packet on its way at `now`, in `direction` between worker `rank` and the
+    /// switch: up, through the worker's link, its latency, then the switch host's link
+    /// if it has one; down, through the switch host's link first.
+    fn carry(&mut self, now: Instant, direction: Direction, rank: u16, bytes: &[u8]) {
+        let (link, latency, to) = match direction {
+            Direction::Up => {
+                let to = if self.switch_in.is_some() { Endpoint::SwitchIngress } else { Endpoint::Switch };
+                (LinkSlot::Up(rank), self.uplink_latency, to)
+            }
+            Direction::Down if self.switch_out.is_some() => {
+                (LinkSlot::SwitchOut, Duration::ZERO, Endpoint::WorkerEgress(rank))
+            }
+            Direction::Down => (LinkSlot::Down(rank), self.downlink_latency, Endpoint::Worker(rank)),
+        };
+        self.enqueue(now, link, latency, to, bytes.to_vec());
+    }
+
+    /// Moves a packet that reached a hop of its path on to the hop's link.
+    fn forward(&mut self, now: Instant, at: Endpoint, bytes: Vec<u8>) {
+        match at {
+            Endpoint::SwitchIngress => {
+                self.enqueue(now, LinkSlot::SwitchIn, Duration::ZERO, Endpoint::Switch, bytes)
+            }
+            Endpoint::WorkerEgress(rank) => {
+                self.enqueue(now, LinkSlot::Down(rank), self.downlink_latency, Endpoint::Worker(rank), bytes)
+            }
+            Endpoint::Switch | Endpoint::Worker(_) => unreachable!("destinations are not hops"),
+        }
+    }
+
+    /// Puts `bytes` on a link at `now` (through its bottleneck, if it has one), to reach
+    /// `to` `latency` after it leaves.
+    fn enqueue(&mut self, now: Instant, link: LinkSlot, latency: Duration, to: Endpoint, bytes: Vec<u8>) {
+        let frame_bytes = bytes.len() as u64 + self.frame_overhead_bytes;
+        let bottleneck = match link {
+            LinkSlot::Up(rank) => self.uplinks[rank as usize].as_mut(),
+            LinkSlot::Down(rank) => self.downlinks[rank as usize].as_mut(),
+            LinkSlot::SwitchIn => self.switch_in.as_mut(),
+            LinkSlot::SwitchOut => self.switch_out.as_mut(),
         };
         let departure = match bottleneck {
-            Some(bottleneck) => match bottleneck.admit(now, bytes.len() as u64) {
+            Some(bottleneck) => match bottleneck.admit(now, frame_bytes) {
                 Some(departure) => departure,
                 None => {
                     self.queue_drops += 1;
@@ -411,8 +495,84 @@ impl Wire {
             None => now,
         };
         self.sequence += 1;
-        let packet = InFlight { at: departure + latency, sequence: self.sequence, to, bytes: bytes.to_vec() };
+        let packet = InFlight { at: departure + latency, sequence: self.sequence, to, bytes };
         self.in_flight.push(Reverse(packet));
+    }
+}
+
+/// Which workers an event reached since they were last polled, and when each worker's
+/// next timer is due.
+#[derive(Debug)]
+struct Agenda {
+    touched: Vec<u16>,
+    is_touched: Vec<bool>,
+    /// Each worker's armed deadline; entries of `timers` that disagree are stale.
+    deadlines: Vec<Option<Instant>>,
+    timers: BinaryHeap<Reverse<(Instant, u16)>>,
+}
+
+impl Agenda {
+    fn new(workers: usize) -> Agenda {
+        Agenda {
+            touched: Vec::new(),
+            is_touched: vec![false; workers],
+            deadlines: vec![None; workers],
+            timers: BinaryHeap::new(),
+        }
+    }
+
+    fn touch(&mut self, rank: u16) {
+        if !std::mem::replace(&mut self.is_touched[rank as usize], true) {
+            self.touched.push(rank);
+        }
+    }
+
+    /// The workers touched since the last call, in rank order (the order in which a
+    /// poll of every worker would meet them, so that runs stay as they were).
+    fn take_touched(&mut self) -> Vec<u16> {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        for &rank in &touched {
+            self.is_touched[rank as usize] = false;
+        }
+        touched
+    }
+
+    /// Records worker `rank`'s next deadline, as its `poll_timeout` gives it.
+    fn arm(&mut self, rank: u16, deadline: Option<Instant>) {
+        if self.deadlines[rank as usize] != deadline {
+            self.deadlines[rank as usize] = deadline;
+            if let Some(at) = deadline {
+                self.timers.push(Reverse((at, rank)));
+            }
+        }
+    }
+
+    fn next_timer(&mut self) -> Option<Instant> {
+        self.drop_stale();
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// A worker whose deadline has come by `now`, touched so that it is polled again.
+    fn pop_due(&mut self, now: Instant) -> Option<u16> {
+        self.drop_stale();
+        let &Reverse((at, rank)) = self.timers.peek()?;
+        if at > now {
+            return None;
+        }
+        self.timers.pop();
+        self.deadlines[rank as usize] = None;
+        self.touch(rank);
+        Some(rank)
+    }
+
+    fn drop_stale(&mut self) {
+        while let Some(&Reverse((at, rank))) = self.timers.peek() {
+            if self.deadlines[rank as usize] == Some(at) {
+                break;
+            }
+            self.timers.pop();
+        }
     }
 }
 
@@ -627,35 +787,48 @@ impl Cluster {
         }
         let start_at =
             |rank: usize| started + self.config.start_delays.get(rank).copied().unwrap_or(Duration::ZERO);
-        let start_times: Vec<Instant> = (0..specs.len()).map(start_at).collect();
+        // Ranks not yet started, latest first, so that the next to start is at the end.
+        let mut pending: Vec<(Instant, u16)> =
+            (0..specs.len()).map(|rank| (start_at(rank), rank as u16)).collect();
+        pending.sort_by(|a, b| b.cmp(a));
+        let mut done = vec![false; specs.len()];
+        let mut finished = 0;
+        // Only the workers an event reached can have something to send or a new timer:
+        // polling every worker at every event would make a step cost O(N).
+        let mut agenda = Agenda::new(self.workers.len());
 
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
         let mut steps = 0;
         loop {
-            for (rank, worker) in self.workers.iter_mut().enumerate() {
-                if start_times[rank] <= self.now {
-                    if let Some(spec) = specs[rank].take() {
-                        worker
-                            .start_job(self.now, spec)
-                            .map_err(|e| SimError::Failed { rank: rank as u16, reason: e.to_string() })?;
-                    }
-                }
+            while pending.last().is_some_and(|&(at, _)| at <= self.now) {
+                let Some((_, rank)) = pending.pop() else { break };
+                let spec = specs[rank as usize].take().expect("each rank starts once");
+                self.workers[rank as usize]
+                    .start_job(self.now, spec)
+                    .map_err(|e| SimError::Failed { rank, reason: e.to_string() })?;
+                agenda.touch(rank);
             }
-            for ((worker, io), rank) in self.workers.iter_mut().zip(&mut ios).zip(0..) {
+            for rank in agenda.take_touched() {
+                let (worker, io) = (&mut self.workers[rank as usize], &mut ios[rank as usize]);
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
-                    let (wire, now, latency) = (&mut self.wire, self.now, self.config.uplink.latency);
+                    let (wire, now) = (&mut self.wire, self.now);
                     self.uplink.push(now, rank, &buf[..len], |rank, bytes| {
-                        wire.carry(now, latency, Direction::Up, rank, bytes)
+                        wire.carry(now, Direction::Up, rank, bytes)
                     });
                 }
+                match worker.status() {
+                    JobStatus::Failed(error) => {
+                        return Err(SimError::Failed { rank, reason: error.to_string() })
+                    }
+                    JobStatus::Done if specs[rank as usize].is_none() && !done[rank as usize] => {
+                        done[rank as usize] = true;
+                        finished += 1;
+                    }
+                    _ => {}
+                }
+                agenda.arm(rank, worker.poll_timeout());
             }
-            if let Some(failed) = self.workers.iter().find(|w| matches!(w.status(), JobStatus::Failed(_))) {
-                let JobStatus::Failed(error) = failed.status() else { unreachable!() };
-                return Err(SimError::Failed { rank: failed.config().rank, reason: error.to_string() });
-            }
-            if specs.iter().all(Option::is_none)
-                && self.workers.iter().all(|w| *w.status() == JobStatus::Done)
-            {
+            if finished == self.workers.len() {
                 break;
             }
             steps += 1;
@@ -663,19 +836,17 @@ impl Cluster {
                 return Err(SimError::Livelock { steps });
             }
             let next_delivery = self.wire.in_flight.peek().map(|Reverse(p)| p.at);
-            let next_timer = self.workers.iter_mut().filter_map(|w| w.poll_timeout()).min();
             let next_release = [self.uplink.next_release(), self.downlink.next_release()];
-            let next_start =
-                (0..specs.len()).filter(|&rank| specs[rank].is_some()).map(|rank| start_times[rank]).min();
-            let events = [next_delivery, next_timer, next_start].into_iter().chain(next_release);
+            let next_start = pending.last().map(|&(at, _)| at);
+            let events = [next_delivery, agenda.next_timer(), next_start].into_iter().chain(next_release);
             let Some(next) = events.flatten().min() else {
-                let rank = self.workers.iter().position(|w| *w.status() != JobStatus::Done).unwrap_or(0);
+                let rank = done.iter().position(|&done| !done).unwrap_or(0);
                 return Err(SimError::Stuck { rank: rank as u16 });
             };
             self.now = self.now.max(next);
-            self.deliver_due(&mut ios, &mut buf);
-            for worker in &mut self.workers {
-                worker.handle_timeout(self.now);
+            self.deliver_due(&mut ios, &mut buf, &mut agenda);
+            while let Some(rank) = agenda.pop_due(self.now) {
+                self.workers[rank as usize].handle_timeout(self.now);
             }
         }
 
@@ -701,21 +872,22 @@ impl Cluster {
         self.engine.session(self.session).map(|(_, c)| c).unwrap_or_default()
     }
 
-    fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8]) {
+    fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8], agenda: &mut Agenda) {
         // Packets the links held back go on their way now, after the link's latency.
-        for (link, latency, direction) in [
-            (&mut self.uplink, self.config.uplink.latency, Direction::Up),
-            (&mut self.downlink, self.config.downlink.latency, Direction::Down),
-        ] {
+        for (link, direction) in [(&mut self.uplink, Direction::Up), (&mut self.downlink, Direction::Down)] {
             let (wire, now) = (&mut self.wire, self.now);
-            link.release(now, |rank, bytes| wire.carry(now, latency, direction, rank, bytes));
+            link.release(now, |rank, bytes| wire.carry(now, direction, rank, bytes));
         }
         while self.wire.in_flight.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
             let Some(Reverse(packet)) = self.wire.in_flight.pop() else {
                 break;
             };
             match packet.to {
+                hop @ (Endpoint::SwitchIngress | Endpoint::WorkerEgress(_)) => {
+                    self.wire.forward(self.now, hop, packet.bytes)
+                }
                 Endpoint::Worker(rank) => {
+                    agenda.touch(rank);
                     self.workers[rank as usize].handle_datagram(
                         self.now,
                         &packet.bytes,
@@ -733,7 +905,7 @@ impl Cluster {
                         // The simulated switch's sessions have no upper switch.
                         Recipient::Upstream => Vec::new(),
                     };
-                    let (wire, now, latency) = (&mut self.wire, self.now, self.config.downlink.latency);
+                    let (wire, now) = (&mut self.wire, self.now);
                     let result = Packet::new_checked(&buf[..transmit.len])
                         .ok()
                         .filter(|packet| packet.message_type() == MessageType::Result);
@@ -747,7 +919,7 @@ impl Cluster {
                             }
                         }
                         self.downlink.push(now, rank, &buf[..transmit.len], |rank, bytes| {
-                            wire.carry(now, latency, Direction::Down, rank, bytes)
+                            wire.carry(now, Direction::Down, rank, bytes)
                         });
                     }
                 }

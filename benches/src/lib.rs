@@ -21,6 +21,8 @@
 
 pub mod data;
 pub mod model;
+pub mod plot;
+pub mod predict;
 pub mod relay;
 pub mod rounds;
 pub mod soak;

@@ -16,7 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Parser;
+use netagg_benches::plot::{self, Series};
+use netagg_benches::predict::{faithful_region, EmulatedRun, EMULATED_RUN_COLUMNS};
 use netagg_benches::summary::median_of;
+use netagg_emulate::link::{parse_duration, parse_rate};
 
 #[derive(Debug, Parser)]
 #[command(name = "emulated_compare")]
@@ -48,12 +51,23 @@ struct Options {
     /// Skip the extra rows (1 % loss, sparse at 10 % density).
     #[arg(long)]
     no_extra_rows: bool,
+    /// Write SVG plots into this directory: time against N for each rate and delay, and
+    /// where the links set the pace.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Append each dense row to this file of emulated runs (`benches/emulated-runs.csv`'s
+    /// form), for `simulate --against` to predict.
+    #[arg(long)]
+    csv: Option<PathBuf>,
 }
 
 /// One row's network and workload.
 #[derive(Debug, Clone)]
 struct Case {
     workers: usize,
+    rate: String,
+    delay: String,
+    loss: f64,
     link: String,
     /// allreduce_benchmark's extra options (a density), and a note for the table.
     netagg_options: Vec<String>,
@@ -87,6 +101,9 @@ fn run(options: &Options) -> Result<(), String> {
             for delay in &options.delays {
                 cases.push(Case {
                     workers,
+                    rate: rate.clone(),
+                    delay: delay.clone(),
+                    loss: 0.0,
                     link: format!("rate={rate},delay={delay}"),
                     netagg_options: vec![],
                     note: "",
@@ -98,12 +115,18 @@ fn run(options: &Options) -> Result<(), String> {
         let (rate, delay) = (&options.rates[0], &options.delays[0]);
         cases.push(Case {
             workers: 4,
+            rate: rate.clone(),
+            delay: delay.clone(),
+            loss: 0.01,
             link: format!("rate={rate},delay={delay},loss=1%"),
             netagg_options: vec![],
             note: "1 % loss each way on every link",
         });
         cases.push(Case {
             workers: 4,
+            rate: rate.clone(),
+            delay: delay.clone(),
+            loss: 0.0,
             link: format!("rate={rate},delay={delay}"),
             netagg_options: vec!["--density".into(), "0.1".into()],
             note: "sparse: 10 % of blocks non-zero (MPI sums the dense tensor)",
@@ -119,6 +142,7 @@ fn run(options: &Options) -> Result<(), String> {
         "| N | link | netagg s | model s | meas/model | MPI ring s | ring model s | meas/model | netagg / ring | pace: netagg / MPI |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
     for case in &cases {
         let mut netagg = Vec::new();
         let mut ring = Vec::new();
@@ -147,7 +171,125 @@ fn run(options: &Options) -> Result<(), String> {
             ring_s / ring_model_s,
             netagg_s / ring_s,
         );
+        if case.netagg_options.is_empty() {
+            rows.push(Row {
+                case: case.clone(),
+                netagg_s,
+                model_s,
+                ring_s,
+                ring_model_s,
+                pace: (netagg_pace, ring_pace),
+            });
+        }
     }
+    if let Some(file) = &options.csv {
+        append_runs(file, options, &rows)?;
+    }
+    if let Some(directory) = &options.plots {
+        plot_rows(directory, options, &rows)?;
+    }
+    Ok(())
+}
+
+/// One dense row's medians and verdicts.
+struct Row {
+    case: Case,
+    netagg_s: f64,
+    model_s: f64,
+    ring_s: f64,
+    ring_model_s: f64,
+    /// netagg-run's verdicts of netagg's and MPI's runs.
+    pace: (String, String),
+}
+
+impl Row {
+    fn emulated_run(&self, options: &Options) -> Result<EmulatedRun, String> {
+        // The table's verdicts, as a file of runs words them: "**CPU**, links" is "CPU; links".
+        let plain = |pace: &str| pace.replace("**", "").replace(", ", "; ");
+        let pace = format!("{} / {}", plain(&self.pace.0), plain(&self.pace.1));
+        let error = |e: netagg_emulate::link::LinkError| e.to_string();
+        Ok(EmulatedRun {
+            workers: self.case.workers as u16,
+            bits_per_second: parse_rate(&self.case.rate).map_err(error)? as u64,
+            delay: parse_duration(&self.case.delay).map_err(error)?,
+            loss: self.case.loss,
+            late: None,
+            tensor_numel: options.tensor_numel as u64,
+            netagg_s: self.netagg_s,
+            ring_s: Some(self.ring_s),
+            pace,
+            source: format!("emulated_compare (medians of {} runs)", options.runs),
+        })
+    }
+}
+
+fn append_runs(file: &Path, options: &Options, rows: &[Row]) -> Result<(), String> {
+    let exists = file.exists();
+    let mut text = if exists { String::new() } else { format!("{EMULATED_RUN_COLUMNS}\n") };
+    for row in rows {
+        text += &row.emulated_run(options)?.line();
+        text.push('\n');
+    }
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    std::io::Write::write_all(&mut out, text.as_bytes()).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// Time against N for each rate and delay (lossless rows), and where the links set the
+/// pace.
+fn plot_rows(directory: &Path, options: &Options, rows: &[Row]) -> Result<(), String> {
+    std::fs::create_dir_all(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
+    let lossless: Vec<&Row> = rows.iter().filter(|row| row.case.loss == 0.0).collect();
+    for rate in &options.rates {
+        for delay in &options.delays {
+            let rows: Vec<&&Row> =
+                lossless.iter().filter(|row| (&row.case.rate, &row.case.delay) == (rate, delay)).collect();
+            let line = |value: fn(&Row) -> f64| -> Vec<(f64, f64)> {
+                rows.iter().map(|row| (row.case.workers as f64, value(row))).collect()
+            };
+            let series = [
+                Series {
+                    name: "netagg, emulated".into(),
+                    points: line(|row| row.netagg_s),
+                    colour: 0,
+                    model: false,
+                },
+                Series {
+                    name: "netagg, model".into(),
+                    points: line(|row| row.model_s),
+                    colour: 0,
+                    model: true,
+                },
+                Series {
+                    name: "MPI ring, emulated".into(),
+                    points: line(|row| row.ring_s),
+                    colour: 1,
+                    model: false,
+                },
+                Series {
+                    name: "ring, model".into(),
+                    points: line(|row| row.ring_model_s),
+                    colour: 1,
+                    model: true,
+                },
+            ];
+            let file = directory.join(format!("emulated-{rate}-{delay}.svg"));
+            let title = format!(
+                "{} MiB float32 on emulated links, {rate}, {delay}",
+                (options.tensor_numel * 4) >> 20
+            );
+            plot::time_against_workers(&file, &title, "time (s)", &series)?;
+            println!("wrote {}", file.display());
+        }
+    }
+    let runs = rows.iter().map(|row| row.emulated_run(options)).collect::<Result<Vec<_>, _>>()?;
+    let file = directory.join("emulated-faithful-region.svg");
+    let title = "emulated networks with delays: where the links set the pace";
+    plot::faithful_region(&file, title, &faithful_region(&runs))?;
+    println!("wrote {}", file.display());
     Ok(())
 }
 
