@@ -28,6 +28,7 @@ mod ffi;
 mod frame;
 pub mod headers;
 mod idle;
+mod neighbours;
 mod port;
 mod reservation;
 mod settings;
