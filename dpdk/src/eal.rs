@@ -5,6 +5,7 @@
 use std::ffi::{c_char, CString};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+use crate::eal_args::{self, Lcore};
 use crate::{ffi, DpdkError};
 
 /// Proof that EAL runs in this process; every DPDK object is made from one.
@@ -28,13 +29,13 @@ pub(crate) fn control() -> MutexGuard<'static, ()> {
 impl Eal {
     /// Starts EAL with `args` (what follows the program name on a DPDK application's
     /// command line), or returns the EAL already running if it started with the same
-    /// arguments. Without a core option (`-l`, `-c`, `--lcores`, `--main-lcore`), EAL's
-    /// one lcore runs on the first core the calling thread may run on: EAL aborts the
-    /// process when it cannot pin its thread where it is told, as in a container that
-    /// excludes core 0.
+    /// arguments. Arguments outside what netagg supports are refused before EAL sees them
+    /// (see `eal_args`). Without a core option (`-l`, `-c`, `--lcores`), EAL's one lcore
+    /// runs on the first core the calling thread may run on: EAL aborts the process when
+    /// it cannot pin its thread where it is told, as in a container that excludes core 0.
     pub fn start(args: &[String]) -> Result<&'static Eal, DpdkError> {
-        refuse_exiting_arguments(args)?;
-        let started = STARTED.get_or_init(|| start(args));
+        let lcore = eal_args::check(args)?;
+        let started = STARTED.get_or_init(|| start(args, lcore));
         match started {
             Ok(eal) if eal.args == args => Ok(eal),
             Ok(eal) => Err(DpdkError::EalRunning { running: eal.args.join(" "), asked: args.join(" ") }),
@@ -48,61 +49,21 @@ impl Eal {
     }
 }
 
-/// Refuses the arguments with which EAL prints and calls exit() instead of starting: a
-/// library must never end its host process. EAL reads its options with getopt_long,
-/// which also takes any unambiguous abbreviation of a long option.
-fn refuse_exiting_arguments(args: &[String]) -> Result<(), DpdkError> {
-    let abbreviates =
-        |arg: &str, option: &str, shortest: usize| arg.len() >= shortest && option.starts_with(arg);
-    for (index, arg) in args.iter().enumerate() {
-        let (name, value) = match arg.split_once('=') {
-            Some((name, value)) => (name, Some(value)),
-            None => (arg.as_str(), args.get(index + 1).map(String::as_str)),
-        };
-        let why = if arg == "-h" || abbreviates(arg, "--help", "--he".len()) {
-            "EAL prints its usage and exits"
-        } else if abbreviates(name, "--log-level", "--log".len()) && value == Some("help") {
-            "EAL lists its log types and exits"
-        } else {
-            continue;
-        };
-        return Err(DpdkError::RefusedArgument { argument: arg.clone(), why });
-    }
-    Ok(())
-}
-
-/// `args`, with `--lcores 0@CORE` added if they name no cores: EAL's lcore 0 on the first
+/// `args`, with `--lcores 0@CORE` added if they name no lcore: EAL's lcore 0 on the first
 /// core the calling thread may run on (whatever its number, which `-l` would cap at
 /// EAL's largest lcore id).
-fn with_lcore(args: &[String]) -> Vec<String> {
-    let names_cores = args.iter().any(|arg| {
-        let short = (arg.starts_with("-l") || arg.starts_with("-c")) && !arg.starts_with("--");
-        short || ["--lcores", "--main-lcore"].iter().any(|option| arg.split('=').next() == Some(*option))
-    });
+fn with_lcore(args: &[String], named: Option<Lcore>) -> Vec<String> {
     let mut with = args.to_vec();
-    if !names_cores {
-        with.extend(["--lcores".to_string(), format!("0@{}", first_allowed_core())]);
+    if named.is_none() {
+        let core = eal_args::allowed_cores().first().copied().unwrap_or(0);
+        with.extend(["--lcores".to_string(), format!("0@{core}")]);
     }
     with
 }
 
-/// The first core of the calling thread's affinity mask; 0 if it cannot be read.
-fn first_allowed_core() -> usize {
-    // SAFETY: cpu_set_t is plain data, for which all zeroes is a valid (empty) set;
-    // sched_getaffinity writes at most the size it is given, that of the set it points to;
-    // CPU_ISSET reads the set at a core below CPU_SETSIZE, inside it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return 0;
-        }
-        (0..libc::CPU_SETSIZE as usize).find(|&core| libc::CPU_ISSET(core, &set)).unwrap_or(0)
-    }
-}
-
-fn start(args: &[String]) -> Result<Eal, DpdkError> {
+fn start(args: &[String], lcore: Option<Lcore>) -> Result<Eal, DpdkError> {
     // Errors show the arguments EAL was given, a core added.
-    let effective = with_lcore(args);
+    let effective = with_lcore(args, lcore);
     let failed = |reason: String| DpdkError::Eal { args: effective.join(" "), reason };
     let mut owned = Vec::with_capacity(effective.len() + 1);
     for arg in std::iter::once("netagg").chain(effective.iter().map(String::as_str)) {
@@ -138,11 +99,6 @@ fn start(args: &[String]) -> Result<Eal, DpdkError> {
     let (result, log) = outcome;
     if result < 0 {
         return Err(failed(explain(result, &log)));
-    }
-    // EAL stops at the first argument that is not an option and leaves the rest: they
-    // would be silently ignored.
-    if let Some(unused) = effective.get(result as usize..).and_then(<[String]>::first) {
-        return Err(failed(format!("it does not take '{unused}' (EAL arguments are options)")));
     }
     replay(&log);
     Ok(Eal { args: args.to_vec() })
@@ -210,41 +166,12 @@ mod tests {
 
     #[test]
     fn a_core_is_added_only_where_none_is_named() {
-        let core = format!("0@{}", first_allowed_core());
+        let core = format!("0@{}", eal_args::allowed_cores()[0]);
         assert_eq!(
-            with_lcore(&strings(&["--no-huge", "--log-level=lib.eal:warning"])),
+            with_lcore(&strings(&["--no-huge", "--log-level=lib.eal:warning"]), None),
             strings(&["--no-huge", "--log-level=lib.eal:warning", "--lcores", &core])
         );
-        for named in [
-            &["-l", "1"][..],
-            &["-l1"],
-            &["-c", "0x2"],
-            &["--lcores", "1@1"],
-            &["--lcores=1@1"],
-            &["--main-lcore", "1"],
-        ] {
-            assert_eq!(with_lcore(&strings(named)), strings(named), "{named:?}");
-        }
-    }
-
-    #[test]
-    fn arguments_that_make_eal_exit_are_refused_abbreviated_too() {
-        for exiting in [
-            &["-h"][..],
-            &["--help"],
-            &["--hel"],
-            &["--he"],
-            &["--log-level=help"],
-            &["--log-level", "help"],
-            &["--log=help"],
-        ] {
-            let error = refuse_exiting_arguments(&strings(exiting)).unwrap_err();
-            assert!(error.to_string().contains("which would end this process"), "{exiting:?}: {error}");
-        }
-        for fine in
-            [&["--huge-dir", "/x"][..], &["--log-level", "lib.eal:warning"], &["--no-huge", "-m", "64"]]
-        {
-            assert!(refuse_exiting_arguments(&strings(fine)).is_ok(), "{fine:?}");
-        }
+        let named = strings(&["-l", "1"]);
+        assert_eq!(with_lcore(&named, Some(Lcore { lcore: 1, core: 1 })), named);
     }
 }

@@ -1,8 +1,9 @@
 //! netagg's DPDK endpoint, over Debian's DPDK 22.11 through a small C shim
 //! (`shim/shim.c`): the published `dpdk-sys` bindings do not build against it.
 //!
-//! - [`Eal`]: EAL, started once per process from checked arguments; its failures come
-//!   back as errors with EAL's own explanation, never as an exit of the process;
+//! - [`Eal`]: EAL, started once per process from arguments checked against what netagg
+//!   supports (one lcore, options written in full); its failures come back as errors
+//!   with EAL's own explanation, never as an exit or abort of the process;
 //! - [`Port`]: a probed and started device with its mbuf pool, and its [`Queue`]s (pairs
 //!   of receive and transmit queues, each owned by one user), closed with the last of
 //!   them; [`Frame`]: an mbuf, freed on drop;
@@ -21,11 +22,13 @@
 //! them is safe Rust.
 
 mod eal;
+mod eal_args;
 mod endpoint;
 mod ffi;
 mod frame;
 pub mod headers;
 mod idle;
+mod neighbours;
 mod port;
 mod reservation;
 mod settings;
@@ -49,8 +52,8 @@ pub use station::{Datagram, OutgoingDatagram, Station, StationCounters};
 /// DPDK's own explanation where it gave one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DpdkError {
-    #[error("EAL argument '{argument}' is refused: {why}, which would end this process")]
-    RefusedArgument { argument: String, why: &'static str },
+    #[error("EAL argument '{argument}' is refused: {why}")]
+    RefusedArgument { argument: String, why: String },
     #[error("DPDK's EAL did not start with arguments '{args}': {reason}")]
     Eal { args: String, reason: String },
     #[error(

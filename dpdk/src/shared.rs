@@ -26,6 +26,10 @@ use crate::{
 /// How long connecting waits for the peer's MAC address by ARP.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How often a sending thread looks up its peer's MAC again, which asks the peer by ARP
+/// once it has been silent a while: a peer whose MAC changed is followed.
+const ROUTE_CHECK: Duration = Duration::from_millis(100);
+
 /// One thread's endpoint on a port it shares with other threads: its own UDP port, the
 /// queue it sends on (and polls first), and the datagrams it is writing or has received.
 pub struct ThreadEndpoint {
@@ -37,6 +41,8 @@ pub struct ThreadEndpoint {
     reservation: PortReservation,
     /// This side's and the peer's MAC and UDP address, once connected.
     route: Option<Route>,
+    /// When the peer's MAC was last looked up again.
+    route_checked: Option<Instant>,
     /// The datagram [`ThreadEndpoint::send_buffer`] lent last.
     lent: Option<OutgoingDatagram>,
     /// Where [`ThreadEndpoint::send_buffer`] writes when the pool is empty: the datagram
@@ -107,6 +113,7 @@ impl ThreadEndpoint {
                 queue: queue_of(thread, queues),
                 reservation,
                 route: None,
+                route_checked: None,
                 lent: None,
                 spare: Vec::new(),
                 outgoing: Vec::new(),
@@ -184,11 +191,30 @@ impl ThreadEndpoint {
         Ok(())
     }
 
-    /// Hands what [`ThreadEndpoint::send`] queued to this thread's transmit queue.
+    /// Hands what [`ThreadEndpoint::send`] queued to this thread's transmit queue; every
+    /// [`ROUTE_CHECK`], first looks up the peer's MAC again in this thread's station, and
+    /// follows it, the queued frames too, if it changed.
     pub fn flush(&mut self) {
-        if !self.outgoing.is_empty() {
-            self.shared.station(self.queue).transmit(&mut self.outgoing);
+        if self.outgoing.is_empty() {
+            return;
         }
+        let mut station = self.shared.station(self.queue);
+        let now = Instant::now();
+        if let Some(route) = self.route.as_mut().filter(|_| {
+            self.route_checked.is_none_or(|checked| now.saturating_duration_since(checked) >= ROUTE_CHECK)
+        }) {
+            self.route_checked = Some(now);
+            if let Some(mac) = station.ask_mac(*route.peer.1.ip()).filter(|&mac| mac != route.peer.0) {
+                route.peer.0 = mac;
+                // The Ethernet destination: each frame's first six bytes.
+                for frame in &mut self.outgoing {
+                    frame.bytes_mut()[..6].copy_from_slice(&mac.0);
+                }
+            }
+            // An ARP request the lookup queued.
+            station.flush();
+        }
+        station.transmit(&mut self.outgoing);
     }
 
     /// Waits up to `timeout` for datagrams from the peer to this thread and hands each to

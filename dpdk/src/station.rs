@@ -1,7 +1,7 @@
 //! A UDP endpoint on a DPDK port: one IPv4 address, ARP answered and asked, neighbours
-//! learned from what arrives, datagrams written straight into mbufs.
+//! learned from what arrives and asked again when they fall silent ([`Neighbours`]),
+//! datagrams written straight into mbufs.
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::Range;
 use std::sync::Arc;
@@ -10,12 +10,11 @@ use std::time::{Duration, Instant};
 use etherparse::ArpOperation;
 
 use crate::headers::{self, Received, ARP_FRAME_LEN, UDP_HEADERS_LEN};
+use crate::neighbours::Neighbours;
 use crate::{DpdkError, Eal, Frame, FrameAllocator, MacAddr, Port, Queue, Settings};
 
 /// Shortest Ethernet frame without its CRC; ARP frames are padded to it.
 const MIN_FRAME_LEN: usize = 60;
-/// How often an unanswered neighbour is asked again.
-const ARP_RETRY: Duration = Duration::from_millis(100);
 /// How many times a full transmit queue is tried again before what it did not take is
 /// dropped, as a switch's full queue drops.
 const TRANSMIT_TRIES: usize = 64;
@@ -79,20 +78,12 @@ impl OutgoingDatagram {
     }
 }
 
-/// What is known of a neighbour: its MAC once it spoke or answered, and when it was last
-/// asked.
-#[derive(Debug, Clone, Copy)]
-struct Neighbour {
-    mac: Option<MacAddr>,
-    asked: Option<Instant>,
-}
-
 pub struct Station {
     ip: Ipv4Addr,
     mac: MacAddr,
     /// Where every frame goes, if configured: the peer's or a router's MAC.
     next_hop: Option<MacAddr>,
-    neighbours: HashMap<Ipv4Addr, Neighbour>,
+    neighbours: Neighbours,
     received: Vec<Frame>,
     outgoing: Vec<Frame>,
     burst: u16,
@@ -127,7 +118,7 @@ impl Station {
             ip,
             mac,
             next_hop,
-            neighbours: HashMap::new(),
+            neighbours: Neighbours::default(),
             received: Vec::with_capacity(usize::from(burst)),
             outgoing: Vec::with_capacity(usize::from(burst)),
             burst: burst.max(1),
@@ -250,23 +241,22 @@ impl Station {
     /// The MAC of `ip` if this station knows it (or the configured next hop), without
     /// asking.
     pub fn known_mac(&self, ip: Ipv4Addr) -> Option<MacAddr> {
-        self.next_hop.or_else(|| self.neighbours.get(&ip)?.mac)
+        self.next_hop.or_else(|| self.neighbours.known(ip))
     }
 
-    /// The MAC to send to for `ip`, asking for it if it is not known (at most every
-    /// [`ARP_RETRY`]).
+    /// The MAC to send to for `ip`, asking for it by ARP if it is not known or `ip` has
+    /// been silent a while (at most every 100 ms); the request leaves with the next
+    /// flush.
     pub fn ask_mac(&mut self, ip: Ipv4Addr) -> Option<MacAddr> {
         if let Some(next_hop) = self.next_hop {
             return Some(next_hop);
         }
-        let now = Instant::now();
-        let neighbour = self.neighbours.entry(ip).or_insert(Neighbour { mac: None, asked: None });
-        if neighbour.mac.is_none() && neighbour.asked.is_none_or(|asked| now - asked >= ARP_RETRY) {
-            neighbour.asked = Some(now);
+        let lookup = self.neighbours.lookup(ip, Instant::now());
+        if lookup.ask {
             self.send_arp(None, ip);
             self.counters.arp_requests_sent += 1;
         }
-        self.neighbours[&ip].mac
+        lookup.mac
     }
 
     /// Waits up to `timeout` for `ip`'s MAC, asking by ARP; UDP datagrams that arrive
@@ -293,11 +283,9 @@ impl Station {
     }
 
     fn learn(&mut self, ip: Ipv4Addr, mac: MacAddr) {
-        if ip.is_unspecified() || mac.is_multicast() {
-            return;
+        if !ip.is_unspecified() && !mac.is_multicast() {
+            self.neighbours.learn(ip, mac);
         }
-        let neighbour = self.neighbours.entry(ip).or_insert(Neighbour { mac: None, asked: None });
-        neighbour.mac = Some(mac);
     }
 
     /// Queues an ARP request for `target_ip` (to everyone), or a reply to `target_mac`.

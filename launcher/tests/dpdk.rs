@@ -2,10 +2,11 @@
 //! from DPDK ports with a kernel-socket switch, kernel-socket workers with a switch whose
 //! data path is a DPDK port, and DPDK on both sides, on clean and lossy links, with exact
 //! results (int32 and float32 in every pairing, float16 and bfloat16 with DPDK at both
-//! ends). DPDK's af_packet driver runs on each namespace's interface, without
-//! hugepages (`netagg-run --dpdk`). Root is needed, as CI has; like the other emulated
-//! networks these are ignored in a plain `cargo test`, and `scripts/test` runs them in
-//! release, one at a time.
+//! ends), and DPDK workers following their switch to a new MAC mid-session. DPDK's
+//! af_packet driver runs on each namespace's interface, without hugepages (`netagg-run
+//! --dpdk`). Root is needed, as CI has; like the other emulated networks these are
+//! ignored in a plain `cargo test`, and `scripts/test` runs them in release, one at a
+//! time.
 
 mod common;
 
@@ -161,4 +162,68 @@ fn a_missing_device_or_too_long_packets_fail_the_run_with_the_reason() {
         all.contains("cannot start the DPDK data path: DPDK device 'net_nosuchdriver0': cannot probe it"),
         "{all}"
     );
+}
+
+/// The switch's interface takes a new MAC mid-session (as when it is recreated): the DPDK
+/// workers' frames to the old one are dropped until their stations learn the new one,
+/// from the switch's next frame or by asking again by ARP once it has been silent, and
+/// the session carries on, exact.
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn dpdk_workers_follow_the_switch_to_a_new_mac_mid_session() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let mut run = launcher()
+        .args(["-n", "2", "--link", "rate=100mbit", "--dpdk", "workers", "--"])
+        .arg(benchmark())
+        .args(["--tensor-numel", "96Ki", "--num-jobs", "150", "--num-warmup-jobs", "1", "--verify"])
+        .env_remove("NETAGG_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The namespaces' prefix, from the launcher's first lines.
+    let mut stdout = BufReader::new(run.stdout.take().unwrap());
+    let mut printed = String::new();
+    let prefix = loop {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "the run ended early:\n{printed}");
+        printed.push_str(&line);
+        if line.starts_with("netagg-run: emulated network: namespaces ") {
+            break prefix(&line);
+        }
+    };
+    // The rest, read meanwhile so that the run never blocks on a full pipe.
+    let rest = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).unwrap();
+        text
+    });
+    let mut stderr = run.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).unwrap();
+        text
+    });
+    // Mid-session: the ranks are registered and running jobs by then.
+    std::thread::sleep(Duration::from_secs(4));
+    let namespace = format!("{prefix}-switch");
+    let new_mac = "02:00:00:31:03:01";
+    let changed = Command::new("ip")
+        .args(["-n", &namespace, "link", "set", "dev", "eth0", "address", new_mac])
+        .output()
+        .unwrap();
+    let mid_session = run.try_wait().unwrap().is_none();
+    let started = Instant::now();
+    let status = run.wait().unwrap();
+    let all = format!("{printed}{}\n{}", rest.join().unwrap(), errors.join().unwrap());
+    assert!(changed.status.success(), "{}\n{all}", text(&changed));
+    assert!(mid_session, "the run ended before the MAC changed:\n{all}");
+    assert!(status.success(), "{all}");
+    assert_eq!(all.matches("Data verified successfully").count(), 2, "{all}");
+    // Followed well within a job's timeout: the remaining jobs took seconds, not tens.
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}:\n{all}", started.elapsed());
+    assert_eq!(namespaces_of(&prefix), Vec::<String>::new(), "left behind:\n{all}");
 }

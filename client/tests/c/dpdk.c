@@ -43,7 +43,8 @@ int main(void) {
   size_t i;
 
   EXPECT_START("backend.dpdk.device", "", NETAGG_CONFIG_INVALID, "backend.dpdk.device is empty");
-  EXPECT_START("backend.dpdk.eal_args", "--no-huge -h", NETAGG_BACKEND, "which would end this process");
+  EXPECT_START("backend.dpdk.eal_args", "--no-huge -h", NETAGG_BACKEND, "would print it and end this process");
+  EXPECT_START("backend.dpdk.eal_args", "--no-huge -l 0-1", NETAGG_BACKEND, "names several lcores");
   EXPECT_START("backend.dpdk.device", "net_nosuchdriver0", NETAGG_BACKEND, "cannot probe it");
   /* EAL runs now, with the default arguments: others are refused, not half started. */
   EXPECT_START("backend.dpdk.eal_args", "--no-huge --no-shconf -m 64", NETAGG_BACKEND, "once per process");
