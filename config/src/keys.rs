@@ -91,7 +91,7 @@ struct_keys! {
         /// Packets in flight per worker, all threads together (the slots it uses at the switch).
         /// Every thread needs at least one.
         max_outstanding_packets = 256, Integer { min: 1, max: 65535 };
-        /// Elements of 4 bytes per packet, 1 to 16364 (a 64 KiB datagram): the packet's payload
+        /// Elements of 4 bytes per packet, 1 to 16363 (a 64 KiB datagram): the packet's payload
         /// bytes. 16-bit packets (float16, bfloat16, wire_precision) carry twice as many.
         /// Larger packets cost fewer system calls per byte; SwitchML's hardware takes 64 or 256.
         packet_numel = 256, Integer { min: 1, max: MAX_PACKET_NUMEL as u64 };

@@ -141,7 +141,7 @@ fn a_missing_device_or_too_long_packets_fail_the_run_with_the_reason() {
         .unwrap();
     let all = text(&output);
     assert!(!output.status.success(), "{all}");
-    assert!(all.contains("this switch's data path carries at most 1472 bytes (its MTU): the largest packet_numel that fits is 356"), "{all}");
+    assert!(all.contains("this switch's data path carries at most 1472 bytes (its MTU): the largest packet_numel that fits is 355"), "{all}");
     assert_eq!(
         namespaces_of(&prefix(&all)),
         Vec::<String>::new(),

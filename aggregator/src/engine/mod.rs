@@ -105,7 +105,10 @@ pub enum Recipient {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DropReason {
     #[error("malformed packet: {0}")]
-    Malformed(#[from] WireError),
+    Malformed(WireError),
+    /// The checksum did not match ([`WireError::Checksum`], which says so).
+    #[error("{0}")]
+    Corrupt(WireError),
     #[error("no open session has this id")]
     UnknownSession,
     #[error("the token is not the session's")]
@@ -140,6 +143,10 @@ counters! {
     /// Counters of the whole engine.
     pub struct EngineCounters {
         pub datagrams: u64,
+        /// Datagrams whose checksum did not match their bytes: corrupted on their way,
+        /// dropped before any field was believed, and left to the workers' loss recovery.
+        pub corrupt: u64,
+        /// Datagrams that break the packet format (a peer of another version, say).
         pub malformed: u64,
         pub unknown_session: u64,
         pub sessions_opened: u64,
@@ -344,6 +351,10 @@ impl Engine {
         self.counters.datagrams += 1;
         let packet = match Packet::new_checked(datagram) {
             Ok(packet) => packet,
+            Err(error @ WireError::Checksum { .. }) => {
+                self.counters.corrupt += 1;
+                return Verdict::Dropped(DropReason::Corrupt(error));
+            }
             Err(error) => {
                 self.counters.malformed += 1;
                 return Verdict::Dropped(DropReason::Malformed(error));
