@@ -58,11 +58,9 @@ sections! {
     /// backend.udp's as RDMA SEND messages from registered buffers.
     "backend.rdma" at rdma: RDMA_KEYS, listing its own keys;
     /// Faults injected into this worker's datagrams, to test loss recovery; all 0 injects
-    /// nothing (the default; keep it so in production). They wrap any backend. A flipped bit
-    /// in a payload is not detected (netagg has no end-to-end checksum, like SwitchML; the
-    /// network's checksums catch real bit errors), so exact results need send_corrupt = 0 and
-    /// receive_corrupt = 0. Most flipped header bits get the packet dropped and counted;
-    /// some (an exponent, a sparse next block, a job or block) can spoil or stall a round.
+    /// nothing (the default; keep it so in production). They wrap any backend. A corrupted
+    /// datagram (a flipped bit anywhere) fails the CRC32C every packet ends with, and is
+    /// dropped, counted as corrupt and recovered as a loss: results stay exact.
     "faults" at faults: FAULT_KEYS, listing its own keys;
     /// Read by netagg-switch --config FILE; its flags override these.
     "switch" at switch: SWITCH_KEYS;

@@ -15,7 +15,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use netagg_aggregator::{BlockIo, BlockMask, JobSpec, Layout, PacingConfig, WorkerConfig, WorkerProtocol};
 use netagg_fuzz::Raw;
-use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, PROGRESS_SLOTS};
+use netagg_wire::packet::{datagram_len, BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, PROGRESS_SLOTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
 const CONFIG: WorkerConfig = WorkerConfig {
@@ -224,7 +224,7 @@ impl Harness {
             tensor,
             now,
             sent: VecDeque::with_capacity(SENT_KEPT),
-            buf: vec![0; HEADER_LEN + BLOCK_BYTES],
+            buf: vec![0; datagram_len(CONFIG.packet_elements as usize)],
         }
     }
 
@@ -271,6 +271,7 @@ impl Harness {
                     for (round, &step) in rounds.zip(steps) {
                         round.copy_from_slice(&sent.round.wrapping_add(step as i32 as u32).to_le_bytes());
                     }
+                    packet.seal();
                     self.deliver(&bytes);
                 }
             }
@@ -367,6 +368,7 @@ fn result_bytes(repr: &PacketRepr, value: i32) -> Vec<u8> {
     for (i, element) in packet.payload_mut().chunks_exact_mut(ELEMENT_LEN).enumerate() {
         element.copy_from_slice(&value.rotate_left(i as u32).to_le_bytes());
     }
+    packet.seal();
     bytes
 }
 

@@ -777,7 +777,10 @@ mod tests {
         // One byte of the payload short, sealed as it is: the header promises more.
         let mut short = SAMPLE_BYTES[..59].to_vec();
         seal(&mut short);
-        assert_eq!(Packet::new_checked(&short[..]).unwrap_err(), WireError::Truncated { len: 59, needed: 60 });
+        assert_eq!(
+            Packet::new_checked(&short[..]).unwrap_err(),
+            WireError::Truncated { len: 59, needed: 60 }
+        );
     }
 
     #[test]
@@ -861,7 +864,11 @@ mod tests {
         assert_eq!(bytes[field::NEXT_BLOCK], [0, 0, 0, 0x80]);
         let parsed = Packet::new_checked(&bytes[..]).unwrap();
         assert_eq!(PacketRepr::parse(&parsed).contributions(), 0x8000_0000_0000_0005);
-        assert_eq!(parsed.payload(), &bytes[HEADER_LEN..HEADER_LEN + 8], "slot 3's open round 10, slot 4's u32::MAX");
+        assert_eq!(
+            parsed.payload(),
+            &bytes[HEADER_LEN..HEADER_LEN + 8],
+            "slot 3's open round 10, slot 4's u32::MAX"
+        );
     }
 
     #[test]

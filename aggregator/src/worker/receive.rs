@@ -303,7 +303,13 @@ mod tests {
         }
         let counters = protocol.counters();
         assert_eq!(
-            (counters.corrupt, counters.rejected, counters.stale, counters.results_received, counters.duplicates),
+            (
+                counters.corrupt,
+                counters.rejected,
+                counters.stale,
+                counters.results_received,
+                counters.duplicates
+            ),
             (1, 7, 1, 1, 1)
         );
         // Slot 1's result released its next block, block 3.

@@ -284,7 +284,10 @@ mod tests {
         let probe = sent(&mut protocol, start + timeout);
         assert_eq!(probe.len(), 1);
         let asked = parsed(&probe[0]);
-        assert_eq!((asked.message_type, asked.slot, asked.buffer_len()), (MessageType::Probe, 0, HEADER_LEN + CHECKSUM_LEN));
+        assert_eq!(
+            (asked.message_type, asked.slot, asked.buffer_len()),
+            (MessageType::Probe, 0, HEADER_LEN + CHECKSUM_LEN)
+        );
         // The probe is lost: the next goes out after twice the timeout, not before.
         let before = start + timeout * 3 - Duration::from_micros(1);
         protocol.handle_timeout(before);
