@@ -417,3 +417,30 @@ impl Engine {
         expired
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use netagg_wire::packet::HEADER_LEN;
+
+    use super::testing::{contribution, one_slot};
+    use super::*;
+
+    #[test]
+    fn a_corrupted_datagram_is_counted_and_changes_nothing_but_a_packet_made_here_skips_the_checksum() {
+        let (mut engine, session, now, mut out) = one_slot(2);
+        let mut corrupted = contribution(session, 0, 0, u32::MAX);
+        corrupted[HEADER_LEN] ^= 0x08;
+        let verdict = engine.handle_datagram(now, &corrupted, &mut out);
+        assert!(
+            matches!(verdict, Verdict::Dropped(DropReason::Corrupt(WireError::Checksum { .. }))),
+            "{verdict:?}"
+        );
+        assert_eq!((engine.counters().corrupt, engine.counters().malformed), (1, 0));
+        assert_eq!(engine.session(session).unwrap().1.packets_in, 0, "no session saw it");
+        // The same bytes as a packet made in this process from a checked one: taken, its
+        // checksum not read.
+        let verdict = engine.handle_packet(now, &Packet::new_unchecked(&corrupted[..]), &mut out);
+        assert_eq!(verdict, Verdict::Consumed);
+        assert_eq!(engine.session(session).unwrap().1.contributions, 1);
+    }
+}
