@@ -93,8 +93,9 @@ fn dense_int32_sums_are_exact_for_every_size_and_cluster() {
                 for counters in &report.workers {
                     assert_eq!(counters.data_sent, blocks, "one packet per block on a perfect link");
                     assert_eq!(counters.results_received, blocks);
-                    // A 48-byte header per packet, and every element once each way.
-                    assert_eq!(counters.bytes_sent, blocks * 48 + len as u64 * 4);
+                    // A 48-byte header and a 4-byte checksum per packet, and every element
+                    // once each way.
+                    assert_eq!(counters.bytes_sent, blocks * (48 + 4) + len as u64 * 4);
                     assert_eq!(counters.bytes_received, counters.bytes_sent);
                     assert_eq!((counters.retransmissions, counters.acks_sent), (0, 0));
                 }

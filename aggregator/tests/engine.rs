@@ -47,6 +47,7 @@ impl Contribution {
         let mut buffer = vec![0; self.repr.buffer_len()];
         let mut packet = self.repr.emit(&mut buffer).unwrap();
         packet.payload_mut().copy_from_slice(&self.payload);
+        packet.seal();
         buffer
     }
     fn with(mut self, change: impl FnOnce(&mut PacketRepr)) -> Self {
@@ -249,7 +250,7 @@ fn sixteen_bit_packets_fill_the_session_s_payload_bytes_with_twice_the_elements(
         Verdict::Send(Transmit { len, .. }) => switch.out[..len].to_vec(),
         other => panic!("expected a result, got {other:?}"),
     };
-    assert_eq!(result.len(), 48 + 256);
+    assert_eq!(result.len(), 48 + 256 + 4);
     let packet = Packet::new_checked(&result[..]).unwrap();
     assert_eq!((packet.element_type(), packet.element_count()), (ElementType::Float16, 128));
     assert_eq!(packet.payload(), half::f16::from_f32(3.75).to_le_bytes().repeat(128));

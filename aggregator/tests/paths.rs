@@ -5,6 +5,10 @@
 use std::time::Duration;
 
 use netagg_aggregator::sim::{Cluster, ClusterConfig, RateLimit, Tensor};
+use netagg_wire::packet::datagram_len;
+
+/// Bytes of a datagram of 256 elements, the packets of these clusters.
+const PACKET_BYTES: u64 = datagram_len(256) as u64;
 
 /// Every worker's tensor: its rank mixed into the index, so that sums are checkable.
 fn inputs(workers: u16, len: usize) -> Vec<Tensor> {
@@ -19,7 +23,7 @@ fn expected(workers: u16, len: usize) -> Tensor {
 /// `bits_per_second` with 50 µs of latency each way, whose queues hold a whole window:
 /// the links set the pace, as `tbf ... latency 100ms` sets it.
 fn behind_links(bits_per_second: u64) -> ClusterConfig {
-    let window_bytes = 128 * (256 * 4 + 48);
+    let window_bytes = 128 * PACKET_BYTES;
     let mut config = ClusterConfig::new(4, 128, 256).with_rate(RateLimit {
         bits_per_second,
         queue_bytes: 2 * window_bytes,
@@ -70,7 +74,7 @@ fn a_full_queue_drops_what_exceeds_it() {
     // A queue of four packets before a 1 Mbit/s link, offered a window of 16 at once.
     let mut config = ClusterConfig::new(2, 16, 256).with_rate(RateLimit {
         bits_per_second: 1_000_000,
-        queue_bytes: 4 * (256 * 4 + 48),
+        queue_bytes: 4 * PACKET_BYTES,
         burst_bytes: 0,
     });
     config.retransmit_timeout = Duration::from_millis(50);
@@ -87,14 +91,14 @@ fn a_full_queue_drops_what_exceeds_it() {
 /// queueing, not loss.
 #[test]
 fn one_slow_link_sets_the_pace_of_every_worker() {
-    let window_bytes = 128 * (256 * 4 + 48);
+    let window_bytes = 128 * PACKET_BYTES;
     let slow = RateLimit { bits_per_second: 50_000_000, queue_bytes: 2 * window_bytes, burst_bytes: 0 };
     jobs_at_the_pace_of(behind_links(200_000_000).with_rank_rate(3, slow), slow, 2);
 }
 
 /// What a fixed window does to a queue that can hold it, unpaced: the whole window waits
 /// in the bottleneck's queue, a standing delay of about a window's bytes at the link rate
-/// (5.5 ms at 200 Mbit/s for 128 packets of 1072 bytes). The queue towards the switch
+/// (5.5 ms at 200 Mbit/s for 128 packets of 1076 bytes). The queue towards the switch
 /// holds it; the results, which the uplinks pace, never queue on downlinks of the same
 /// rate.
 #[test]
@@ -102,7 +106,7 @@ fn a_fixed_window_stands_in_the_queue_of_a_slower_link() {
     let mut config = behind_links(200_000_000);
     config.pacing.enabled = false;
     let limit = config.uplink.rate.unwrap();
-    let window = limit.serialization(128 * (256 * 4 + 48));
+    let window = limit.serialization(128 * PACKET_BYTES);
     let mut cluster = Cluster::new(config).unwrap();
     let len: usize = 1 << 20;
     for _ in 0..2 {
@@ -110,7 +114,7 @@ fn a_fixed_window_stands_in_the_queue_of_a_slower_link() {
         assert_eq!(report.outputs[0], expected(4, len));
         let waits = report.longest_queue_wait;
         // The window is offered at once: all but one packet queue behind the first.
-        let queued = limit.serialization(127 * (256 * 4 + 48));
+        let queued = limit.serialization(127 * PACKET_BYTES);
         assert_eq!(waits.up, queued, "against a window of {window:?}");
         assert_eq!(waits.down, Duration::ZERO, "results queue: {waits:?}");
     }

@@ -161,9 +161,9 @@ fn sixteen_bit_packets_carry_float32s_bytes_so_a_job_takes_half_the_packets() {
     let report16 = Cluster::new(config).unwrap().allreduce(&inputs, false).unwrap();
     for (counters32, counters16) in report32.workers.iter().zip(&report16.workers) {
         assert_eq!((counters32.data_sent, counters16.data_sent), (8, 4));
-        // Every datagram the same size: a header and 1024 payload bytes.
-        assert_eq!(counters32.bytes_sent, 8 * (48 + 1024));
-        assert_eq!(counters16.bytes_sent, 4 * (48 + 1024));
+        // Every datagram the same size: a header, 1024 payload bytes and a checksum.
+        assert_eq!(counters32.bytes_sent, 8 * (48 + 1024 + 4));
+        assert_eq!(counters16.bytes_sent, 4 * (48 + 1024 + 4));
         assert_eq!(counters16.bytes_received, counters16.bytes_sent);
     }
     assert_eq!(values(&report16.outputs[1]), vec![3.0; 2048]);
@@ -172,7 +172,7 @@ fn sixteen_bit_packets_carry_float32s_bytes_so_a_job_takes_half_the_packets() {
     let report = Cluster::new(ClusterConfig::new(2, 8, 256)).unwrap().allreduce(&inputs, false).unwrap();
     for counters in &report.workers {
         assert_eq!(counters.data_sent, 2);
-        assert_eq!(counters.bytes_sent, 2 * 48 + 600 * 2);
+        assert_eq!(counters.bytes_sent, 2 * (48 + 4) + 600 * 2);
     }
     assert_eq!(values(&report.outputs[0]), vec![3.0; 600]);
 }

@@ -59,6 +59,7 @@ fn data_packets(session: SessionId, workers: u16) -> Vec<Vec<u8>> {
                 for (i, element) in packet.payload_mut().chunks_exact_mut(4).enumerate() {
                     element.copy_from_slice(&(rank as i32 + i as i32).to_le_bytes());
                 }
+                packet.seal();
                 packets.push(bytes);
             }
         }

@@ -2,8 +2,8 @@
 //! datagram to its sender, and clients that stream a tensor through it.
 //!
 //! A worker of an allreduce sends each packet of its tensor once and gets one result
-//! back per packet; so does a client of this relay, with the same datagram size (header
-//! and payload), the same window of datagrams in flight per thread and the same batched
+//! back per packet; so does a client of this relay, with the same datagram size (header,
+//! payload and checksum, left zero here), the same window of datagrams in flight per thread and the same batched
 //! socket ([`BatchSocket`]: GSO sends, recvmmsg and GRO). What the relay lacks is all the
 //! switch adds: aggregation, sessions, loss recovery. The ratio of the two goodputs is
 //! what those cost on top of the kernel's price per datagram.
@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use netagg_udp::{BatchSocket, SegmentBatch};
-use netagg_wire::packet::HEADER_LEN;
+use netagg_wire::packet::{CHECKSUM_LEN, HEADER_LEN};
 
 /// How long the relay sleeps in `recv` before it looks at `stop` again.
 const RELAY_WAKEUP: Duration = Duration::from_millis(20);
@@ -138,8 +138,8 @@ impl StreamClient {
         Ok(StreamClient { socket, relay, batch, datagram: Vec::new() })
     }
 
-    /// Sends `input` in datagrams of `packet_bytes` of payload after a netagg-sized
-    /// header, keeping `window` in flight, and writes each echoed payload to its place in
+    /// Sends `input` in datagrams of `packet_bytes` of payload between a netagg-sized
+    /// header and checksum, keeping `window` in flight, and writes each echoed payload to its place in
     /// `output`, as a worker stores results. Returns when every datagram has come back.
     pub fn stream(
         &mut self,
@@ -164,14 +164,14 @@ impl StreamClient {
             self.flush()?;
             let mut arrived = Vec::new();
             self.socket.recv(RESEND_AFTER, |_, datagram| {
-                if datagram.len() < HEADER_LEN {
+                if datagram.len() < HEADER_LEN + CHECKSUM_LEN {
                     return;
                 }
                 let index = u64::from_le_bytes(datagram[..8].try_into().unwrap_or_default()) as usize;
                 let start = index * packet_bytes;
                 if index < packets && !back[index] {
                     back[index] = true;
-                    let payload = &datagram[HEADER_LEN..];
+                    let payload = &datagram[HEADER_LEN..datagram.len() - CHECKSUM_LEN];
                     output[start..start + payload.len()].copy_from_slice(payload);
                     arrived.push(index);
                 }
@@ -201,6 +201,7 @@ impl StreamClient {
         self.datagram.extend_from_slice(&(index as u64).to_le_bytes());
         self.datagram.resize(HEADER_LEN, 0);
         self.datagram.extend_from_slice(payload);
+        self.datagram.extend_from_slice(&[0; CHECKSUM_LEN]);
         if !self.batch.accepts(self.datagram.len()) {
             self.flush()?;
         }

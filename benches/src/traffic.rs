@@ -10,7 +10,7 @@
 //! counted apart, and the payload fractions compare with the model directly.
 
 use netagg::ThreadCounters;
-use netagg_wire::packet::HEADER_LEN;
+use netagg_wire::packet::datagram_len;
 
 /// What a worker's threads sent and received over some jobs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -24,7 +24,8 @@ pub struct Traffic {
     pub acks: u64,
     /// Header-only requests sent while the thread waited as a whole (for a late rank).
     pub probes: u64,
-    /// Payload bytes sent, retransmissions included: datagrams less their headers.
+    /// Payload bytes sent, retransmissions included: datagrams less their headers and
+    /// checksums.
     pub payload_sent: u64,
     /// New results received.
     pub results: u64,
@@ -35,7 +36,7 @@ pub struct Traffic {
 impl Traffic {
     /// The traffic the counters `counted` record.
     pub fn of(counted: &ThreadCounters) -> Traffic {
-        let header = HEADER_LEN as u64;
+        let header = datagram_len(0) as u64;
         Traffic {
             data_packets: counted.data_sent - counted.retransmissions,
             retransmissions: counted.retransmissions,
@@ -84,7 +85,7 @@ mod tests {
 
     #[test]
     fn traffic_counts_payload_without_headers_and_first_sends_apart() {
-        let header = HEADER_LEN as u64;
+        let header = datagram_len(0) as u64;
         let counted = ThreadCounters {
             packets_sent: 10,
             data_sent: 8,

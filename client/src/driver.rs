@@ -13,7 +13,7 @@ use crossbeam_channel::Receiver;
 use netagg_aggregator::pacer::LinkPacer;
 use netagg_aggregator::{JobSpec, JobStatus as ProtocolStatus, PacingConfig, WorkerConfig, WorkerProtocol};
 use netagg_config::SparseMode;
-use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::packet;
 
 use crate::backend::Transport;
 use crate::codec::Codec;
@@ -164,7 +164,7 @@ fn run_slice(
     shared: &Shared,
 ) -> Result<(), Error> {
     // The session's largest datagram: what the protocol needs of a send buffer.
-    let datagram_len = HEADER_LEN + protocol.config().packet_elements as usize * ELEMENT_LEN;
+    let datagram_len = packet::datagram_len(protocol.config().packet_elements as usize);
     protocol.start_job(Instant::now(), spec)?;
     loop {
         let now = Instant::now();

@@ -105,6 +105,9 @@ thread_counters! {
         /// Datagrams refused: malformed, or not a result for this thread (another session,
         /// rank, slot or block, or outside the slot's window of rounds).
         pub rejected: u64,
+        /// Datagrams whose checksum did not match: corrupted on their way, dropped, and
+        /// recovered as lost.
+        pub corrupt: u64,
         /// Pending notices received: the switch held a round open, waiting for a peer.
         pub pending: u64,
         /// Progress reports received, each the switch's answer to a probe.
@@ -128,7 +131,7 @@ impl fmt::Display for Stats {
         for (thread, c) in self.threads.iter().enumerate() {
             writeln!(
                 f,
-                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes, {} paced), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} pending, {} progress reports), {} timeouts",
+                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes, {} paced), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} corrupt, {} pending, {} progress reports), {} timeouts",
                 c.packets_sent,
                 c.bytes_sent,
                 c.data_sent,
@@ -141,6 +144,7 @@ impl fmt::Display for Stats {
                 c.duplicates,
                 c.stale,
                 c.rejected,
+                c.corrupt,
                 c.pending,
                 c.progress_reports,
                 c.timeouts

@@ -125,7 +125,11 @@ fn the_dummy_backend_sums_16_bits_as_the_switch_rounds_them() {
         [3.0, bf16::from_f32(3.0 * rounded_input).to_f32()],
         "each input rounded to bfloat16 first"
     );
-    assert_eq!(context.stop().total().bytes_sent, 48 + 2 * 2, "one packet, two 2-byte elements");
+    assert_eq!(
+        context.stop().total().bytes_sent,
+        48 + 2 * 2 + 4,
+        "one packet, two 2-byte elements, a checksum"
+    );
 
     // 1000 elements in packets of 256 4-byte elements (1024 payload bytes): 4 packets of
     // float32, and 2 of 16-bit elements, 512 to a packet, in half the bytes.
@@ -136,7 +140,8 @@ fn the_dummy_backend_sums_16_bits_as_the_switch_rounds_them() {
         let context = Context::start(config.clone()).unwrap();
         context.allreduce(&mut vec![0.5f32; 1000]).unwrap();
         let stats = context.stop().total();
-        let expected = (packets, packets * 48 + 1000 * element_bytes);
+        // A 48-byte header and a 4-byte checksum per packet.
+        let expected = (packets, packets * (48 + 4) + 1000 * element_bytes);
         assert_eq!((stats.packets_sent, stats.bytes_sent), expected, "{precision}");
     }
 }

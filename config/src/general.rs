@@ -6,7 +6,7 @@ use crate::kind::named_enum;
 
 /// Largest `general.packet_numel`: the most elements a packet carries inside a 64 KiB
 /// datagram, the protocol's `netagg_wire::packet::MAX_ELEMENTS` (a test checks they agree).
-pub const MAX_PACKET_NUMEL: u16 = 16364;
+pub const MAX_PACKET_NUMEL: u16 = 16363;
 /// Longest `general.session`, in bytes: the protocol's
 /// `netagg_wire::control::MAX_SESSION_NAME_LEN` (a test checks they agree).
 pub const MAX_SESSION_NAME_LEN: usize = 64;

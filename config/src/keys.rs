@@ -58,11 +58,9 @@ sections! {
     /// backend.udp's as RDMA SEND messages from registered buffers.
     "backend.rdma" at rdma: RDMA_KEYS, listing its own keys;
     /// Faults injected into this worker's datagrams, to test loss recovery; all 0 injects
-    /// nothing (the default; keep it so in production). They wrap any backend. A flipped bit
-    /// in a payload is not detected (netagg has no end-to-end checksum, like SwitchML; the
-    /// network's checksums catch real bit errors), so exact results need send_corrupt = 0 and
-    /// receive_corrupt = 0. Most flipped header bits get the packet dropped and counted;
-    /// some (an exponent, a sparse next block, a job or block) can spoil or stall a round.
+    /// nothing (the default; keep it so in production). They wrap any backend. A corrupted
+    /// datagram (a flipped bit anywhere) fails the CRC32C every packet ends with, and is
+    /// dropped, counted as corrupt and recovered as a loss: results stay exact.
     "faults" at faults: FAULT_KEYS, listing its own keys;
     /// Read by netagg-switch --config FILE; its flags override these.
     "switch" at switch: SWITCH_KEYS;
@@ -91,7 +89,7 @@ struct_keys! {
         /// Packets in flight per worker, all threads together (the slots it uses at the switch).
         /// Every thread needs at least one.
         max_outstanding_packets = 256, Integer { min: 1, max: 65535 };
-        /// Elements of 4 bytes per packet, 1 to 16364 (a 64 KiB datagram): the packet's payload
+        /// Elements of 4 bytes per packet, 1 to 16363 (a 64 KiB datagram): the packet's payload
         /// bytes. 16-bit packets (float16, bfloat16, wire_precision) carry twice as many.
         /// Larger packets cost fewer system calls per byte; SwitchML's hardware takes 64 or 256.
         packet_numel = 256, Integer { min: 1, max: MAX_PACKET_NUMEL as u64 };

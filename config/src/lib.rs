@@ -254,7 +254,7 @@ mod tests {
             ("[backend.rdma]\ndevice_port = 0\n", "key 'backend.rdma.device_port' = '0': expected an integer from 1 to 255"),
             ("[backend.rdma]\nmessage_size = 2000000\n", "key 'backend.rdma.message_size' = '2000000': expected bytes, an integer from 0 to 1048576"),
             ("[general]\nsparse = yes\n", "key 'general.sparse' = 'yes': expected 'auto' or 'off'"),
-            ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16364"),
+            ("[general]\npacket_numel = 20000\n", "expected an integer from 1 to 16363"),
             ("[general]\ndepth = 6\n", "expected a power of two from 2 to 64"),
             ("[general]\ntimeout = -1\n", "expected milliseconds, above 0 and at most 30 days"),
             ("[general]\njob_timeout = 1e19\n", "expected seconds, above 0 and at most 30 days"),

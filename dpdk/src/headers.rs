@@ -4,6 +4,7 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
+use etherparse::checksum::Sum16BitWords;
 use etherparse::{
     ArpEthIpv4Packet, ArpOperation, EtherType, Ethernet2Header, IpNumber, Ipv4Header, NetSlice, SlicedPacket,
     TransportSlice, UdpHeader,
@@ -29,6 +30,9 @@ pub enum Received<'a> {
     Udp { source: SocketAddrV4, source_mac: MacAddr, port: u16, payload: std::ops::Range<usize> },
     /// An ARP request or reply for IPv4 over Ethernet.
     Arp(ArpEthIpv4Packet),
+    /// A UDP datagram to this address whose checksum does not match its bytes: corrupted
+    /// on its way, to be dropped.
+    BadChecksum,
     /// Anything else: another protocol, another destination, a malformed frame; the
     /// text says which, for counters and logs.
     Other(&'a str),
@@ -36,9 +40,12 @@ pub enum Received<'a> {
 
 /// Reads `frame` as received by the endpoint at `ip`.
 ///
-/// UDP checksums are not checked: a kernel peer on a veth sends them unfilled (the
-/// offload that would fill them never runs), and Ethernet's CRC, checked by the NIC, is
-/// what catches bit errors. IPv4 fragments are refused: netagg's datagrams fit a frame.
+/// A UDP checksum is checked where the sender filled it (0 is none, which IPv4 allows).
+/// One that holds the sum of the pseudo-header alone is taken as unfilled too: a kernel
+/// peer on a veth leaves that there for a checksum offload that never runs (its
+/// `CHECKSUM_PARTIAL`, which af_packet does not pass to DPDK), and netagg's own CRC32C
+/// covers the payload end to end anyway. IPv4 fragments are refused: netagg's datagrams
+/// fit a frame.
 pub fn read(frame: &[u8], ip: Ipv4Addr) -> Received<'_> {
     let Ok(packet) = SlicedPacket::from_ethernet(frame) else { return Received::Other("malformed") };
     let source_mac = match &packet.link {
@@ -60,6 +67,17 @@ pub fn read(frame: &[u8], ip: Ipv4Addr) -> Received<'_> {
             }
             let Some(TransportSlice::Udp(udp)) = packet.transport else { return Received::Other("not UDP") };
             let payload = udp.payload();
+            let udp_header = udp.to_header();
+            let (source, destination) = (header.source(), header.destination());
+            if udp_header.checksum != 0
+                && udp_header.checksum != pseudo_header_sum(source, destination, udp_header.length)
+            {
+                // A payload that fits a frame fits UDP's length field.
+                let computed = udp_header.calc_checksum_ipv4_raw(source, destination, payload);
+                if computed != Ok(udp_header.checksum) {
+                    return Received::BadChecksum;
+                }
+            }
             let start = payload.as_ptr() as usize - frame.as_ptr() as usize;
             Received::Udp {
                 source: SocketAddrV4::new(header.source_addr(), udp.source_port()),
@@ -72,9 +90,23 @@ pub fn read(frame: &[u8], ip: Ipv4Addr) -> Received<'_> {
     }
 }
 
-/// Writes the Ethernet, IPv4 and UDP headers of a datagram of `payload_len` bytes into
-/// the first [`UDP_HEADERS_LEN`] bytes of `frame`. The UDP checksum is 0 (none), which
-/// IPv4 allows.
+/// The UDP checksum field a sender that leaves the checksum to an offload writes: the
+/// folded sum of the IPv4 pseudo-header, not complemented (Linux's `CHECKSUM_PARTIAL`).
+fn pseudo_header_sum(source: [u8; 4], destination: [u8; 4], udp_length: u16) -> u16 {
+    let sum = Sum16BitWords::new()
+        .add_4bytes(source)
+        .add_4bytes(destination)
+        .add_2bytes([0, IpNumber::UDP.0])
+        .add_2bytes(udp_length.to_be_bytes());
+    // In the byte order `UdpHeader::checksum` holds, as etherparse's own sums are.
+    (!sum.ones_complement()).to_be()
+}
+
+/// Writes the Ethernet, IPv4 and UDP headers of a datagram whose `payload_len` bytes
+/// follow them in `frame`, into its first [`UDP_HEADERS_LEN`] bytes. The UDP checksum is
+/// computed in software, over the payload just written and still in cache: af_packet,
+/// which the tests and CI run on, offers no checksum offload, and a NIC's is not asked
+/// for yet. A kernel receiver checks it as a DPDK one does.
 pub fn write_udp_headers(
     frame: &mut [u8],
     (source_mac, source): (MacAddr, SocketAddrV4),
@@ -89,12 +121,9 @@ pub fn write_udp_headers(
             .expect("a netagg datagram is far below IPv4's limit");
     ipv4.dont_fragment = true;
     ipv4.header_checksum = ipv4.calc_header_checksum();
-    let udp = UdpHeader {
-        source_port: source.port(),
-        destination_port: destination.port(),
-        length: udp_len,
-        checksum: 0,
-    };
+    let payload = &frame[UDP_HEADERS_LEN..UDP_HEADERS_LEN + payload_len];
+    let udp = UdpHeader::with_ipv4_checksum(source.port(), destination.port(), &ipv4, payload)
+        .expect("a netagg datagram is far below UDP's limit");
     let (ethernet_bytes, rest) = frame.split_at_mut(Ethernet2Header::LEN);
     ethernet_bytes.copy_from_slice(&ethernet.to_bytes());
     let (ip_bytes, rest) = rest.split_at_mut(Ipv4Header::MIN_LEN);
@@ -137,13 +166,35 @@ mod tests {
         SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, last), port)
     }
 
+    /// RFC 1071's sum of big-endian 16-bit words, folded, written out plainly to check
+    /// etherparse's against.
+    fn ones_sum(bytes: &[u8]) -> u16 {
+        let mut sum: u32 =
+            bytes.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]))).sum();
+        while sum > 0xFFFF {
+            sum = (sum & 0xFFFF) + (sum >> 16);
+        }
+        sum as u16
+    }
+
+    /// The IPv4 pseudo-header of the UDP datagram in `frame`: addresses, protocol, length.
+    fn pseudo_header(frame: &[u8]) -> Vec<u8> {
+        [&frame[26..34], &[0, 17], &frame[38..40]].concat()
+    }
+
+    /// A frame of `payload` from A to B, as [`write_udp_headers`] writes it.
+    fn udp_frame(payload: &[u8]) -> Vec<u8> {
+        let mut frame = vec![0u8; UDP_HEADERS_LEN + payload.len()];
+        frame[UDP_HEADERS_LEN..].copy_from_slice(payload);
+        write_udp_headers(&mut frame, (A, address(1, 4000)), (B, address(2, 5000)), payload.len());
+        frame
+    }
+
     #[test]
     fn a_udp_frame_reads_back_as_written() {
         let payload = b"netagg";
-        let mut frame = vec![0u8; UDP_HEADERS_LEN + payload.len()];
-        write_udp_headers(&mut frame, (A, address(1, 4000)), (B, address(2, 5000)), payload.len());
-        frame[UDP_HEADERS_LEN..].copy_from_slice(payload);
-        // What Linux would put on the wire for the same datagram (checksum 0), byte by byte.
+        let frame = udp_frame(payload);
+        // What Linux would put on the wire for the same datagram, byte by byte.
         assert_eq!(&frame[..6], &B.0);
         assert_eq!(&frame[6..12], &A.0);
         assert_eq!(&frame[12..14], &[0x08, 0x00]);
@@ -153,7 +204,10 @@ mod tests {
         assert_eq!(&frame[26..30], &[10, 0, 0, 1]);
         assert_eq!(&frame[30..34], &[10, 0, 0, 2]);
         assert_eq!(&frame[34..38], &[0x0f, 0xa0, 0x13, 0x88]);
-        assert_eq!(&frame[38..42], &[0, 14, 0, 0]);
+        assert_eq!(&frame[38..40], &[0, 14]);
+        // The UDP checksum: pseudo-header, header and payload sum to 0xffff with it.
+        assert_ne!(&frame[40..42], &[0, 0]);
+        assert_eq!(ones_sum(&[pseudo_header(&frame), frame[34..].to_vec()].concat()), 0xffff);
         // The IPv4 header's checksum sums to 0xffff with it.
         let sum: u32 =
             frame[14..34].chunks(2).map(|pair| u32::from(u16::from_be_bytes([pair[0], pair[1]]))).sum();
@@ -167,6 +221,36 @@ mod tests {
             other => panic!("read {other:?}"),
         }
         assert_eq!(read(&frame, *address(3, 0).ip()), Received::Other("IPv4 for another address"));
+    }
+
+    #[test]
+    fn a_flipped_bit_in_a_udp_datagram_fails_its_checksum() {
+        let frame = udp_frame(&[0x5A; 64]);
+        let is_udp = |frame: &[u8]| matches!(read(frame, *address(2, 0).ip()), Received::Udp { .. });
+        assert!(is_udp(&frame));
+        // Every bit of the ports and the payload (the length and the checksum itself fail
+        // other checks, or may pass as none).
+        for bit in (34 * 8..38 * 8).chain(42 * 8..frame.len() * 8) {
+            let mut corrupted = frame.clone();
+            corrupted[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(read(&corrupted, *address(2, 0).ip()), Received::BadChecksum, "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn a_udp_checksum_left_to_an_offload_or_none_is_taken() {
+        let mut frame = udp_frame(&[0x5A; 64]);
+        let is_udp = |frame: &[u8]| matches!(read(frame, *address(2, 0).ip()), Received::Udp { .. });
+        // None, as IPv4 allows.
+        frame[40..42].copy_from_slice(&[0, 0]);
+        assert!(is_udp(&frame));
+        // The pseudo-header's sum, which a kernel peer on a veth leaves for an offload.
+        let partial = ones_sum(&pseudo_header(&frame));
+        frame[40..42].copy_from_slice(&partial.to_be_bytes());
+        assert!(is_udp(&frame));
+        // Anything else is corruption.
+        frame[41] ^= 1;
+        assert_eq!(read(&frame, *address(2, 0).ip()), Received::BadChecksum);
     }
 
     #[test]

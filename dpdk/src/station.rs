@@ -30,6 +30,8 @@ pub struct StationCounters {
     pub transmit_dropped: u64,
     /// Frames that were neither ARP nor UDP to this station.
     pub ignored: u64,
+    /// UDP datagrams to this station whose checksum did not match: corrupted, dropped.
+    pub bad_checksum: u64,
 }
 
 /// A UDP datagram received, in the frame it came in.
@@ -169,6 +171,7 @@ impl Station {
                         self.counters.arp_requests_answered += 1;
                     }
                 }
+                Received::BadChecksum => self.counters.bad_checksum += 1,
                 Received::Other(_) => self.counters.ignored += 1,
             }
         }

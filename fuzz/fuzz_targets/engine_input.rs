@@ -14,7 +14,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
 use netagg_fuzz::Raw;
-use netagg_wire::packet::{BROADCAST_RANK, END_OF_STREAM, HEADER_LEN, PROGRESS_SLOTS};
+use netagg_wire::packet::{datagram_len, BROADCAST_RANK, END_OF_STREAM, PROGRESS_SLOTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
 
 /// The two sessions every input starts with: different shapes, so that rank, slot and
@@ -210,6 +210,7 @@ impl Harness {
             let value = h.value.rotate_left(i as u32).to_le_bytes();
             element.copy_from_slice(&value[..element.len()]);
         }
+        packet.seal();
         bytes
     }
 
@@ -230,7 +231,7 @@ impl Harness {
             // Answers one worker's question, with its header alone.
             MessageType::Pending => {
                 assert!(matches!(transmit.recipient, Recipient::Worker(_)), "{repr:?}");
-                assert_eq!(transmit.len, HEADER_LEN, "{repr:?}");
+                assert_eq!(transmit.len, datagram_len(0), "{repr:?}");
             }
             // Answers one worker's probe, about at most the slots a report covers.
             MessageType::Progress => {

@@ -17,7 +17,7 @@ use netagg_aggregator::{
     BlockIo, BlockMask, JobSpec, Layout, PacingConfig, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol,
 };
 use netagg_fuzz::Raw;
-use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, HEADER_LEN, PROGRESS_SLOTS};
+use netagg_wire::packet::{datagram_len, BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, PROGRESS_SLOTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
 const KEY: SessionKey = SessionKey { session: 0x0001_0001, token: 0x0123_4567_89AB_CDEF };
@@ -229,7 +229,7 @@ impl Harness {
             tensor,
             now,
             sent: VecDeque::with_capacity(SENT_KEPT),
-            buf: vec![0; HEADER_LEN + BLOCK_BYTES],
+            buf: vec![0; datagram_len(CONFIG.packet_elements as usize)],
         }
     }
 
@@ -276,6 +276,7 @@ impl Harness {
                     for (round, &step) in rounds.zip(steps) {
                         round.copy_from_slice(&sent.round.wrapping_add(step as i32 as u32).to_le_bytes());
                     }
+                    packet.seal();
                     self.deliver(&bytes);
                 }
             }
@@ -372,6 +373,7 @@ fn result_bytes(repr: &PacketRepr, value: i32) -> Vec<u8> {
     for (i, element) in packet.payload_mut().chunks_exact_mut(ELEMENT_LEN).enumerate() {
         element.copy_from_slice(&value.rotate_left(i as u32).to_le_bytes());
     }
+    packet.seal();
     bytes
 }
 

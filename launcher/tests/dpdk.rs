@@ -1,6 +1,6 @@
 //! DPDK on both sides of the wire, in network namespaces: workers whose datagrams leave
 //! from DPDK ports with a kernel-socket switch, kernel-socket workers with a switch whose
-//! data path is a DPDK port, and DPDK on both sides, on clean and lossy links, with exact
+//! data path is a DPDK port, and DPDK on both sides, on clean, lossy and corrupting links, with exact
 //! results (int32 and float32 in every pairing, float16 and bfloat16 with DPDK at both
 //! ends), and DPDK workers following their switch to a new MAC mid-session. DPDK's
 //! af_packet driver runs on each namespace's interface, without hugepages (`netagg-run
@@ -116,6 +116,24 @@ fn dpdk_on_both_sides_recovers_lost_frames_exactly() {
 
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn dpdk_on_both_sides_sums_exactly_with_1_percent_of_datagrams_corrupted_each_way() {
+    // Corrupted above DPDK, so that each datagram's UDP checksum covers the flipped bit and
+    // netagg's own checksum is what finds it, at the switch and at the workers.
+    let environment =
+        [("NETAGG_FAULTS__SEND_CORRUPT", "0.01"), ("NETAGG_SWITCH_FAULTS__SEND_CORRUPT", "0.01")];
+    for (tensor_type, density) in [("int32", "1"), ("float32", "0.1")] {
+        let all = verified_run_with("both", "rate=1gbit", tensor_type, density, &environment);
+        let corrupt: u64 = all
+            .lines()
+            .find_map(|line| line.strip_prefix("[switch] stats: datagrams "))
+            .and_then(|rest| rest.split(" corrupt ").nth(1)?.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no corrupt count in the switch's stats:\n{all}"));
+        assert!(corrupt >= 3, "{tensor_type}: the switch dropped {corrupt} corrupt datagrams:\n{all}");
+    }
+}
+
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn a_missing_device_or_too_long_packets_fail_the_run_with_the_reason() {
     let output = launcher()
         .args(["-n", "2", "--link", "rate=1gbit", "--dpdk", "workers", "--"])
@@ -142,7 +160,7 @@ fn a_missing_device_or_too_long_packets_fail_the_run_with_the_reason() {
         .unwrap();
     let all = text(&output);
     assert!(!output.status.success(), "{all}");
-    assert!(all.contains("this switch's data path carries at most 1472 bytes (its MTU): the largest packet_numel that fits is 356"), "{all}");
+    assert!(all.contains("this switch's data path carries at most 1472 bytes (its MTU): the largest packet_numel that fits is 355"), "{all}");
     assert_eq!(
         namespaces_of(&prefix(&all)),
         Vec::<String>::new(),

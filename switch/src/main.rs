@@ -152,8 +152,9 @@ fn run(settings: netagg_config::Switch) -> Result<(), String> {
 fn print_counters(switch: &Switch) {
     let Some(Counters { engine, sessions, uplink, faults }) = switch.counters() else { return };
     println!(
-        "stats: datagrams {} malformed {} unknown-session {} sessions opened {} closed {} expired {}",
+        "stats: datagrams {} corrupt {} malformed {} unknown-session {} sessions opened {} closed {} expired {}",
         engine.datagrams,
+        engine.corrupt,
         engine.malformed,
         engine.unknown_session,
         engine.sessions_opened,

@@ -62,6 +62,7 @@ fn data(session: u32, token: u64, rank: u16, values: [i32; 4]) -> Vec<u8> {
     for (element, value) in packet.payload_mut().chunks_exact_mut(4).zip(values) {
         element.copy_from_slice(&value.to_le_bytes());
     }
+    packet.seal();
     bytes
 }
 
@@ -192,6 +193,7 @@ fn data_in_round(session: u32, token: u64, rank: u16, round: u32, values: [i32; 
     let mut bytes = data(session, token, rank, values);
     let mut packet = Packet::new_checked(&mut bytes[..]).unwrap();
     packet.set_round(round);
+    packet.seal();
     bytes
 }
 

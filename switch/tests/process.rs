@@ -51,7 +51,7 @@ fn flags_override_the_file_and_sigterm_stops_cleanly_with_counters() {
     );
     let mut stats = String::new();
     stdout.read_line(&mut stats).unwrap();
-    assert!(stats.starts_with("stats: datagrams 0 malformed 0"), "periodic stats line: {stats}");
+    assert!(stats.starts_with("stats: datagrams 0 corrupt 0 malformed 0"), "periodic stats line: {stats}");
 
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);

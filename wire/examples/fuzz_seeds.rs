@@ -125,6 +125,7 @@ fn packet(repr: &PacketRepr, payload: &[u8]) -> Vec<u8> {
     let mut bytes = vec![0; repr.buffer_len()];
     let mut view = repr.emit(&mut bytes).unwrap_or_else(|e| panic!("{repr:?} does not emit: {e}"));
     view.payload_mut().copy_from_slice(payload);
+    view.seal();
     let parsed = Packet::new_checked(&bytes).map(|packet| PacketRepr::parse(&packet));
     assert_eq!(parsed.as_ref().ok(), Some(repr), "a seed that does not parse back: {parsed:?}");
     bytes

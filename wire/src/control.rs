@@ -20,12 +20,13 @@ use crate::{Result, WireError};
 /// Version of the control protocol (4: registration and accept carry transport-tagged
 /// endpoints instead of UDP ports; 5: the same messages, for packets of
 /// [`PACKET_VERSION`](crate::PACKET_VERSION) 4; 6: an accept lists the switch's data
-/// endpoints and how the session's slots split over them, for packets of version 5).
+/// endpoints and how the session's slots split over them, for packets of version 5; 7: the
+/// same messages, for packets of version 6, which carry a checksum).
 /// Registration is where a worker and a
 /// switch meet, so this version also stands for the packet format they will speak: peers
 /// of another version refuse each other's first message with [`WireError::Version`],
 /// which names both versions.
-pub const CONTROL_VERSION: u8 = 6;
+pub const CONTROL_VERSION: u8 = 7;
 
 /// Length of the control header.
 pub const CONTROL_HEADER_LEN: usize = 8;
@@ -689,7 +690,7 @@ mod tests {
 
     #[rustfmt::skip]
     const REGISTER_BYTES: [u8; 41] = [
-        0x06, 0x01, 0x21, 0x00, 0x2A, 0x00, 0x00, 0x00, // version 6, register, body 33, request 42
+        0x07, 0x01, 0x21, 0x00, 0x2A, 0x00, 0x00, 0x00, // version 7, register, body 33, request 42
         0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
         0x02, 0x01, 0x00, 0x03, b'j', b'o', b'b',       // depth 2, block fp, dense, name "job"
         0x02, 0x00,                                     // 2 threads:
@@ -709,7 +710,7 @@ mod tests {
     fn accept_carries_the_token_and_then_the_data_endpoints() {
         #[rustfmt::skip]
         let expected: [u8; 48] = [
-            0x06, 0x02, 0x28, 0x00, 0x07, 0x00, 0x00, 0x00, // version 6, accept, body 40, request 7
+            0x07, 0x02, 0x28, 0x00, 0x07, 0x00, 0x00, 0x00, // version 7, accept, body 40, request 7
             0x02, 0x00, 0x01, 0x00,                         // session
             0x01, 0x00, 0x04, 0x00, 0x00, 0x01, 0x80, 0x00, // rank 1, world 4, 256 elements, 128 slots
             0x02, 0x00,                                     // depth 2, slot split: ranges
@@ -797,7 +798,7 @@ mod tests {
     #[test]
     fn an_rdma_hello_carries_the_tag_and_nothing_else_passes_for_one() {
         let hello = rdma_hello(0xDEAD_BEEF_0000_0001);
-        assert_eq!(&hello[..8], b"netaggR\x06");
+        assert_eq!(&hello[..8], b"netaggR\x07");
         let mut padded = hello.to_vec();
         padded.resize(56, 0);
         assert_eq!(rdma_hello_tag(&padded), Some(0xDEAD_BEEF_0000_0001));
@@ -886,12 +887,12 @@ mod tests {
 
     #[test]
     fn a_peer_of_the_previous_version_is_refused_by_name() {
-        // Version 5's register: the same layout, answered by an accept of one endpoint, for
-        // the packets of version 4.
+        // Version 6's register: the same layout, for the packets of version 5, which carry
+        // no checksum.
         let mut old = REGISTER_BYTES;
-        old[0] = 5;
+        old[0] = 6;
         let error = ControlMessage::parse(&old).unwrap_err();
-        assert_eq!(error.to_string(), "protocol version 5 is not supported (this side speaks 6)");
+        assert_eq!(error.to_string(), "protocol version 6 is not supported (this side speaks 7)");
     }
 
     #[test]

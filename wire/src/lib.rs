@@ -3,7 +3,7 @@
 //! Two families of messages exist:
 //! - [`packet`]: the aggregation packets of the data path (worker → switch *data*, *ack* and
 //!   *probe*, switch → worker *result*, *pending* and *progress*), one fixed 48-byte header
-//!   followed by the payload;
+//!   followed by the payload and a CRC32C of both;
 //! - [`control`]: registration and session set-up, exchanged once per session.
 //!
 //! Each format comes as a view over a byte buffer (`Packet<T: AsRef<[u8]>>`), with getters,
@@ -38,8 +38,10 @@ pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
 /// with markers for zero and non-finite blocks; 4: the switch's *pending* notice, which
 /// answers a request or a repeated contribution for a round still aggregating; 5: the
 /// *probe* and its *progress* report, which carries the map of contributions a pending
-/// notice no longer does). The control protocol has its own, [`CONTROL_VERSION`].
-pub const PACKET_VERSION: u8 = 5;
+/// notice no longer does; 6: a CRC32C trailer over header and payload, so that a
+/// corrupted datagram is dropped rather than summed). The control protocol has its own,
+/// [`CONTROL_VERSION`].
+pub const PACKET_VERSION: u8 = 6;
 
 /// The largest UDP payload over IPv4: the bound on any netagg datagram.
 pub const MAX_DATAGRAM_LEN: usize = 65_507;
@@ -65,6 +67,11 @@ pub enum WireError {
     UnknownFlags(u8),
     #[error("invalid field {field}: {reason}")]
     InvalidField { field: &'static str, reason: &'static str },
+    #[error(
+        "checksum {found:#010x} does not match {computed:#010x}, the CRC32C of the bytes it covers: the \
+         datagram was corrupted on its way"
+    )]
+    Checksum { found: u32, computed: u32 },
     #[error("buffer of {len} bytes cannot hold a {needed}-byte message")]
     BufferTooSmall { len: usize, needed: usize },
 }

@@ -2,7 +2,8 @@
 //! *result*, *pending* and *progress*.
 //!
 //! All six share one 48-byte header (little-endian), followed by `element_count`
-//! elements of the header's element type, [`ElementType::size`] bytes each:
+//! elements of the header's element type, [`ElementType::size`] bytes each, and a 4-byte
+//! CRC32C of the header and payload ([`seal`], checked by [`Packet::new_checked`]):
 //!
 //! | offset | size | field          | meaning |
 //! |-------:|-----:|----------------|---------|
@@ -24,11 +25,14 @@
 //! | 36     | 4    | ack round      | data/ack: every result of this slot up to this round is held |
 //! | 40     | 8    | token          | the session's secret from the control plane's accept; echoed in results |
 //! | 48     | s·n  | payload        | elements of `s` bytes (4 or 2), little-endian |
+//! | 48+s·n | 4    | checksum       | CRC32C (Castagnoli) of every byte before it, little-endian |
 
 use crate::{Result, WireError, MAX_DATAGRAM_LEN, PACKET_VERSION};
 
 /// Length of the aggregation-packet header.
 pub const HEADER_LEN: usize = field::PAYLOAD;
+/// Length of the checksum that ends every packet, after its payload.
+pub const CHECKSUM_LEN: usize = 4;
 /// Size of the widest payload element (int32, float32): a session's `packet_elements`
 /// counts elements of this size, which fixes a packet's payload bytes for every type.
 pub const ELEMENT_LEN: usize = 4;
@@ -51,13 +55,41 @@ pub const fn progress_slots(packet_elements: u16) -> usize {
 /// Bytes of a packet of `elements` elements of the widest type: the most a packet of that
 /// many elements takes.
 pub const fn datagram_len(elements: usize) -> usize {
-    HEADER_LEN + elements * ELEMENT_LEN
+    HEADER_LEN + elements * ELEMENT_LEN + CHECKSUM_LEN
 }
 
 /// The most elements a packet of at most `bytes` bytes carries (0 if not even the header
-/// fits).
+/// and checksum fit).
 pub const fn elements_within(bytes: usize) -> usize {
-    bytes.saturating_sub(HEADER_LEN) / ELEMENT_LEN
+    bytes.saturating_sub(HEADER_LEN + CHECKSUM_LEN) / ELEMENT_LEN
+}
+
+/// Writes the checksum of a datagram into its last [`CHECKSUM_LEN`] bytes: the CRC32C of
+/// every byte before them. The last step of building any packet, once its header and
+/// payload are written, while its bytes are still in cache; [`Packet::seal`] seals a view.
+///
+/// # Panics
+/// If `datagram` is shorter than [`CHECKSUM_LEN`].
+pub fn seal(datagram: &mut [u8]) {
+    let (covered, trailer) = datagram.split_at_mut(datagram.len() - CHECKSUM_LEN);
+    trailer.copy_from_slice(&crc32c::crc32c(covered).to_le_bytes());
+}
+
+/// Checks the checksum [`seal`] wrote into the last [`CHECKSUM_LEN`] bytes of `datagram`.
+/// A mismatch is a datagram corrupted on its way (or bytes that never were a netagg
+/// packet): CRC32C finds every error of up to 3 flipped bits and every burst of up to 32
+/// in a packet of any size netagg sends.
+pub fn verify(datagram: &[u8]) -> Result<()> {
+    let Some(split) = datagram.len().checked_sub(CHECKSUM_LEN) else {
+        return Err(WireError::Truncated { len: datagram.len(), needed: CHECKSUM_LEN });
+    };
+    let (covered, trailer) = datagram.split_at(split);
+    let found = u32::from_le_bytes(trailer.try_into().expect("the trailer is CHECKSUM_LEN bytes"));
+    let computed = crc32c::crc32c(covered);
+    if found != computed {
+        return Err(WireError::Checksum { found, computed });
+    }
+    Ok(())
 }
 /// `next block` value meaning "no further non-zero block in this stream".
 pub const END_OF_STREAM: u32 = u32::MAX;
@@ -250,7 +282,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// Wraps untrusted bytes, checking everything the accessors rely on: length, version,
-    /// message and element type, flags, and that the length is exactly header + payload.
+    /// the checksum ([`verify`]), message and element type, flags, and that the length is
+    /// exactly header, payload and checksum.
+    ///
+    /// The checksum is checked right after the version, before any field is believed: a
+    /// corrupted datagram fails as [`WireError::Checksum`] wherever its bit flipped but in
+    /// the version byte, so that corruption is told apart from a peer that breaks the
+    /// format.
     pub fn new_checked(buffer: T) -> Result<Packet<T>> {
         let packet = Self::new_unchecked(buffer);
         packet.check()?;
@@ -263,12 +301,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if len > MAX_DATAGRAM_LEN {
             return Err(WireError::Oversized { len, max: MAX_DATAGRAM_LEN });
         }
-        if len < HEADER_LEN {
-            return Err(WireError::Truncated { len, needed: HEADER_LEN });
+        if len < HEADER_LEN + CHECKSUM_LEN {
+            return Err(WireError::Truncated { len, needed: HEADER_LEN + CHECKSUM_LEN });
         }
         if data[field::VERSION] != PACKET_VERSION {
             return Err(WireError::Version { found: data[field::VERSION], supported: PACKET_VERSION });
         }
+        verify(data)?;
         let message_type = MessageType::try_from(data[field::MESSAGE_TYPE])?;
         let element_type = ElementType::try_from(data[field::ELEMENT_TYPE])?;
         Flags::from_bits(data[field::FLAGS])?;
@@ -287,7 +326,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
                 return Err(PROGRESS_NOT_INT32);
             }
         }
-        let expected = HEADER_LEN + count * element_type.size();
+        let expected = HEADER_LEN + count * element_type.size() + CHECKSUM_LEN;
         if len != expected {
             return Err(if len < expected {
                 WireError::Truncated { len, needed: expected }
@@ -373,8 +412,22 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// # Panics
     /// As [`Packet::element_type`], which sizes it.
     pub fn payload(&self) -> &[u8] {
-        let end = HEADER_LEN + self.element_count() as usize * self.element_type().size();
-        &self.buffer.as_ref()[HEADER_LEN..end]
+        &self.buffer.as_ref()[HEADER_LEN..self.payload_end()]
+    }
+
+    /// The checksum after the payload.
+    ///
+    /// # Panics
+    /// As [`Packet::payload`].
+    pub fn checksum(&self) -> u32 {
+        let start = self.payload_end();
+        let bytes = &self.buffer.as_ref()[start..start + CHECKSUM_LEN];
+        u32::from_le_bytes(bytes.try_into().expect("the checksum field is CHECKSUM_LEN bytes"))
+    }
+
+    /// Where the payload ends and the checksum starts, by the element count and type.
+    fn payload_end(&self) -> usize {
+        HEADER_LEN + self.element_count() as usize * self.element_type().size()
     }
 }
 
@@ -438,8 +491,19 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// # Panics
     /// As [`Packet::element_type`].
     pub fn payload_mut(&mut self) -> &mut [u8] {
-        let end = HEADER_LEN + self.element_count() as usize * self.element_type().size();
+        let end = self.payload_end();
         &mut self.buffer.as_mut()[HEADER_LEN..end]
+    }
+
+    /// Writes the checksum of the header and payload written so far ([`seal`]): the last
+    /// step of building a packet. Returns the packet's length.
+    ///
+    /// # Panics
+    /// As [`Packet::payload`], and if the buffer ends before the checksum.
+    pub fn seal(&mut self) -> usize {
+        let len = self.payload_end() + CHECKSUM_LEN;
+        seal(&mut self.buffer.as_mut()[..len]);
+        len
     }
 }
 
@@ -544,13 +608,14 @@ impl PacketRepr {
         }
     }
 
-    /// Bytes of the whole packet: header and payload.
+    /// Bytes of the whole packet: header, payload and checksum.
     pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN + self.element_count as usize * self.element_type.size()
+        HEADER_LEN + self.element_count as usize * self.element_type.size() + CHECKSUM_LEN
     }
 
     /// Writes the header into the front of `buffer` and returns a view over exactly
-    /// `buffer_len()` bytes, whose payload the caller then fills.
+    /// `buffer_len()` bytes, whose payload the caller then fills, and then seals
+    /// ([`Packet::seal`]): no peer takes a packet without its checksum.
     pub fn emit<'a>(&self, buffer: &'a mut [u8]) -> Result<Packet<&'a mut [u8]>> {
         let len = self.buffer_len();
         if len > MAX_DATAGRAM_LEN {
@@ -618,8 +683,8 @@ mod tests {
     }
 
     #[rustfmt::skip]
-    const SAMPLE_BYTES: [u8; 56] = [
-        0x05, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
+    const SAMPLE_BYTES: [u8; 60] = [
+        0x06, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
         0x04, 0x03, 0x02, 0x01,             // session
         0x07, 0x00, 0x00, 0x00,             // job
         0xDD, 0xCC, 0xBB, 0xAA,             // packet id
@@ -633,7 +698,14 @@ mod tests {
         0x44, 0x33, 0x22, 0x11,             // token, high half
         0x01, 0x00, 0x00, 0x00,             // element 0: 1
         0xFF, 0xFF, 0xFF, 0xFF,             // element 1: -1
+        0x7D, 0x8C, 0x53, 0xC9,             // CRC32C of the 56 bytes above (as crcmod computes it)
     ];
+
+    /// `bytes` with their checksum written again, after a test changed them.
+    fn resealed<const N: usize>(mut bytes: [u8; N]) -> [u8; N] {
+        seal(&mut bytes);
+        bytes
+    }
 
     #[test]
     fn emit_writes_the_documented_bytes() {
@@ -641,15 +713,17 @@ mod tests {
         let mut packet = sample().emit(&mut buffer).unwrap();
         packet.payload_mut()[..4].copy_from_slice(&1i32.to_le_bytes());
         packet.payload_mut()[4..].copy_from_slice(&(-1i32).to_le_bytes());
-        assert_eq!(&buffer[..56], &SAMPLE_BYTES[..]);
-        assert_eq!(buffer[56], 0xEE, "nothing is written past the packet");
+        assert_eq!(packet.seal(), 60);
+        assert_eq!(&buffer[..60], &SAMPLE_BYTES[..]);
+        assert_eq!(buffer[60], 0xEE, "nothing is written past the packet");
     }
 
     #[test]
     fn parse_reads_the_documented_bytes() {
         let packet = Packet::new_checked(&SAMPLE_BYTES[..]).unwrap();
         assert_eq!(PacketRepr::parse(&packet), sample());
-        assert_eq!(packet.payload(), &SAMPLE_BYTES[48..]);
+        assert_eq!(packet.payload(), &SAMPLE_BYTES[48..56]);
+        assert_eq!(packet.checksum(), 0xC953_8C7D);
         assert_eq!(HEADER_LEN % 8, 0, "the header keeps payloads 8-byte aligned");
     }
 
@@ -676,31 +750,36 @@ mod tests {
             [(ElementType::Float16, 3, 4), (ElementType::BFloat16, 4, 4), (ElementType::Float32, 2, 2)]
         {
             let repr = PacketRepr { element_type, element_count: count, ..sample() };
-            assert_eq!(repr.buffer_len(), 56, "{element_type:?}");
-            let mut buffer = [0u8; 56];
-            repr.emit(&mut buffer).unwrap().payload_mut().copy_from_slice(&SAMPLE_BYTES[48..]);
+            assert_eq!(repr.buffer_len(), 60, "{element_type:?}");
+            let mut buffer = [0u8; 60];
+            let mut packet = repr.emit(&mut buffer).unwrap();
+            packet.payload_mut().copy_from_slice(&SAMPLE_BYTES[48..56]);
+            packet.seal();
             assert_eq!(buffer[2], byte);
             let packet = Packet::new_checked(&buffer[..]).unwrap();
-            assert_eq!((packet.element_type(), packet.payload()), (element_type, &SAMPLE_BYTES[48..]));
+            assert_eq!((packet.element_type(), packet.payload()), (element_type, &SAMPLE_BYTES[48..56]));
         }
         // Two float16 elements announced, four bytes' worth sent: the rest is surplus.
         let mut bytes = SAMPLE_BYTES;
         bytes[2] = ElementType::Float16 as u8;
         assert_eq!(
-            Packet::new_checked(bytes).unwrap_err(),
-            WireError::LengthMismatch { len: 56, expected: 52 }
+            Packet::new_checked(resealed(bytes)).unwrap_err(),
+            WireError::LengthMismatch { len: 60, expected: 56 }
         );
     }
 
     #[test]
     fn truncated_header_and_payload_are_rejected() {
         assert_eq!(
-            Packet::new_checked(&SAMPLE_BYTES[..47]).unwrap_err(),
-            WireError::Truncated { len: 47, needed: 48 }
+            Packet::new_checked(&SAMPLE_BYTES[..51]).unwrap_err(),
+            WireError::Truncated { len: 51, needed: 52 }
         );
+        // One byte of the payload short, sealed as it is: the header promises more.
+        let mut short = SAMPLE_BYTES[..59].to_vec();
+        seal(&mut short);
         assert_eq!(
-            Packet::new_checked(&SAMPLE_BYTES[..55]).unwrap_err(),
-            WireError::Truncated { len: 55, needed: 56 }
+            Packet::new_checked(&short[..]).unwrap_err(),
+            WireError::Truncated { len: 59, needed: 60 }
         );
     }
 
@@ -708,9 +787,10 @@ mod tests {
     fn trailing_bytes_are_rejected() {
         let mut bytes = SAMPLE_BYTES.to_vec();
         bytes.push(0);
+        seal(&mut bytes);
         assert_eq!(
             Packet::new_checked(&bytes[..]).unwrap_err(),
-            WireError::LengthMismatch { len: 57, expected: 56 }
+            WireError::LengthMismatch { len: 61, expected: 60 }
         );
     }
 
@@ -731,7 +811,7 @@ mod tests {
         let repr = PacketRepr { element_count: MAX_ELEMENTS as u16, ..sample() };
         assert!(repr.buffer_len() <= MAX_DATAGRAM_LEN);
         let mut buffer = vec![0u8; repr.buffer_len()];
-        repr.emit(&mut buffer).unwrap();
+        assert_eq!(repr.emit(&mut buffer).unwrap().seal(), repr.buffer_len());
         Packet::new_checked(&buffer[..]).unwrap();
     }
 
@@ -740,7 +820,7 @@ mod tests {
         let with = |offset: usize, value: u8| {
             let mut bytes = SAMPLE_BYTES;
             bytes[offset] = value;
-            Packet::new_checked(bytes).unwrap_err()
+            Packet::new_checked(resealed(bytes)).unwrap_err()
         };
         // Version 1, the 40-byte header without the token, is refused rather than misread.
         assert_eq!(with(0, 1), WireError::Version { found: 1, supported: PACKET_VERSION });
@@ -757,14 +837,14 @@ mod tests {
             let mut bytes = SAMPLE_BYTES;
             bytes[1] = message_type as u8;
             assert!(matches!(
-                Packet::new_checked(bytes).unwrap_err(),
+                Packet::new_checked(resealed(bytes)).unwrap_err(),
                 WireError::InvalidField { field: "element count", .. }
             ));
             let with_payload = PacketRepr { message_type, ..sample() };
             assert!(with_payload.emit(&mut [0u8; 64]).is_err(), "{message_type:?}");
             let header_only = PacketRepr { message_type, element_count: 0, ..sample() };
-            let mut buffer = [0u8; HEADER_LEN];
-            header_only.emit(&mut buffer).unwrap();
+            let mut buffer = [0u8; HEADER_LEN + CHECKSUM_LEN];
+            header_only.emit(&mut buffer).unwrap().seal();
             let parsed = PacketRepr::parse(&Packet::new_checked(&buffer[..]).unwrap());
             assert_eq!(parsed, header_only);
         }
@@ -775,15 +855,20 @@ mod tests {
         let mut report =
             PacketRepr { slot: 3, ..PacketRepr::new(MessageType::Progress, ElementType::Int32, 7, 9, 2) };
         report.set_contributions(0x8000_0000_0000_0005);
-        let mut bytes = [0u8; HEADER_LEN + 8];
+        let mut bytes = [0u8; HEADER_LEN + 8 + CHECKSUM_LEN];
         let mut packet = report.emit(&mut bytes).unwrap();
         packet.payload_mut().copy_from_slice(&[10, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]);
+        packet.seal();
         assert_eq!(bytes[..4], [PACKET_VERSION, 6, 1, 0]);
         assert_eq!(bytes[field::BLOCK], [5, 0, 0, 0]);
         assert_eq!(bytes[field::NEXT_BLOCK], [0, 0, 0, 0x80]);
         let parsed = Packet::new_checked(&bytes[..]).unwrap();
         assert_eq!(PacketRepr::parse(&parsed).contributions(), 0x8000_0000_0000_0005);
-        assert_eq!(parsed.payload(), &bytes[HEADER_LEN..], "slot 3's open round 10, slot 4's u32::MAX");
+        assert_eq!(
+            parsed.payload(),
+            &bytes[HEADER_LEN..HEADER_LEN + 8],
+            "slot 3's open round 10, slot 4's u32::MAX"
+        );
     }
 
     #[test]
@@ -793,10 +878,12 @@ mod tests {
             ..PacketRepr::new(MessageType::Progress, ElementType::Int32, 7, 9, 0)
         };
         let mut bytes = vec![0u8; datagram_len(PROGRESS_SLOTS + 1)];
-        report(PROGRESS_SLOTS).emit(&mut bytes).unwrap();
+        report(PROGRESS_SLOTS).emit(&mut bytes).unwrap().seal();
         Packet::new_checked(&bytes[..datagram_len(PROGRESS_SLOTS)]).unwrap();
         assert_eq!(report(PROGRESS_SLOTS + 1).emit(&mut bytes).unwrap_err(), PROGRESS_TOO_LONG);
-        Packet::new_unchecked(&mut bytes[..]).set_element_count(PROGRESS_SLOTS as u16 + 1);
+        let mut longer = Packet::new_unchecked(&mut bytes[..]);
+        longer.set_element_count(PROGRESS_SLOTS as u16 + 1);
+        longer.seal();
         assert_eq!(Packet::new_checked(&bytes[..]).unwrap_err(), PROGRESS_TOO_LONG);
         let float16 = PacketRepr { element_type: ElementType::Float16, ..report(2) };
         assert_eq!(float16.emit(&mut bytes).unwrap_err(), PROGRESS_NOT_INT32);
@@ -807,8 +894,8 @@ mod tests {
         let mut result = PacketRepr::new(MessageType::Result, ElementType::Int32, 7, 9, 0);
         assert_eq!(result.completed_by(), None, "0: not known");
         result.set_completed_by(Some(0x0102));
-        let mut bytes = [0u8; HEADER_LEN];
-        result.emit(&mut bytes).unwrap();
+        let mut bytes = [0u8; HEADER_LEN + CHECKSUM_LEN];
+        result.emit(&mut bytes).unwrap().seal();
         assert_eq!(bytes[field::ACK_ROUND], [3, 1, 0, 0], "the rank plus one");
         let parsed = PacketRepr::parse(&Packet::new_checked(&bytes[..]).unwrap());
         assert_eq!(parsed.completed_by(), Some(0x0102));
@@ -823,21 +910,75 @@ mod tests {
         let repr =
             PacketRepr::new(MessageType::Ack, ElementType::Float32, 0x0102_0304, 0x1122_3344_5566_7788, 0);
         let mut bytes = [0u8; HEADER_LEN];
+        repr.emit(&mut bytes[..]).unwrap_err();
+        let mut bytes = [0u8; HEADER_LEN + CHECKSUM_LEN];
         repr.emit(&mut bytes).unwrap();
-        let mut expected = [0u8; HEADER_LEN];
+        let mut expected = [0u8; HEADER_LEN + CHECKSUM_LEN];
         expected[field::MESSAGE_TYPE] = MessageType::Ack as u8;
         expected[field::ELEMENT_TYPE] = ElementType::Float32 as u8;
         expected[field::SESSION].copy_from_slice(&0x0102_0304u32.to_le_bytes());
         expected[field::TOKEN].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
         assert_eq!(bytes[field::VERSION + 1..], expected[field::VERSION + 1..], "all but the version");
+        assert_eq!(bytes[HEADER_LEN..], [0; CHECKSUM_LEN], "not sealed yet");
     }
 
     #[test]
     fn emit_into_a_short_buffer_fails() {
-        let mut buffer = [0u8; 55];
+        let mut buffer = [0u8; 59];
         assert_eq!(
             sample().emit(&mut buffer).unwrap_err(),
-            WireError::BufferTooSmall { len: 55, needed: 56 }
+            WireError::BufferTooSmall { len: 59, needed: 60 }
+        );
+    }
+
+    #[test]
+    fn the_checksum_is_crc32c() {
+        // CRC-32C's check value, as RFC 3720 (iSCSI) and every CRC catalogue list it.
+        let mut bytes = *b"123456789\0\0\0\0";
+        seal(&mut bytes);
+        assert_eq!(bytes[9..], 0xE306_9283u32.to_le_bytes());
+        assert_eq!(verify(&bytes), Ok(()));
+        assert_eq!(verify(&[1, 2, 3]), Err(WireError::Truncated { len: 3, needed: CHECKSUM_LEN }));
+    }
+
+    #[test]
+    fn flipping_any_single_bit_of_a_sealed_packet_is_detected() {
+        // A full 1 KiB int32 packet of varied elements, as a worker sends.
+        let repr = PacketRepr { element_count: 256, ..sample() };
+        let mut sealed = vec![0u8; repr.buffer_len()];
+        let mut packet = repr.emit(&mut sealed).unwrap();
+        for (i, element) in packet.payload_mut().chunks_exact_mut(4).enumerate() {
+            element.copy_from_slice(&(i as i32 * 7919 - 1_000_000).to_le_bytes());
+        }
+        packet.seal();
+        Packet::new_checked(&sealed[..]).unwrap();
+        let mut bytes = sealed.clone();
+        for bit in 0..sealed.len() * 8 {
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            let error = Packet::new_checked(&bytes[..]).unwrap_err();
+            // The version byte is read first, to name a peer of another version.
+            if bit / 8 == field::VERSION {
+                assert!(matches!(error, WireError::Version { .. }), "bit {bit}: {error}");
+            } else {
+                assert!(matches!(error, WireError::Checksum { .. }), "bit {bit}: {error}");
+            }
+            bytes[bit / 8] ^= 1 << (bit % 8);
+        }
+        assert_eq!(bytes, sealed);
+    }
+
+    #[test]
+    fn a_checksum_mismatch_names_both_values() {
+        let mut bytes = SAMPLE_BYTES;
+        bytes[50] ^= 0x10;
+        let error = Packet::new_checked(bytes).unwrap_err();
+        let WireError::Checksum { found: 0xC953_8C7D, computed } = error else { panic!("{error:?}") };
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "checksum 0xc9538c7d does not match {computed:#010x}, the CRC32C of the bytes it covers: \
+                 the datagram was corrupted on its way"
+            )
         );
     }
 }

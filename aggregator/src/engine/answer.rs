@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 
 use super::session::Session;
@@ -54,10 +54,10 @@ impl Session {
         };
         // `handle` checked that `out` holds a full packet, so a header too.
         match notice.emit(out) {
-            Ok(_) => Verdict::Send(Transmit {
+            Ok(mut packet) => Verdict::Send(Transmit {
                 session: self.id,
                 recipient: Recipient::Worker(repr.rank),
-                len: HEADER_LEN,
+                len: packet.seal(),
             }),
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
         }
@@ -87,7 +87,6 @@ impl Session {
         let contributions =
             slots.clone().rev().fold(0u64, |map, slot| map << 1 | self.contributed(slot, repr.rank) as u64);
         report.set_contributions(contributions);
-        let len = report.buffer_len();
         // `handle` checked that `out` holds a full packet of the session, which may be
         // shorter than a report: `emit` says so.
         match report.emit(out) {
@@ -96,6 +95,7 @@ impl Session {
                 for (round, slot) in rounds.zip(slots) {
                     round.copy_from_slice(&self.slots[slot as usize].open_round.to_le_bytes());
                 }
+                let len = packet.seal();
                 Verdict::Send(Transmit { session: self.id, recipient: Recipient::Worker(repr.rank), len })
             }
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
@@ -131,7 +131,6 @@ impl Session {
             token: self.token,
         };
         repr.set_completed_by(set.completed_by.map(|rank| rank.wrapping_add(self.rank_base)));
-        let len = repr.buffer_len();
         // `handle` checked that `out` holds a full packet of the session.
         match repr.emit(out) {
             Ok(mut packet) => {
@@ -140,6 +139,9 @@ impl Session {
                 let sum =
                     &self.payloads[index * self.payload_len..][..set.element_count as usize * ELEMENT_LEN];
                 sum16::narrow(set.element_type, packet.payload_mut(), sum);
+                // Sealed where it was just written, in the batch it leaves in: a broadcast
+                // is sealed once for all its recipients.
+                let len = packet.seal();
                 Verdict::Send(Transmit { session: self.id, recipient, len })
             }
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use netagg_wire::packet::{progress_slots, ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::packet::{datagram_len, progress_slots, ELEMENT_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 
 use super::slot::{Set, Slot};
@@ -169,7 +169,7 @@ impl Session {
             self.counters.forged += 1;
             return Verdict::Dropped(DropReason::WrongToken);
         }
-        if out.len() < HEADER_LEN + self.spec.packet_elements as usize * ELEMENT_LEN {
+        if out.len() < datagram_len(self.spec.packet_elements as usize) {
             return Verdict::Dropped(DropReason::OutputTooSmall);
         }
         if repr.rank >= self.spec.workers {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN, MAX_ELEMENTS};
+use netagg_wire::packet::{datagram_len, MAX_ELEMENTS};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 
 use super::{Engine, EngineLimits, SessionId, SessionSpec};
@@ -16,7 +16,9 @@ pub(super) fn contribution(session: SessionId, rank: u16, round: u32, ack_round:
         ..PacketRepr::new(MessageType::Data, ElementType::Int32, session.0, 7, 1)
     };
     let mut buffer = vec![0; repr.buffer_len()];
-    repr.emit(&mut buffer).unwrap().payload_mut().copy_from_slice(&(round as i32).to_le_bytes());
+    let mut packet = repr.emit(&mut buffer).unwrap();
+    packet.payload_mut().copy_from_slice(&(round as i32).to_le_bytes());
+    packet.seal();
     buffer
 }
 
@@ -27,7 +29,7 @@ pub(super) fn one_slot(depth: u8) -> (Engine, SessionId, Instant, Vec<u8>) {
     let now = Instant::now();
     let spec = SessionSpec { workers: 2, slots: 1, packet_elements: 4, depth };
     let session = engine.open_session(now, spec, 7).unwrap();
-    (engine, session, now, vec![0; MAX_ELEMENTS * ELEMENT_LEN + HEADER_LEN])
+    (engine, session, now, vec![0; datagram_len(MAX_ELEMENTS)])
 }
 
 /// The slot's sets that hold a round (aggregating or retained), by index.
@@ -50,7 +52,7 @@ pub(super) fn ask(session: SessionId, rank: u16, round: u32, probe: bool) -> Vec
         ..PacketRepr::new(message_type, ElementType::Int32, session.0, 7, 0)
     };
     let mut buffer = vec![0; repr.buffer_len()];
-    repr.emit(&mut buffer).unwrap();
+    repr.emit(&mut buffer).unwrap().seal();
     buffer
 }
 
@@ -66,6 +68,6 @@ pub(super) fn sparse(session: SessionId, rank: u16, round: u32, block: u32, next
         ..PacketRepr::new(MessageType::Data, ElementType::Int32, session.0, 7, 1)
     };
     let mut buffer = vec![0; repr.buffer_len()];
-    repr.emit(&mut buffer).unwrap();
+    repr.emit(&mut buffer).unwrap().seal();
     buffer
 }

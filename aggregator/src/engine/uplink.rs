@@ -30,7 +30,7 @@
 
 use std::time::{Duration, Instant};
 
-use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::packet::{datagram_len, ELEMENT_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 
 use super::session::{Session, SessionError, SessionId};
@@ -197,7 +197,7 @@ impl Session {
             self.counters.forged += 1;
             return Verdict::Dropped(DropReason::WrongToken);
         }
-        if out.len() < HEADER_LEN + self.spec.packet_elements as usize * ELEMENT_LEN {
+        if out.len() < datagram_len(self.spec.packet_elements as usize) {
             return Verdict::Dropped(DropReason::OutputTooSmall);
         }
         if repr.slot >= self.spec.slots {
@@ -276,12 +276,12 @@ impl Session {
                 set.element_count,
             )
         };
-        let len = repr.buffer_len();
         let Ok(mut packet) = repr.emit(out) else { return Verdict::Dropped(DropReason::OutputTooSmall) };
         let sum = &self.payloads[index * self.payload_len..][..set.element_count as usize * ELEMENT_LEN];
         // 16-bit sums go up rounded to their type, as a worker's data would: one rounding
         // more per level of the tree.
         sum16::narrow(set.element_type, packet.payload_mut(), sum);
+        let len = packet.seal();
         let uplink = self.uplink_mut();
         uplink.acked[slot as usize] = ack_round;
         if again {
@@ -427,15 +427,15 @@ impl Session {
                 0,
             )
         };
-        repr.emit(out).ok()?;
+        let len = repr.emit(out).ok()?.seal();
         uplink.acked[slot as usize] = repr.ack_round;
         if want_result {
             uplink.counters.requests += 1;
         } else {
             uplink.counters.acks += 1;
         }
-        uplink.counters.bytes_up += HEADER_LEN as u64;
-        Some(Transmit { session: self.id, recipient: Recipient::Upstream, len: HEADER_LEN })
+        uplink.counters.bytes_up += len as u64;
+        Some(Transmit { session: self.id, recipient: Recipient::Upstream, len })
     }
 }
 
@@ -497,7 +497,7 @@ mod tests {
                 (lower, id)
             });
             let [(a, a_id), (b, b_id)] = lowers;
-            let out = vec![0; HEADER_LEN + MAX_ELEMENTS * ELEMENT_LEN];
+            let out = vec![0; datagram_len(MAX_ELEMENTS)];
             Tree { upper, lowers: [a, b], sessions: [a_id, b_id], upper_session, now, out }
         }
 
@@ -548,6 +548,7 @@ mod tests {
         for (bytes, value) in packet.payload_mut().chunks_exact_mut(4).zip(values) {
             bytes.copy_from_slice(&value.to_le_bytes());
         }
+        packet.seal();
         buffer
     }
 
@@ -759,16 +760,16 @@ mod tests {
             ..PacketRepr::new(MessageType::Result, ElementType::Int32, tree.upper_session.0, 98, 1)
         };
         let mut buffer = vec![0; forged.buffer_len()];
-        forged.emit(&mut buffer).unwrap();
+        forged.emit(&mut buffer).unwrap().seal();
         let verdict = tree.lowers[0].handle_datagram(tree.now, &buffer, &mut tree.out);
         assert_eq!(verdict, Verdict::Dropped(DropReason::WrongToken));
         let other = PacketRepr { session: tree.upper_session.0 + 1, token: 99, ..forged };
-        other.emit(&mut buffer).unwrap();
+        other.emit(&mut buffer).unwrap().seal();
         let verdict = tree.lowers[0].handle_datagram(tree.now, &buffer, &mut tree.out);
         assert_eq!(verdict, Verdict::Dropped(DropReason::UnknownSession));
         // A result of a round the rack has not finished changes nothing.
         let early = PacketRepr { token: 99, ..forged };
-        early.emit(&mut buffer).unwrap();
+        early.emit(&mut buffer).unwrap().seal();
         let verdict = tree.lowers[0].handle_datagram(tree.now, &buffer, &mut tree.out);
         assert!(matches!(verdict, Verdict::Dropped(DropReason::Mismatch(_))), "{verdict:?}");
     }

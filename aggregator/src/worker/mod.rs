@@ -111,7 +111,10 @@ pub enum Delivery {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RejectReason {
     #[error("malformed packet: {0}")]
-    Malformed(#[from] WireError),
+    Malformed(WireError),
+    /// The checksum did not match ([`WireError::Checksum`], which says so).
+    #[error("{0}")]
+    Corrupt(WireError),
     #[error("neither a result, a pending notice nor a progress report")]
     NotAResult,
     #[error("result of another session")]
@@ -150,6 +153,9 @@ counters! {
         pub duplicates: u64,
         pub stale: u64,
         pub rejected: u64,
+        /// Datagrams whose checksum did not match their bytes: corrupted on their way,
+        /// dropped, and recovered as lost.
+        pub corrupt: u64,
         /// Pending notices received: a round asked about is still aggregating.
         pub pending: u64,
         /// Progress reports received, each answering a probe.

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use netagg_wire::packet::BROADCAST_RANK;
-use netagg_wire::{MessageType, Packet, PacketRepr};
+use netagg_wire::{MessageType, Packet, PacketRepr, WireError};
 
 use super::job::{block_len, JobStatus};
 use super::streams::Layout;
@@ -33,7 +33,10 @@ impl WorkerProtocol {
                 delivery
             }
             Err(reason) => {
-                self.counters.rejected += 1;
+                match reason {
+                    RejectReason::Corrupt(_) => self.counters.corrupt += 1,
+                    _ => self.counters.rejected += 1,
+                }
                 Delivery::Rejected(reason)
             }
         }
@@ -53,7 +56,10 @@ impl WorkerProtocol {
         datagram: &[u8],
         io: &mut impl BlockIo,
     ) -> Result<Delivery, RejectReason> {
-        let packet = Packet::new_checked(datagram)?;
+        let packet = Packet::new_checked(datagram).map_err(|error| match error {
+            WireError::Checksum { .. } => RejectReason::Corrupt(error),
+            _ => RejectReason::Malformed(error),
+        })?;
         let repr = PacketRepr::parse(&packet);
         let index = self.addressed_slot(&repr)?;
         let Some(job) = self.running_job(index, &repr) else {
@@ -247,6 +253,8 @@ struct NewResult {
 mod tests {
     use std::time::Duration;
 
+    use netagg_wire::packet::HEADER_LEN;
+
     use super::super::testing::{parsed, result_of, running, sent, Numbers};
     use super::*;
 
@@ -258,9 +266,18 @@ mod tests {
         let result = result_of(&first[1]);
         let altered = |change: fn(&mut Packet<&mut [u8]>)| {
             let mut bytes = result.clone();
-            change(&mut Packet::new_unchecked(&mut bytes[..]));
+            let mut view = Packet::new_unchecked(&mut bytes[..]);
+            change(&mut view);
+            view.seal();
             bytes
         };
+        // A bit flipped on the way: dropped and counted as corrupt, before anything else.
+        let mut corrupted = result.clone();
+        corrupted[HEADER_LEN] ^= 0x40;
+        assert!(matches!(
+            protocol.handle_datagram(start, &corrupted, &mut Numbers),
+            Delivery::Rejected(RejectReason::Corrupt(WireError::Checksum { .. }))
+        ));
         let cases = [
             (altered(|p| p.set_session(9)), Delivery::Rejected(RejectReason::WrongSession)),
             (altered(|p| p.set_token(9)), Delivery::Rejected(RejectReason::WrongToken)),
@@ -286,8 +303,14 @@ mod tests {
         }
         let counters = protocol.counters();
         assert_eq!(
-            (counters.rejected, counters.stale, counters.results_received, counters.duplicates),
-            (7, 1, 1, 1)
+            (
+                counters.corrupt,
+                counters.rejected,
+                counters.stale,
+                counters.results_received,
+                counters.duplicates
+            ),
+            (1, 7, 1, 1, 1)
         );
         // Slot 1's result released its next block, block 3.
         let next = sent(&mut protocol, start);

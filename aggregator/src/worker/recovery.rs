@@ -253,7 +253,7 @@ impl WorkerProtocol {
 mod tests {
     use std::time::Duration;
 
-    use netagg_wire::packet::HEADER_LEN;
+    use netagg_wire::packet::{CHECKSUM_LEN, HEADER_LEN};
     use netagg_wire::{MessageType, Packet};
 
     use super::super::{Delivery, WorkerConfig};
@@ -296,7 +296,10 @@ mod tests {
         let probe = sent(&mut protocol, start + timeout);
         assert_eq!(probe.len(), 1);
         let asked = parsed(&probe[0]);
-        assert_eq!((asked.message_type, asked.slot, asked.buffer_len()), (MessageType::Probe, 0, HEADER_LEN));
+        assert_eq!(
+            (asked.message_type, asked.slot, asked.buffer_len()),
+            (MessageType::Probe, 0, HEADER_LEN + CHECKSUM_LEN)
+        );
         // The probe is lost: the next goes out after twice the timeout, not before.
         let before = start + timeout * 3 - Duration::from_micros(1);
         protocol.handle_timeout(before);
@@ -432,7 +435,7 @@ mod tests {
             (request.message_type, request.slot, request.flags),
             (MessageType::Ack, 1, Flags::WANT_RESULT)
         );
-        assert_eq!(request.buffer_len(), HEADER_LEN, "header only");
+        assert_eq!(request.buffer_len(), HEADER_LEN + CHECKSUM_LEN, "header only");
         // The switch holds it: nothing is sent again, and the slot keeps asking.
         protocol.handle_datagram(start + timeout, &pending_of(&asked[0], true), &mut Numbers);
         assert!(sent(&mut protocol, start + timeout).is_empty());
@@ -494,7 +497,9 @@ mod tests {
         let first = sent(&mut protocol, start);
         for answered in [&first[0], &first[2]] {
             let mut result = result_of(answered);
-            Packet::new_unchecked(&mut result[..]).set_ack_round(1);
+            let mut view = Packet::new_unchecked(&mut result[..]);
+            view.set_ack_round(1);
+            view.seal();
             protocol.handle_datagram(start, &result, &mut Numbers);
         }
         protocol.handle_timeout(start + timeout);

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use netagg_wire::packet::{ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::packet::datagram_len;
 use netagg_wire::{Flags, MessageType, PacketRepr};
 
 use super::job::block_len;
@@ -25,7 +25,7 @@ impl WorkerProtocol {
     ///
     /// [`MAX_DATAGRAM_LEN`]: netagg_wire::MAX_DATAGRAM_LEN
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8], io: &mut impl BlockIo) -> Option<usize> {
-        if buf.len() < HEADER_LEN + self.config.packet_elements as usize * ELEMENT_LEN {
+        if buf.len() < datagram_len(self.config.packet_elements as usize) {
             return None;
         }
         let pacing = self.pacer.rate().is_some();
@@ -222,14 +222,14 @@ impl WorkerProtocol {
                 };
             }
         }
-        let len = repr.buffer_len();
         // `poll_transmit` checked that `buf` holds a full packet.
         let mut packet = repr.emit(buf).ok()?;
         if repr.element_count > 0 {
             io.load(repr.block, packet.payload_mut(), contribution.and_then(|c| c.exponent));
         }
         self.slots[index as usize].acked = repr.ack_round;
-        Some(len)
+        // Sealed right after the payload was encoded into it, while it is in cache.
+        Some(packet.seal())
     }
 }
 

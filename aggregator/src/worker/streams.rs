@@ -207,7 +207,7 @@ mod tests {
             ..PacketRepr::new(MessageType::Result, ElementType::Int32, 1, 2, elements)
         };
         let mut bytes = vec![0; repr.buffer_len()];
-        repr.emit(&mut bytes[..]).unwrap();
+        repr.emit(&mut bytes[..]).unwrap().seal();
         bytes
     }
 

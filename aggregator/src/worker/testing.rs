@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use netagg_wire::packet::{BROADCAST_RANK, HEADER_LEN};
+use netagg_wire::packet::BROADCAST_RANK;
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
 
 use super::{BlockIo, JobSpec, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol};
@@ -29,6 +29,7 @@ pub(super) fn result_of(packet: &[u8]) -> Vec<u8> {
     view.set_message_type(MessageType::Result);
     view.set_rank(BROADCAST_RANK);
     view.set_ack_round(2);
+    view.seal();
     result
 }
 
@@ -44,8 +45,8 @@ pub(super) fn pending_of(request: &[u8], contributed: bool) -> Vec<u8> {
         round: asked.round,
         ..PacketRepr::new(MessageType::Pending, asked.element_type, asked.session, asked.token, 0)
     };
-    let mut bytes = vec![0; HEADER_LEN];
-    notice.emit(&mut bytes[..]).unwrap();
+    let mut bytes = vec![0; notice.buffer_len()];
+    notice.emit(&mut bytes[..]).unwrap().seal();
     bytes
 }
 
@@ -73,6 +74,7 @@ pub(super) fn progress_of(probe: &[u8], open_rounds: &[u32], contributions: u64)
     let mut packet = report.emit(&mut bytes[..]).unwrap();
     let rounds: Vec<u8> = open_rounds.iter().flat_map(|round| round.to_le_bytes()).collect();
     packet.payload_mut().copy_from_slice(&rounds);
+    packet.seal();
     bytes
 }
 

@@ -272,6 +272,7 @@ impl Generator {
                     .payload_mut()
                     .chunks_exact_mut(4)
                     .for_each(|element| element.copy_from_slice(&value.to_le_bytes()));
+                packet.seal();
                 bytes
             })
             .collect();

@@ -19,7 +19,7 @@ use netagg_aggregator::sum::{add, add_assign};
 use netagg_aggregator::sum16;
 use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Verdict};
 use netagg_config::Config;
-use netagg_wire::packet::{BROADCAST_RANK, ELEMENT_LEN, HEADER_LEN};
+use netagg_wire::packet::{datagram_len, BROADCAST_RANK, HEADER_LEN};
 use netagg_wire::{MessageType, Packet, MAX_DATAGRAM_LEN};
 
 use super::{Links, Transport};
@@ -137,7 +137,7 @@ impl DummyTransport {
             delivered_at: None,
             engine_now: Instant::now(),
             results: PendingResults::default(),
-            max_result_len: HEADER_LEN + spec.packet_elements as usize * ELEMENT_LEN,
+            max_result_len: datagram_len(spec.packet_elements as usize),
             outgoing: vec![0; MAX_DATAGRAM_LEN],
             scratch: vec![0; MAX_DATAGRAM_LEN],
         };
@@ -164,10 +164,10 @@ impl Transport for DummyTransport {
         }
         let packet = match Packet::new_checked(datagram) {
             Ok(packet) => packet,
-            // As a switch drops one (a fault injector may have flipped its bits): the
-            // protocol's timers recover.
+            // As a switch drops one (a fault injector may have flipped its bits, which the
+            // checksum shows): the protocol's timers recover.
             Err(error) => {
-                tracing::debug!(%error, "dummy backend: malformed packet dropped");
+                tracing::debug!(%error, "dummy backend: packet dropped");
                 return Ok(());
             }
         };
@@ -179,6 +179,7 @@ impl Transport for DummyTransport {
                 let mut view = Packet::new_unchecked(room);
                 view.set_message_type(MessageType::Result);
                 view.set_rank(BROADCAST_RANK);
+                view.seal();
                 self.results.push(datagram.len());
             }
             return Ok(());
@@ -205,12 +206,14 @@ impl Transport for DummyTransport {
             }
         }
         let out = self.results.room(self.max_result_len);
-        if let Verdict::Send(transmit) =
-            self.engine.handle_datagram(self.engine_now, &self.scratch[..len], out)
-        {
+        // Made here from a checked packet: the engine need not check it again, nor its
+        // checksum be written.
+        let contribution = Packet::new_unchecked(&self.scratch[..len]);
+        if let Verdict::Send(transmit) = self.engine.handle_packet(self.engine_now, &contribution, out) {
             let mut result = Packet::new_unchecked(&mut out[..transmit.len]);
             if result.rank() != BROADCAST_RANK {
                 result.set_rank(own_rank);
+                result.seal();
             }
             self.results.push(transmit.len);
         }

@@ -182,8 +182,8 @@ mod tests {
         };
         assert_eq!(
             message,
-            "backend.rdma.message_size 1000 is smaller than the 1072-byte datagrams of general.packet_numel 256: \
-             set 0 to fit them, or at least 1072"
+            "backend.rdma.message_size 1000 is smaller than the 1076-byte datagrams of general.packet_numel 256: \
+             set 0 to fit them, or at least 1076"
         );
     }
 }
