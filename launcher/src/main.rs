@@ -269,7 +269,8 @@ fn run(options: Options) -> Result<u8, String> {
         Some(address) => Ok(vec![address.clone()]),
         None => (0..options.switch_count())
             .map(|shard| {
-                let label = if options.switch_count() > 1 { format!("switch {shard}") } else { "switch".into() };
+                let label =
+                    if options.switch_count() > 1 { format!("switch {shard}") } else { "switch".into() };
                 let (child, control) =
                     start_switch(Command::new(switch_program()), "127.0.0.1", &options.switch_args, &label)?;
                 switches.push(child);
@@ -283,8 +284,15 @@ fn run(options: Options) -> Result<u8, String> {
         for rack in 0..options.racks {
             let mut arguments = options.switch_args.clone();
             arguments.extend(
-                ["--upstream", &controls[0], "--rack", &rack.to_string(), "--racks", &options.racks.to_string()]
-                    .map(String::from),
+                [
+                    "--upstream",
+                    &controls[0],
+                    "--rack",
+                    &rack.to_string(),
+                    "--racks",
+                    &options.racks.to_string(),
+                ]
+                .map(String::from),
             );
             let label = format!("rack {rack}");
             let (child, rack_control) =

@@ -48,7 +48,7 @@ type Described<C> = (&'static str, &'static str, fn(&C) -> u64);
 /// A session's counts that are drops, by the `cause` label that names them.
 ///
 /// Every cause of a drop in the data path is here or in [`ENGINE_DROPS`]: a new counter
-/// of the engine (a corrupt packet's, say) is one line in one of them.
+/// of the engine is one line in one of them.
 const SESSION_DROPS: [Labelled<SessionCounters>; 4] = [
     ("stale", |c| c.stale),
     ("stalled", |c| c.stalled),
@@ -57,8 +57,8 @@ const SESSION_DROPS: [Labelled<SessionCounters>; 4] = [
 ];
 
 /// The drops counted by a lane's engine, before any session is known.
-const ENGINE_DROPS: [Labelled<EngineCounters>; 2] =
-    [("malformed", |c| c.malformed), ("wrong_session", |c| c.unknown_session)];
+const ENGINE_DROPS: [Labelled<EngineCounters>; 3] =
+    [("corrupt", |c| c.corrupt), ("malformed", |c| c.malformed), ("wrong_session", |c| c.unknown_session)];
 
 /// A session's counts that are not drops: name, help and where each is.
 const SESSION_COUNTS: [Described<SessionCounters>; 5] = [
