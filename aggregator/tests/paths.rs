@@ -43,7 +43,7 @@ fn behind_links(bits_per_second: u64) -> ClusterConfig {
 fn jobs_at_the_pace_of(config: ClusterConfig, pace: RateLimit, jobs: usize) {
     let len: usize = 1 << 20;
     let packets = len.div_ceil(256) as u64;
-    let model = pace.serialization(packets * (256 * 4 + 48));
+    let model = pace.serialization(packets * PACKET_BYTES);
     let mut cluster = Cluster::new(config).unwrap();
     let (inputs, expected) = (inputs(4, len), expected(4, len));
     for job in 0..jobs {
@@ -134,7 +134,7 @@ fn shallow_queues_lose_little_once_paced() {
         let limit = RateLimit::new(rate, Duration::from_millis(5)).with_burst(64 * 1024);
         let mut config = behind_links(rate).with_rate(limit);
         config.seed = 7;
-        let model = limit.serialization(4096 * (256 * 4 + 48));
+        let model = limit.serialization(4096 * PACKET_BYTES);
         let mut cluster = Cluster::new(config).unwrap();
         let len: usize = 1 << 20;
         for job in 0..5 {

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use netagg_aggregator::sim::{Cluster, ClusterConfig, RateLimit, Ring, TcpSegments, Tensor};
+use netagg_wire::packet::datagram_len;
 
 const PACKET_ELEMENTS: u16 = 256;
-const FRAME_BYTES: u64 = 256 * 4 + 48 + 42;
+const FRAME_BYTES: u64 = datagram_len(256) as u64 + 42;
 
 fn inputs(workers: u16, len: usize) -> Vec<Tensor> {
     (0..workers).map(|rank| Tensor::Int32((0..len as i32).map(|i| i ^ rank as i32).collect())).collect()

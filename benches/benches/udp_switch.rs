@@ -9,7 +9,7 @@
 //!   loopback;
 //! - `udp_echo_relay`: N × `num_worker_threads` clients, a thread each, stream the same
 //!   bytes through [`EchoRelay`], cut among threads as a context cuts them, with the same
-//!   datagram size (48-byte header + `packet_numel` × 4), the same window per thread
+//!   datagram size (header, `packet_numel` × 4 and checksum), the same window per thread
 //!   (`max_outstanding_packets` / `num_worker_threads`) and the same batched sockets.
 //!
 //! Everything is in one process, unlike `bench_compare`'s rows under `netagg-run`, so

@@ -31,8 +31,8 @@ use std::time::Duration;
 /// Bytes Ethernet (14), IPv4 (20) and UDP (8) add to every netagg datagram, as a
 /// shaping queue counts them.
 pub const UDP_OVERHEAD_BYTES: u64 = 14 + 20 + 8;
-/// netagg's own header.
-pub const NETAGG_HEADER_BYTES: u64 = 48;
+/// netagg's own header and checksum: what a datagram carries besides its payload.
+pub const NETAGG_HEADER_BYTES: u64 = netagg_wire::packet::datagram_len(0) as u64;
 /// A TCP segment's payload on a 1500-byte MTU with timestamps, and what Ethernet, IPv4
 /// and TCP (with timestamps) add to it.
 pub const TCP_SEGMENT_BYTES: u64 = 1448;
@@ -186,10 +186,10 @@ mod tests {
     #[test]
     fn netagg_at_the_link_rate_counts_every_header() {
         // 16 MiB in 1 KiB packets at 200 Mbit/s, no delay, a window that never binds:
-        // 16384 packets of 1024 + 48 + 42 bytes.
+        // 16384 packets of 1024 + 52 + 42 bytes.
         let scenario = Scenario::uniform(4, link(200.0, 0), 16 << 20, 1024, 1 << 20);
         let prediction = scenario.netagg();
-        let packet = 1024.0 + 90.0;
+        let packet = 1024.0 + 94.0;
         let expected = 16384.0 * packet * 8.0 / 200e6 + 2.0 * packet * 8.0 / 200e6;
         assert_eq!(prediction.bound, Bound::LinkRate);
         assert!(close(prediction.time, expected), "{:?} against {expected}", prediction.time);
@@ -202,7 +202,7 @@ mod tests {
         let scenario = Scenario::uniform(4, link(1000.0, 10), 16 << 20, 1024, 256);
         let prediction = scenario.netagg();
         assert_eq!(prediction.bound, Bound::Window);
-        let round_trip = 0.020 + 2.0 * 1114.0 * 8.0 / 1e9;
+        let round_trip = 0.020 + 2.0 * 1118.0 * 8.0 / 1e9;
         assert!(close(prediction.time, 64.0 * round_trip + round_trip), "{:?}", prediction.time);
     }
 
@@ -230,7 +230,7 @@ mod tests {
     fn colocated_shards_carry_a_rings_bytes_and_cross_two_worker_links() {
         let ideal = Scenario::uniform(4, link(200.0, 5), 16 << 20, 1024, 1 << 20);
         let colocated = Scenario { aggregators: Aggregators::Colocated, ..ideal.clone() };
-        let packet_bits = 1114.0 * 8.0;
+        let packet_bits = 1118.0 * 8.0;
         let one_tensor = ideal.netagg().time.as_secs_f64() - (0.010 + 2.0 * packet_bits / 200e6);
         let round_trip = 2.0 * (0.010 + 2.0 * packet_bits / 200e6);
         let expected = 1.5 * one_tensor + round_trip;

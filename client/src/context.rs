@@ -288,11 +288,6 @@ impl Context {
         }
         let memory = JobMemory::new(input, output, numel, data_type);
         memory.check_apart_or_in_place()?;
-        if numel > 0 {
-            // SAFETY: the caller guarantees `numel` readable elements at `input`.
-            let elements = unsafe { crate::slice_io::input_bytes(input, numel * data_type.size()) };
-            self.codec.check(data_type, elements).map_err(Error::InvalidInput)?;
-        }
         // In place, the output is the input, which is initialised.
         let output_memory =
             if std::ptr::eq(input, output) { OutputMemory::Initialised } else { output_memory };
@@ -318,7 +313,19 @@ impl Context {
             first_block += count;
         }
         if !slices.is_empty() {
-            self.shared.in_flight.lock().unwrap_or_else(|p| p.into_inner()).admit(id, memory)?;
+            let mut in_flight = self.shared.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            // Checked only once admitted, when no other job writes the input; input that a
+            // job in flight over the same memory still writes is not what this job will
+            // read, so it is not checked (netagg's own codecs check nothing).
+            if !in_flight.admit(id, memory)? {
+                // SAFETY: the caller guarantees `numel` readable elements at `input`, and
+                // no job in flight writes them.
+                let elements = unsafe { crate::slice_io::input_bytes(input, numel * data_type.size()) };
+                if let Err(reason) = self.codec.check(data_type, elements) {
+                    in_flight.release(id);
+                    return Err(Error::InvalidInput(reason));
+                }
+            }
         }
         self.next_job.store(id + 1, Ordering::Relaxed);
         let buffers = JobBuffers { input, output, output_memory };

@@ -24,7 +24,13 @@ impl JobMemory {
     pub fn new(input: *const u8, output: *const u8, numel: usize, data_type: DataType) -> JobMemory {
         let bytes = numel * data_type.size();
         let (input, output) = (input as usize, output as usize);
-        JobMemory { input: input..input + bytes, output: output..output + bytes, data_type }
+        // Saturating: bogus pointers near the end of the address space must be refused,
+        // not wrap around and miss an overlap.
+        JobMemory {
+            input: input..input.saturating_add(bytes),
+            output: output..output.saturating_add(bytes),
+            data_type,
+        }
     }
 
     /// Refuses input and output that overlap without being the same memory: a sum written
@@ -67,7 +73,10 @@ pub(crate) struct InFlightMemory {
 
 impl InFlightMemory {
     /// Records job `job`'s memory, or refuses it, naming the job in flight it would race.
-    pub fn admit(&mut self, job: u64, memory: JobMemory) -> Result<(), Error> {
+    /// Admitted, whether a job in flight shares its memory (the one exception): its input
+    /// is then still being written, and none of it may be read until its slices run.
+    pub fn admit(&mut self, job: u64, memory: JobMemory) -> Result<bool, Error> {
+        let shared = self.jobs.iter().any(|(_, theirs)| *theirs == memory);
         for (other, theirs) in &self.jobs {
             if let Some((buffer, other_buffer)) = memory.conflict(theirs) {
                 let range = if buffer == "input" { &memory.input } else { &memory.output };
@@ -81,7 +90,7 @@ impl InFlightMemory {
             }
         }
         self.jobs.push((job, memory));
-        Ok(())
+        Ok(shared)
     }
 
     /// Forgets job `job`'s memory: it has ended.

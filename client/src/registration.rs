@@ -83,7 +83,10 @@ pub(crate) fn register(
             Error::io(format!("connecting to the switches' data paths at {paths}"), source)
         })?;
     }
-    let ranges = keys.into_iter().enumerate().map(|(switch, key)| (paths.switch_slots(switch), key));
+    // Ranges of each endpoint, not only of each switch: a probe goes to the endpoint of its
+    // first slot (a lane of a switch with several data-path threads), whose progress report
+    // speaks only of the slots it owns.
+    let ranges = paths.endpoint_slots().map(|(switch, slots)| (slots, keys[switch]));
     // `general.switches` lists no more switches than slots (the configuration's check):
     // some range is not empty.
     let keys = SessionKeys::sharded(ranges)

@@ -148,8 +148,9 @@ fn a_switch_killed_mid_job_fails_every_ranks_job_at_once_naming_it() {
 #[test]
 fn registration_with_an_unreachable_switch_fails_naming_it() {
     let switch = Switch::start(&[]);
-    // A port nothing listens on: bound, then closed.
-    let unreachable = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // An address of TEST-NET-1, which no host answers (a port bound and closed again may
+    // be taken by another test's switch meanwhile).
+    let unreachable: std::net::SocketAddr = "192.0.2.1:9".parse().unwrap();
     let mut config: Config = switch.config(0, 1, &common::unique_session("unreachable"));
     config.general.switches = vec![switch.control.to_string(), unreachable.to_string()];
     config.general.connect_timeout = Duration::from_secs(1);

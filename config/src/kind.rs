@@ -235,7 +235,6 @@ impl Kind {
     }
 }
 
-/// Six hexadecimal bytes separated by colons.
 /// Whether `address` is HOST:PORT: a host without white space or commas (an IPv6 address
 /// in brackets) and a port from 1 to 65535.
 fn is_host_port(address: &str) -> bool {
@@ -250,6 +249,7 @@ fn is_host_port(address: &str) -> bool {
     host_ok && port.parse::<u16>().is_ok_and(|port| port > 0)
 }
 
+/// Six hexadecimal bytes separated by colons.
 fn parse_mac(text: &str) -> Option<[u8; 6]> {
     let mut mac = [0u8; 6];
     let mut parts = text.split(':');

@@ -119,9 +119,11 @@ def run_node(args, rank, world, head, node_args, temp_dir):
     if rank != 0:
         wait_until(lambda: reachable(head, HEAD_PORT), 120, "no Ray head")
         node = start_node(["--address", f"{head}:{HEAD_PORT}", *node_args])
-        # The head goes when the command has run; this node's raylet may end first.
-        wait_until(lambda: not reachable(head, HEAD_PORT) or node.poll() is not None, 24 * 3600, "")
-        stop_node(node)
+        try:
+            # The head goes when the command has run; this node's raylet may end first.
+            wait_until(lambda: not reachable(head, HEAD_PORT) or node.poll() is not None, 24 * 3600, "")
+        finally:
+            stop_node(node)
         return 0
 
     node = start_node(["--head", "--port", str(HEAD_PORT), "--include-dashboard", "false", *node_args])

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{benchmark, launcher, program, text};
+use netagg_wire::packet::datagram_len;
 
 /// The counters a rack's switch printed of what went up and came down: `field`'s value
 /// on the `[rack r] stats: uplink` line.
@@ -74,12 +75,12 @@ fn each_rack_s_uplink_carries_one_tensor_each_way() {
         .unwrap();
     let all = text(&output);
     assert!(output.status.success(), "{all}");
-    let tensors = 3 * 256 * (48 + 1024);
+    let tensors = 3 * 256 * datagram_len(256) as u64;
     for rack in 0..2 {
         // Without loss no data goes up twice; a round waiting for the other rack costs
-        // header-only requests (48 bytes each), and a silent stretch acknowledgements.
+        // header-only requests, and a silent stretch acknowledgements.
         assert_eq!(uplink(&all, rack, "resent-up"), 0, "{all}");
-        let headers = 48 * (uplink(&all, rack, "requests") + uplink(&all, rack, "acks"));
+        let headers = datagram_len(0) as u64 * (uplink(&all, rack, "requests") + uplink(&all, rack, "acks"));
         let (up, down) = (uplink(&all, rack, "bytes-up") - headers, uplink(&all, rack, "bytes-down"));
         // The benchmark's own start-up exchange adds a packet or so.
         let one_tensor_each = |bytes: u64| (tensors..tensors + 2048).contains(&bytes);

@@ -55,6 +55,8 @@ HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 # From <linux/prctl.h>: a child asks to receive a signal when its parent dies.
 _PR_SET_PDEATHSIG = 1
+# How long a worker waits for a running switch's actor to say where it listens.
+_ENDPOINT_TIMEOUT = 60
 
 
 class SwitchDiedError(RuntimeError):
@@ -62,11 +64,17 @@ class SwitchDiedError(RuntimeError):
 
 
 def _die_with_parent():
-    """Run in the switch process before it executes: the kernel kills it when the actor's
-    process ends, however the actor ends (ray.kill, a crashed node, a killed driver)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    """A function for the switch process to run before it executes: the kernel then kills
+    it when the actor's process ends, however the actor ends (ray.kill, a crashed node, a
+    killed driver). ``prctl`` is looked up here, in the parent: between fork and exec in
+    a threaded process only the call itself is safe, not ``dlopen``."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def request():
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+    return request
 
 
 @ray.remote(num_cpus=0)
@@ -81,7 +89,7 @@ class _SwitchActor:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent(),
         )
         # "netagg-switch: control IP:PORT data IP:PORT", once it listens.
         first = self.process.stdout.readline().split()
@@ -148,6 +156,10 @@ class Switch:
                 f"the netagg switch was not running after {start_timeout} s: "
                 f"does a node have the resource '{placement}'?"
             ) from None
+        except BaseException:
+            # Ctrl-C or a dead actor: the named actor must not outlive this object.
+            self.stop()
+            raise
 
     def __enter__(self):
         return self
@@ -173,7 +185,12 @@ def _context(switch_name, rank, world_size, purpose, name):
         raise LookupError(
             f"no netagg switch named '{switch_name}' in this Ray cluster: start one with netagg.ray.Switch()"
         ) from None
-    settings, session = ray.get(actor.endpoint.remote())
+    try:
+        settings, session = ray.get(actor.endpoint.remote(), timeout=_ENDPOINT_TIMEOUT)
+    except GetTimeoutError:
+        raise TimeoutError(
+            f"the netagg switch '{switch_name}' did not answer within {_ENDPOINT_TIMEOUT} s"
+        ) from None
     settings.update(
         {
             "general.backend": "udp",

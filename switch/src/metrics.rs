@@ -152,8 +152,10 @@ impl fmt::Debug for SwitchCollector {
 }
 
 impl SwitchCollector {
-    fn snapshot(&self) -> Snapshot {
-        let lanes = self.lanes.lane_counters(LANES_WAIT).unwrap_or_default();
+    /// The counters now; `None` if a lane did not answer within [`LANES_WAIT`], since
+    /// figures without its share would look like counters going down.
+    fn snapshot(&self) -> Option<Snapshot> {
+        let lanes = self.lanes.lane_counters(LANES_WAIT)?;
         let census = self.plane.census();
         // Read after the lanes, so that a session closed in between counts once, as closed.
         let mut retired = self.lanes.retired();
@@ -178,7 +180,7 @@ impl SwitchCollector {
             .chain(retired.recent.iter().map(|&(id, _, counters)| (id, counters, false)))
             .collect();
         drop(retired);
-        Snapshot {
+        Some(Snapshot {
             lanes,
             sessions,
             totals,
@@ -187,13 +189,14 @@ impl SwitchCollector {
             connections: census.connections,
             resident_bytes: resident_bytes(Path::new("/proc/self")).ok(),
             uptime: self.started.elapsed(),
-        }
+        })
     }
 }
 
 impl Collector for SwitchCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let snapshot = self.snapshot();
+        // The scrape fails (503) rather than publish partial totals.
+        let snapshot = self.snapshot().ok_or(fmt::Error)?;
         let mut out = Out(&mut encoder);
 
         out.gauge(
@@ -435,9 +438,10 @@ fn serve(server: &tiny_http::Server, registry: &Registry) {
                         tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE).expect("a valid header");
                     tiny_http::Response::from_string(text).with_header(header)
                 }
-                Err(_) => {
-                    tiny_http::Response::from_string("cannot encode the metrics\n").with_status_code(500)
-                }
+                Err(_) => tiny_http::Response::from_string(format!(
+                    "a data-path thread did not give its counters within {LANES_WAIT:?}\n"
+                ))
+                .with_status_code(503),
             }
         };
         if let Err(error) = request.respond(response) {

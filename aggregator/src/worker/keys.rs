@@ -4,8 +4,8 @@
 //! One switch hands out one id and token per session. A session spread over several
 //! switches (shards) has one from each, since each opened it on its own: a slot's packets
 //! carry its owner's, and a result counts only with its slot's owner's. Each range also
-//! bounds what a probe may ask one switch about (its progress report covers only that
-//! switch's slots).
+//! bounds what a probe may ask one endpoint about (its progress report covers only that
+//! endpoint's slots), so a switch with several data-path threads gives a range per lane.
 
 use std::ops::Range;
 
@@ -19,7 +19,7 @@ pub struct SessionKey {
 }
 
 /// The key of every slot of a session: contiguous ranges of slots, each owned by one
-/// switch.
+/// endpoint of one switch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionKeys {
     /// The first slot of each range and its key, first slots ascending from 0.
@@ -48,7 +48,7 @@ impl SessionKeys {
         self.ranges[self.range(slot)].1
     }
 
-    /// The first slot past `slot` that another switch owns (65 536 where none does).
+    /// The first slot past `slot` that another endpoint owns (65 536 where none does).
     pub fn owner_end(&self, slot: u16) -> usize {
         self.ranges.get(self.range(slot) + 1).map_or(1 << 16, |&(first, _)| usize::from(first))
     }

@@ -347,6 +347,7 @@ mod tests {
         let mut misdirected = result_of(&first[2]);
         Packet::new_unchecked(&mut misdirected[..]).set_session(5);
         Packet::new_unchecked(&mut misdirected[..]).set_token(500);
+        Packet::new_unchecked(&mut misdirected[..]).seal();
         assert_eq!(
             protocol.handle_datagram(start, &misdirected, &mut Numbers),
             Delivery::Rejected(crate::worker::RejectReason::WrongSession)

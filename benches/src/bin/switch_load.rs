@@ -372,6 +372,7 @@ impl Generator {
             view.set_packet_id(round.wrapping_mul(1 << 16) | u32::from(slot));
             view.set_block(u32::from(slot));
             view.set_ack_round(round.wrapping_sub(1));
+            view.seal();
             if !batches[lane].accepts(packet.len()) {
                 let _ = socket.send(self.lanes[lane], &batches[lane]);
                 batches[lane].clear();

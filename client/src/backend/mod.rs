@@ -101,6 +101,21 @@ impl DataPaths {
         SlotSplit::Ranges.owned(switch, self.slots, self.switches.len())
     }
 
+    /// The slots each data endpoint takes, with its switch's index, in
+    /// [`DataPaths::endpoints`] order: its switch's range cut by its accept's split over
+    /// all the session's slots (empty for a lane that owns none of its switch's slots).
+    pub fn endpoint_slots(&self) -> impl Iterator<Item = (usize, std::ops::Range<u16>)> + '_ {
+        self.switches.iter().enumerate().flat_map(move |(switch, paths)| {
+            let owned = self.switch_slots(switch);
+            let endpoints = paths.endpoints.len();
+            (0..endpoints).map(move |endpoint| {
+                let lane = paths.split.owned(endpoint, self.slots, endpoints);
+                let start = lane.start.max(owned.start);
+                (switch, start..lane.end.min(owned.end).max(start))
+            })
+        })
+    }
+
     /// Every switch's data endpoints, switch after switch, each with its switch's
     /// control addresses: [`DataPaths::owner`] indexes this order.
     pub fn endpoints(&self) -> impl Iterator<Item = (&Endpoint, ControlAddresses)> {
@@ -227,6 +242,16 @@ mod paths_tests {
         let mut bytes = vec![0; repr.buffer_len()];
         repr.emit(&mut bytes).unwrap();
         bytes
+    }
+
+    #[test]
+    fn each_endpoint_takes_its_switchs_slots_that_its_lane_owns() {
+        let slots = |switches, endpoints| -> Vec<_> { paths(switches, endpoints).endpoint_slots().collect() };
+        assert_eq!(slots(1, 2), [(0, 0..4), (0, 4..8)]);
+        assert_eq!(slots(2, 1), [(0, 0..4), (1, 4..8)]);
+        // Each switch's lanes split all 8 slots: the second switch's first lane owns none
+        // of its 4, and the first switch's second lane none of its own.
+        assert_eq!(slots(2, 2), [(0, 0..4), (0, 4..4), (1, 4..4), (1, 4..8)]);
     }
 
     #[test]

@@ -49,7 +49,7 @@ int main(void) {
   /* EAL runs now, with the default arguments: others are refused, not half started. */
   EXPECT_START("backend.dpdk.eal_args", "--no-huge --no-shconf -m 64", NETAGG_BACKEND, "once per process");
   /* 1024 elements make 4144-byte datagrams; a 1500-byte MTU carries 1472. */
-  EXPECT_START("general.packet_numel", "1024", NETAGG_CONFIG_INVALID, "the largest packet_numel that fits is 356");
+  EXPECT_START("general.packet_numel", "1024", NETAGG_CONFIG_INVALID, "the largest packet_numel that fits is 355");
 
   /* The process lives on and runs a job on another backend. */
   if (netagg_config_new(&config) != NETAGG_OK || netagg_config_set(config, "general.backend", "dummy") != NETAGG_OK ||
