@@ -295,9 +295,11 @@ impl Context {
         if queues.is_empty() {
             return Err(Error::Stopped);
         }
-        // Numbered only once admitted: a refused job takes no number, which every rank's
-        // next job must share.
-        let id = self.next_job.load(Ordering::Relaxed);
+        // Numbered before admission: a job refused from here on (its buffers in use by a
+        // job in flight, its input refused by the codec) keeps its number, since another
+        // rank may admit it. Their later jobs then differ in number, which the switch will
+        // not sum together, rather than one rank's next job meeting another's this one.
+        let id = self.next_job.fetch_add(1, Ordering::Relaxed);
         let packet = self.codec.wire_type(data_type).per_packet(self.config.general.packet_numel) as usize;
         let blocks = numel.div_ceil(packet);
         let threads = queues.len();
@@ -327,7 +329,6 @@ impl Context {
                 }
             }
         }
-        self.next_job.store(id + 1, Ordering::Relaxed);
         let buffers = JobBuffers { input, output, output_memory };
         let job = JobShared::new(id, data_type, numel, buffers, keepalive, slices.len());
         {
