@@ -508,7 +508,10 @@ fn stop_all(running: &mut Vec<(String, Child)>) {
 
 fn stop_switch(mut switch: Child) {
     // SIGTERM lets the switch print its final counters.
-    let _ = Command::new("kill").args(["-TERM", &switch.id().to_string()]).status();
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_child(&switch),
+        rustix::process::Signal::TERM,
+    );
     let deadline = Instant::now() + Duration::from_secs(5);
     while switch.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));

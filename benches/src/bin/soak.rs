@@ -30,6 +30,7 @@ use clap::{Args, Parser, Subcommand};
 use netagg::{Config, Context, SparseMode};
 use netagg_benches::soak::{check_float32, check_int32, job_contents, Growth, RankCounts, RankEvent};
 use netagg_switch::resident_bytes;
+use rustix::process::{kill_process, Pid, Signal};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -229,11 +230,19 @@ fn run_session(
 // ---- The driver ----
 
 /// A rank process and which of its rank's processes it is (a killed one's successor is
-/// the next generation).
+/// the next generation); killed and reaped when dropped, so that no error path of the
+/// driver leaves it running.
 struct RankProcess {
     child: Child,
     stdin: ChildStdin,
     generation: u64,
+}
+
+impl Drop for RankProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// What the driver hears: a line of a rank process.
@@ -444,7 +453,7 @@ struct SwitchProcess(Option<Child>);
 impl Drop for SwitchProcess {
     fn drop(&mut self) {
         if let Some(mut child) = self.0.take() {
-            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = kill_process(Pid::from_child(&child), Signal::TERM);
             let _ = child.wait();
         }
     }
@@ -492,22 +501,17 @@ fn spawn_rank(
 
 /// Tells the ranks to exit and waits for them (killing any that do not within a few
 /// seconds), then stops the switch.
-fn stop(ranks: Vec<RankProcess>, switch: SwitchProcess) {
-    let mut children: Vec<Child> = ranks
-        .into_iter()
-        .map(|mut process| {
-            let _ = writeln!(process.stdin, "exit");
-            process.child
-        })
-        .collect();
+fn stop(mut ranks: Vec<RankProcess>, switch: SwitchProcess) {
+    for process in &mut ranks {
+        let _ = writeln!(process.stdin, "exit");
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
-    for child in &mut children {
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+    for process in &mut ranks {
+        while matches!(process.child.try_wait(), Ok(None)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = child.kill();
-        let _ = child.wait();
     }
+    drop(ranks);
     drop(switch);
 }
 
