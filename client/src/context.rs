@@ -25,7 +25,7 @@ use crate::codec::{BlockFloatingPoint, Codec, Native};
 use crate::codec16::Float32As16Bit;
 use crate::driver::{worker_thread, Shared, Slice};
 use crate::in_flight::JobMemory;
-use crate::job::{DataType, Element, Job, JobBuffers, JobShared, OutputMemory, TensorJob};
+use crate::job::{wait_while_until, DataType, Element, Job, JobBuffers, JobShared, OutputMemory, TensorJob};
 use crate::registration::{register, watch_session, SwitchSession};
 use crate::stats::Stats;
 use crate::Error;
@@ -363,20 +363,8 @@ impl Context {
     }
 
     fn wait_all_until(&self, deadline: Option<Instant>) -> bool {
-        let mut outstanding = self.shared.outstanding.lock().unwrap_or_else(|p| p.into_inner());
-        while *outstanding > 0 {
-            outstanding = match deadline {
-                None => self.shared.all_done.wait(outstanding).unwrap_or_else(|p| p.into_inner()),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return false;
-                    }
-                    self.shared.all_done.wait_timeout(outstanding, left).unwrap_or_else(|p| p.into_inner()).0
-                }
-            };
-        }
-        true
+        let outstanding = self.shared.outstanding.lock().unwrap_or_else(|p| p.into_inner());
+        *wait_while_until(&self.shared.all_done, outstanding, deadline, |outstanding| *outstanding > 0) == 0
     }
 
     /// Counters so far.

@@ -8,7 +8,7 @@ use std::any::Any;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -145,6 +145,24 @@ impl JobState {
     }
 }
 
+/// Waits on `condvar` while `waiting` holds, at most until `deadline` if one is given;
+/// the guard, with `waiting` false unless the deadline passed. A poisoned lock is taken
+/// as it is: a panicking thread must not make every waiter panic too.
+pub(crate) fn wait_while_until<'a, T>(
+    condvar: &Condvar,
+    guard: MutexGuard<'a, T>,
+    deadline: Option<Instant>,
+    waiting: impl FnMut(&mut T) -> bool,
+) -> MutexGuard<'a, T> {
+    match deadline {
+        None => condvar.wait_while(guard, waiting).unwrap_or_else(PoisonError::into_inner),
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            condvar.wait_timeout_while(guard, left, waiting).unwrap_or_else(PoisonError::into_inner).0
+        }
+    }
+}
+
 impl JobShared {
     pub fn new(
         id: u64,
@@ -206,22 +224,7 @@ impl JobShared {
 
     /// Waits until the job ended, or `deadline` passed (then returns None).
     pub fn wait_until(&self, deadline: Option<Instant>) -> Option<Result<(), Error>> {
-        let mut state = self.lock();
-        loop {
-            if let Some(outcome) = state.outcome() {
-                return Some(outcome);
-            }
-            match deadline {
-                None => state = self.done.wait(state).unwrap_or_else(|p| p.into_inner()),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
-                    state = self.done.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
-                }
-            }
-        }
+        wait_while_until(&self.done, self.lock(), deadline, |state| state.outcome().is_none()).outcome()
     }
 
     /// The job's outcome if it has ended; otherwise registers `waker` to be woken when it

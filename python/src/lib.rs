@@ -20,7 +20,6 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Wake, Waker};
 use std::thread::JoinHandle;
@@ -84,17 +83,40 @@ fn to_py(error: netagg::Error) -> PyErr {
 /// How often a blocking wait looks at the interpreter's signals (Ctrl-C).
 const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Runs `work` on a thread of its own while this one waits with the interpreter
-/// released, looking at signals every [`SIGNAL_CHECK_INTERVAL`]: Ctrl-C raises
-/// KeyboardInterrupt at once, for calls that cannot wait in slices themselves (a start
-/// that waits for the switch, a stop that joins threads). Interrupted, `work` runs on to
-/// its end, and what it returns is dropped on its thread.
+/// Waits with the interpreter released, in slices of at most [`SIGNAL_CHECK_INTERVAL`]
+/// handed to `poll`, until `poll` returns a value (Some) or `timeout` passes (None);
+/// between slices it looks at the interpreter's signals, so Ctrl-C raises
+/// KeyboardInterrupt within a slice. Every blocking call of the module waits here.
+fn wait_interruptibly<T: Send>(
+    py: Python<'_>,
+    timeout: Option<Duration>,
+    poll: impl Fn(Duration) -> Option<T> + Sync,
+) -> PyResult<Option<T>> {
+    let deadline = timeout.map(|timeout| Instant::now() + timeout);
+    loop {
+        let slice = deadline.map_or(SIGNAL_CHECK_INTERVAL, |deadline| {
+            deadline.saturating_duration_since(Instant::now()).min(SIGNAL_CHECK_INTERVAL)
+        });
+        if let Some(value) = py.detach(|| poll(slice)) {
+            return Ok(Some(value));
+        }
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return Ok(None);
+        }
+        py.check_signals()?;
+    }
+}
+
+/// Runs `work` on a thread of its own while this one waits interruptibly, for calls
+/// that cannot wait in slices themselves (a start that waits for the switch, a stop that
+/// joins threads). Interrupted, `work` runs on to its end, and what it returns is
+/// dropped on its thread.
 fn run_interruptibly<T: Send + 'static>(
     py: Python<'_>,
     what: &str,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> PyResult<T> {
-    let (sender, mut receiver) = std::sync::mpsc::sync_channel(1);
+    let (sender, receiver) = crossbeam_channel::bounded(1);
     std::thread::Builder::new()
         .name(format!("netagg-{what}"))
         .spawn(move || {
@@ -103,21 +125,14 @@ fn run_interruptibly<T: Send + 'static>(
         .map_err(|error| {
             PyRuntimeError::new_err(format!("netagg: cannot start a thread to {what}: {error}"))
         })?;
-    loop {
-        // Moved in and out: a receiver may not be shared with the detached closure.
-        let (back, received) = py.detach(move || {
-            let received = receiver.recv_timeout(SIGNAL_CHECK_INTERVAL);
-            (receiver, received)
-        });
-        receiver = back;
-        match received {
-            Ok(value) => return Ok(value),
-            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(PyRuntimeError::new_err(format!("netagg: the thread to {what} panicked")))
-            }
-        }
-    }
+    let received = wait_interruptibly(py, None, |slice| match receiver.recv_timeout(slice) {
+        Ok(value) => Some(Some(value)),
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(None),
+    })?;
+    received
+        .flatten()
+        .ok_or_else(|| PyRuntimeError::new_err(format!("netagg: the thread to {what} panicked")))
 }
 
 /// A netagg context: the library's worker threads and their session at the switch.
@@ -210,9 +225,7 @@ impl Context {
 
     /// Waits until every job submitted has ended.
     fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
-        while !py.detach(|| self.inner.wait_all_timeout(SIGNAL_CHECK_INTERVAL)) {
-            py.check_signals()?;
-        }
+        wait_interruptibly(py, None, |slice| self.inner.wait_all_timeout(slice).then_some(()))?;
         Ok(())
     }
 
@@ -551,35 +564,22 @@ fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 }
 
 impl Job {
-    /// Waits with the interpreter released, looking at signals between slices; the
-    /// job's outcome once it has ended (its buffers then released), None at `timeout`.
+    /// Waits interruptibly ([`wait_interruptibly`]); the job's outcome once it has ended
+    /// (its buffers then released), None at `timeout`.
     fn wait_for(
         &self,
         py: Python<'_>,
         timeout: Option<Duration>,
     ) -> PyResult<Option<Result<(), netagg::Error>>> {
-        let deadline = timeout.map(|timeout| Instant::now() + timeout);
-        loop {
-            let slice = match deadline {
-                Some(deadline) => {
-                    deadline.saturating_duration_since(Instant::now()).min(SIGNAL_CHECK_INTERVAL)
-                }
-                None => SIGNAL_CHECK_INTERVAL,
-            };
-            let outcome = match py.detach(|| self.job.wait_timeout(slice)) {
-                Ok(false) => None,
-                Ok(true) => Some(Ok(())),
-                Err(error) => Some(Err(error)),
-            };
-            if outcome.is_some() {
-                self.exported.release(py);
-                return Ok(outcome);
-            }
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                return Ok(None);
-            }
-            py.check_signals()?;
+        let outcome = wait_interruptibly(py, timeout, |slice| match self.job.wait_timeout(slice) {
+            Ok(false) => None,
+            Ok(true) => Some(Ok(())),
+            Err(error) => Some(Err(error)),
+        })?;
+        if outcome.is_some() {
+            self.exported.release(py);
         }
+        Ok(outcome)
     }
 }
 
