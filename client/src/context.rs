@@ -26,7 +26,7 @@ use crate::codec16::Float32As16Bit;
 use crate::driver::{worker_thread, Shared, Slice};
 use crate::in_flight::JobMemory;
 use crate::job::{wait_while_until, DataType, Element, Job, JobBuffers, JobShared, OutputMemory, TensorJob};
-use crate::registration::{register, watch_session, SwitchSession};
+use crate::registration::{register, shard_name, watch_session, SwitchSession};
 use crate::stats::Stats;
 use crate::Error;
 
@@ -116,8 +116,7 @@ impl Context {
         for switch in &switches {
             let watched =
                 switch.control.try_clone().map_err(|e| Error::io("watching the control connection", e))?;
-            let shard = (general.switches.len() > 1).then(|| switch.address.clone());
-            watch_session(watched, shard, Arc::clone(&shared));
+            watch_session(watched, shard_name(&config, &switch.address), Arc::clone(&shared));
         }
         let mut senders = Vec::new();
         let mut handles = Vec::new();

@@ -82,8 +82,8 @@ pub enum Error {
     Version { address: String, switch: u8, library: u8 },
     #[error("the switch refused the registration ({code:?}): {message}")]
     Rejected { code: RejectCode, message: String },
-    #[error("session '{session}': not all {workers} workers registered within {waited:?}")]
-    RegisterTimeout { waited: Duration, session: String, workers: u16 },
+    #[error("session '{session}': not all {workers} workers registered with the switch at {switch} within {waited:?}")]
+    RegisterTimeout { waited: Duration, session: String, workers: u16, switch: String },
     #[error("session lost: {0}")]
     SessionLost(String),
     #[error("job failed: {0}")]

@@ -116,6 +116,7 @@ fn accepted(
             waited: general.connect_timeout,
             session: general.session.clone(),
             workers: general.num_workers,
+            switch: address.to_string(),
         },
         _ => match version_mismatch(&error) {
             Some((switch, library)) => Error::Version { address: address.to_string(), switch, library },
@@ -132,10 +133,9 @@ fn accepted(
             Ok((session, token, SwitchPaths { endpoints: data, split, control }))
         }
         (_, ControlMessage::Reject { code, message }) => {
-            // With one switch the message says it all; with several, which one refused.
-            let message = match config.general.switches.len() {
-                0 | 1 => message,
-                _ => format!("the switch at {address}: {message}"),
+            let message = match shard_name(config, address) {
+                None => message,
+                Some(switch) => format!("{switch}: {message}"),
             };
             Err(Error::Rejected { code, message })
         }
@@ -178,21 +178,26 @@ fn version_mismatch(error: &io::Error) -> Option<(u8, u8)> {
     }
 }
 
+/// How a switch's refusal or departure names it: not at all with one switch, whose
+/// message says it all; by its address ("the switch at ADDRESS") when the session has
+/// several, so that the user knows which.
+pub(crate) fn shard_name(config: &Config, address: &str) -> Option<String> {
+    (config.general.switches.len() > 1).then(|| format!("the switch at {address}"))
+}
+
 /// Watches the control connection to a switch: the switch says so there when the
 /// session ends, and a switch that dies closes it. `shard` names the switch in the
-/// reason, where the session has several.
+/// reason, where the session has several ([`shard_name`]).
 pub(crate) fn watch_session(mut stream: TcpStream, shard: Option<String>, shared: Arc<Shared>) {
     // The context's span, with the rank and the session, goes along.
     let span = tracing::Span::current();
     std::thread::spawn(move || {
         let _entered = span.enter();
-        let switch = shard
-            .as_ref()
-            .map_or_else(|| "the switch".to_string(), |address| format!("the switch at {address}"));
+        let switch = shard.as_deref().unwrap_or("the switch");
         let reason = match ControlMessage::read_from(&mut stream) {
             Ok((_, ControlMessage::Reject { message, .. })) => match &shard {
                 None => message,
-                Some(_) => format!("{switch}: {message}"),
+                Some(switch) => format!("{switch}: {message}"),
             },
             Ok((_, other)) => format!("unexpected control message {other:?} from {switch}"),
             Err(error) => format!("{switch} closed the control connection ({error})"),

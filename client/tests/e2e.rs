@@ -273,8 +273,16 @@ fn mismatched_registrations_are_rejected_with_what_differs() {
         message,
         "rank 1 differs from rank 0: packet elements 64 instead of 256, blocks sparse = auto instead of sparse = off"
     );
-    // Rank 0 never sees its session complete.
-    assert!(matches!(waiting.join().unwrap(), Err(Error::RegisterTimeout { workers: 2, .. })));
+    // Rank 0 never sees its session complete, and is told which switch it waited for.
+    let timeout = waiting.join().unwrap().unwrap_err();
+    assert!(matches!(timeout, Error::RegisterTimeout { workers: 2, .. }), "{timeout:?}");
+    assert_eq!(
+        timeout.to_string(),
+        format!(
+            "session '{session}': not all 2 workers registered with the switch at {} within 3s",
+            switch.control
+        )
+    );
 
     let mut first = switch.config(0, 2, &unique_session("duplicate"));
     first.general.connect_timeout = Duration::from_secs(3);
