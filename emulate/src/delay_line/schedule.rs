@@ -96,6 +96,9 @@ pub(super) struct Schedule<F> {
     held_bytes: usize,
     /// The due time of the newest frame held so far; a later frame is never due before it.
     latest_due: Option<Instant>,
+    /// The `lateness_from` of the newest frame held so far, which a later frame's is never
+    /// before, as its due time never is.
+    latest_lateness_from: Option<Instant>,
     /// The last frame to arrive had no arrival stamp: frames must be read often.
     unstamped: bool,
 }
@@ -109,6 +112,7 @@ impl<F: AsRef<[u8]>> Schedule<F> {
             held: VecDeque::new(),
             held_bytes: 0,
             latest_due: None,
+            latest_lateness_from: None,
             unstamped: false,
         }
     }
@@ -130,11 +134,11 @@ impl<F: AsRef<[u8]>> Schedule<F> {
         }
         let delay = self.sample_delay();
         let (mut due, mut lateness_from) = (at + delay, after + delay);
-        if let Some(latest) = self.latest_due {
-            due = due.max(latest);
-            lateness_from = lateness_from.max(latest);
+        if let (Some(latest_due), Some(latest_lateness_from)) = (self.latest_due, self.latest_lateness_from) {
+            due = due.max(latest_due);
+            lateness_from = lateness_from.max(latest_lateness_from);
         }
-        self.latest_due = Some(due);
+        (self.latest_due, self.latest_lateness_from) = (Some(due), Some(lateness_from));
         self.held_bytes += size;
         self.held.push_back(Due { frame, due, lateness_from });
         Arrival::Held
@@ -286,5 +290,109 @@ mod tests {
         assert_eq!(line.arrive(Stamped(start), vec![0; 400]), Arrival::Held);
         assert!(line.pop_due(start).is_some());
         assert_eq!(line.arrive(Stamped(start), vec![0; 600]), Arrival::Held);
+    }
+
+    fn us(micros: u64) -> Duration {
+        Duration::from_micros(micros)
+    }
+
+    #[test]
+    fn a_stamp_is_the_arrival_only_within_its_read_window() {
+        let after = Instant::now() + Duration::from_secs(1);
+        let window = ReadWindow { after, read: after + ms(2) };
+        let read = ArrivalTime::Read { after, read: after + ms(2) };
+        assert_eq!(window.arrival(Some(after + ms(1))), Stamped(after + ms(1)));
+        assert_eq!(window.arrival(None), read);
+        // A sender's departure time, or a time on another clock, lies outside the window.
+        assert_eq!(window.arrival(Some(after - ms(1))), read);
+        assert_eq!(window.arrival(Some(after - Duration::from_secs(1))), read);
+        assert_eq!(window.arrival(Some(after + ms(3))), read);
+        // Within the clocks' conversion error, a stamp is taken and clamped into the window.
+        assert_eq!(window.arrival(Some(after - us(10))), Stamped(after));
+        assert_eq!(window.arrival(Some(after + ms(2) + us(10))), Stamped(after + ms(2)));
+    }
+
+    #[test]
+    fn frames_read_in_one_batch_keep_their_stamps_and_leave_in_one_wake_up() {
+        let start = Instant::now();
+        let mut line = schedule(Impairment { delay: ms(1), ..Impairment::default() }, ROOMY);
+        // Ten frames 30 us apart, read together 400 us after the first arrived.
+        let window = ReadWindow { after: start, read: start + us(400) };
+        for i in 0..10u8 {
+            assert_eq!(
+                line.arrive(window.arrival(Some(start + us(30 * u64::from(i)))), vec![i]),
+                Arrival::Held
+            );
+        }
+        // Sleeping until the oldest is due and a tenth of the delay more sends the first four.
+        let wake = line.next_wake(window.read).expect("frames held");
+        assert_eq!(wake, start + ms(1) + us(100));
+        let sent: Vec<Due<Vec<u8>>> = std::iter::from_fn(|| line.pop_due(wake)).collect();
+        assert_eq!(sent.iter().map(|due| due.frame[0]).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        for due in &sent {
+            let arrived = start + us(30 * u64::from(due.frame[0]));
+            assert_eq!((due.due, due.lateness_from), (arrived + ms(1), arrived + ms(1)));
+        }
+        // Stamped frames need no early read: the next wake-up is for the next frame due.
+        assert_eq!(line.next_wake(window.read), Some(start + us(120) + ms(1) + us(100)));
+    }
+
+    /// Runs a direction's thread in virtual time over frames arriving at `arrivals`, each
+    /// stamped or not, as `forward_once` does; returns per frame its true due time, when it
+    /// was sent and the time its reported lateness counts from.
+    fn drive(
+        line: &mut Schedule<Vec<u8>>,
+        arrivals: &[Instant],
+        stamped: bool,
+    ) -> Vec<(Instant, Instant, Instant)> {
+        let delay = line.impairment.delay;
+        let (mut now, mut last_emptied, mut next_unread) = (arrivals[0], arrivals[0], 0);
+        let mut sent = Vec::new();
+        for _ in 0..1_000_000 {
+            while let Some(due) = line.pop_due(now) {
+                let index = u32::from_le_bytes(due.frame[..4].try_into().expect("4 bytes")) as usize;
+                sent.push((arrivals[index] + delay, now, due.lateness_from));
+            }
+            if sent.len() == arrivals.len() {
+                return sent;
+            }
+            // Wake when told, or holding nothing, when the next frame arrives.
+            now = line.next_wake(last_emptied).unwrap_or_else(|| arrivals[next_unread]).max(now);
+            let window = ReadWindow { after: last_emptied, read: now };
+            while next_unread < arrivals.len() && arrivals[next_unread] <= now {
+                let stamp = stamped.then_some(arrivals[next_unread]);
+                line.arrive(window.arrival(stamp), (next_unread as u32).to_le_bytes().to_vec());
+                next_unread += 1;
+            }
+            last_emptied = now;
+        }
+        panic!("the thread did not send every frame in a million wake-ups");
+    }
+
+    #[test]
+    fn lateness_is_bounded_by_the_slack_and_reported_in_full() {
+        let start = Instant::now();
+        let arrivals: Vec<Instant> = (0..2000).map(|i| start + Duration::from_nanos(i * 37_000)).collect();
+        for stamped in [true, false] {
+            let mut line = schedule(Impairment { delay: ms(1), ..Impairment::default() }, ROOMY);
+            let sent = drive(&mut line, &arrivals, stamped);
+            let mut wake_ups: Vec<Instant> = sent.iter().map(|&(_, at, _)| at).collect();
+            wake_ups.dedup();
+            for (i, &(true_due, sent_at, lateness_from)) in sent.iter().enumerate() {
+                assert!(sent_at >= true_due, "frame {i} left before its delay had passed");
+                // Stamped: late by the slack at most; unstamped, also read up to a slack late.
+                let bound = if stamped { us(100) } else { us(200) };
+                assert!(sent_at - true_due <= bound, "frame {i} late by {:?}", sent_at - true_due);
+                // The lateness reported never understates the true lateness.
+                assert!(lateness_from <= true_due, "frame {i}: lateness counted from after its due time");
+            }
+            // Frames 37 us apart, woken at most every 100 us: a wake-up sends two or more.
+            assert!(
+                wake_ups.len() * 2 <= sent.len(),
+                "{} wake-ups for {} frames",
+                wake_ups.len(),
+                sent.len()
+            );
+        }
     }
 }
