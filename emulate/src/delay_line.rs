@@ -5,7 +5,9 @@
 //! like a wire with a queue in it. Each direction has a thread: it reads frames from a
 //! packet socket on its input device, decides each one's fate in a [`Schedule`] (the part
 //! without I/O, tested on its own) and writes the frames whose time has come to a packet
-//! socket on its output device.
+//! socket on its output device. It wakes once per batch of frames due, not once per frame,
+//! and reads all frames waiting with one call: the schedule says when, and how a frame
+//! read late keeps its arrival time.
 //!
 //! Unlike `netem`, jitter never reorders frames: a frame is never due before the one ahead
 //! of it. Reordering makes TCP retransmit, which is not what one emulating a path wants by
@@ -23,14 +25,14 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use lateness::LatenessHistogram;
-use packet_socket::{PacketSocket, VNET_HDR_LEN};
-use schedule::{Arrival, HoldLimit, Schedule};
+use packet_socket::{PacketSocket, ReceiveBatch, VNET_HDR_LEN};
+use schedule::{Arrival, ArrivalTime, HoldLimit, ReadWindow, Schedule};
 
 /// What one direction of a link does to each frame besides limiting its rate.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -61,8 +63,12 @@ pub struct DirectionStats {
     /// Frames the output device would not take: its queue (a rate limiter's) full, the device
     /// down, the frame too long.
     pub send_failed: u64,
+    /// Frames held whose arrival the kernel did not stamp within their read's window: they
+    /// count as arrived when read, and the thread reads often while they come.
+    pub unstamped: u64,
     /// How much later than its due time a frame was sent: median, 99th percentile (both to
-    /// within an eighth) and maximum.
+    /// within an eighth) and maximum. For a frame without an arrival stamp, counted from the
+    /// earliest it could have been due, so that the error of its arrival time is included.
     pub lateness_median: Duration,
     pub lateness_p99: Duration,
     pub lateness_max: Duration,
@@ -90,8 +96,10 @@ const HOLD_LIMIT: HoldLimit = HoldLimit { frames: 100_000, bytes: 256 << 20 };
 const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// How often a thread copies its counters where `stats` reads them.
 const PUBLISH_INTERVAL: Duration = Duration::from_millis(10);
-/// Frames read in a row before sending those due, so that a flood cannot starve sending.
-const RECEIVE_BATCH: usize = 256;
+/// Frames read with one system call at most.
+const RECEIVE_BATCH: usize = 32;
+/// Batches read in a row before sending those due, so that a flood cannot starve sending.
+const RECEIVE_BATCHES: usize = 8;
 /// Room for a 64 KiB segmentation-offload super-frame, its Ethernet header and its
 /// `virtio_net_hdr`.
 const RECEIVE_BUFFER_BYTES: usize = VNET_HDR_LEN + (64 << 10) + 256;
@@ -198,6 +206,7 @@ struct Counters {
     receive_dropped: u64,
     unreadable: u64,
     send_failed: u64,
+    unstamped: u64,
     lateness: LatenessHistogram,
     ended_by: Option<String>,
 }
@@ -212,6 +221,7 @@ impl Counters {
             receive_dropped: self.receive_dropped,
             unreadable: self.unreadable,
             send_failed: self.send_failed,
+            unstamped: self.unstamped,
             lateness_median: self.lateness.quantile(0.5),
             lateness_p99: self.lateness.quantile(0.99),
             lateness_max: self.lateness.max(),
@@ -227,6 +237,9 @@ struct Direction {
     input: PacketSocket,
     output: PacketSocket,
     schedule: Schedule<Vec<u8>>,
+    batch: ReceiveBatch,
+    /// When a read last found nothing more waiting: every frame read since arrived after it.
+    last_emptied: Instant,
     counters: Counters,
     published: Arc<Mutex<Counters>>,
 }
@@ -255,6 +268,8 @@ impl Direction {
             input: PacketSocket::receiver(input_index).map_err(on(input))?,
             output: PacketSocket::sender(output_index).map_err(on(output))?,
             schedule: Schedule::new(impairment, HOLD_LIMIT, SmallRng::from_entropy()),
+            batch: ReceiveBatch::new(RECEIVE_BATCH, RECEIVE_BUFFER_BYTES),
+            last_emptied: Instant::now(),
             counters: Counters::default(),
             published,
         })
@@ -262,11 +277,10 @@ impl Direction {
 
     /// Forwards until `stop` is set or a socket fails for good (its device removed).
     fn run(mut self, stop: &AtomicBool) {
-        let mut buffer = vec![0; RECEIVE_BUFFER_BYTES];
         let mut last_publish = Instant::now();
         let mut ended = Ok(());
         while ended.is_ok() && !stop.load(Ordering::Relaxed) {
-            ended = self.forward_once(&mut buffer);
+            ended = self.forward_once();
             if last_publish.elapsed() >= PUBLISH_INTERVAL {
                 self.publish();
                 last_publish = Instant::now();
@@ -278,17 +292,23 @@ impl Direction {
         self.publish();
     }
 
-    /// Sends what is due, then waits until a frame arrives or the next is due, and reads.
-    fn forward_once(&mut self, buffer: &mut [u8]) -> io::Result<()> {
+    /// Sends what is due; then sleeps until the schedule's next wake-up or, holding nothing,
+    /// waits for a frame; and reads every frame waiting.
+    fn forward_once(&mut self) -> io::Result<()> {
         self.send_due()?;
-        let wait = match self.schedule.next_due() {
-            Some(due) => due.saturating_duration_since(Instant::now()).min(STOP_CHECK_INTERVAL),
-            None => STOP_CHECK_INTERVAL,
-        };
-        if self.input.wait_readable(wait)? {
-            self.receive_waiting(buffer)?;
+        match self.schedule.next_wake(self.last_emptied) {
+            Some(wake) => {
+                thread::sleep(wake.saturating_duration_since(Instant::now()).min(STOP_CHECK_INTERVAL))
+            }
+            // Read before waiting, so that a frame that wakes the wait is known to have
+            // arrived after it began.
+            None => {
+                if self.receive_waiting()? == 0 && !self.input.wait_readable(STOP_CHECK_INTERVAL)? {
+                    return Ok(());
+                }
+            }
         }
-        Ok(())
+        self.receive_waiting().map(drop)
     }
 
     fn send_due(&mut self) -> io::Result<()> {
@@ -307,41 +327,64 @@ impl Direction {
                 Err(_) => self.counters.send_failed += 1,
             }
             now = Instant::now();
-            self.counters.lateness.record(now.saturating_duration_since(due.due));
+            self.counters.lateness.record(now.saturating_duration_since(due.lateness_from));
         }
         Ok(())
     }
 
-    fn receive_waiting(&mut self, buffer: &mut [u8]) -> io::Result<()> {
-        for _ in 0..RECEIVE_BATCH {
-            let received = match self.input.receive(buffer) {
-                Ok(Some(received)) => received,
-                Ok(None) => return Ok(()),
-                // The kernel could not describe the frame in a virtio_net_hdr and dropped it.
+    /// Reads the frames waiting, a batch per system call, until none is left or
+    /// `RECEIVE_BATCHES` were read; the number of frames read.
+    fn receive_waiting(&mut self) -> io::Result<usize> {
+        let mut frames_read = 0;
+        for _ in 0..RECEIVE_BATCHES {
+            let began = Instant::now();
+            let count = match self.input.receive_batch(&mut self.batch) {
+                Ok(count) => count,
+                // The kernel could not describe a frame in a virtio_net_hdr and dropped it.
                 Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
                     self.counters.unreadable += 1;
                     continue;
                 }
                 // Reported once when the device goes down, and when it is removed.
                 Err(error) if error.raw_os_error() == Some(libc::ENETDOWN) => {
-                    return self.check_input_present();
+                    return self.check_input_present().map(|()| frames_read);
                 }
                 Err(error) => return Err(io::Error::new(error.kind(), format!("receiving: {error}"))),
             };
-            if received.outgoing {
-                continue;
+            // The kernel stamps frames with the system clock; the schedule runs on the
+            // monotonic one. Read together, the two clocks convert one into the other.
+            let (read, read_system) = (Instant::now(), SystemTime::now());
+            let window = ReadWindow { after: self.last_emptied, read };
+            for (received, frame) in self.batch.iter() {
+                if received.outgoing {
+                    continue;
+                }
+                if received.truncated {
+                    self.counters.unreadable += 1;
+                    continue;
+                }
+                let stamp = received.stamp.and_then(|stamp| match read_system.duration_since(stamp) {
+                    Ok(ago) => read.checked_sub(ago),
+                    Err(ahead) => read.checked_add(ahead.duration()),
+                });
+                let arrival = window.arrival(stamp);
+                if matches!(arrival, ArrivalTime::Read { .. }) {
+                    self.counters.unstamped += 1;
+                }
+                match self.schedule.arrive(arrival, frame.to_vec()) {
+                    Arrival::Held => {}
+                    Arrival::Lost => self.counters.lost += 1,
+                    Arrival::Overflowed => self.counters.overflowed += 1,
+                }
             }
-            if received.truncated {
-                self.counters.unreadable += 1;
-                continue;
-            }
-            match self.schedule.arrive(Instant::now(), buffer[..received.len].to_vec()) {
-                Arrival::Held => {}
-                Arrival::Lost => self.counters.lost += 1,
-                Arrival::Overflowed => self.counters.overflowed += 1,
+            frames_read += count;
+            if count < RECEIVE_BATCH {
+                // The call emptied the socket: frames still to come arrive after it began.
+                self.last_emptied = began;
+                break;
             }
         }
-        Ok(())
+        Ok(frames_read)
     }
 
     /// An error if the input device was removed (a device merely down comes back up).

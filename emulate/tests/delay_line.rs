@@ -39,6 +39,11 @@ fn ip(args: &[&str]) {
     assert!(output.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
 }
 
+fn tc(args: &[&str]) {
+    let output = Command::new("tc").args(args).output().expect("running tc");
+    assert!(output.status.success(), "tc {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+}
+
 /// Three namespaces a - f - b, deleted when dropped, even after a failed assertion.
 struct Topology {
     a: String,
@@ -336,4 +341,79 @@ fn forwarding_rate() {
         "sent {sent}, received {received} in {blast:?}: {:.0} frames/s forwarded\n{a_to_b:?}",
         a_to_b.frames as f64 / blast.as_secs_f64()
     );
+}
+
+/// CPU time the calling process's threads named `name` have run so far, from the
+/// scheduler's own count (/proc/self/task/*/schedstat, in nanoseconds).
+fn cpu_time_of_threads(name: &str) -> Duration {
+    let mut nanos = 0;
+    for task in std::fs::read_dir("/proc/self/task").expect("listing threads").flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            let schedstat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            nanos += schedstat.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    Duration::from_nanos(nanos)
+}
+
+/// The delay line's CPU per frame forwarded, with a 1 ms delay both ways, for UDP paced at
+/// a few rates (1 KiB datagrams: 4, 12 and 24 thousand a second are about 35, 100 and 200
+/// Mbit/s): run with `cargo test --release -p netagg-emulate --test delay_line
+/// cpu_per_frame -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn cpu_per_frame() {
+    skip_unless_root!();
+    const PAYLOAD: usize = 1024;
+    let topology = Topology::new("cpu");
+    for frames_per_ms in [4, 12, 24] {
+        // Paced by a rate limit a little above the offered rate, as a link's tbf paces them.
+        let rate = format!("{}kbit", frames_per_ms * (PAYLOAD as u64 + 42) * 8 * 105 / 100);
+        let limit = ["-n", &topology.a, "qdisc", "replace", "dev", "va", "root", "tbf", "rate", &rate];
+        tc(&[&limit[..], &["burst", "4kb", "latency", "50ms"]].concat());
+        let line = topology.start(delay(1), delay(1));
+        let (ready, is_ready) = mpsc::channel();
+        let receiver = spawn_in(&topology.b, move || {
+            let socket = UdpSocket::bind((B_ADDRESS, 7004)).expect("binding the receiver");
+            socket.set_read_timeout(Some(Duration::from_millis(300))).expect("timeout");
+            ready.send(()).expect("test alive");
+            let mut buffer = [0; PAYLOAD];
+            let mut received = 0u64;
+            while socket.recv(&mut buffer).is_ok() {
+                received += 1;
+            }
+            received
+        });
+        is_ready.recv().expect("receiver bound");
+        let threads = ["delay fa>fb", "delay fb>fa"];
+        let cpu_before: Duration = threads.iter().map(|name| cpu_time_of_threads(name)).sum();
+        let length = Duration::from_secs(2);
+        spawn_in(&topology.a, move || {
+            let socket = UdpSocket::bind((A_ADDRESS, 0)).expect("binding the sender");
+            let start = Instant::now();
+            let mut next = start;
+            while next < start + length {
+                for _ in 0..frames_per_ms {
+                    let _ = socket.send_to(&[0; PAYLOAD], (B_ADDRESS, 7004));
+                }
+                next += ms(1);
+                thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        })
+        .join()
+        .expect("sender");
+        let received = receiver.join().expect("receiver");
+        let cpu: Duration =
+            threads.iter().map(|name| cpu_time_of_threads(name)).sum::<Duration>() - cpu_before;
+        let [a_to_b, _] = line.stats();
+        println!(
+            "cpu_per_frame: {} frames/s offered, {received} received, line CPU {:.1} % of a core, {:.2} us per frame, lateness median {:?} p99 {:?}",
+            frames_per_ms * 1000,
+            cpu.as_secs_f64() / length.as_secs_f64() * 100.0,
+            cpu.as_secs_f64() * 1e6 / a_to_b.frames.max(1) as f64,
+            a_to_b.lateness_median,
+            a_to_b.lateness_p99,
+        );
+    }
 }

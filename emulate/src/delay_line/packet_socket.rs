@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::io;
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Length of the `virtio_net_hdr` that PACKET_VNET_HDR puts before every frame.
 pub(super) const VNET_HDR_LEN: usize = 10;
@@ -27,14 +27,45 @@ pub(super) struct PacketSocket {
     fd: OwnedFd,
 }
 
-/// One frame read into the caller's buffer.
+/// What `receive_batch` learnt of one frame it read into a [`ReceiveBatch`].
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Received {
-    /// Bytes of the buffer filled: the `virtio_net_hdr`, then the Ethernet frame.
+    /// Bytes of the frame's buffer filled: the `virtio_net_hdr`, then the Ethernet frame.
     pub len: usize,
-    /// The frame did not fit the buffer and was cut.
+    /// The frame did not fit its buffer and was cut.
     pub truncated: bool,
     /// The frame was sent out of the device rather than received on it.
     pub outgoing: bool,
+    /// The kernel's receive time stamp (SO_TIMESTAMPNS) on the system clock, if it gave one.
+    pub stamp: Option<SystemTime>,
+}
+
+/// Buffers for reading up to `capacity` frames with one `recvmmsg`, reused call after call.
+pub(super) struct ReceiveBatch {
+    frames: Vec<Vec<u8>>,
+    /// One control buffer per frame, with room for a timestamp message (u64s: aligned as
+    /// cmsghdr wants).
+    controls: Vec<[u64; 8]>,
+    senders: Vec<libc::sockaddr_ll>,
+    received: Vec<Received>,
+}
+
+impl ReceiveBatch {
+    pub fn new(capacity: usize, frame_bytes: usize) -> Self {
+        // SAFETY: sockaddr_ll is a plain C struct for which all zeroes is valid.
+        let no_sender: libc::sockaddr_ll = unsafe { mem::zeroed() };
+        ReceiveBatch {
+            frames: vec![vec![0; frame_bytes]; capacity],
+            controls: vec![[0; 8]; capacity],
+            senders: vec![no_sender; capacity],
+            received: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// The frames the last `receive_batch` read, each with its bytes.
+    pub fn iter(&self) -> impl Iterator<Item = (&Received, &[u8])> {
+        self.received.iter().zip(&self.frames).map(|(received, frame)| (received, &frame[..received.len]))
+    }
 }
 
 impl PacketSocket {
@@ -44,6 +75,9 @@ impl PacketSocket {
         let socket = Self::open(ETH_P_ALL_BE, ifindex)?;
         // Kernels before 4.20 lack the option; `receive` then tells outgoing frames apart.
         let _ = socket.set_option(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1);
+        // The time each frame reached the device, so that frames may wait in the socket
+        // while the thread sleeps (see `Schedule::arrival`, which decides whether to trust it).
+        socket.set_option(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
         socket.set_buffer(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)?;
         Ok(socket)
     }
@@ -117,44 +151,63 @@ impl PacketSocket {
             .or_else(|_| self.set_option(libc::SOL_SOCKET, capped, SOCKET_BUFFER_BYTES))
     }
 
-    /// Reads one frame without blocking; `None` when none is waiting.
-    pub fn receive(&self, buffer: &mut [u8]) -> io::Result<Option<Received>> {
-        let mut from = libc::sockaddr_ll {
-            sll_family: 0,
-            sll_protocol: 0,
-            sll_ifindex: 0,
-            sll_hatype: 0,
-            sll_pkttype: 0,
-            sll_halen: 0,
-            sll_addr: [0; 8],
-        };
-        let mut from_len = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-        // SAFETY: the kernel writes at most buffer.len() bytes into `buffer` and at most
-        // `from_len` into `from`, both borrowed mutably for the call.
-        let length = unsafe {
-            libc::recvfrom(
+    /// Reads every frame waiting, up to the batch's capacity, with one system call and
+    /// without blocking; the count read, 0 when none was waiting.
+    pub fn receive_batch(&self, batch: &mut ReceiveBatch) -> io::Result<usize> {
+        let ReceiveBatch { frames, controls, senders, received } = batch;
+        received.clear();
+        let mut iovecs: Vec<libc::iovec> = frames
+            .iter_mut()
+            .map(|frame| libc::iovec { iov_base: frame.as_mut_ptr().cast(), iov_len: frame.len() })
+            .collect();
+        let mut messages: Vec<libc::mmsghdr> = iovecs
+            .iter_mut()
+            .zip(controls.iter_mut())
+            .zip(senders.iter_mut())
+            .map(|((iovec, control), sender)| {
+                // SAFETY: msghdr is a plain C struct for which all zeroes is valid.
+                let mut header: libc::msghdr = unsafe { mem::zeroed() };
+                header.msg_name = (sender as *mut libc::sockaddr_ll).cast();
+                header.msg_namelen = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+                header.msg_iov = iovec;
+                header.msg_iovlen = 1;
+                header.msg_control = control.as_mut_ptr().cast();
+                header.msg_controllen = mem::size_of_val(control);
+                libc::mmsghdr { msg_hdr: header, msg_len: 0 }
+            })
+            .collect();
+        // SAFETY: every pointer in `messages` is to a buffer of `batch` or `iovecs`, alive and
+        // borrowed mutably for the call, with its true length; the kernel writes within those
+        // lengths and into at most messages.len() entries.
+        let count = unsafe {
+            libc::recvmmsg(
                 self.fd.as_raw_fd(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
+                messages.as_mut_ptr(),
+                messages.len() as libc::c_uint,
                 libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                (&mut from as *mut libc::sockaddr_ll).cast(),
-                &mut from_len,
+                std::ptr::null_mut(),
             )
         };
-        if length < 0 {
+        if count < 0 {
             let error = io::Error::last_os_error();
             return match error.kind() {
-                io::ErrorKind::WouldBlock => Ok(None),
+                io::ErrorKind::WouldBlock => Ok(0),
                 _ => Err(error),
             };
         }
-        // MSG_TRUNC makes the kernel return the frame's whole length even if it was cut.
-        let whole = length as usize;
-        Ok(Some(Received {
-            len: whole.min(buffer.len()),
-            truncated: whole > buffer.len(),
-            outgoing: from.sll_pkttype == libc::PACKET_OUTGOING,
-        }))
+        for ((message, frame), sender) in
+            messages.iter().zip(frames.iter()).take(count as usize).zip(senders.iter())
+        {
+            // MSG_TRUNC makes the kernel report the frame's whole length even if it was cut.
+            let whole = message.msg_len as usize;
+            received.push(Received {
+                len: whole.min(frame.len()),
+                truncated: whole > frame.len(),
+                outgoing: sender.sll_pkttype == libc::PACKET_OUTGOING,
+                stamp: receive_stamp(&message.msg_hdr),
+            });
+        }
+        Ok(received.len())
     }
 
     /// Writes one frame, its `virtio_net_hdr` first, out of the bound device.
@@ -246,4 +299,24 @@ pub(super) fn run_before_ordinary_threads() {
     unsafe {
         libc::sched_setscheduler(0, libc::SCHED_FIFO, &parameters);
     }
+}
+
+/// The SCM_TIMESTAMPNS control message of a received message, if it has one.
+fn receive_stamp(message: &libc::msghdr) -> Option<SystemTime> {
+    // SAFETY: `message` was filled by recvmmsg, so CMSG_FIRSTHDR and CMSG_NXTHDR walk control
+    // messages within msg_control's msg_controllen bytes, and an SCM_TIMESTAMPNS message's
+    // data is a timespec (read unaligned, as CMSG_DATA need not align it).
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(message);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let time = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::timespec>());
+                let since_epoch =
+                    Duration::new(u64::try_from(time.tv_sec).ok()?, u32::try_from(time.tv_nsec).ok()?);
+                return SystemTime::UNIX_EPOCH.checked_add(since_epoch);
+            }
+            header = libc::CMSG_NXTHDR(message, header);
+        }
+    }
+    None
 }
