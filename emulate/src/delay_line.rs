@@ -63,7 +63,7 @@ pub struct DirectionStats {
     /// Frames the output device would not take: its queue (a rate limiter's) full, the device
     /// down, the frame too long.
     pub send_failed: u64,
-    /// Frames held whose arrival the kernel did not stamp within their read's window: they
+    /// Frames (held, lost or overflowed) whose arrival the kernel did not stamp within their read's window: they
     /// count as arrived when read, and the thread reads often while they come.
     pub unstamped: u64,
     /// How much later than its due time a frame was sent: median, 99th percentile (both to
@@ -92,6 +92,9 @@ struct DirectionHandle {
 
 /// The most a direction holds; a 100 ms delay at 10 Gbit/s holds about 125 MB.
 const HOLD_LIMIT: HoldLimit = HoldLimit { frames: 100_000, bytes: 256 << 20 };
+/// The longest delay plus jitter a line takes: far beyond any network's, and far from
+/// overflowing a due time.
+const MAX_DELAY: Duration = Duration::from_secs(3600);
 /// The longest a thread waits before looking at the stop flag.
 const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// How often a thread copies its counters where `stats` reads them.
@@ -118,6 +121,14 @@ impl DelayLine {
         for (name, impairment) in [("a to b", a_to_b), ("b to a", b_to_a)] {
             if !(0.0..=1.0).contains(&impairment.loss) {
                 let message = format!("loss {} is not a probability in 0..=1", impairment.loss);
+                return Err(context(name, io::Error::new(io::ErrorKind::InvalidInput, message)));
+            }
+            // Refused here rather than overflowing a due time in the line's thread.
+            if impairment.delay.checked_add(impairment.jitter).is_none_or(|most| most > MAX_DELAY) {
+                let message = format!(
+                    "delay {:?} with jitter {:?} is more than the line holds ({MAX_DELAY:?})",
+                    impairment.delay, impairment.jitter
+                );
                 return Err(context(name, io::Error::new(io::ErrorKind::InvalidInput, message)));
             }
         }
@@ -317,7 +328,7 @@ impl Direction {
             match self.output.send(&due.frame) {
                 Ok(()) => {
                     self.counters.frames += 1;
-                    self.counters.bytes += (due.frame.len() - VNET_HDR_LEN) as u64;
+                    self.counters.bytes += due.frame.len().saturating_sub(VNET_HDR_LEN) as u64;
                 }
                 // Gone for good: the device was removed (its index is no longer valid).
                 Err(error) if matches!(error.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => {

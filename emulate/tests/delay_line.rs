@@ -281,6 +281,22 @@ fn start_names_what_is_missing() {
     assert!(DelayLine::start(&topology.f, "fa", "fb", bad_loss, delay(1)).is_err());
 }
 
+/// Checked before anything is opened, so without root too.
+#[test]
+fn a_delay_past_what_a_line_holds_is_refused() {
+    for too_long in [
+        Impairment { delay: Duration::from_secs(7200), ..Impairment::default() },
+        Impairment { delay: Duration::MAX, jitter: Duration::from_secs(1), ..Impairment::default() },
+    ] {
+        let error = match DelayLine::start("dl-unopened", "fa", "fb", delay(1), too_long) {
+            Ok(_) => panic!("started with {too_long:?}"),
+            Err(error) => error,
+        };
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(error.to_string().contains("b to a: delay"), "{error}");
+    }
+}
+
 #[test]
 fn a_removed_device_ends_its_direction_quietly() {
     skip_unless_root!();

@@ -14,7 +14,8 @@ pub(super) const VNET_HDR_LEN: usize = 10;
 const ETH_P_ALL_BE: u16 = (libc::ETH_P_ALL as u16).to_be();
 
 /// Asks for the kernel's receive and send buffers this big; frames wait in our own queue,
-/// so these only absorb bursts between two wake-ups of the thread.
+/// so these only absorb what arrives between two reads (at most 2 ms apart
+/// while frames are held).
 const SOCKET_BUFFER_BYTES: libc::c_int = 16 << 20;
 
 /// A raw packet socket bound to one device, whose frames carry a `virtio_net_hdr`.
@@ -73,10 +74,10 @@ impl PacketSocket {
     /// (such as those the opposite direction sends).
     pub fn receiver(ifindex: libc::c_int) -> io::Result<Self> {
         let socket = Self::open(ETH_P_ALL_BE, ifindex)?;
-        // Kernels before 4.20 lack the option; `receive` then tells outgoing frames apart.
+        // Kernels before 4.20 lack the option; `receive_batch` then tells outgoing frames apart.
         let _ = socket.set_option(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1);
         // The time each frame reached the device, so that frames may wait in the socket
-        // while the thread sleeps (see `Schedule::arrival`, which decides whether to trust it).
+        // while the thread sleeps (see `ReadWindow::arrival`, which decides whether to trust it).
         socket.set_option(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
         socket.set_buffer(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)?;
         Ok(socket)

@@ -67,6 +67,10 @@ const SEND_SLACK_LIMIT: Duration = Duration::from_micros(100);
 /// The shortest interval between reads while frames without stamps come: a line without
 /// delay must not spin.
 const UNSTAMPED_READ_INTERVAL_MIN: Duration = Duration::from_micros(20);
+/// The longest a thread holding frames goes without reading: frames not yet read wait in
+/// the socket's buffer, which a long delay at a high rate would otherwise overflow (at 10
+/// Gbit/s a 32 MiB buffer of full frames fills in about 10 ms).
+const READ_INTERVAL_MAX: Duration = Duration::from_millis(2);
 
 impl ReadWindow {
     /// A frame's arrival: its kernel stamp if the stamp lies in the window (a stamp from
@@ -165,7 +169,7 @@ impl<F: AsRef<[u8]>> Schedule<F> {
     /// frame waiting; `None` when nothing is held, and it may wait for a frame instead.
     pub fn next_wake(&self, last_read: Instant) -> Option<Instant> {
         let oldest = self.held.front()?;
-        let wake = oldest.due + self.send_slack();
+        let wake = (oldest.due + self.send_slack()).min(last_read + READ_INTERVAL_MAX);
         // Without stamps, a frame's arrival is known only to within a wake-up interval.
         if self.unstamped {
             return Some(wake.min(last_read + self.send_slack().max(UNSTAMPED_READ_INTERVAL_MIN)));
@@ -214,8 +218,10 @@ mod tests {
         let start = Instant::now();
         let mut line = schedule(Impairment { delay: ms(20), ..Impairment::default() }, ROOMY);
         assert_eq!(line.arrive(Stamped(start), vec![1, 2, 3]), Arrival::Held);
-        // A tenth of the delay past it, at most 100 us, so that one wake-up sends several.
-        assert_eq!(line.next_wake(start), Some(start + ms(20) + Duration::from_micros(100)));
+        // A twentieth of the delay past it, at most 100 us, so that one wake-up sends
+        // several; and, however long the delay, a read every READ_INTERVAL_MAX meanwhile.
+        assert_eq!(line.next_wake(start + ms(19)), Some(start + ms(20) + Duration::from_micros(100)));
+        assert_eq!(line.next_wake(start), Some(start + READ_INTERVAL_MAX));
         assert_eq!(line.pop_due(start + ms(19)), None);
         let due = line.pop_due(start + ms(21)).expect("due after 20 ms");
         assert_eq!(due, Due { frame: vec![1, 2, 3], due: start + ms(20), lateness_from: start + ms(20) });
