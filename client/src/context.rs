@@ -358,7 +358,8 @@ impl Context {
 
     /// Waits at most `timeout` for every submitted job to end: whether they all have.
     pub fn wait_all_timeout(&self, timeout: Duration) -> bool {
-        self.wait_all_until(Some(Instant::now() + timeout))
+        // A timeout past the clock's range is none.
+        self.wait_all_until(Instant::now().checked_add(timeout))
     }
 
     fn wait_all_until(&self, deadline: Option<Instant>) -> bool {

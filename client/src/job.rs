@@ -224,7 +224,8 @@ impl JobShared {
 
     /// Waits until the job ended, or `deadline` passed (then returns None).
     pub fn wait_until(&self, deadline: Option<Instant>) -> Option<Result<(), Error>> {
-        wait_while_until(&self.done, self.lock(), deadline, |state| state.outcome().is_none()).outcome()
+        let running = |state: &mut JobState| matches!(state.status, JobStatus::Queued | JobStatus::Running);
+        wait_while_until(&self.done, self.lock(), deadline, running).outcome()
     }
 
     /// The job's outcome if it has ended; otherwise registers `waker` to be woken when it
@@ -285,9 +286,10 @@ impl Job {
         self.shared.wait_until(None).unwrap_or(Err(Error::Stopped))
     }
 
-    /// Waits at most `timeout`; `Ok(false)` if the job is still running then.
+    /// Waits at most `timeout` (one past the clock's range waits as `wait` does);
+    /// `Ok(false)` if the job is still running then.
     pub fn wait_timeout(&self, timeout: Duration) -> Result<bool, Error> {
-        match self.shared.wait_until(Some(Instant::now() + timeout)) {
+        match self.shared.wait_until(Instant::now().checked_add(timeout)) {
             None => Ok(false),
             Some(result) => result.map(|()| true),
         }

@@ -176,6 +176,8 @@ fn a_job_racing_another_s_buffers_is_refused_until_that_one_ends() {
         assert_eq!(again.id(), 4, "jobs refused for buffers in use keep their numbers");
         assert!(!context.wait_all_timeout(Duration::from_millis(1)), "the jobs take longer");
         assert!(context.wait_all_timeout(Duration::from_secs(30)));
+        // A timeout past the clock's range is none (it once overflowed the deadline).
+        assert!(context.wait_all_timeout(Duration::MAX) && again.wait_timeout(Duration::MAX).unwrap());
         assert_eq!((first.status(), again.status()), (JobStatus::Finished, JobStatus::Finished));
         context
             .submit_raw(pointer.add(64), other.as_mut_ptr().cast(), 16, floats, None)

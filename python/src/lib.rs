@@ -92,7 +92,8 @@ fn wait_interruptibly<T: Send>(
     timeout: Option<Duration>,
     poll: impl Fn(Duration) -> Option<T> + Sync,
 ) -> PyResult<Option<T>> {
-    let deadline = timeout.map(|timeout| Instant::now() + timeout);
+    // A timeout past the clock's range is none.
+    let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
     loop {
         let slice = deadline.map_or(SIGNAL_CHECK_INTERVAL, |deadline| {
             deadline.saturating_duration_since(Instant::now()).min(SIGNAL_CHECK_INTERVAL)
@@ -553,13 +554,14 @@ impl Job {
     }
 }
 
-/// A timeout in seconds from Python, checked.
+/// A timeout in seconds from Python, checked; one past what a `Duration` holds (some
+/// 10^19 s) is none.
 fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
     match timeout {
         Some(seconds) if !(seconds >= 0.0 && seconds.is_finite()) => {
             Err(PyValueError::new_err(format!("timeout must be a number of seconds >= 0, not {seconds}")))
         }
-        timeout => Ok(timeout.map(Duration::from_secs_f64)),
+        timeout => Ok(timeout.and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())),
     }
 }
 

@@ -214,6 +214,8 @@ def test_bad_tensors_raise_clear_errors():
             context.allreduce(torch.zeros(8, dtype=torch.float16), out=torch.zeros(8, dtype=torch.bfloat16))
         with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0, not -1"):
             context.allreduce_async(np.zeros(8, dtype=np.int32)).wait(timeout=-1)
+        # A timeout past any clock's range waits as no timeout does.
+        assert context.allreduce_async(np.zeros(8, dtype=np.int32)).wait(timeout=1e30)
         with pytest.raises(TypeError, match="callback must be callable"):
             context.allreduce_async(np.zeros(8, dtype=np.int32)).add_done_callback(3)
     with pytest.raises(netagg.StoppedError, match="the context is stopped"):
