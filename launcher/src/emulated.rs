@@ -41,7 +41,7 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
         topology.switch_links = switch_links;
     }
     let links = topology.links(u32::from(options.workers)).map_err(|e| e.to_string())?;
-    let racks = racks(options, &topology)?;
+    let racks = rack_layout(options, &topology)?;
     let switch_hosts = switch_hosts(options, &topology);
     // An interrupt while the network is built reaches the ip and tc it runs too: it
     // ends the run as an interrupt, not as their failure.
@@ -76,7 +76,7 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
 
 /// The network's racks, from the options and the topology file, checked against the
 /// rest of the run; `None` for a flat network.
-fn racks(options: &Options, topology: &Topology) -> Result<Option<Racks>, String> {
+fn rack_layout(options: &Options, topology: &Topology) -> Result<Option<Racks>, String> {
     let Some(count) = topology.racks else {
         if options.flat || options.uplink.is_some() || options.rack_switches.is_some() {
             return Err("--flat, --uplink and --rack-switches describe a network of racks: give --racks \

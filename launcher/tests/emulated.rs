@@ -144,21 +144,33 @@ fn a_two_level_tree_on_racks_verifies_and_sends_one_tensor_up_each_uplink() {
         let model = "through a tree of 2 rack switches, 2 racks behind 25mbit uplinks";
         assert_eq!(all.matches(model).count(), 4, "{all}");
         if tensor_type == "int32" {
-            // Every worker's link and every uplink: one tensor per job each way, where a
-            // switch at the core would take two through each uplink. (A worker's link
-            // also carries its losses' resends, about 4 % at 1 % loss; the upper
-            // switch's resends down an uplink, when a loaded machine delays the rack's
-            // acknowledgements, were up to 7 %.)
+            for rack in 0..2 {
+                // Dense, every round went up once and came down once (sparse, a rack
+                // with no block at a round sends nothing up and takes the result).
+                let stats = all
+                    .lines()
+                    .find_map(|line| line.strip_prefix(&format!("[rack {rack}] stats: uplink ")))
+                    .unwrap_or_else(|| panic!("no uplink counters of rack {rack}:\n{all}"));
+                let fields: Vec<&str> = stats.split_whitespace().collect();
+                let count =
+                    |name: &str| fields.iter().position(|field| *field == name).map(|at| fields[at + 1]);
+                assert_eq!(count("sent-up"), count("results-down"), "rack {rack}: {stats}");
+            }
+            // On the links: each uplink carried one tensor per job up, as much as a
+            // worker's link (which also carries its losses' resends, about 4 % at 1 %
+            // loss), where a switch at the core would take two through it. Down, the
+            // results once each, and the upper switch's answers to the rack switch's
+            // requests for rounds only queued at the uplink (7-50 % more on this loaded
+            // machine: benches/RESULTS.md), still short of two tensors.
             let worker_up = pair(&report_row(&all, 0)[2]).0;
             for uplink in ["u0", "u1"] {
                 let (up, down) = pair(&labelled_row(&all, uplink)[2]);
-                for carried in [up, down] {
-                    let tensors = carried / worker_up;
-                    assert!(
-                        (0.9..1.15).contains(&tensors),
-                        "{uplink}: {carried} MB against {worker_up}:\n{all}"
-                    );
-                }
+                let (up_tensors, down_tensors) = (up / worker_up, down / worker_up);
+                assert!((0.9..1.1).contains(&up_tensors), "{uplink}: {up} MB up against {worker_up}:\n{all}");
+                assert!(
+                    (0.9..1.6).contains(&down_tensors),
+                    "{uplink}: {down} MB down against {worker_up}:\n{all}"
+                );
             }
         }
         assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind after:\n{all}");
