@@ -17,14 +17,22 @@
 //!   link's time; colocated (one switch on each of the `N` workers' hosts), each host's
 //!   link carries `2(N−1)/N` tensors each way (its own shares to the others' switches and
 //!   their sums back, and the others' shares of its switch's slots in and their sums out),
-//!   a ring's bytes. A worker keeps at most its window of packets in flight, so it moves
+//!   a ring's bytes. On a network of racks ([`RackNetwork`]), a switch at the core takes
+//!   each rack's tensors through the rack's uplink (as many as the rack has workers, each
+//!   way); a two-level tree ([`Aggregators::Tree`]) sends one partial sum up each uplink
+//!   and one result down, and a rack's switch on a server carries its workers' tensors and
+//!   the upper switch's result each way, the upper switch's server one tensor per rack.
+//!   A worker keeps at most its window of packets in flight, so it moves
 //!   at most a window per round trip; the job takes the longer of the two bounds, plus
 //!   one round trip to fill and drain the pipeline.
 //! - **ring** (bandwidth-optimal, as MPI runs it for large tensors): 2(N−1) steps, in
 //!   each of which every rank sends 1/N of the tensor to the next rank and receives 1/N
 //!   from the previous one, over TCP. A step cannot start before the previous one's
 //!   chunk has arrived, so each costs its chunk's time on the slowest link plus the
-//!   chunk's path delay (its sender's link and its receiver's).
+//!   chunk's path delay (its sender's link and its receiver's). On a network of racks of
+//!   contiguous ranks, each uplink carries one ring edge each way (its rack's last rank
+//!   to the next rack's first, and into its first rank), so a slower uplink sets the
+//!   steps' pace as a slow worker link does.
 
 use std::time::Duration;
 
@@ -59,8 +67,20 @@ pub enum Aggregators {
     /// `count` switch processes (shards) on hosts of their own, each behind `link`; each
     /// sums `1/count` of every job's slots.
     Dedicated { count: usize, link: Link },
-    /// One switch on each worker's host, behind that worker's link.
+    /// One switch on each worker's host, behind that worker's link (on a flat network).
     Colocated,
+    /// A two-level tree on a network of racks: a switch per rack sums its rack's workers
+    /// and sends one partial sum up its uplink to an upper switch at the core. Each
+    /// switch is the network (`None`) or a process on a server behind `Some(link)`.
+    Tree { switch_link: Option<Link> },
+}
+
+/// Racks of contiguous ranks, each behind an uplink of its own to the network's core.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RackNetwork {
+    pub count: usize,
+    /// Each rack's uplink (an unlimited one at an infinite rate).
+    pub uplink: Link,
 }
 
 /// An allreduce and the network it runs on.
@@ -70,6 +90,8 @@ pub struct Scenario {
     pub links: Vec<Link>,
     /// Where netagg's sums are made (the ring makes its own).
     pub aggregators: Aggregators,
+    /// The racks, on a network of racks; `None`: every link meets at one core.
+    pub racks: Option<RackNetwork>,
     pub tensor_bytes: u64,
     /// Payload bytes of one netagg packet (`packet_numel` × 4).
     pub packet_payload_bytes: u64,
@@ -107,6 +129,7 @@ impl Scenario {
         Scenario {
             links: vec![link; workers],
             aggregators: Aggregators::Ideal,
+            racks: None,
             tensor_bytes,
             packet_payload_bytes,
             window_packets,
@@ -128,24 +151,42 @@ impl Scenario {
         let wire_bytes = (self.tensor_bytes + packets * (NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES)) as f64;
         let slowest = Link { bits_per_second: self.slowest_rate(), delay: self.longest_delay() };
         let workers = self.links.len() as f64;
-        // A packet's round trip: up and down each link on its way, each with its delay
-        // and its own serialisation. And the time of the busiest link: the most tensors
-        // (of `wire_bytes` each) a link carries each way, over its rate.
-        let hop = |link: &Link| 2.0 * link.delay.as_secs_f64() + 2.0 * link.seconds_for(packet_bytes);
-        let (round_trip, at_link_rate) = match self.aggregators {
-            Aggregators::Ideal => (hop(&slowest), slowest.seconds_for(wire_bytes)),
+        // The links a packet's round trip crosses (up and down each, with its delay and
+        // its own serialisation), and the tensors (of `wire_bytes` each) each link on the
+        // way carries each way: the busiest sets the time.
+        let (mut path, mut loads): (Vec<Link>, Vec<(Link, f64)>) = match self.aggregators {
+            Aggregators::Ideal => (vec![slowest], vec![(slowest, 1.0)]),
             Aggregators::Dedicated { count, link } => {
-                let per_host = workers / count.max(1) as f64;
-                (
-                    hop(&slowest) + hop(&link),
-                    slowest.seconds_for(wire_bytes).max(link.seconds_for(per_host * wire_bytes)),
-                )
+                (vec![slowest, link], vec![(slowest, 1.0), (link, workers / count.max(1) as f64)])
             }
             // A packet to another worker's switch crosses two worker links each way.
             Aggregators::Colocated => {
-                (2.0 * hop(&slowest), slowest.seconds_for(2.0 * (workers - 1.0) / workers * wire_bytes))
+                (vec![slowest, slowest], vec![(slowest, 2.0 * (workers - 1.0) / workers)])
+            }
+            Aggregators::Tree { switch_link } => {
+                let (racks, uplink) =
+                    self.racks.map_or((1.0, None), |racks| (racks.count as f64, Some(racks.uplink)));
+                let mut path = vec![slowest];
+                let mut loads = vec![(slowest, 1.0)];
+                path.extend(uplink);
+                loads.extend(uplink.map(|uplink| (uplink, 1.0)));
+                if let Some(link) = switch_link {
+                    // The rack's switch's server, and the upper switch's.
+                    path.extend([link, link]);
+                    loads.extend([(link, self.largest_rack() + 1.0), (link, racks)]);
+                }
+                (path, loads)
             }
         };
+        // A switch at the core takes each rack's workers' tensors through its uplink.
+        if let (Some(racks), false) = (self.racks, matches!(self.aggregators, Aggregators::Tree { .. })) {
+            path.push(racks.uplink);
+            loads.push((racks.uplink, self.largest_rack()));
+        }
+        let hop = |link: &Link| 2.0 * link.delay.as_secs_f64() + 2.0 * link.seconds_for(packet_bytes);
+        let round_trip: f64 = path.iter().map(hop).sum();
+        let at_link_rate =
+            loads.iter().map(|(link, tensors)| link.seconds_for(tensors * wire_bytes)).fold(0.0, f64::max);
         let rounds = packets.div_ceil(self.window_packets.max(1)) as f64;
         let at_window = rounds * round_trip;
         let (seconds, bound) = if at_window > at_link_rate {
@@ -154,6 +195,12 @@ impl Scenario {
             (at_link_rate, Bound::LinkRate)
         };
         Prediction { time: Duration::from_secs_f64(seconds + round_trip), bound }
+    }
+
+    /// The most workers a rack holds: racks of contiguous ranks split as evenly as may be.
+    fn largest_rack(&self) -> f64 {
+        let racks = self.racks.map_or(1, |racks| racks.count.max(1));
+        self.links.len().div_ceil(racks) as f64
     }
 
     /// A bandwidth-optimal ring over TCP.
@@ -166,7 +213,13 @@ impl Scenario {
         let segments = chunk.div_ceil(TCP_SEGMENT_BYTES);
         let chunk_wire_bytes = (chunk + segments * TCP_OVERHEAD_BYTES) as f64;
         let slowest = Link { bits_per_second: self.slowest_rate(), delay: self.longest_delay() };
-        let step = slowest.seconds_for(chunk_wire_bytes) + 2.0 * slowest.delay.as_secs_f64();
+        let mut step = slowest.seconds_for(chunk_wire_bytes) + 2.0 * slowest.delay.as_secs_f64();
+        // Between racks a step's chunk also crosses an uplink up and another down.
+        if let Some(racks) = self.racks.filter(|racks| racks.count > 1) {
+            let crossing =
+                racks.uplink.seconds_for(chunk_wire_bytes) + 2.0 * racks.uplink.delay.as_secs_f64();
+            step = step.max(crossing + 2.0 * slowest.delay.as_secs_f64());
+        }
         Duration::from_secs_f64(2.0 * (workers - 1) as f64 * step)
     }
 }
@@ -239,6 +292,39 @@ mod tests {
         let windowed = Scenario { window_packets: 256, ..colocated.clone() };
         assert_eq!(windowed.netagg().bound, Bound::Window);
         assert_eq!(Scenario { window_packets: 256, ..ideal }.netagg().bound, Bound::LinkRate);
+    }
+
+    #[test]
+    fn on_racks_behind_four_to_one_uplinks_a_tree_carries_one_tensor_up_each_and_beats_the_ring() {
+        // 2 racks of 2 workers at 40 Mbit/s, each uplink at 20 Mbit/s (2 × 40 / 4), no
+        // delay: 16384 packets of 1118 bytes are 18317312 bytes, 3.6634624 s at 40 Mbit/s.
+        let racks = RackNetwork { count: 2, uplink: link(20.0, 0) };
+        let flat =
+            Scenario { racks: Some(racks), ..Scenario::uniform(4, link(40.0, 0), 16 << 20, 1024, 1 << 20) };
+        let tree = |switch_link| {
+            Scenario { aggregators: Aggregators::Tree { switch_link }, ..flat.clone() }.netagg()
+        };
+        let one_tensor = 3.6634624;
+        let (worker_hop, uplink_hop) = (2.0 * 1118.0 * 8.0 / 40e6, 2.0 * 1118.0 * 8.0 / 20e6);
+        // The tree: one tensor up each uplink, at half a worker link's rate.
+        let ideal_tree = tree(None);
+        assert!(close(ideal_tree.time, 2.0 * one_tensor + worker_hop + uplink_hop), "{:?}", ideal_tree.time);
+        assert_eq!(ideal_tree.bound, Bound::LinkRate);
+        // One switch at the core: both of a rack's tensors through its uplink.
+        let core = flat.netagg().time;
+        assert!(close(core, 4.0 * one_tensor + worker_hop + uplink_hop), "{core:?}");
+        // Switches on servers at the workers' rate: a rack's switch carries its 2
+        // workers' tensors and the upper switch's result each way, 3 tensors.
+        let server_tree = tree(Some(link(40.0, 0)));
+        let expected = 3.0 * one_tensor + 3.0 * worker_hop + uplink_hop;
+        assert!(close(server_tree.time, expected), "{:?} against {expected}", server_tree.time);
+        // The ring: 6 steps of a 4 MiB chunk in 2897 segments, each crossing an uplink.
+        let ring_step = ((4u64 << 20) as f64 + 2897.0 * 66.0) * 8.0 / 20e6;
+        assert!(close(flat.ring(), 6.0 * ring_step), "{:?} against {}", flat.ring(), 6.0 * ring_step);
+        // One rack is a flat network: its uplink carries nothing of the ring's.
+        let one_rack = Scenario { racks: Some(RackNetwork { count: 1, ..racks }), ..flat.clone() };
+        let no_racks = Scenario { racks: None, ..flat.clone() };
+        assert_eq!(one_rack.ring(), no_racks.ring());
     }
 
     #[test]

@@ -15,6 +15,18 @@
 //! with no delay or loss: a path from a worker to a switch host then crosses one impaired
 //! link, the worker's, as a path to the switch does.
 //!
+//! A network of [`Racks`] gives each rack a bridge of its own (`rk<r>`), holding its
+//! workers' links and its switch hosts', joined to the core bridge by an uplink: a veth
+//! pair inside the fabric namespace, shaped by rate each way (on `v<r>`, the rack's end,
+//! for what goes up; on `u<r>`, the core's, for what comes down). The switch's namespace
+//! and the switch hosts of no rack sit at the core, so that what a rack exchanges with
+//! them, or with other racks, crosses its uplink:
+//!
+//! ```text
+//! w0, w1, s0 ─ rk0 ─ v0 ═ u0 ─ br0 ─ sw, s2
+//! w2, w3, s1 ─ rk1 ─ v1 ═ u1 ─┘
+//! ```
+//!
 //! Everything is named `<prefix>-...`, the prefix holding the launcher's process id, so
 //! that concurrent runs never meet; dropping the [`Fabric`] ends every process left in
 //! its namespaces and removes them, which removes their devices with them.
@@ -34,6 +46,10 @@ pub enum FabricError {
     Workers(usize),
     #[error("{0} switch hosts: an emulated network holds 0 to {MAX_SWITCH_HOSTS}")]
     SwitchHosts(usize),
+    #[error("the racks hold ranks {held:?}, but the workers are 0 to {last}: each rank in one rack")]
+    RackRanks { held: Vec<std::ops::Range<usize>>, last: usize },
+    #[error("switch host {host} is placed in rack {rack}, but there are {racks} racks")]
+    SwitchHostRack { host: usize, rack: usize, racks: usize },
     #[error("cannot run {program}: {source}")]
     Spawn { program: String, source: std::io::Error },
     #[error("'{command}' failed: {stderr}")]
@@ -95,12 +111,34 @@ pub const MAX_SWITCH_HOSTS: usize = 53;
 /// The one interface of the switch's and each worker's namespace.
 pub const HOST_DEVICE: &str = "eth0";
 
+/// A server running a switch process: its link, and the rack whose bridge it is on
+/// (`None`: the core's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwitchHost {
+    pub link: Link,
+    pub rack: Option<usize>,
+}
+
+/// A network of racks: the ranks of each (contiguous, together all ranks once), and
+/// every rack's uplink to the core (its rate, queue and burst).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Racks {
+    pub ranks: Vec<std::ops::Range<usize>>,
+    pub uplink: Link,
+}
+
 /// A run's namespaces, links and delay lines; removed on drop.
 pub struct Fabric {
     prefix: String,
     links: Vec<Link>,
     /// Each switch host's link.
     switch_links: Vec<Link>,
+    /// Each switch host's rack, if any.
+    switch_host_racks: Vec<Option<usize>>,
+    /// The ranks of each rack, if the network has racks.
+    rack_ranks: Vec<std::ops::Range<usize>>,
+    /// Each rack's uplink.
+    uplinks: Vec<Link>,
     /// What makes delay and loss, if any link has them.
     impairer: Option<Impairer>,
     delay_lines: Vec<(usize, DelayLine)>,
@@ -108,28 +146,51 @@ pub struct Fabric {
 
 impl Fabric {
     /// Builds the namespaces and links for one worker per link of `links` and one switch
-    /// host per link of `switch_links` (their rates only). Fails, having removed whatever
-    /// it made, if something it needs is missing or a command fails.
+    /// host per entry of `switch_hosts` (their links' rates only), on one flat network or
+    /// on `racks`. Fails, having removed whatever it made, if something it needs is
+    /// missing or a command fails.
     pub fn create(
         prefix: &str,
         links: Vec<Link>,
-        switch_links: Vec<Link>,
+        switch_hosts: Vec<SwitchHost>,
+        racks: Option<Racks>,
         choice: ImpairerChoice,
     ) -> Result<Fabric, FabricError> {
         check_prerequisites()?;
         if links.is_empty() || links.len() > MAX_WORKERS {
             return Err(FabricError::Workers(links.len()));
         }
-        if switch_links.len() > MAX_SWITCH_HOSTS {
-            return Err(FabricError::SwitchHosts(switch_links.len()));
+        if switch_hosts.len() > MAX_SWITCH_HOSTS {
+            return Err(FabricError::SwitchHosts(switch_hosts.len()));
+        }
+        let (rack_ranks, uplinks) = match racks {
+            Some(Racks { ranks, uplink }) => {
+                let uplink =
+                    Link { rate: uplink.rate, queue: uplink.queue, burst: uplink.burst, ..Link::default() };
+                let uplinks = vec![uplink; ranks.len()];
+                (ranks, uplinks)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let contiguous = rack_ranks.iter().try_fold(0, |next, rack| (rack.start == next).then_some(rack.end));
+        if !rack_ranks.is_empty() && contiguous != Some(links.len()) {
+            return Err(FabricError::RackRanks { held: rack_ranks, last: links.len() - 1 });
+        }
+        for (host, switch_host) in switch_hosts.iter().enumerate() {
+            if let Some(rack) = switch_host.rack.filter(|&rack| rack >= rack_ranks.len()) {
+                return Err(FabricError::SwitchHostRack { host, rack, racks: rack_ranks.len() });
+            }
         }
         remove_abandoned();
         let switch_links =
-            switch_links.into_iter().map(|link| Link { rate: link.rate, ..Link::default() }).collect();
+            switch_hosts.iter().map(|host| Link { rate: host.link.rate, ..Link::default() }).collect();
         let mut fabric = Fabric {
             prefix: prefix.to_string(),
             links,
             switch_links,
+            switch_host_racks: switch_hosts.iter().map(|host| host.rack).collect(),
+            rack_ranks,
+            uplinks,
             impairer: None,
             delay_lines: Vec::new(),
         };
@@ -182,10 +243,28 @@ impl Fabric {
         &self.switch_links
     }
 
-    /// The workers' links, then the switch hosts': the order of the monitor's samples
-    /// ([`crate::monitor::link_bytes`]) and of [`Fabric::queue_drops`].
+    /// Each switch host's rack, if any (`None`: at the core).
+    pub fn switch_host_racks(&self) -> &[Option<usize>] {
+        &self.switch_host_racks
+    }
+
+    /// Each rack's uplink to the core: its rate, no delay or loss; none on a flat network.
+    pub fn uplinks(&self) -> &[Link] {
+        &self.uplinks
+    }
+
+    /// The workers' links, then the switch hosts', then the uplinks: the order of the
+    /// monitor's samples ([`crate::monitor::link_bytes`]) and of [`Fabric::queue_drops`].
     pub fn all_links(&self) -> Vec<Link> {
-        self.links.iter().chain(&self.switch_links).copied().collect()
+        self.links.iter().chain(&self.switch_links).chain(&self.uplinks).copied().collect()
+    }
+
+    /// The bridge a rank's link ends on: its rack's, or the core's.
+    fn rank_bridge(&self, rank: usize) -> String {
+        match self.rack_ranks.iter().position(|ranks| ranks.contains(&rank)) {
+            Some(rack) => rack_bridge(rack),
+            None => CORE_BRIDGE.into(),
+        }
     }
 
     pub fn impairer(&self) -> Option<Impairer> {
@@ -200,8 +279,20 @@ impl Fabric {
         let fabric = self.fabric_namespace();
         ip(&["netns", "add", &fabric])?;
         ip(&["-n", &fabric, "link", "set", "lo", "up"])?;
-        ip(&["-n", &fabric, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &fabric, "link", "set", "br0", "up"])?;
+        ip(&["-n", &fabric, "link", "add", CORE_BRIDGE, "type", "bridge"])?;
+        ip(&["-n", &fabric, "link", "set", CORE_BRIDGE, "up"])?;
+        for (rack, uplink) in self.uplinks.iter().enumerate() {
+            let (bridge, rack_end, core_end) = (rack_bridge(rack), format!("v{rack}"), format!("u{rack}"));
+            ip(&["-n", &fabric, "link", "add", &bridge, "type", "bridge"])?;
+            ip(&["-n", &fabric, "link", "set", &bridge, "up"])?;
+            veth(&fabric, &rack_end, &core_end, None)?;
+            ip(&["-n", &fabric, "link", "set", &rack_end, "master", &bridge, "up"])?;
+            ip(&["-n", &fabric, "link", "set", &core_end, "master", CORE_BRIDGE, "up"])?;
+            // What goes up leaves the rack's end, what comes down the core's.
+            for device in [&rack_end, &core_end] {
+                shape(&fabric, device, uplink, false)?;
+            }
+        }
         if self.links.iter().any(Link::is_impaired) {
             self.impairer = Some(match choice {
                 ImpairerChoice::Only(impairer) => impairer,
@@ -209,13 +300,14 @@ impl Fabric {
                 ImpairerChoice::Auto => Impairer::UserSpace,
             });
         }
-        self.attach(&self.switch_namespace(), "sw", self.switch_ip(), true)?;
+        self.attach(&self.switch_namespace(), "sw", self.switch_ip(), Some(CORE_BRIDGE))?;
         for rank in 0..self.links.len() {
             self.attach_worker(rank)?;
         }
         for host in 0..self.switch_links.len() {
             let (namespace, port) = (self.switch_host_namespace(host), format!("s{host}"));
-            self.attach(&namespace, &port, self.switch_host_ip(host), true)?;
+            let bridge = self.switch_host_racks[host].map_or(CORE_BRIDGE.into(), rack_bridge);
+            self.attach(&namespace, &port, self.switch_host_ip(host), Some(&bridge))?;
             // What it sends on its end, what it receives on the fabric's.
             for (ns, device) in
                 [(namespace.as_str(), HOST_DEVICE), (self.fabric_namespace().as_str(), port.as_str())]
@@ -261,21 +353,21 @@ impl Fabric {
         Ok(())
     }
 
-    /// A namespace joined to the fabric by a veth pair: `port` in the fabric (on the
-    /// bridge if `bridged`), `eth0` with `address` inside.
+    /// A namespace joined to the fabric by a veth pair: `port` in the fabric (on
+    /// `bridge`, if any), `eth0` with `address` inside.
     fn attach(
         &self,
         namespace: &str,
         port: &str,
         address: Ipv4Addr,
-        bridged: bool,
+        bridge: Option<&str>,
     ) -> Result<(), FabricError> {
         let fabric = self.fabric_namespace();
         ip(&["netns", "add", namespace])?;
         ip(&["-n", namespace, "link", "set", "lo", "up"])?;
         veth(&fabric, port, HOST_DEVICE, Some(namespace))?;
-        if bridged {
-            ip(&["-n", &fabric, "link", "set", port, "master", "br0", "up"])?;
+        if let Some(bridge) = bridge {
+            ip(&["-n", &fabric, "link", "set", port, "master", bridge, "up"])?;
         } else {
             ip(&["-n", &fabric, "link", "set", port, "up"])?;
         }
@@ -291,11 +383,12 @@ impl Fabric {
         let user_space = link.is_impaired() && self.impairer == Some(Impairer::UserSpace);
         // With a delay line, the worker's veth ends unbridged in the fabric, and a second
         // pair takes the bridge's side; the delay line carries frames between the two.
-        self.attach(&namespace, &port, self.worker_ip(rank), !user_space)?;
+        let bridge = self.rank_bridge(rank);
+        self.attach(&namespace, &port, self.worker_ip(rank), (!user_space).then_some(bridge.as_str()))?;
         if user_space {
             let (line_end, bridge_port) = (format!("d{rank}"), format!("b{rank}"));
             veth(&fabric, &line_end, &bridge_port, None)?;
-            ip(&["-n", &fabric, "link", "set", &bridge_port, "master", "br0", "up"])?;
+            ip(&["-n", &fabric, "link", "set", &bridge_port, "master", &bridge, "up"])?;
             ip(&["-n", &fabric, "link", "set", &line_end, "up"])?;
             let impairment = Impairment { delay: link.delay, jitter: link.jitter, loss: link.loss };
             let line = DelayLine::start(&fabric, &port, &line_end, impairment, impairment)
@@ -316,17 +409,18 @@ impl Fabric {
     }
 
     /// Frames each rate limiter dropped because its queue was full, (up, down): by rank,
-    /// then by switch host.
+    /// then by switch host, then by uplink.
     pub fn queue_drops(&self) -> Vec<(u64, u64)> {
+        let fabric = self.fabric_namespace();
         let workers = (0..self.links.len()).map(|rank| (self.worker_namespace(rank), format!("w{rank}")));
         let hosts =
             (0..self.switch_links.len()).map(|host| (self.switch_host_namespace(host), format!("s{host}")));
-        workers
+        let ends = workers
             .chain(hosts)
-            .map(|(namespace, port)| {
-                (tbf_drops(&namespace, HOST_DEVICE), tbf_drops(&self.fabric_namespace(), &port))
-            })
-            .collect()
+            .map(|(namespace, port)| (tbf_drops(&namespace, HOST_DEVICE), tbf_drops(&fabric, &port)));
+        let uplinks = (0..self.uplinks.len())
+            .map(|rack| (tbf_drops(&fabric, &format!("v{rack}")), tbf_drops(&fabric, &format!("u{rack}"))));
+        ends.chain(uplinks).collect()
     }
 }
 
@@ -336,6 +430,15 @@ impl Drop for Fabric {
         self.delay_lines.clear();
         remove_namespaces(&format!("{}-", self.prefix));
     }
+}
+
+/// The bridge at the fabric's core: the switch's, the racks' uplinks', and on a flat
+/// network everyone's.
+const CORE_BRIDGE: &str = "br0";
+
+/// Rack `rack`'s bridge.
+fn rack_bridge(rack: usize) -> String {
+    format!("rk{rack}")
 }
 
 /// Root, `ip` and `tc`: all of them checked before anything is made.

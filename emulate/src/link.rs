@@ -7,14 +7,31 @@
 //! config files:
 //!
 //! ```ini
-//! [link]          # every worker's link
+//! # every worker's link
+//! [link]
 //! rate = 200mbit
 //! delay = 5ms
 //! loss = 1%
 //!
-//! [rank.3]        # rank 3's, over [link]
+//! # rank 3's, over [link]
+//! [rank.3]
 //! rate = 20mbit
+//!
+//! # racks of contiguous ranks, each with a switch and an uplink
+//! [racks]
+//! count = 2
+//! switches = ideal
+//!
+//! # each rack's link to the core: a rate of its own (oversubscription)
+//! [uplink]
+//! rate = 25mbit
 //! ```
+//!
+//! (comments go on lines of their own: the INI reader takes none after a section or a
+//! value).
+//! `switches` says what each switch's own link is on a network of racks: `ideal` (the
+//! switch is the network, its link never shaped) or `server` (a switch process behind a
+//! link shaped like `[link]`'s rate).
 //!
 //! Links are symmetric: each direction gets the rate, the delay, the jitter and the
 //! loss (so a round trip pays the delay twice and a packet survives it with
@@ -47,7 +64,7 @@ pub enum LinkError {
     InSection { section: String, source: Box<LinkError> },
     #[error("'{name}' must be {expected}")]
     NotASection { name: String, expected: &'static str },
-    #[error("unknown section [{0}] (expected [link] and [rank.N])")]
+    #[error("unknown section [{0}] (expected [link], [rank.N], [racks] and [uplink])")]
     UnknownSection(String),
     #[error("[rank.{0}]: expected a rank number")]
     SectionRank(String),
@@ -61,6 +78,10 @@ pub enum LinkError {
     NoWorkers,
     #[error("a link is set for rank {rank}, but the ranks are 0 to {last}")]
     RankOutOfRange { rank: u32, last: u32 },
+    #[error("[racks] {key} = '{value}': expected {expected}")]
+    Racks { key: String, value: String, expected: &'static str },
+    #[error("[uplink] sets {0}: an uplink takes a rate, queue and burst only (delay and loss belong to the racks' links)")]
+    UplinkImpaired(&'static str),
 }
 
 /// The keys of [`KEYS`], for messages.
@@ -215,11 +236,41 @@ impl LinkSettings {
     }
 }
 
-/// Every worker's link: one for all, and per-rank overrides.
+/// What a switch's own link is on a network of racks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SwitchLinks {
+    /// The switch is the network: its ports run at line rate, its link is never shaped.
+    #[default]
+    Ideal,
+    /// The switch is a process on a server, behind a link shaped like the workers'
+    /// (`[link]`, rate only): a server's NIC.
+    Server,
+}
+
+impl std::str::FromStr for SwitchLinks {
+    type Err = String;
+    fn from_str(text: &str) -> Result<SwitchLinks, String> {
+        match text.trim() {
+            "ideal" => Ok(SwitchLinks::Ideal),
+            "server" => Ok(SwitchLinks::Server),
+            _ => Err(format!("'{text}': expected ideal or server")),
+        }
+    }
+}
+
+/// Every worker's link: one for all, and per-rank overrides; and, on a network of racks,
+/// how many, what their switches' links are, and their uplinks.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Topology {
     pub every: LinkSettings,
     pub ranks: BTreeMap<u32, LinkSettings>,
+    /// Racks of contiguous ranks (`[racks] count`), each on a bridge of its own with its
+    /// switch, joined to the core by an uplink; `None`: one flat network.
+    pub racks: Option<u16>,
+    /// `[racks] switches`.
+    pub switch_links: SwitchLinks,
+    /// Each rack's uplink (`[uplink]`).
+    pub uplink: LinkSettings,
 }
 
 impl Topology {
@@ -267,10 +318,47 @@ impl Topology {
                         topology.ranks.insert(number, section(&format!("rank.{rank}"), value)?);
                     }
                 }
+                "uplink" => topology.uplink = section("uplink", value)?,
+                "racks" => {
+                    let table = value.into_table().map_err(|_| LinkError::NotASection {
+                        name: "racks".into(),
+                        expected: "a section",
+                    })?;
+                    for (key, value) in table {
+                        let text = value.to_string();
+                        let invalid =
+                            |expected| LinkError::Racks { key: key.clone(), value: text.clone(), expected };
+                        match key.as_str() {
+                            "count" => {
+                                let count = text.trim().parse().ok().filter(|&count: &u16| count > 0);
+                                topology.racks =
+                                    Some(count.ok_or_else(|| invalid("a number of racks from 1"))?);
+                            }
+                            "switches" => {
+                                topology.switch_links =
+                                    text.parse().map_err(|_| invalid("ideal or server"))?
+                            }
+                            _ => return Err(invalid("a key count or switches")),
+                        }
+                    }
+                }
                 other => return Err(LinkError::UnknownSection(other.to_string())),
             }
         }
         Ok(topology)
+    }
+
+    /// Each rack's uplink: its rate, queue and burst; unlimited unless set.
+    pub fn uplink_link(&self) -> Result<Link, LinkError> {
+        let impairments = [
+            ("delay", self.uplink.delay.is_some()),
+            ("jitter", self.uplink.jitter.is_some()),
+            ("loss", self.uplink.loss.is_some()),
+        ];
+        match impairments.iter().find(|(_, set)| *set) {
+            Some((key, _)) => Err(LinkError::UplinkImpaired(key)),
+            None => Ok(self.uplink.resolve()),
+        }
     }
 
     /// Overrides from the command line: `--link` over the file's `[link]`, and `N:...`
@@ -459,11 +547,44 @@ mod tests {
         );
         assert_eq!(
             Topology::from_ini("[links]\nrate = 1mbit\n").unwrap_err().to_string(),
-            "unknown section [links] (expected [link] and [rank.N])"
+            "unknown section [links] (expected [link], [rank.N], [racks] and [uplink])"
         );
         assert_eq!(
             Topology::from_ini("[rank.x]\nrate = 1mbit\n").unwrap_err().to_string(),
             "[rank.x]: expected a rank number"
+        );
+    }
+
+    #[test]
+    fn racks_their_switches_and_uplinks_parse_with_clear_errors() {
+        let topology = Topology::from_ini(
+            "[link]\nrate = 40mbit\n[racks]\ncount = 2\nswitches = server\n[uplink]\nrate = 20mbit\nqueue = 50ms\n",
+        )
+        .unwrap();
+        assert_eq!(topology.racks, Some(2));
+        assert_eq!(topology.switch_links, SwitchLinks::Server);
+        let uplink = topology.uplink_link().unwrap();
+        assert_eq!((uplink.rate, uplink.queue), (Some(20_000_000), Duration::from_millis(50)));
+        assert!(!uplink.is_impaired());
+        assert_eq!(Topology::default().switch_links, SwitchLinks::Ideal);
+        assert_eq!(Topology::default().uplink_link().unwrap().rate, None);
+        assert_eq!(
+            Topology::from_ini("[racks]\ncount = 0\n").unwrap_err().to_string(),
+            "[racks] count = '0': expected a number of racks from 1"
+        );
+        assert_eq!(
+            Topology::from_ini("[racks]\nswitches = asic\n").unwrap_err().to_string(),
+            "[racks] switches = 'asic': expected ideal or server"
+        );
+        assert_eq!(
+            Topology::from_ini("[racks]\nsize = 4\n").unwrap_err().to_string(),
+            "[racks] size = '4': expected a key count or switches"
+        );
+        let lossy = Topology::from_ini("[uplink]\nrate = 1mbit\nloss = 1%\n").unwrap();
+        assert_eq!(
+            lossy.uplink_link().unwrap_err().to_string(),
+            "[uplink] sets loss: an uplink takes a rate, queue and burst only (delay and loss belong to the \
+             racks' links)"
         );
     }
 
@@ -473,5 +594,10 @@ mod tests {
         let links = Topology::from_file(&path).unwrap().links(4).unwrap();
         assert_eq!(links[0].to_string(), "100mbit, delay 2ms, loss 1%");
         assert_eq!(links[3].to_string(), "20mbit, delay 2ms, loss 1%");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/topology-racks.cfg");
+        let racks = Topology::from_file(&path).unwrap();
+        assert_eq!((racks.racks, racks.switch_links), (Some(2), SwitchLinks::Ideal));
+        assert_eq!(racks.uplink_link().unwrap().rate, Some(20_000_000));
+        assert_eq!(racks.links(4).unwrap()[3].to_string(), "40mbit, delay 0ns");
     }
 }

@@ -2,10 +2,10 @@
 //!
 //! Times measured on emulated links predict a real network only while the links bind:
 //! if the host's CPU is saturated while the links run below their rate, the run
-//! measured this machine. A [`Monitor`] samples, every 100 ms, the bytes each worker's
-//! and switch host's link carried each way (the fabric namespace's device counters) and the machine's busy
-//! CPU time (`/proc/stat`); [`judge`] then reads the intervals in which the links
-//! carried traffic.
+//! measured this machine. A [`Monitor`] samples, every 100 ms, the bytes each worker's,
+//! switch host's and rack uplink's link carried each way (the fabric namespace's device
+//! counters) and the machine's busy CPU time (`/proc/stat`); [`judge`] then reads the
+//! intervals in which the links carried traffic.
 
 use crate::link::Link;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,8 +40,14 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// Samples the links of `workers` workers and `switch_hosts` switch hosts.
-    pub fn start(fabric_namespace: &str, workers: usize, switch_hosts: usize) -> std::io::Result<Monitor> {
+    /// Samples the links of `workers` workers, `switch_hosts` switch hosts and `uplinks`
+    /// racks' uplinks.
+    pub fn start(
+        fabric_namespace: &str,
+        workers: usize,
+        switch_hosts: usize,
+        uplinks: usize,
+    ) -> std::io::Result<Monitor> {
         let stop = Arc::new(AtomicBool::new(false));
         let namespace = fabric_namespace.to_string();
         let (started, ready) = std::sync::mpsc::channel();
@@ -60,7 +66,7 @@ impl Monitor {
                 let mut samples = Vec::new();
                 loop {
                     let links = std::fs::read_to_string("/proc/thread-self/net/dev")
-                        .map(|text| link_bytes(&text, workers, switch_hosts))?;
+                        .map(|text| link_bytes(&text, workers, switch_hosts, uplinks))?;
                     let cpu = std::fs::read_to_string("/proc/stat").map(|text| cpu_ticks(&text))?;
                     samples.push(Sample { at: start.elapsed(), links, cpu });
                     if stop.load(Ordering::Relaxed) {
@@ -88,10 +94,15 @@ impl Monitor {
 }
 
 /// Every worker's link bytes (up, down) from the fabric's `/proc/net/dev`, then every
-/// switch host's: the fabric's end `w<rank>` (`s<host>`) received what went up and sent
-/// what went down.
-pub fn link_bytes(proc_net_dev: &str, workers: usize, switch_hosts: usize) -> Vec<(u64, u64)> {
-    let mut bytes = vec![(0, 0); workers + switch_hosts];
+/// switch host's, then every rack's uplink's: the fabric's end `w<rank>` (`s<host>`, and
+/// the core's end `u<rack>`) received what went up and sent what went down.
+pub fn link_bytes(
+    proc_net_dev: &str,
+    workers: usize,
+    switch_hosts: usize,
+    uplinks: usize,
+) -> Vec<(u64, u64)> {
+    let mut bytes = vec![(0, 0); workers + switch_hosts + uplinks];
     for line in proc_net_dev.lines().skip(2) {
         let Some((name, counters)) = line.split_once(':') else { continue };
         let name = name.trim();
@@ -99,7 +110,10 @@ pub fn link_bytes(proc_net_dev: &str, workers: usize, switch_hosts: usize) -> Ve
         let rank = match (index('w'), index('s')) {
             (Some(rank), _) => rank,
             (_, Some(host)) if host < switch_hosts => workers + host,
-            _ => continue,
+            _ => match index('u') {
+                Some(rack) if rack < uplinks => workers + switch_hosts + rack,
+                _ => continue,
+            },
         };
         let fields: Vec<u64> = counters.split_whitespace().filter_map(|field| field.parse().ok()).collect();
         // Receive: bytes packets errs drop fifo frame compressed multicast; then transmit.
@@ -343,10 +357,15 @@ mod tests {
                    \x20   w0: 7 1 0 0 0 0 0 0 8 1 0 0 0 0 0 0\n\
                    \x20   sw: 9 1 0 0 0 0 0 0 9 1 0 0 0 0 0 0\n\
                    \x20   s0: 30 1 0 0 0 0 0 0 40 1 0 0 0 0 0 0\n\
-                   \x20   s1: 50 1 0 0 0 0 0 0 60 1 0 0 0 0 0 0\n";
-        assert_eq!(link_bytes(dev, 2, 0), vec![(7, 8), (1000, 2000)]);
+                   \x20   s1: 50 1 0 0 0 0 0 0 60 1 0 0 0 0 0 0\n\
+                   \x20   v0: 3 1 0 0 0 0 0 0 4 1 0 0 0 0 0 0\n\
+                   \x20   u0: 70 1 0 0 0 0 0 0 80 1 0 0 0 0 0 0\n\
+                   \x20  rk0: 90 1 0 0 0 0 0 0 90 1 0 0 0 0 0 0\n";
+        assert_eq!(link_bytes(dev, 2, 0, 0), vec![(7, 8), (1000, 2000)]);
         // Switch hosts follow the workers; the switch's own unshaped port is not one.
-        assert_eq!(link_bytes(dev, 2, 1), vec![(7, 8), (1000, 2000), (30, 40)]);
+        assert_eq!(link_bytes(dev, 2, 1, 0), vec![(7, 8), (1000, 2000), (30, 40)]);
+        // Uplinks last, read at the core's end; the rack's end and bridge are not links.
+        assert_eq!(link_bytes(dev, 2, 1, 1), vec![(7, 8), (1000, 2000), (30, 40), (70, 80)]);
         assert_eq!(cpu_ticks("cpu  10 1 5 80 4 0 0 0 0 0\ncpu0 1 2 3\n"), (16, 100));
         // Guest time is in user time already.
         assert_eq!(cpu_ticks("cpu  10 1 5 80 4 0 0 0 7 1\n"), (16, 100));

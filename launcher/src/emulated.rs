@@ -6,14 +6,18 @@
 //! Each rank also gets `EMULATED_LINK_RATES` (its world's rates, by rank) and
 //! `EMULATED_LINK_DELAY` (the longest one-way delay), and, with switches on hosts of their
 //! own, `EMULATED_SWITCH_HOST_RATE` (their links' rate), or with switches on the workers'
-//! hosts `EMULATED_COLOCATED=true`, from which `allreduce_benchmark` prints the cost model's
+//! hosts `EMULATED_COLOCATED=true`, and on a network of racks `EMULATED_RACKS` (their
+//! number), `EMULATED_UPLINK_RATE` (their uplinks' rate) and `EMULATED_TREE` (whether
+//! the racks' switches sum first), from which `allreduce_benchmark` prints the cost model's
 //! prediction beside its measured time; and the variables that tell PyTorch's process
 //! groups which interface to use (`GLOO_SOCKET_IFNAME` and others), so that a
 //! torch.distributed program runs unchanged.
 
-use super::{run_ranks, set_rank_environment, start_switch, stop_switch, switch_program, Options};
-use netagg_emulate::fabric::{Fabric, Impairer, HOST_DEVICE};
-use netagg_emulate::link::{format_rate, Link};
+use super::{
+    run_ranks, set_rank_environment, start_rack_switches, start_switch, stop_switch, switch_program, Options,
+};
+use netagg_emulate::fabric::{Fabric, Impairer, Racks, SwitchHost, HOST_DEVICE};
+use netagg_emulate::link::{format_rate, Link, SwitchLinks, Topology};
 use netagg_emulate::monitor::{judge, Monitor};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
@@ -27,14 +31,23 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
         None => Default::default(),
     };
     topology.apply(&options.link.unwrap_or_default(), &options.rank_links);
+    if options.racks > 0 {
+        topology.racks = Some(options.racks);
+    }
+    if let Some(uplink) = &options.uplink {
+        topology.uplink = uplink.over(&topology.uplink);
+    }
+    if let Some(switch_links) = options.rack_switches {
+        topology.switch_links = switch_links;
+    }
     let links = topology.links(u32::from(options.workers)).map_err(|e| e.to_string())?;
-    // Switches on hosts of their own, each behind a link like the workers'.
-    let switch_links = vec![topology.common_link(); usize::from(options.switches.unwrap_or(0))];
+    let racks = rack_layout(options, &topology)?;
+    let switch_hosts = switch_hosts(options, &topology);
     // An interrupt while the network is built reaches the ip and tc it runs too: it
     // ends the run as an interrupt, not as their failure.
     let interrupted_exit = || interrupted.load(std::sync::atomic::Ordering::Relaxed);
     let prefix = netagg_emulate::fabric::default_prefix();
-    let fabric = match Fabric::create(&prefix, links, switch_links, options.impairer) {
+    let fabric = match Fabric::create(&prefix, links, switch_hosts, racks, options.impairer) {
         Ok(fabric) => fabric,
         Err(_) if interrupted_exit() => return Ok(130),
         Err(error) => return Err(error.to_string()),
@@ -43,9 +56,10 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
         return Ok(130);
     }
     describe(&fabric);
-    let monitor =
-        Monitor::start(&fabric.fabric_namespace(), fabric.links().len(), fabric.switch_links().len())
-            .map_err(|e| format!("cannot watch the links: {e}"))?;
+    let (workers, hosts, uplinks) =
+        (fabric.links().len(), fabric.switch_links().len(), fabric.uplinks().len());
+    let monitor = Monitor::start(&fabric.fabric_namespace(), workers, hosts, uplinks)
+        .map_err(|e| format!("cannot watch the links: {e}"))?;
     let code = if options.mpi {
         run_mpi(options, &fabric, interrupted)
     } else {
@@ -60,6 +74,57 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
     code
 }
 
+/// The network's racks, from the options and the topology file, checked against the
+/// rest of the run; `None` for a flat network.
+fn rack_layout(options: &Options, topology: &Topology) -> Result<Option<Racks>, String> {
+    let Some(count) = topology.racks else {
+        if options.flat || options.uplink.is_some() || options.rack_switches.is_some() {
+            return Err("--flat, --uplink and --rack-switches describe a network of racks: give --racks \
+                        (or [racks] count in the topology file)"
+                .into());
+        }
+        return Ok(None);
+    };
+    if count > options.workers {
+        return Err(format!("{count} racks: more racks than the {} ranks", options.workers));
+    }
+    if options.switches.is_some() || options.colocated || options.dpdk != Default::default() {
+        return Err(format!(
+            "a network of {count} racks places its switches itself: drop --switches, --colocated and --dpdk"
+        ));
+    }
+    let ranks = (0..count).map(|rack| {
+        let ranks = netagg_wire::control::rack_ranks(rack, count, options.workers);
+        usize::from(ranks.start)..usize::from(ranks.end)
+    });
+    let uplink = topology.uplink_link().map_err(|e| e.to_string())?;
+    Ok(Some(Racks { ranks: ranks.collect(), uplink }))
+}
+
+/// The servers the run's switches run on: with `--switches K`, K at the core; on a
+/// network of racks, the upper (or `--flat`) switch's at the core if switches are
+/// servers, and each rack's, its link shaped like a worker's or never.
+fn switch_hosts(options: &Options, topology: &Topology) -> Vec<SwitchHost> {
+    let server = |rack| SwitchHost { link: topology.common_link(), rack };
+    let Some(racks) = topology.racks else {
+        return vec![server(None); usize::from(options.switches.unwrap_or(0))];
+    };
+    if options.mpi {
+        return Vec::new();
+    }
+    let servers = topology.switch_links == SwitchLinks::Server;
+    let rack_switch = |rack| {
+        if servers {
+            server(Some(rack))
+        } else {
+            SwitchHost { link: Link::default(), rack: Some(rack) }
+        }
+    };
+    let core = servers.then(|| server(None));
+    let rack_switches = (0..usize::from(racks)).filter(|_| !options.flat).map(rack_switch);
+    core.into_iter().chain(rack_switches).collect()
+}
+
 fn describe(fabric: &Fabric) {
     println!(
         "netagg-run: emulated network: namespaces {}-*, subnet {}, switch {}",
@@ -71,7 +136,11 @@ fn describe(fabric: &Fabric) {
         println!("netagg-run: rank {rank} at {}: {link}", fabric.worker_ip(rank));
     }
     for (host, link) in fabric.switch_links().iter().enumerate() {
-        println!("netagg-run: switch host s{host} at {}: {link}", fabric.switch_host_ip(host));
+        let rack = fabric.switch_host_racks()[host].map_or(String::new(), |rack| format!(" in rack {rack}"));
+        println!("netagg-run: switch host s{host} at {}{rack}: {link}", fabric.switch_host_ip(host));
+    }
+    for (rack, link) in fabric.uplinks().iter().enumerate() {
+        println!("netagg-run: rack {rack}'s uplink u{rack}: {link}");
     }
     match fabric.impairer() {
         Some(Impairer::Netem) => println!("netagg-run: delay, jitter and loss by netem"),
@@ -83,18 +152,38 @@ fn describe(fabric: &Fabric) {
     }
 }
 
-/// Where the run's switches go, each a namespace and its address: the switch's own (an
-/// ideal switch), the switch hosts', or the workers' (colocated).
+/// Where the run's switches at the core go, each a namespace and its address: the
+/// switch's own (an ideal switch), the switch hosts' of no rack, or the workers'
+/// (colocated).
 fn switch_places(options: &Options, fabric: &Fabric) -> Vec<(String, std::net::Ipv4Addr)> {
+    let core_hosts: Vec<usize> =
+        (0..fabric.switch_links().len()).filter(|&host| fabric.switch_host_racks()[host].is_none()).collect();
     if options.colocated {
         let workers = 0..usize::from(options.workers);
         workers.map(|rank| (fabric.worker_namespace(rank), fabric.worker_ip(rank))).collect()
-    } else if options.switches.is_some() {
-        let hosts = 0..fabric.switch_links().len();
-        hosts.map(|host| (fabric.switch_host_namespace(host), fabric.switch_host_ip(host))).collect()
-    } else {
+    } else if core_hosts.is_empty() {
         vec![(fabric.switch_namespace(), fabric.switch_ip())]
+    } else {
+        let place = |host| (fabric.switch_host_namespace(host), fabric.switch_host_ip(host));
+        core_hosts.into_iter().map(place).collect()
     }
+}
+
+/// A switch in `namespace` on `address`: the command that starts it, with its DPDK
+/// environment if the switch's data leaves from DPDK ports.
+fn start_switch_in(
+    options: &Options,
+    namespace: &str,
+    address: std::net::Ipv4Addr,
+    arguments: &[String],
+    label: &str,
+) -> Result<(std::process::Child, String), String> {
+    let mut switch_command = Command::new("ip");
+    switch_command.args(["netns", "exec", namespace]).arg(switch_program());
+    if options.dpdk.switch {
+        set_dpdk_environment(&mut switch_command, "SWITCH", &[("NETAGG_SWITCH__TRANSPORT", "dpdk")]);
+    }
+    start_switch(switch_command, &address.to_string(), arguments, label)
 }
 
 fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> Result<u8, String> {
@@ -102,14 +191,16 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
     let mut controls = Vec::new();
     let places = switch_places(options, fabric);
     let several = places.len() > 1;
+    // Each rack's switch host, by rack: a tree's lower switches.
+    let rack_hosts: Vec<usize> =
+        (0..fabric.switch_links().len()).filter(|&host| fabric.switch_host_racks()[host].is_some()).collect();
     for (shard, (namespace, address)) in places.into_iter().enumerate() {
-        let label = if several { format!("switch {shard}") } else { "switch".into() };
-        let mut switch_command = Command::new("ip");
-        switch_command.args(["netns", "exec", &namespace]).arg(switch_program());
-        if options.dpdk.switch {
-            set_dpdk_environment(&mut switch_command, "SWITCH", &[("NETAGG_SWITCH__TRANSPORT", "dpdk")]);
-        }
-        match start_switch(switch_command, &address.to_string(), &options.switch_args, &label) {
+        let label = match (several, rack_hosts.is_empty()) {
+            (true, _) => format!("switch {shard}"),
+            (false, true) => "switch".into(),
+            (false, false) => "upper switch".into(),
+        };
+        match start_switch_in(options, &namespace, address, &options.switch_args, &label) {
             Ok((switch, control)) => {
                 switches.push(switch);
                 controls.push(control);
@@ -120,6 +211,21 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
             }
         }
     }
+    let racks = rack_hosts.len() as u16;
+    let rank_controls =
+        start_rack_switches(options, racks, &controls, &mut switches, |rack, arguments, label| {
+            let host = rack_hosts[usize::from(rack)];
+            let (namespace, address) = (fabric.switch_host_namespace(host), fabric.switch_host_ip(host));
+            start_switch_in(options, &namespace, address, arguments, label)
+                .map_err(|error| format!("rack {rack}'s switch: {error}"))
+        });
+    let rank_controls = match rank_controls {
+        Ok(rank_controls) => rank_controls,
+        Err(error) => {
+            switches.into_iter().rev().for_each(stop_switch);
+            return Err(error);
+        }
+    };
     let session = format!("{}-session", fabric.prefix());
     let master = fabric.worker_ip(0).to_string();
     let links = fabric.links();
@@ -139,7 +245,7 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
                 rank,
                 options.workers,
                 (&master, RENDEZVOUS_PORT),
-                &controls,
+                &rank_controls[usize::from(rank)],
                 &session,
             )?;
             if let Some(rates) = &rates {
@@ -152,12 +258,20 @@ fn run_netagg(options: &Options, fabric: &Fabric, interrupted: &AtomicBool) -> R
                 if options.colocated {
                     command.env("EMULATED_COLOCATED", "true");
                 }
+                if !fabric.uplinks().is_empty() {
+                    command.env("EMULATED_RACKS", fabric.uplinks().len().to_string());
+                    command.env("EMULATED_TREE", (racks > 0).to_string());
+                }
+                if let Some(rate) = fabric.uplinks().first().and_then(|link| link.rate) {
+                    command.env("EMULATED_UPLINK_RATE", format_rate(rate));
+                }
             }
             Ok((rank.to_string(), command))
         })
         .collect::<Result<Vec<_>, String>>();
     let result = ranks.and_then(|ranks| run_ranks(ranks, interrupted));
-    switches.into_iter().for_each(stop_switch);
+    // The racks' switches first, so that each prints its counters while the upper one runs.
+    switches.into_iter().rev().for_each(stop_switch);
     result
 }
 
@@ -273,10 +387,15 @@ fn report(fabric: &Fabric, samples: &[netagg_emulate::monitor::Sample]) {
         "lost",
         "late med/p99 us"
     );
-    let workers = fabric.links().len();
+    let (workers, hosts) = (fabric.links().len(), fabric.switch_links().len());
     for (index, link) in all_links.iter().enumerate() {
-        // Switch hosts follow the ranks, named by their namespace's suffix.
-        let label = if index < workers { index.to_string() } else { format!("s{}", index - workers) };
+        // Switch hosts follow the ranks, named by their namespace's suffix, and uplinks
+        // the switch hosts, named by their core end.
+        let label = match index {
+            _ if index < workers => index.to_string(),
+            _ if index < workers + hosts => format!("s{}", index - workers),
+            _ => format!("u{}", index - workers - hosts),
+        };
         let (up, down) = judgement.bytes[index];
         let (rate_up, rate_down) = judgement.mean_rates[index];
         let (lost, late) = match lines.get(&index) {

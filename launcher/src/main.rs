@@ -23,14 +23,17 @@
 //! then runs the program with `mpirun`, one rank per worker namespace, over the same
 //! links. There `--switches K` puts K switches on hosts of their own, each behind a link
 //! of the workers' rate (a server's NIC), and `--colocated` one in each worker's
-//! namespace, as BytePS colocates its summation servers.
+//! namespace, as BytePS colocates its summation servers. `--racks R` there builds a
+//! network of racks, each rack's workers and switch behind an uplink of its own
+//! (`--uplink`) to the core, where the upper switch sits; `--flat` runs one switch at the
+//! core instead of the tree, for comparison.
 
 #![deny(unsafe_code)]
 
 mod emulated;
 
 use netagg_emulate::fabric::ImpairerChoice;
-use netagg_emulate::link::{parse_rank_settings, LinkSettings};
+use netagg_emulate::link::{parse_rank_settings, LinkSettings, SwitchLinks};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -57,6 +60,12 @@ struct Options {
     mpi: bool,
     /// Which side's data leaves from DPDK ports on the emulated network.
     dpdk: DpdkSides,
+    /// Each rack's uplink on an emulated network of racks (`--uplink`).
+    uplink: Option<LinkSettings>,
+    /// What the switches' own links are on a network of racks (`--rack-switches`).
+    rack_switches: Option<SwitchLinks>,
+    /// One switch at the core of a network of racks instead of a tree (`--flat`).
+    flat: bool,
 }
 
 /// Which processes of an emulated network run their data path on DPDK.
@@ -116,8 +125,15 @@ const USAGE: &str =
   no switch. --dpdk: the workers' data, the switch's, or both, leave from DPDK ports (DPDK's
   af_packet driver on each namespace's interface) instead of kernel sockets; NETAGG_* variables
   set beforehand win.
-  --racks R: an aggregation tree on loopback: an upper switch and R lower switches, rack r
-  holding ranks ceil(r·N/R) to ceil((r+1)·N/R) − 1; --switch-arg goes to every switch.";
+  --racks R: an aggregation tree: an upper switch and R lower switches, rack r holding ranks
+  ceil(r·N/R) to ceil((r+1)·N/R) − 1; --switch-arg goes to every switch. On loopback, or on an
+  emulated network of racks ([racks] count = R in the topology file does the same): each rack's
+  workers and switch on a bridge of their own, joined to the core, where the upper switch is, by
+  an uplink; MPI's ring crosses the same uplinks. --uplink SETTINGS: each uplink's rate, queue
+  and burst (as [uplink]; unlimited unless set). --rack-switches ideal|server: each switch is the
+  network (ideal, its link never shaped; the default) or a process on a server behind a link
+  shaped like the workers' (as [racks] switches). --flat: one switch at the core for every rank
+  instead of the tree, on the same network.";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
@@ -134,6 +150,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
         impairer: ImpairerChoice::Auto,
         mpi: false,
         dpdk: DpdkSides::default(),
+        uplink: None,
+        rack_switches: None,
+        flat: false,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -176,6 +195,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 options.impairer = value("--impairer")?.parse().map_err(|e| format!("--impairer: {e}"))?
             }
             "--mpi" => options.mpi = true,
+            "--uplink" => {
+                options.uplink =
+                    Some(LinkSettings::parse(&value("--uplink")?).map_err(|e| format!("--uplink: {e}"))?)
+            }
+            "--rack-switches" => {
+                options.rack_switches =
+                    Some(value("--rack-switches")?.parse().map_err(|e| format!("--rack-switches: {e}"))?)
+            }
+            "--flat" => options.flat = true,
             "--dpdk" => options.dpdk = value("--dpdk")?.parse()?,
             "--" => {
                 options.program = args.cloned().collect();
@@ -193,10 +221,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     drop --switch or the link options"
             .into());
     }
-    if options.racks > 0 && (options.emulated() || options.switch.is_some()) {
-        return Err(
-            "--racks starts the switches of a tree on loopback: drop --switch and the link options".into()
-        );
+    if options.racks > 0 && options.switch.is_some() {
+        return Err("--racks starts the switches of a tree: drop --switch".into());
+    }
+    if (options.uplink.is_some() || options.rack_switches.is_some() || options.flat) && !options.emulated() {
+        return Err("--uplink, --rack-switches and --flat describe an emulated network of racks: give its \
+                    links (--link, --rank-link or --topology) and --racks"
+            .into());
     }
     if options.racks > 0 && (options.switches.is_some() || options.colocated) {
         return Err("--racks starts a tree of single switches: drop --switches and --colocated".into());
@@ -280,29 +311,10 @@ fn run(options: Options) -> Result<u8, String> {
     };
     // The switches each rank registers with: every shard, or in a tree its rack's.
     let rank_controls = controls.and_then(|controls| {
-        let mut rank_controls = vec![controls.clone(); usize::from(options.workers)];
-        for rack in 0..options.racks {
-            let mut arguments = options.switch_args.clone();
-            arguments.extend(
-                [
-                    "--upstream",
-                    &controls[0],
-                    "--rack",
-                    &rack.to_string(),
-                    "--racks",
-                    &options.racks.to_string(),
-                ]
-                .map(String::from),
-            );
-            let label = format!("rack {rack}");
-            let (child, rack_control) =
-                start_switch(Command::new(switch_program()), "127.0.0.1", &arguments, &label)?;
-            switches.push(child);
-            for rank in netagg_wire::control::rack_ranks(rack, options.racks, options.workers) {
-                rank_controls[usize::from(rank)] = vec![rack_control.clone()];
-            }
-        }
-        Ok(rank_controls)
+        start_rack_switches(&options, options.racks, &controls, &mut switches, |rack, arguments, label| {
+            start_switch(Command::new(switch_program()), "127.0.0.1", arguments, label)
+                .map_err(|error| format!("rack {rack}'s switch: {error}"))
+        })
     });
     // The switches are stopped on every path, errors included: they must not outlive us.
     let result = rank_controls.and_then(|rank_controls| {
@@ -332,6 +344,31 @@ fn run(options: Options) -> Result<u8, String> {
     // upper switch still runs.
     switches.into_iter().rev().for_each(stop_switch);
     result
+}
+
+/// Starts the switch of each of `racks` racks (none for 0) by `start(rack, arguments,
+/// label)`, under the upper switch `controls[0]`, into `switches`, and returns the
+/// switches each rank registers with: its rack's, or else all of `controls`.
+fn start_rack_switches(
+    options: &Options,
+    racks: u16,
+    controls: &[String],
+    switches: &mut Vec<Child>,
+    mut start: impl FnMut(u16, &[String], &str) -> Result<(Child, String), String>,
+) -> Result<Vec<Vec<String>>, String> {
+    let mut rank_controls = vec![controls.to_vec(); usize::from(options.workers)];
+    let upper = controls.first().ok_or("no upper switch for the racks' switches")?;
+    for rack in 0..racks {
+        let mut arguments = options.switch_args.clone();
+        let tree = ["--upstream", upper, "--rack", &rack.to_string(), "--racks", &racks.to_string()];
+        arguments.extend(tree.map(String::from));
+        let (child, rack_control) = start(rack, &arguments, &format!("rack {rack}"))?;
+        switches.push(child);
+        for rank in netagg_wire::control::rack_ranks(rack, racks, options.workers) {
+            rank_controls[usize::from(rank)] = vec![rack_control.clone()];
+        }
+    }
+    Ok(rank_controls)
 }
 
 fn switch_program() -> PathBuf {

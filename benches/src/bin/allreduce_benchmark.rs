@@ -28,7 +28,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget};
 use netagg::config::Origin;
 use netagg::{bf16, f16, Config, Context, DataType, Element, Job, SparseMode, ThreadCounters, WirePrecision};
 use netagg_benches::data::Contents;
-use netagg_benches::model::{Aggregators, Bound, Link, Scenario};
+use netagg_benches::model::{Aggregators, Bound, Link, RackNetwork, Scenario};
 use netagg_benches::parse_count;
 use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
 use netagg_benches::traffic::{downstream_model, upstream_model, Fractions, Traffic};
@@ -113,6 +113,17 @@ struct Options {
     /// model.
     #[arg(long, env = "EMULATED_COLOCATED")]
     colocated: bool,
+    /// With --link-rate: the workers sit in this many racks of contiguous ranks, each
+    /// behind an uplink to the core, for the model.
+    #[arg(long, env = "EMULATED_RACKS")]
+    racks: Option<usize>,
+    /// With --racks: each rack's uplink rate each way (unlimited if not given).
+    #[arg(long, env = "EMULATED_UPLINK_RATE", value_parser = parse_rate)]
+    uplink_rate: Option<f64>,
+    /// With --racks: each rack's switch sums its rack first (a two-level tree), rather
+    /// than one switch at the core summing every rank.
+    #[arg(long, env = "EMULATED_TREE")]
+    tree: bool,
     /// Also print the results as one line of JSON, last.
     #[arg(long)]
     json: bool,
@@ -675,17 +686,21 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
             let elements = groups.first().map_or(0, |(elements, _)| *elements);
             let window = u64::from(general.max_outstanding_packets);
             let count = context.config().switch_addresses().len();
+            let server = |rate| Link { bits_per_second: rate, delay: Duration::ZERO };
             let aggregators = match options.switch_host_rate {
                 _ if options.colocated => Aggregators::Colocated,
-                Some(rate) => Aggregators::Dedicated {
-                    count,
-                    link: Link { bits_per_second: rate, delay: Duration::ZERO },
-                },
+                rate if options.tree => Aggregators::Tree { switch_link: rate.map(server) },
+                Some(rate) => Aggregators::Dedicated { count, link: server(rate) },
                 None => Aggregators::Ideal,
             };
+            let racks = options.racks.map(|count| RackNetwork {
+                count,
+                uplink: server(options.uplink_rate.unwrap_or(f64::INFINITY)),
+            });
             let scenario = Scenario {
                 links: rates.links(options.link_delay, workers)?,
                 aggregators,
+                racks,
                 tensor_bytes: elements * wire_element_size as u64,
                 packet_payload_bytes: u64::from(general.packet_numel) * ELEMENT_LEN as u64,
                 window_packets: window,
@@ -735,6 +750,23 @@ fn predict(scenario: &Scenario, summary: &Summary) -> ModelReport {
             )
         }
         Aggregators::Colocated => format!(" over {} colocated switches", scenario.links.len()),
+        Aggregators::Tree { switch_link } => format!(
+            " through a tree of {} rack switches{}",
+            scenario.racks.map_or(1, |racks| racks.count),
+            switch_link.map_or(String::new(), |link| format!(
+                " on servers at {}",
+                netagg_emulate::link::format_rate(link.bits_per_second as u64)
+            ))
+        ),
+    };
+    let aggregated = match scenario.racks {
+        Some(racks) if racks.uplink.bits_per_second.is_finite() => format!(
+            "{aggregated}, {} racks behind {} uplinks",
+            racks.count,
+            netagg_emulate::link::format_rate(racks.uplink.bits_per_second as u64)
+        ),
+        Some(racks) => format!("{aggregated}, {} racks behind unlimited uplinks", racks.count),
+        None => aggregated,
     };
     let (netagg, ring) = (scenario.netagg(), scenario.ring());
     let bound = match netagg.bound {
