@@ -1,6 +1,6 @@
 //! One port shared by several threads, each a UDP endpoint of its own
-//! ([`ThreadEndpoint`]) that exchanges datagrams with one peer: netagg's worker threads
-//! and their switch.
+//! ([`ThreadEndpoint`]) that exchanges datagrams with a few peers: netagg's worker threads
+//! and their switches (shards) or a switch's data-path threads (lanes).
 //!
 //! The port gets a queue pair per thread where the device has that many (a NIC, or
 //! af_packet's `qpairs=N`), else fewer, which threads share (thread `t` sends on queue
@@ -23,10 +23,10 @@ use crate::{
     PortReservation, Settings, Station,
 };
 
-/// How long connecting waits for the peer's MAC address by ARP.
+/// How long connecting waits for each peer's MAC address by ARP.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How often a sending thread looks up its peer's MAC again, which asks the peer by ARP
+/// How often a sending thread looks up its peers' MACs again, which asks a peer by ARP
 /// once it has been silent a while: a peer whose MAC changed is followed.
 const ROUTE_CHECK: Duration = Duration::from_millis(100);
 
@@ -39,9 +39,9 @@ pub struct ThreadEndpoint {
     queue: usize,
     /// Holds this thread's UDP port in the kernel, and keeps the kernel quiet about it.
     reservation: PortReservation,
-    /// This side's and the peer's MAC and UDP address, once connected.
+    /// This side's and the peers' MAC and UDP addresses, once connected.
     route: Option<Route>,
-    /// When the peer's MAC was last looked up again.
+    /// When the peers' MACs were last looked up again.
     route_checked: Option<Instant>,
     /// The datagram [`ThreadEndpoint::send_buffer`] lent last.
     lent: Option<OutgoingDatagram>,
@@ -49,6 +49,8 @@ pub struct ThreadEndpoint {
     /// is then lost, as on a congested link, and recovered as any loss is.
     spare: Vec<u8>,
     outgoing: Vec<Frame>,
+    /// The index in the route's peers of where each frame of `outgoing` goes.
+    outgoing_peers: Vec<usize>,
     received: Vec<Datagram>,
     /// Last, so that it is dropped after every frame above: the last allocator of a
     /// pool frees it, if every frame is back.
@@ -72,10 +74,14 @@ struct SharedPort {
     port: Arc<Port>,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// This side's MAC and UDP address, and its peers'.
+#[derive(Debug, Clone)]
 struct Route {
     source: (MacAddr, SocketAddrV4),
-    peer: (MacAddr, SocketAddrV4),
+    /// The peers' UDP addresses, in the order [`ThreadEndpoint::connect`] was given them.
+    peers: Vec<SocketAddrV4>,
+    /// Each peer's MAC, in the same order.
+    macs: Vec<MacAddr>,
 }
 
 impl ThreadEndpoint {
@@ -117,6 +123,7 @@ impl ThreadEndpoint {
                 lent: None,
                 spare: Vec::new(),
                 outgoing: Vec::new(),
+                outgoing_peers: Vec::new(),
                 received: Vec::new(),
                 allocator: allocator.clone(),
             })
@@ -134,11 +141,14 @@ impl ThreadEndpoint {
         SocketAddrV4::new(self.shared.station(self.queue).ip(), self.reservation.port())
     }
 
-    /// From now on exchanges datagrams with `peer`, whose MAC it waits for by ARP. An
+    /// From now on exchanges datagrams with `peers`, whose MACs it waits for by ARP. An
     /// endpoint without an IP address takes `local`, where the program's other
-    /// connection to the peer leaves from (right where the port shares its interface
+    /// connections to the peers leave from (right where the port shares its interface
     /// with the kernel).
-    pub fn connect(&mut self, peer: SocketAddrV4, local: IpAddr) -> io::Result<()> {
+    pub fn connect(&mut self, peers: &[SocketAddrV4], local: IpAddr) -> io::Result<()> {
+        if peers.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no peer to exchange datagrams with"));
+        }
         let shared = &*self.shared;
         let section = shared.section;
         if shared.station(self.queue).ip().is_unspecified() {
@@ -152,7 +162,7 @@ impl ThreadEndpoint {
             };
             (0..shared.stations.len()).for_each(|queue| shared.station(queue).set_ip(local));
         }
-        let mac = self.resolve(*peer.ip()).map_err(|error| {
+        let unreachable = |error: DpdkError| {
             let ip = shared.station(self.queue).ip();
             let hint = if ip.is_loopback() {
                 format!(" (this side's address is {ip}, the control connection's: set {section}.ip)")
@@ -160,10 +170,14 @@ impl ThreadEndpoint {
                 String::new()
             };
             io::Error::new(io::ErrorKind::HostUnreachable, format!("{error}{hint}"))
-        })?;
+        };
+        let macs = peers
+            .iter()
+            .map(|peer| self.resolve(*peer.ip()).map_err(unreachable))
+            .collect::<io::Result<Vec<_>>>()?;
         let station = shared.station(self.queue);
         let source = (station.mac(), SocketAddrV4::new(station.ip(), shared.ports[self.thread]));
-        self.route = Some(Route { source, peer: (mac, peer) });
+        self.route = Some(Route { source, peers: peers.to_vec(), macs });
         Ok(())
     }
 
@@ -181,19 +195,27 @@ impl ThreadEndpoint {
     }
 
     /// Queues the first `len` bytes of the buffer [`ThreadEndpoint::send_buffer`] lent
-    /// last as a datagram to the peer; it leaves at [`ThreadEndpoint::flush`].
-    pub fn send(&mut self, len: usize) -> io::Result<()> {
-        let route = self.route()?;
-        match self.lent.take() {
-            Some(datagram) => self.outgoing.push(datagram.finish(len, route.source, route.peer)),
-            None => _ = self.shared.dropped.fetch_add(1, Ordering::Relaxed),
-        }
+    /// last as a datagram to the peer `peer_of` picks from its bytes (an index into the
+    /// peers [`ThreadEndpoint::connect`] was given); it leaves at [`ThreadEndpoint::flush`].
+    pub fn send(&mut self, len: usize, peer_of: impl FnOnce(&[u8]) -> usize) -> io::Result<()> {
+        let route = self.route.as_ref().ok_or_else(not_connected)?;
+        let Some(mut datagram) = self.lent.take() else {
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        let peer = peer_of(&datagram.payload_mut()[..len]);
+        let (Some(&address), Some(&mac)) = (route.peers.get(peer), route.macs.get(peer)) else {
+            let message = format!("no peer {peer}: this endpoint has {}", route.peers.len());
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        };
+        self.outgoing.push(datagram.finish(len, route.source, (mac, address)));
+        self.outgoing_peers.push(peer);
         Ok(())
     }
 
     /// Hands what [`ThreadEndpoint::send`] queued to this thread's transmit queue; every
-    /// [`ROUTE_CHECK`], first looks up the peer's MAC again in this thread's station, and
-    /// follows it, the queued frames too, if it changed.
+    /// [`ROUTE_CHECK`], first looks up the peers' MACs again in this thread's station, and
+    /// follows each that changed, with the queued frames to it.
     pub fn flush(&mut self) {
         if self.outgoing.is_empty() {
             return;
@@ -204,28 +226,31 @@ impl ThreadEndpoint {
             self.route_checked.is_none_or(|checked| now.saturating_duration_since(checked) >= ROUTE_CHECK)
         }) {
             self.route_checked = Some(now);
-            if let Some(mac) = station.ask_mac(*route.peer.1.ip()).filter(|&mac| mac != route.peer.0) {
-                route.peer.0 = mac;
-                // The Ethernet destination: each frame's first six bytes.
-                for frame in &mut self.outgoing {
+            for (peer, (address, known)) in route.peers.iter().zip(&mut route.macs).enumerate() {
+                let Some(mac) = station.ask_mac(*address.ip()).filter(|mac| mac != known) else { continue };
+                *known = mac;
+                let frames = self.outgoing.iter_mut().zip(&self.outgoing_peers);
+                for (frame, _) in frames.filter(|(_, &to)| to == peer) {
+                    // The Ethernet destination: a frame's first six bytes.
                     frame.bytes_mut()[..6].copy_from_slice(&mac.0);
                 }
             }
-            // An ARP request the lookup queued.
+            // The ARP requests the lookups queued.
             station.flush();
         }
         station.transmit(&mut self.outgoing);
+        self.outgoing_peers.clear();
     }
 
-    /// Waits up to `timeout` for datagrams from the peer to this thread and hands each to
+    /// Waits up to `timeout` for datagrams from the peers to this thread and hands each to
     /// `sink`; returns how many arrived (0 when the time ran out).
     pub fn recv(&mut self, timeout: Duration, mut sink: impl FnMut(&[u8])) -> io::Result<usize> {
-        let route = self.route()?;
+        let peers = &self.route.as_ref().ok_or_else(not_connected)?.peers;
         let idle = IdleWait::new(timeout, self.shared.poll);
         loop {
             self.shared.inboxes.take(self.thread, &mut self.received);
             if self.received.is_empty() {
-                self.poll_queues(&route);
+                self.shared.poll_queues(self.queue, self.thread, peers, &mut self.received);
             }
             if !self.received.is_empty() {
                 let count = self.received.len();
@@ -238,26 +263,6 @@ impl ThreadEndpoint {
                 return Ok(0);
             }
         }
-    }
-
-    /// Polls one burst of this thread's queue, then of each other queue no one is
-    /// polling, delivering what arrives.
-    fn poll_queues(&mut self, route: &Route) {
-        let shared = &*self.shared;
-        let (received, thread) = (&mut self.received, self.thread);
-        for queue in poll_order(self.queue, shared.stations.len()) {
-            let station =
-                if queue == self.queue { Some(shared.station(queue)) } else { shared.try_station(queue) };
-            if let Some(mut station) = station {
-                station.poll(&mut |datagram| shared.deliver(route.peer.1, received, thread, datagram));
-            }
-        }
-    }
-
-    fn route(&self) -> io::Result<Route> {
-        self.route.ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotConnected, "the DPDK transport has no switch address yet")
-        })
     }
 
     /// Waits up to [`RESOLVE_TIMEOUT`] for `ip`'s MAC, asking by ARP from this thread's
@@ -308,6 +313,17 @@ impl SharedPort {
         self.stations[queue].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Polls one burst of `thread`'s queue `own`, then of each other queue no one is
+    /// polling, delivering what arrives from `peers`: `thread`'s into `received`.
+    fn poll_queues(&self, own: usize, thread: usize, peers: &[SocketAddrV4], received: &mut Vec<Datagram>) {
+        for queue in poll_order(own, self.stations.len()) {
+            let station = if queue == own { Some(self.station(queue)) } else { self.try_station(queue) };
+            if let Some(mut station) = station {
+                station.poll(&mut |datagram| self.deliver(peers, received, thread, datagram));
+            }
+        }
+    }
+
     /// The station of `queue` unless another thread holds it (polling it, say).
     fn try_station(&self, queue: usize) -> Option<MutexGuard<'_, Station>> {
         match self.stations[queue].try_lock() {
@@ -318,9 +334,9 @@ impl SharedPort {
     }
 
     /// Hands `datagram`, received by `thread`, to that thread or to the inbox of the
-    /// thread it is for; drops it if it is from anyone but `peer`.
-    fn deliver(&self, peer: SocketAddrV4, own: &mut Vec<Datagram>, thread: usize, datagram: Datagram) {
-        let Some(index) = recipient(&self.ports, peer, datagram.source, datagram.port) else { return };
+    /// thread it is for; drops it if it is from anyone but `peers`.
+    fn deliver(&self, peers: &[SocketAddrV4], own: &mut Vec<Datagram>, thread: usize, datagram: Datagram) {
+        let Some(index) = recipient(&self.ports, peers, datagram.source, datagram.port) else { return };
         if index == thread {
             own.push(datagram);
         } else if !self.inboxes.push(index, datagram) {
@@ -337,6 +353,10 @@ impl Drop for SharedPort {
     }
 }
 
+fn not_connected() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the DPDK transport has no switch address yet")
+}
+
 /// The queue thread `thread` sends on and polls first, of `queues`.
 fn queue_of(thread: usize, queues: usize) -> usize {
     thread % queues
@@ -349,9 +369,9 @@ fn poll_order(own: usize, queues: usize) -> impl Iterator<Item = usize> {
 }
 
 /// The thread a datagram from `source` to UDP port `port` is for: the one at that port,
-/// if the datagram comes from `peer`.
-fn recipient(ports: &[u16], peer: SocketAddrV4, source: SocketAddrV4, port: u16) -> Option<usize> {
-    if source != peer {
+/// if the datagram comes from one of `peers`.
+fn recipient(ports: &[u16], peers: &[SocketAddrV4], source: SocketAddrV4, port: u16) -> Option<usize> {
+    if !peers.contains(&source) {
         return None;
     }
     ports.iter().position(|&own| own == port)
@@ -416,15 +436,18 @@ mod tests {
     }
 
     #[test]
-    fn a_datagram_is_for_the_thread_at_its_port_and_only_from_the_peer() {
+    fn a_datagram_is_for_the_thread_at_its_port_and_only_from_a_peer() {
         let ports = [40000, 40001, 40002];
-        let peer = address(1, 9000);
-        assert_eq!(recipient(&ports, peer, peer, 40001), Some(1));
-        assert_eq!(recipient(&ports, peer, peer, 40002), Some(2));
-        // Another port, another sender, or the peer's address at another port: no one's.
-        assert_eq!(recipient(&ports, peer, peer, 5000), None);
-        assert_eq!(recipient(&ports, peer, address(2, 9000), 40000), None);
-        assert_eq!(recipient(&ports, peer, address(1, 9001), 40000), None);
+        let (peer, other_shard) = (address(1, 9000), address(3, 9000));
+        let peers = [peer, other_shard];
+        assert_eq!(recipient(&ports, &peers, peer, 40001), Some(1));
+        assert_eq!(recipient(&ports, &peers, peer, 40002), Some(2));
+        assert_eq!(recipient(&ports, &peers, other_shard, 40000), Some(0));
+        // Another port, another sender, or a peer's address at another port: no one's.
+        assert_eq!(recipient(&ports, &peers, peer, 5000), None);
+        assert_eq!(recipient(&ports, &peers, address(2, 9000), 40000), None);
+        assert_eq!(recipient(&ports, &peers, address(1, 9001), 40000), None);
+        assert_eq!(recipient(&ports, &[peer], other_shard, 40000), None);
     }
 
     #[test]

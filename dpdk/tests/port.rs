@@ -149,25 +149,34 @@ fn threads_sharing_a_port_receive_what_another_thread_polled_for_them() {
     let mut endpoints = ThreadEndpoint::open(&endpoint_settings("net_ring4"), ip, 2, 16).unwrap();
     let (mut second, mut first) = (endpoints.pop().unwrap(), endpoints.pop().unwrap());
     assert!(first.to_string().ends_with("2 threads on 2 queues"), "{first}");
-    assert_eq!(second.send(8).unwrap_err().kind(), io::ErrorKind::NotConnected);
+    assert_eq!(second.send(8, |_| 0).unwrap_err().kind(), io::ErrorKind::NotConnected);
 
-    // Both threads' peer is the first thread's own address: the first one's datagrams
-    // come back to it, from the peer.
-    let peer = first.local_address();
-    first.connect(peer, IpAddr::V4(ip)).unwrap();
-    second.connect(peer, IpAddr::V4(ip)).unwrap();
+    // Both threads' peers are their own two addresses: what the first sends on its queue
+    // comes back on it, each datagram to the thread it was sent to.
+    let peers = [first.local_address(), second.local_address()];
+    first.connect(&peers, IpAddr::V4(ip)).unwrap();
+    second.connect(&peers, IpAddr::V4(ip)).unwrap();
     for round in 0..4u8 {
         first.send_buffer(8).fill(round);
-        first.send(8).unwrap();
+        // Odd rounds to the second peer, picked from the datagram's bytes.
+        first.send(8, |datagram| usize::from(datagram[0] % 2)).unwrap();
     }
+    first.send_buffer(8);
+    let error = first.send(8, |_| 2).unwrap_err();
+    assert_eq!(error.to_string(), "no peer 2: this endpoint has 2");
     first.flush();
-    // The second thread polls the first one's queue after its own, finds nothing for
-    // itself, and leaves what it found in the first one's inbox.
-    let none = second.recv(Duration::from_millis(50), |_| panic!("nothing is for the second thread"));
-    assert_eq!(none.unwrap(), 0);
+    // The second thread polls the first one's queue after its own, keeps what is for
+    // itself, and leaves the rest in the first one's inbox.
     let mut received = Vec::new();
-    assert_eq!(first.recv(Duration::from_secs(1), |payload| received.push(payload.to_vec())).unwrap(), 4);
-    assert_eq!(received, (0..4).map(|round| vec![round; 8]).collect::<Vec<_>>());
+    while received.len() < 2 {
+        second.recv(Duration::from_secs(1), |payload| received.push(payload.to_vec())).unwrap();
+    }
+    assert_eq!(received, [vec![1; 8], vec![3; 8]]);
+    received.clear();
+    assert_eq!(first.recv(Duration::from_secs(1), |payload| received.push(payload.to_vec())).unwrap(), 2);
+    assert_eq!(received, [vec![0; 8], vec![2; 8]]);
+    let none = first.recv(Duration::from_millis(50), |_| panic!("every datagram came once"));
+    assert_eq!(none.unwrap(), 0);
 }
 
 #[test]

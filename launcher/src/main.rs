@@ -123,8 +123,8 @@ const USAGE: &str =
   --impairer: what makes delay, jitter and loss (auto: netem where the kernel has it, else a
   user-space delay line). --mpi: run PROGRAM with mpirun, one rank per worker namespace, and
   no switch. --dpdk: the workers' data, the switch's, or both, leave from DPDK ports (DPDK's
-  af_packet driver on each namespace's interface) instead of kernel sockets; NETAGG_* variables
-  set beforehand win.
+  af_packet driver on each namespace's interface) instead of kernel sockets, with --switches K
+  too (not --colocated); NETAGG_* variables set beforehand win.
   --racks R: an aggregation tree: an upper switch and R lower switches, rack r holding ranks
   ceil(r·N/R) to ceil((r+1)·N/R) − 1; --switch-arg goes to every switch. On loopback, or on an
   emulated network of racks ([racks] count = R in the topology file does the same): each rack's
@@ -253,8 +253,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--mpi runs the program's own allreduce, with no switch: drop --switches and --colocated".into(),
         );
     }
-    if options.dpdk != DpdkSides::default() && options.switch_count() > 1 {
-        return Err("--dpdk: the DPDK backend reaches one switch; drop --switches and --colocated".into());
+    // A colocated shard's traffic with its own worker never crosses the interface the
+    // DPDK port sits on: the kernel loops it back.
+    if options.dpdk != DpdkSides::default() && options.colocated {
+        return Err(
+            "--dpdk with --colocated: a worker's packets to the switch in its own namespace never \
+                    reach the DPDK port on its interface; use --switches K (switches on hosts of their own)"
+                .into(),
+        );
     }
     if options.mpi && !options.emulated() {
         return Err("--mpi runs the program across an emulated network's namespaces: \

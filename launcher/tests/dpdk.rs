@@ -2,7 +2,9 @@
 //! from DPDK ports with a kernel-socket switch, kernel-socket workers with a switch whose
 //! data path is a DPDK port, and DPDK on both sides, on clean, lossy and corrupting links, with exact
 //! results (int32 and float32 in every pairing, float16 and bfloat16 with DPDK at both
-//! ends), and DPDK workers following their switch to a new MAC mid-session. DPDK's
+//! ends), DPDK workers following their switch to a new MAC mid-session, and sessions
+//! sharded over 2 switch hosts with DPDK on the workers and on the switches, a dead or
+//! unreachable shard failing every rank by name. DPDK's
 //! af_packet driver runs on each namespace's interface, without hugepages (`netagg-run
 //! --dpdk`). Root is needed, as CI has; like the other emulated networks these are
 //! ignored in a plain `cargo test`, and `scripts/test` runs them in release, one at a
@@ -29,8 +31,25 @@ fn verified_run_with(
     density: &str,
     environment: &[(&str, &str)],
 ) -> String {
+    verified_run_across(1, sides, link, tensor_type, density, environment)
+}
+
+/// [`verified_run_with`] across `shards` switches: one as above, or each on a switch
+/// host of its own (`--switches`), each of which must have received every rank's
+/// packets.
+fn verified_run_across(
+    shards: usize,
+    sides: &str,
+    link: &str,
+    tensor_type: &str,
+    density: &str,
+    environment: &[(&str, &str)],
+) -> String {
+    let placement = if shards > 1 { vec!["--switches".to_string(), shards.to_string()] } else { Vec::new() };
     let output = launcher()
-        .args(["-n", "3", "--link", link, "--dpdk", sides, "--"])
+        .args(["-n", "3", "--link", link, "--dpdk", sides])
+        .args(&placement)
+        .arg("--")
         .arg(benchmark())
         .args(["--tensor-numel", "96Ki", "--tensor-type", tensor_type, "--density", density])
         .args(["--num-jobs", "3", "--num-warmup-jobs", "1", "--verify"])
@@ -39,7 +58,9 @@ fn verified_run_with(
         .output()
         .unwrap();
     let all = text(&output);
-    let run = format!("--dpdk {sides}, {link}, {tensor_type}, density {density}, {environment:?}");
+    let run = format!(
+        "--dpdk {sides}, {shards} switches, {link}, {tensor_type}, density {density}, {environment:?}"
+    );
     assert!(output.status.success(), "{run}:\n{all}");
     assert_eq!(all.matches("Data verified successfully").count(), 3, "{run}:\n{all}");
 
@@ -49,15 +70,25 @@ fn verified_run_with(
     let on_kernel = all.matches("Transport: udp: a kernel socket").count();
     let dpdk_workers = sides != "switch";
     assert_eq!((on_dpdk, on_kernel), if dpdk_workers { (3, 0) } else { (0, 3) }, "{run}:\n{all}");
-    let dpdk_switch = sides != "workers";
-    assert_eq!(all.contains("data path on a DPDK port"), dpdk_switch, "{run}:\n{all}");
-    // The switch's data path received every rank's packets (whichever it runs on).
-    let datagrams: u64 = all
-        .lines()
-        .find_map(|line| line.strip_prefix("[switch] stats: datagrams "))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no switch stats:\n{all}"));
-    assert!(datagrams >= 3 * 4, "{run}: {datagrams} datagrams:\n{all}");
+    let dpdk_switches = if sides == "workers" { 0 } else { shards };
+    assert_eq!(all.matches("data path on a DPDK port").count(), dpdk_switches, "{run}:\n{all}");
+    // Each switch's data path received every rank's packets (whichever it runs on).
+    let labels: Vec<String> = match shards {
+        1 => vec!["switch".into()],
+        _ => (0..shards).map(|shard| format!("switch {shard}")).collect(),
+    };
+    for label in labels {
+        let datagrams: u64 = all
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("[{label}] stats: datagrams ")))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no stats of {label}:\n{all}"));
+        assert!(datagrams >= 3 * 4, "{run}: {label} received {datagrams} datagrams:\n{all}");
+    }
+    if shards > 1 {
+        let over = format!("over {shards} switch hosts");
+        assert_eq!(all.matches(&over).count(), 3, "{run}:\n{all}");
+    }
     assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind after {run}:\n{all}");
     all
 }
@@ -244,4 +275,82 @@ fn dpdk_workers_follow_the_switch_to_a_new_mac_mid_session() {
     // Followed well within a job's timeout: the remaining jobs took seconds, not tens.
     assert!(started.elapsed() < Duration::from_secs(60), "{:?}:\n{all}", started.elapsed());
     assert_eq!(namespaces_of(&prefix), Vec::<String>::new(), "left behind:\n{all}");
+}
+
+/// A session sharded over 2 switch hosts, each rank's DPDK port reaching both: with
+/// kernel-socket switches (of one data-path thread, and of two, whose four endpoints each
+/// rank reaches), with DPDK switches, and kernel-socket workers with DPDK switches, on
+/// links losing 1 % of frames, int32 exact and float32 within the benchmark's bound,
+/// dense and sparse.
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn a_session_sharded_over_two_switches_sums_exactly_over_dpdk_with_loss() {
+    let lossy = "rate=1gbit,loss=1%";
+    let lanes = [("NETAGG_SWITCH__THREADS", "2")];
+    for (sides, tensor_type, density, environment) in [
+        ("workers", "int32", "1", &[][..]),
+        ("workers", "float32", "0.1", &lanes[..]),
+        ("both", "float32", "1", &[]),
+        ("both", "int32", "0.1", &[]),
+        ("switch", "int32", "1", &[]),
+    ] {
+        verified_run_across(2, sides, lossy, tensor_type, density, environment);
+    }
+}
+
+/// A run of 3 DPDK ranks across 2 switch hosts in which `program` runs before each
+/// rank's benchmark, in the rank's namespace, with the namespaces' prefix in `$PREFIX`;
+/// with what it printed, after checking that it failed, that every rank printed a line
+/// holding each of `failure`, and that nothing was left behind.
+fn failed_sharded_run(program: &str, jobs: &str, environment: &[(&str, &str)], failure: &[&str]) -> String {
+    let benchmark = benchmark();
+    let script = format!(
+        "PREFIX=${{NETAGG_GENERAL__SESSION%-session}}; {program}; exec {} --tensor-numel 96Ki --num-jobs {jobs} --verify",
+        benchmark.display()
+    );
+    let output = launcher()
+        .args(["-n", "3", "--link", "rate=1gbit", "--dpdk", "workers", "--switches", "2", "--", "sh", "-c"])
+        .arg(script)
+        .envs(environment.iter().copied())
+        .env_remove("NETAGG_CONFIG")
+        .output()
+        .unwrap();
+    let all = text(&output);
+    assert!(!output.status.success(), "{all}");
+    for rank in 0..3 {
+        let rank_line = format!("[{rank}] allreduce_benchmark: ");
+        let failed = all.lines().any(|line| {
+            line.starts_with(&rank_line) && failure.iter().all(|fragment| line.contains(fragment))
+        });
+        assert!(failed, "rank {rank} did not fail with {failure:?}:\n{all}");
+    }
+    assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind:\n{all}");
+    all
+}
+
+/// The second shard killed mid-session fails every rank's job at once, naming it; a
+/// second shard whose host is off the network fails every rank's registration, naming
+/// it. The DPDK ranks neither hang nor wait for their job timeout.
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn a_dead_or_unreachable_shard_fails_every_dpdk_rank_naming_it() {
+    use std::time::{Duration, Instant};
+
+    // Rank 0 kills the second switch host's switch once the jobs have run a while; each
+    // rank's jobs then fail with the switch's address (the second host's, 10.213.7.202).
+    // Jobs enough for a minute or so: a run the kill missed ends, and fails this test.
+    let kill = "if [ \"$RANK\" = 0 ]; then (sleep 8; ip netns pids \"$PREFIX-s1\" | xargs kill -9) & fi";
+    let environment = [("NETAGG_GENERAL__JOB_TIMEOUT", "60")];
+    let started = Instant::now();
+    let failure = ["failed: session lost: the switch at 10.213.7.202:", "closed the control connection"];
+    let all = failed_sharded_run(kill, "2000", &environment, &failure);
+    assert!(all.contains("Job(s) #"), "the shard died before any job ran:\n{all}");
+    // Well within the job timeout: at once, not after it.
+    assert!(started.elapsed() < Duration::from_secs(50), "{:?}:\n{all}", started.elapsed());
+
+    // The second switch host's link goes down before any rank registers.
+    let unplug = "ip -n \"$PREFIX-s1\" link set eth0 down";
+    let environment = [("NETAGG_GENERAL__CONNECT_TIMEOUT", "2")];
+    let all = failed_sharded_run(unplug, "1", &environment, &["cannot reach the switch at 10.213.7.202:"]);
+    assert!(!all.contains("Data verified successfully"), "{all}");
 }

@@ -2,10 +2,12 @@
 //! bypassed, as the same UDP datagrams the UDP backend sends, so that a kernel-socket
 //! switch serves them (and a DPDK switch serves UDP workers). The threads share the
 //! port's queues as [`netagg_dpdk::ThreadEndpoint`]s; this module maps `[backend.dpdk]`
-//! onto them and makes each a [`Transport`].
+//! onto them and makes each a [`Transport`]. Each thread reaches every data endpoint of
+//! the session (every shard's, every lane's) from the one port: each datagram goes to
+//! the owner of its slot ([`DataPaths::owner`]).
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use netagg_config::Config;
@@ -16,8 +18,11 @@ use netagg_wire::Endpoint;
 use super::{DataPaths, SwitchTransport, Transport};
 use crate::Error;
 
-/// One worker thread's share of the port.
-pub struct DpdkTransport(ThreadEndpoint);
+/// One worker thread's share of the port, and where its datagrams go once connected.
+pub struct DpdkTransport {
+    endpoint: ThreadEndpoint,
+    paths: Option<DataPaths>,
+}
 
 /// The transports of `config`'s DPDK port, one per worker thread.
 pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Error> {
@@ -41,7 +46,7 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
     check_packet_fits(config, &endpoints[0])?;
     Ok(endpoints
         .into_iter()
-        .map(|endpoint| Box::new(DpdkTransport(endpoint)) as Box<dyn SwitchTransport>)
+        .map(|endpoint| Box::new(DpdkTransport { endpoint, paths: None }) as Box<dyn SwitchTransport>)
         .collect())
 }
 
@@ -65,24 +70,26 @@ fn check_packet_fits(config: &Config, endpoint: &ThreadEndpoint) -> Result<(), E
 
 impl Transport for DpdkTransport {
     fn describe(&self) -> String {
-        format!("dpdk: {}", self.0)
+        format!("dpdk: {}", self.endpoint)
     }
 
     fn send_buffer(&mut self, len: usize) -> &mut [u8] {
-        self.0.send_buffer(len)
+        self.endpoint.send_buffer(len)
     }
 
     fn send(&mut self, len: usize) -> io::Result<()> {
-        self.0.send(len)
+        // Unconnected, the endpoint refuses the datagram whatever its owner.
+        let paths = self.paths.as_ref();
+        self.endpoint.send(len, |datagram| paths.map_or(0, |paths| paths.owner(datagram)))
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.0.flush();
+        self.endpoint.flush();
         Ok(())
     }
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        self.0.recv(timeout, sink)
+        self.endpoint.recv(timeout, sink)
     }
 }
 
@@ -91,17 +98,76 @@ impl SwitchTransport for DpdkTransport {
     /// registration comes from, which is the station's where the DPDK port shares its
     /// interface with the kernel.
     fn endpoint(&self) -> Endpoint {
-        Endpoint::Udp(SocketAddr::V4(self.0.local_address()))
+        Endpoint::Udp(SocketAddr::V4(self.endpoint.local_address()))
     }
 
     fn connect(&mut self, paths: &DataPaths) -> io::Result<()> {
-        let (switch, control) = paths.single("dpdk")?;
-        let Some(SocketAddr::V4(switch)) = switch.udp_address(control.switch) else {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("the switch's data path is {switch}, not UDP over IPv4"),
-            ));
+        let peers = paths
+            .endpoints()
+            .map(|(endpoint, control)| match endpoint.udp_address(control.switch) {
+                Some(SocketAddr::V4(address)) => Ok(address),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("the switch's data path is {endpoint}, not UDP over IPv4"),
+                )),
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        self.endpoint.connect(&peers, local_address(paths, self.endpoint.local_address())?)?;
+        self.paths = Some(paths.clone());
+        Ok(())
+    }
+}
+
+/// Where this side's datagrams leave from, for an endpoint at `own` (whose IP is
+/// unspecified unless `backend.dpdk.ip` set one): where every control connection leaves
+/// from. The port has one address, and each switch sends its results to the one its
+/// registration came from, so switches reached from different addresses need the
+/// address set.
+fn local_address(paths: &DataPaths, own: SocketAddrV4) -> io::Result<IpAddr> {
+    let first = paths.switches[0].control.local;
+    let other = paths.switches.iter().map(|switch| switch.control.local).find(|&local| local != first);
+    match other {
+        Some(other) if own.ip().is_unspecified() => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the control connections to the switches leave from {first} and {other}, but a DPDK port \
+                 has one address: set backend.dpdk.ip to the one every switch reaches"
+            ),
+        )),
+        _ => Ok(first),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use netagg_wire::SlotSplit;
+
+    use super::*;
+    use crate::backend::{ControlAddresses, SwitchPaths};
+
+    /// Two switches, reached from `locals`.
+    fn paths(locals: [[u8; 4]; 2]) -> DataPaths {
+        let switch = |local: [u8; 4], last: u8| SwitchPaths {
+            endpoints: vec![Endpoint::Udp(([10, 0, 0, last], 48864).into())],
+            split: SlotSplit::Ranges,
+            control: ControlAddresses { switch: [10, 0, 0, last].into(), local: local.into() },
         };
-        self.0.connect(switch, control.local)
+        DataPaths { switches: vec![switch(locals[0], 1), switch(locals[1], 2)], slots: 8 }
+    }
+
+    #[test]
+    fn a_port_takes_the_one_address_its_control_connections_leave_from_or_needs_one_set() {
+        let unset = SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 40000);
+        let same = local_address(&paths([[10, 0, 0, 9]; 2]), unset).unwrap();
+        assert_eq!(same, IpAddr::from([10, 0, 0, 9]));
+        let error = local_address(&paths([[10, 0, 0, 9], [10, 1, 0, 9]]), unset).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the control connections to the switches leave from 10.0.0.9 and 10.1.0.9, but a DPDK port has \
+             one address: set backend.dpdk.ip to the one every switch reaches"
+        );
+        // With backend.dpdk.ip set, the port keeps it and announced it: any will do.
+        let set = SocketAddrV4::new([10, 0, 0, 9].into(), 40000);
+        assert!(local_address(&paths([[10, 0, 0, 9], [10, 1, 0, 9]]), set).is_ok());
     }
 }
