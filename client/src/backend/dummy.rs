@@ -9,6 +9,15 @@
 //! as the switch does: dense and sparse jobs and the whole worker-side protocol run as
 //! they would over a network, at the cost of one engine pass per packet whatever the
 //! number of ranks (SwitchML's dummy multiplies instead, and keeps no state).
+//!
+//! Checksums: the worker seals every packet it sends and checks every result it
+//! receives, as over any transport. The engine's side is a switch's work, done here in the
+//! worker's threads, and only what a switch's checks could catch is checked: the engine
+//! checks the checksum of a sent packet only where a fault injector may have corrupted it
+//! on its way (`send_corrupt` above 0), and otherwise every field but the checksum, since
+//! the bytes have not left this process's memory since the worker sealed them. It seals
+//! its results, which the worker checks. A packet thus costs three passes of the
+//! checksum (four with corruption injected) where a worker over a network makes two.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,9 +48,14 @@ pub fn links(config: &Config) -> Result<Links, Error> {
     let mut transports: Vec<Box<dyn Transport>> = Vec::new();
     let mut session = 0;
     for _ in 0..general.num_worker_threads {
-        let (transport, id) =
-            DummyTransport::new(spec, token, Arc::clone(&link), config.dummy.process_packets)
-                .map_err(Error::InvalidConfig)?;
+        let (transport, id) = DummyTransport::new(
+            spec,
+            token,
+            Arc::clone(&link),
+            config.dummy.process_packets,
+            config.faults.send.corrupt > 0.0,
+        )
+        .map_err(Error::InvalidConfig)?;
         session = id.0;
         transports.push(Box::new(transport));
     }
@@ -87,6 +101,9 @@ pub struct DummyTransport {
     engine: Engine,
     workers: u16,
     process_packets: bool,
+    /// Whether a fault injector may corrupt what the worker sends: only then is a sent
+    /// packet's checksum checked (see the module's docs).
+    sent_may_be_corrupt: bool,
     link: Arc<EmulatedLink>,
     /// When the emulated link has delivered everything this thread sent so far; None on
     /// an unlimited link.
@@ -111,12 +128,14 @@ impl DummyTransport {
     }
 
     /// A transport for one worker thread; `spec` and `token` are the session every
-    /// thread shares, as the workers see it (the engine's own has one worker).
+    /// thread shares, as the workers see it (the engine's own has one worker);
+    /// `sent_may_be_corrupt`, whether a fault injector may corrupt what the worker sends.
     pub fn new(
         spec: SessionSpec,
         token: u64,
         link: Arc<EmulatedLink>,
         process_packets: bool,
+        sent_may_be_corrupt: bool,
     ) -> Result<(DummyTransport, SessionId), String> {
         let limits = EngineLimits { session_idle_timeout: Duration::MAX, ..EngineLimits::default() };
         // The engine's own session has one worker, so the session's real size is checked
@@ -133,6 +152,7 @@ impl DummyTransport {
             engine,
             workers: spec.workers,
             process_packets,
+            sent_may_be_corrupt,
             link,
             delivered_at: None,
             engine_now: Instant::now(),
@@ -162,7 +182,12 @@ impl Transport for DummyTransport {
         if let Some(delivered_at) = self.link.carry(datagram.len()) {
             self.delivered_at = Some(delivered_at);
         }
-        let packet = match Packet::new_checked(datagram) {
+        let checked = if self.sent_may_be_corrupt {
+            Packet::new_checked(datagram)
+        } else {
+            Packet::new_checked_in_process(datagram)
+        };
+        let packet = match checked {
             Ok(packet) => packet,
             // As a switch drops one (a fault injector may have flipped its bits, which the
             // checksum shows): the protocol's timers recover.
@@ -286,6 +311,8 @@ impl PendingResults {
 
 #[cfg(test)]
 mod tests {
+    use netagg_wire::{ElementType, PacketRepr};
+
     use super::*;
 
     fn spec(workers: u16) -> SessionSpec {
@@ -310,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_malformed_datagram_is_dropped_as_a_switch_drops_it() {
-        let (mut transport, _) = DummyTransport::new(spec(2), 7, unlimited(), true).unwrap();
+        let (mut transport, _) = DummyTransport::new(spec(2), 7, unlimited(), true, false).unwrap();
         for garbage in [&[][..], &[0xFF; 10][..], &[0; 60][..]] {
             transport.send_copy(garbage).unwrap();
         }
@@ -322,8 +349,35 @@ mod tests {
     #[test]
     fn sessions_beyond_a_switch_s_worker_limit_are_refused() {
         let max = EngineLimits::default().max_workers;
-        assert!(DummyTransport::new(spec(max), 7, unlimited(), true).is_ok());
-        let error = DummyTransport::new(spec(max + 1), 7, unlimited(), true).err().unwrap();
+        assert!(DummyTransport::new(spec(max), 7, unlimited(), true, false).is_ok());
+        let error = DummyTransport::new(spec(max + 1), 7, unlimited(), true, false).err().unwrap();
         assert_eq!(error, format!("{} workers requested, a session holds 1 to {max}", max + 1));
+    }
+
+    #[test]
+    fn a_sent_packet_s_checksum_is_checked_only_where_it_may_be_corrupted() {
+        for sent_may_be_corrupt in [false, true] {
+            let (mut transport, session) =
+                DummyTransport::new(spec(2), 7, unlimited(), true, sent_may_be_corrupt).unwrap();
+            let repr = PacketRepr::new(MessageType::Data, ElementType::Int32, session.0, 7, 2);
+            let mut datagram = vec![0; repr.buffer_len()];
+            let mut packet = repr.emit(&mut datagram).unwrap();
+            packet.payload_mut().copy_from_slice(&[3i32.to_le_bytes(), (-5i32).to_le_bytes()].concat());
+            packet.seal();
+            // A bit flipped after sealing, as an injector flips one: 3 becomes 7.
+            datagram[HEADER_LEN] ^= 0x04;
+            transport.send_copy(&datagram).unwrap();
+            let mut sums = Vec::new();
+            transport
+                .recv(Duration::ZERO, &mut |result| {
+                    let result = Packet::new_checked(result).expect("the engine seals its results");
+                    sums.extend(
+                        result.payload().chunks(4).map(|e| i32::from_le_bytes(e.try_into().unwrap())),
+                    );
+                })
+                .unwrap();
+            let expected: &[i32] = if sent_may_be_corrupt { &[] } else { &[14, -10] };
+            assert_eq!(sums, expected, "sent_may_be_corrupt: {sent_may_be_corrupt}");
+        }
     }
 }
