@@ -62,8 +62,8 @@ fn an_rc_connection_carries_messages_tells_when_the_peer_leaves_and_returns_ever
 
     let last = |prefix: &str| {
         all.lines()
-            .filter_map(|line| line.strip_prefix(prefix))
-            .last()
+            .rev()
+            .find_map(|line| line.strip_prefix(prefix))
             .unwrap_or_else(|| panic!("no '{prefix}':\n{all}"))
             .to_string()
     };
