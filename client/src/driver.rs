@@ -25,6 +25,10 @@ use crate::Error;
 
 /// The longest a worker thread sleeps before it looks at `stop` and the session again.
 const THREAD_WAKEUP: Duration = Duration::from_millis(50);
+/// How long a thread whose transport failed waits for the switch's reason on the control
+/// connection: a switch that closes a session closes its data connections (RDMA's) too,
+/// and its reason says more than their end.
+const SESSION_REASON_WAIT: Duration = Duration::from_millis(200);
 
 /// One worker thread's share of a job: a run of whole blocks.
 pub(crate) struct Slice {
@@ -169,9 +173,9 @@ fn run_slice(
     loop {
         let now = Instant::now();
         while let Some(len) = protocol.poll_transmit(now, transport.send_buffer(datagram_len), io) {
-            transport.send(len)?;
+            transport.send(len).map_err(|error| transport_failed(shared, error))?;
         }
-        transport.flush()?;
+        transport.flush().map_err(|error| transport_failed(shared, error))?;
         match protocol.status() {
             ProtocolStatus::Done => return Ok(()),
             ProtocolStatus::Failed(error) => {
@@ -192,9 +196,26 @@ fn run_slice(
             .min(THREAD_WAKEUP);
         // One clock read per batch: the datagrams of a batch arrived together.
         let mut arrived = None;
-        transport.recv(wait, &mut |datagram| {
-            protocol.handle_datagram(*arrived.get_or_insert_with(Instant::now), datagram, io);
-        })?;
+        transport
+            .recv(wait, &mut |datagram| {
+                protocol.handle_datagram(*arrived.get_or_insert_with(Instant::now), datagram, io);
+            })
+            .map_err(|error| transport_failed(shared, error))?;
         protocol.handle_timeout(Instant::now());
+    }
+}
+
+/// The error of a job whose transport failed with `error`: the switch's reason for ending
+/// the session if it comes within [`SESSION_REASON_WAIT`], else `error`.
+fn transport_failed(shared: &Shared, error: std::io::Error) -> Error {
+    let deadline = Instant::now() + SESSION_REASON_WAIT;
+    loop {
+        if let Some(lost) = shared.session_error() {
+            return lost;
+        }
+        if Instant::now() >= deadline {
+            return Error::from(error);
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }

@@ -17,12 +17,15 @@ pub struct Faults {
     pub receive: FaultRates,
     /// Seed of the random choices; a worker thread or direction mixes in its own index.
     pub seed: u64,
+    /// After this many datagrams received, the connection that carried the last one
+    /// fails, once (RDMA's: its queue pair moved to the error state); 0 never.
+    pub sever_after: u64,
 }
 
 impl Faults {
-    /// Whether any fault is configured in either direction.
+    /// Whether any fault is configured.
     pub fn is_active(&self) -> bool {
-        self.send.is_active() || self.receive.is_active()
+        self.send.is_active() || self.receive.is_active() || self.sever_after > 0
     }
 
     /// Applies `KEY=VALUE,KEY=VALUE` (the keys of a `[faults]` section), as given to the
@@ -112,7 +115,7 @@ mod tests {
             message,
             "test.cfg: unknown key 'faults.drop'; known keys: send_drop, send_duplicate, send_reorder, \
              send_corrupt, send_delay, receive_drop, receive_duplicate, receive_reorder, receive_corrupt, \
-             receive_delay, seed"
+             receive_delay, seed, sever_after"
         );
         let error = Config::load_with_environment(
             None,

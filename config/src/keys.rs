@@ -249,6 +249,10 @@ keys_at! {
         receive_delay at receive.delay, Delay { unit: Milliseconds, max: MAX_FAULT_DELAY };
         /// Seed of the random choices, so that a run can be repeated.
         seed at seed, Integer { min: 0, max: u64::MAX };
+        /// After this many datagrams received, the connection that carried the last one fails,
+        /// once, as a failing device's would: an RDMA queue pair is moved to the error state
+        /// (a worker counts per thread). 0: never. UDP and DPDK have no connection to fail.
+        sever_after at sever_after, Integer { min: 0, max: u64::MAX };
     }
 }
 

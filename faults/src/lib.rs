@@ -224,6 +224,32 @@ impl<A: Copy> FaultInjector<A> {
     }
 }
 
+/// When to sever a connection, for transports whose connections can fail (RDMA's):
+/// once, after a set number of datagrams received (`sever_after` of the fault sections).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Severance {
+    left: Option<u64>,
+}
+
+impl Severance {
+    /// Severs after `datagrams` datagrams received; 0 never.
+    pub fn after(datagrams: u64) -> Severance {
+        Severance { left: (datagrams > 0).then_some(datagrams) }
+    }
+
+    /// Counts a datagram received: true for the one after which the connection fails,
+    /// and only once.
+    pub fn count(&mut self) -> bool {
+        let Some(left) = &mut self.left else { return false };
+        *left -= 1;
+        let due = *left == 0;
+        if due {
+            self.left = None;
+        }
+        due
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,5 +329,14 @@ mod tests {
         assert_eq!(link.release(start + Duration::from_millis(5), |a, d| out.push((a, d[0]))), 50);
         assert!(out.iter().all(|(a, d)| a == d));
         assert_eq!(link.counters().delayed, 50);
+    }
+
+    #[test]
+    fn a_severance_falls_on_the_nth_datagram_once_and_zero_never_severs() {
+        let mut third = Severance::after(3);
+        let counted: Vec<bool> = (0..6).map(|_| third.count()).collect();
+        assert_eq!(counted, [false, false, true, false, false, false]);
+        let mut never = Severance::after(0);
+        assert!((0..100).all(|_| !never.count()));
     }
 }

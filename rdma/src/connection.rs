@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_sge, ibv_wc_opcode, ibv_wc_status, rdma_cm_event_type};
 
+use crate::returns::{Queue, Returns};
 use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::failed;
 use crate::verbs::ibv::{
@@ -39,6 +40,11 @@ const TRANSPORT_RETRIES: u8 = 7;
 const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(1);
 /// How long an event-mode sender naps while every send buffer is in flight.
 const SEND_WAIT_NAP: Duration = Duration::from_micros(20);
+/// How long a failing connection waits for its posted requests to come back flushed:
+/// far more than a device takes, and short enough not to hold up its caller.
+const RETURN_WAIT: Duration = Duration::from_secs(1);
+/// How long that wait naps while nothing comes back.
+const RETURN_NAP: Duration = Duration::from_micros(100);
 
 /// How a connection waits for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,8 +99,14 @@ pub struct Connection {
     /// Sends queued for the next flush: buffer and length.
     queued: Vec<(usize, usize)>,
     established: bool,
+    /// Receives and sends posted whose completions have not been taken.
+    posted_receives: usize,
+    posted_sends: usize,
+    /// Receive buffers (index and length) that came back whole while the connection
+    /// failed, to hand over before the failure is reported.
+    salvaged: Vec<(usize, usize)>,
     /// Why the connection can no longer carry anything (the peer left, a completion
-    /// failed): every call after says so at once.
+    /// failed): every call after says so at once, once the salvaged receives are taken.
     broken: Option<String>,
     last_peer_check: Instant,
 }
@@ -167,6 +179,9 @@ impl Connection {
             lent: None,
             queued: Vec::with_capacity(depth),
             established: false,
+            posted_receives: 0,
+            posted_sends: 0,
+            salvaged: Vec::new(),
             broken: None,
             last_peer_check: Instant::now(),
         };
@@ -210,7 +225,9 @@ impl Connection {
         let sge = self.sge(index, self.options.message_size);
         // SAFETY: receive buffer `index` lies in the connection's region, which outlives
         // the queue pair (dropped first); it is read only once its completion is polled.
-        unsafe { self.qp.post_receive(index as u64, sge) }
+        unsafe { self.qp.post_receive(index as u64, sge) }?;
+        self.posted_receives += 1;
+        Ok(())
     }
 
     /// Lends the next send buffer, all [`Connection::message_size`] bytes of it, waiting
@@ -306,12 +323,20 @@ impl Connection {
         // queue pair (dropped first); a queued buffer is neither lent nor written again
         // until its completion frees it.
         let (posted, result) = unsafe { self.qp.post_sends(sends) };
+        self.posted_sends += posted;
         // The requests after the first refused come back free.
         for &(index, _) in &self.queued[posted..] {
             self.free_sends.push(index);
         }
         self.queued.clear();
         result
+    }
+
+    /// Moves the queue pair to the error state, as a failing device would, to inject
+    /// that fault: the next call finds every request flushed and fails as after any
+    /// failed completion.
+    pub fn break_queue_pair(&mut self) -> io::Result<()> {
+        self.qp.move_to_error()
     }
 
     /// The error of a connection that can carry nothing more.
@@ -322,22 +347,64 @@ impl Connection {
         }
     }
 
-    /// Marks the connection broken for `why`, disconnecting our side too, so that the
-    /// queue pair flushes now rather than at drop; returns the error.
-    fn break_down(&mut self, why: String) -> io::Error {
-        if self.established {
-            self.id.disconnect();
-            self.established = false;
+    /// Marks the connection broken for `why` (told what came back): disconnects our side
+    /// too, so that the peer hears of it, moves the queue pair to the error state, and
+    /// waits (up to [`RETURN_WAIT`]) until every request posted has come back, adding
+    /// each to `returns`, which the error then tells. Receives that came back whole are
+    /// kept for [`Connection::poll`]. Returns the error.
+    fn break_down(&mut self, why: impl FnOnce(&Returns) -> String, mut returns: Returns) -> io::Error {
+        if self.broken.is_none() {
+            if self.established {
+                self.id.disconnect();
+                self.established = false;
+            }
+            // rdma_disconnect moves a connected queue pair to the error state, but not one
+            // never connected, and its failure would leave requests posted.
+            let moved = self.qp.move_to_error();
+            self.take_returns(&mut returns);
+            let moved = moved.err().map_or(String::new(), |error| format!(" ({error})"));
+            self.broken = Some(format!("{}; {returns}{moved}", why(&returns)));
         }
-        self.broken.get_or_insert(why);
         self.check_broken().expect_err("broken")
     }
 
-    /// An error if rdma_cm said the peer left (a process that exits disconnects its
-    /// queue pairs; a host that vanishes shows as failed completions instead), or that
-    /// a connection accepted without waiting never came about. Once said, it stays said.
-    fn check_peer_now(&mut self) -> io::Result<()> {
-        self.check_broken()?;
+    /// Takes completions from both queues until no request is posted or [`RETURN_WAIT`]
+    /// has passed, counting each in `returns` and freeing its buffer.
+    fn take_returns(&mut self, returns: &mut Returns) {
+        let deadline = Instant::now() + RETURN_WAIT;
+        let mut completions = completion_batch();
+        while self.posted_sends + self.posted_receives > 0 {
+            // A queue that cannot be polled gives nothing: the deadline ends the wait.
+            let sends = self.send_cq.poll(&mut completions, "polling the send completions").unwrap_or(0);
+            for completion in &completions[..sends] {
+                self.free_sends.push(completion.wr_id as usize);
+                self.posted_sends = self.posted_sends.saturating_sub(1);
+                returns.count(Queue::Send, completion.status);
+            }
+            let receives =
+                self.recv_cq.poll(&mut completions, "polling the receive completions").unwrap_or(0);
+            for completion in &completions[..receives] {
+                self.posted_receives = self.posted_receives.saturating_sub(1);
+                if completion.status == ibv_wc_status::IBV_WC_SUCCESS {
+                    let len = (completion.byte_len as usize).min(self.options.message_size);
+                    self.salvaged.push((completion.wr_id as usize, len));
+                }
+                returns.count(Queue::Receive, completion.status);
+            }
+            if Instant::now() >= deadline {
+                returns.missing(self.posted_sends + self.posted_receives, RETURN_WAIT);
+                return;
+            }
+            if sends + receives == 0 {
+                std::thread::sleep(RETURN_NAP);
+            }
+        }
+    }
+
+    /// Why the peer is gone, if rdma_cm said so: a process that exits disconnects its
+    /// queue pairs (a host that vanishes shows as failed completions instead), or a
+    /// connection accepted without waiting never came about.
+    fn departure(&mut self) -> io::Result<Option<&'static str>> {
         self.last_peer_check = Instant::now();
         while let Some(event) = self.events().next(Duration::ZERO)? {
             use rdma_cm_event_type::*;
@@ -351,9 +418,24 @@ impl Connection {
                 // ESTABLISHED, for a connection accepted without waiting.
                 _ => continue,
             };
-            return Err(self.break_down(why.into()));
+            return Ok(Some(why));
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// An error if the peer left, as rdma_cm says; once said, it stays said. None while
+    /// receives that came back before it left wait for [`Connection::poll`], which
+    /// reports the departure after them.
+    fn check_peer_now(&mut self) -> io::Result<()> {
+        if self.broken.is_none() {
+            if let Some(why) = self.departure()? {
+                self.break_down(|_| why.into(), Returns::default());
+            }
+        }
+        match self.salvaged.is_empty() {
+            true => self.check_broken(),
+            false => Ok(()),
+        }
     }
 
     /// An error if the peer left, as rdma_cm says; it looks at most every millisecond,
@@ -365,27 +447,38 @@ impl Connection {
         self.check_peer_now()
     }
 
-    /// After a completion that failed: the peer's departure if rdma_cm says so (it says
-    /// more), else the completion's status; the connection is broken either way.
-    fn failed_completion(&mut self, status: ibv_wc_status::Type) -> io::Error {
-        if let Err(error) = self.check_peer_now() {
-            return error;
-        }
-        let status = status_name(status);
-        self.break_down(format!("an RDMA completion failed: {status}"))
+    /// After a completion that failed, counted in `returns`: the peer's departure if
+    /// rdma_cm says so (it says more), else the completion's status; the connection is
+    /// broken either way.
+    fn failed_completion(&mut self, status: ibv_wc_status::Type, returns: Returns) -> io::Error {
+        let departure = self.departure().ok().flatten();
+        let why = move |returns: &Returns| {
+            // Named by the request that failed for a cause, in either queue, rather than
+            // by one flushed because the queue pair was in error already.
+            let status = status_name(returns.cause().unwrap_or(status));
+            match departure {
+                Some(departure) => format!("{departure} (an RDMA completion failed: {status})"),
+                None => format!("an RDMA completion failed: {status}"),
+            }
+        };
+        self.break_down(why, returns)
     }
 
     /// Takes the send completions there are, freeing their buffers; the first failed
     /// one breaks the connection, once all are taken.
     fn reap_sends(&mut self) -> io::Result<()> {
         let mut completions = completion_batch();
-        let mut failure = None;
+        let mut failure: Option<(ibv_wc_status::Type, Returns)> = None;
         loop {
             let count = self.send_cq.poll(&mut completions, "polling the send completions")?;
             for completion in &completions[..count] {
                 self.free_sends.push(completion.wr_id as usize);
+                self.posted_sends = self.posted_sends.saturating_sub(1);
                 if completion.status != ibv_wc_status::IBV_WC_SUCCESS && failure.is_none() {
-                    failure = Some(completion.status);
+                    failure = Some((completion.status, Returns::default()));
+                }
+                if let Some((_, returns)) = &mut failure {
+                    returns.count(Queue::Send, completion.status);
                 }
             }
             if count < POLL_BATCH {
@@ -393,23 +486,48 @@ impl Connection {
             }
         }
         match failure {
-            Some(status) => Err(self.failed_completion(status)),
+            Some((status, returns)) => Err(self.failed_completion(status, returns)),
             None => Ok(()),
         }
     }
 
     /// Hands every message received so far to `sink`, without waiting; returns how many.
+    /// Messages that arrived before the connection failed are all handed over first:
+    /// the failure is reported by the call after them.
     pub fn poll(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let taken = self.take_receives(sink);
+        let salvaged = std::mem::take(&mut self.salvaged);
+        for &(index, len) in &salvaged {
+            // SAFETY: the device has finished with this receive buffer (its completion
+            // came back whole) and the queue pair, in error, takes no more requests.
+            sink(unsafe { self.region.bytes(self.buffer_start(index), len) });
+        }
+        match taken {
+            Ok(count) => Ok(count + salvaged.len()),
+            Err(_) if !salvaged.is_empty() => Ok(salvaged.len()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// What [`Connection::poll`] does, but for the receives salvaged from a failure.
+    fn take_receives(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         self.check_broken()?;
         self.reap_sends()?;
         let mut completions = completion_batch();
         let mut total = 0;
         loop {
             let count = self.recv_cq.poll(&mut completions, "polling the receive completions")?;
-            for completion in &completions[..count] {
+            for (taken, completion) in completions[..count].iter().enumerate() {
+                self.posted_receives = self.posted_receives.saturating_sub(1);
                 if completion.status != ibv_wc_status::IBV_WC_SUCCESS {
-                    // Once one fails, the queue pair is in error: the rest are flushed.
-                    return Err(self.failed_completion(completion.status));
+                    // The queue pair is in error now: the rest of the batch was flushed.
+                    let mut returns = Returns::default();
+                    for flushed in &completions[taken..count] {
+                        returns.count(Queue::Receive, flushed.status);
+                    }
+                    self.posted_receives = self.posted_receives.saturating_sub(count - taken - 1);
+                    let error = self.failed_completion(completion.status, returns);
+                    return if total > 0 { Ok(total) } else { Err(error) };
                 }
                 debug_assert_eq!(completion.opcode, ibv_wc_opcode::IBV_WC_RECV);
                 let index = completion.wr_id as usize;
@@ -417,9 +535,9 @@ impl Connection {
                 // SAFETY: the device has finished with this receive buffer (its completion
                 // is here) and it is posted again only after `sink` returns.
                 sink(unsafe { self.region.bytes(self.buffer_start(index), len) });
+                total += 1;
                 self.post_receive(index)?;
             }
-            total += count;
             if count < POLL_BATCH {
                 return Ok(total);
             }

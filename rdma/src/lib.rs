@@ -18,6 +18,7 @@ mod connection;
 mod device;
 mod listener;
 mod port;
+mod returns;
 pub mod settings;
 pub mod tagged;
 mod verbs;

@@ -5,6 +5,8 @@
 //! Until its connection arrives, a peer's messages are dropped, as on a link not yet up.
 //! Each connection has its own completion queues, and in [`Wait::Event`] its own
 //! completion channel: waiting means one `poll` over every channel and the listener.
+//! A connection that fails is closed once the messages it received are handed over,
+//! and [`Port::take_failed`] names its peer and why, for whatever depended on it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -28,6 +30,8 @@ pub struct Port {
     connections: FxHashMap<Peer, Connection>,
     /// Connections with sends queued since the last flush.
     queued: Vec<Peer>,
+    /// Connections that failed since [`Port::take_failed`] was last called, and why.
+    failed: Vec<(Peer, String)>,
     last_request_check: Instant,
 }
 
@@ -43,6 +47,7 @@ impl Port {
             tags: Tags::default(),
             connections: FxHashMap::default(),
             queued: Vec::new(),
+            failed: Vec::new(),
             last_request_check: Instant::now(),
         })
     }
@@ -99,10 +104,19 @@ impl Port {
         total
     }
 
-    /// Drops a connection that failed (its peer gone, a completion failed).
+    /// Drops a connection that failed (its peer gone, a completion failed), once every
+    /// message it received is handed over, and keeps why for [`Port::take_failed`].
     fn close(&mut self, peer: Peer, error: &io::Error) {
         tracing::info!(%peer, %error, "worker thread's connection closed");
         self.connections.remove(&peer);
+        self.queued.retain(|&queued| queued != peer);
+        self.failed.push((peer, error.to_string()));
+    }
+
+    /// The peers whose connections failed since the last call, each with why: peers
+    /// [`Port::forget`] let go are not among them.
+    pub fn take_failed(&mut self) -> Vec<(Peer, String)> {
+        std::mem::take(&mut self.failed)
     }
 
     /// Hands what every connection received to `sink`.
@@ -157,30 +171,34 @@ impl Port {
     }
 
     /// Queues a copy of `message` for `peer`, to leave at the next [`Port::flush`]; lost
-    /// if the peer has no connection or no free send buffer, or the
-    /// message is longer than its buffers.
+    /// if the peer has no connection or no free send buffer, the message is longer than
+    /// its buffers, or the connection failed. A failed connection is closed by the next
+    /// [`Port::recv`], after the messages it received before failing.
     pub fn send(&mut self, peer: Peer, message: &[u8]) {
         let Some(connection) = self.connections.get_mut(&peer) else { return };
-        match connection.try_queue_copy(message) {
-            Ok(true) => {
-                if !self.queued.contains(&peer) {
-                    self.queued.push(peer);
-                }
+        if let Ok(true) = connection.try_queue_copy(message) {
+            if !self.queued.contains(&peer) {
+                self.queued.push(peer);
             }
-            // No free buffer, or a message longer than this peer's buffers: lost.
-            Ok(false) => {}
-            Err(error) if error.kind() == io::ErrorKind::InvalidInput => {}
-            Err(error) => self.close(peer, &error),
         }
     }
 
-    /// Sends what is queued.
+    /// Sends what is queued; what a failed connection cannot send is lost, and the next
+    /// [`Port::recv`] closes it.
     pub fn flush(&mut self) {
         // Only the connections with sends queued: this runs after every receive call.
         for peer in std::mem::take(&mut self.queued) {
-            if let Some(Err(error)) = self.connections.get_mut(&peer).map(Connection::flush) {
-                self.close(peer, &error);
+            if let Some(connection) = self.connections.get_mut(&peer) {
+                let _ = connection.flush();
             }
+        }
+    }
+
+    /// Breaks `peer`'s connection as a failing device would ([`Connection::break_queue_pair`]),
+    /// to inject that fault; the next [`Port::recv`] finds it failed.
+    pub fn break_connection(&mut self, peer: Peer) {
+        if let Some(Err(error)) = self.connections.get_mut(&peer).map(Connection::break_queue_pair) {
+            tracing::warn!(%peer, %error, "cannot break the connection");
         }
     }
 
@@ -189,5 +207,6 @@ impl Port {
         self.connections.remove(&peer);
         self.tags.forget(peer);
         self.queued.retain(|&queued| queued != peer);
+        self.failed.retain(|&(failed, _)| failed != peer);
     }
 }

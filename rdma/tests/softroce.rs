@@ -40,14 +40,18 @@ fn a_command_that_fails_in_a_vm_fails_the_run() {
     assert!(all.contains("[vm0] rxe0 port 1: Active"), "{all}");
 }
 
+/// vm1 connects (retrying while vm0 boots), sends 2000 netagg-sized datagrams (48-byte
+/// header and 256 elements), 16 in flight, and checks every echo byte for byte. Then it
+/// connects again, has one message echoed, and sends one a byte longer than the server's
+/// receive buffers: the server's receive fails, and both queue pairs go to the error
+/// state with every request each had posted (32 receives, the depth) still to come back.
+/// One boot of the VMs for both, to keep CI short.
 #[test]
 #[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
-fn an_rc_connection_carries_messages_between_the_vms_and_tells_when_the_peer_leaves() {
-    // vm1 connects (retrying while vm0 boots), sends 2000 netagg-sized datagrams (48-byte
-    // header and 256 elements), 16 in flight, and checks every echo byte for byte.
+fn an_rc_connection_carries_messages_tells_when_the_peer_leaves_and_returns_every_request_when_it_fails() {
     let (output, all) = softroce_vms(
-        "netagg-rdma-echo serve 10.77.0.1:7471",
-        "netagg-rdma-echo send 10.77.0.1:7471 2000 1072",
+        "netagg-rdma-echo serve 10.77.0.1:7471 && netagg-rdma-echo serve 10.77.0.1:7471",
+        "netagg-rdma-echo send 10.77.0.1:7471 2000 1072 && netagg-rdma-echo overflow 10.77.0.1:7471",
     );
     assert!(output.status.success(), "{all}");
     assert!(all.contains("[vm1] 2000 messages of 1072 bytes echoed and checked"), "{all}");
@@ -55,4 +59,22 @@ fn an_rc_connection_carries_messages_between_the_vms_and_tells_when_the_peer_lea
     // The sender's exit disconnected its queue pair, which the server saw at once.
     assert!(all.contains("[vm0] connection ended: the peer disconnected"), "{all}");
     assert!(all.contains("[vm0] echoed 2000 messages"), "{all}");
+
+    let last = |prefix: &str| {
+        all.lines()
+            .rev()
+            .find_map(|line| line.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no '{prefix}':\n{all}"))
+            .to_string()
+    };
+    let server = last("[vm0] connection ended: ");
+    let sender = last("[vm1] the overlong message ended the connection: ");
+    for error in [&server, &sender] {
+        assert!(error.contains("32 receives came back ("), "{error}\n{all}");
+        assert!(error.ends_with(", every request posted"), "{error}\n{all}");
+    }
+    // Only the overlong message's receive failed for a cause; none came back whole.
+    assert!(!server.contains("success"), "{server}");
+    assert!(sender.contains(" sends came back ("), "{sender}");
+    assert!(all.contains("[vm0] echoed 1 messages"), "{all}");
 }

@@ -286,10 +286,13 @@ impl ControlPlane {
                     self.lanes.close(id);
                     (id, SessionEnd::Expired)
                 }
-                Event::Orphaned { id, departed, counters } => {
+                Event::Orphaned { id, departed, counters, lost } => {
                     let counters = self.lanes.close_orphaned(id, counters);
-                    tracing::info!(session = %session(id), rank = departed, ?counters, "session closed: a round needs a rank that left");
-                    (id, SessionEnd::Orphaned { departed })
+                    tracing::info!(session = %session(id), rank = departed, ?counters, ?lost, "session closed: a round needs a rank that left");
+                    match lost {
+                        Some(why) => (id, SessionEnd::ConnectionLost { rank: departed, why }),
+                        None => (id, SessionEnd::Orphaned { departed }),
+                    }
                 }
             };
             self.leave_upper(id, false);

@@ -114,6 +114,16 @@ impl<A: Copy> Peers<A> {
     fn all(&self) -> impl Iterator<Item = A> + '_ {
         self.workers.iter().flatten().chain(&self.upstream).copied()
     }
+
+    /// The rank and thread index of the worker thread at `address`.
+    fn worker_thread(&self, address: A) -> Option<(u16, usize)>
+    where
+        A: PartialEq,
+    {
+        self.workers.iter().enumerate().find_map(|(rank, threads)| {
+            Some((rank as u16, threads.iter().position(|&thread| thread == address)?))
+        })
+    }
 }
 
 /// Requests from the control plane.
@@ -174,8 +184,9 @@ pub enum Event {
     /// The session received nothing for the idle timeout and was closed.
     Expired(SessionId),
     /// A round needed a rank that had left, so the session could not go on and was
-    /// closed (with its counters).
-    Orphaned { id: SessionId, departed: u16, counters: Option<SessionCounters> },
+    /// closed (with its counters). `lost` says why the rank left if a connection to one
+    /// of its threads failed, rather than the rank leaving after its last job.
+    Orphaned { id: SessionId, departed: u16, counters: Option<SessionCounters>, lost: Option<String> },
 }
 
 /// The latest activity of each open session on any lane, shared by the lanes so that a
@@ -196,6 +207,8 @@ pub struct DataPath<P: DataPort> {
     events: Sender<Event>,
     lane: Lane,
     activity: Activity,
+    /// Why each rank whose connection failed left its session, until the session ends.
+    lost: FxHashMap<(SessionId, u16), String>,
 }
 
 /// Everything but the port, so that datagrams are handled while the port still holds
@@ -220,7 +233,7 @@ impl<P: DataPort> DataPath<P> {
             peers: FxHashMap::default(),
             results: Outbox::new(port.batch_segments()),
         };
-        DataPath { port, board, commands, events, lane, activity }
+        DataPath { port, board, commands, events, lane, activity, lost: FxHashMap::default() }
     }
 
     /// Runs until a [`Command::Shutdown`] arrives or the command channel closes.
@@ -241,11 +254,12 @@ impl<P: DataPort> DataPath<P> {
             }
             self.board.results.send(&mut self.port);
             self.port.flush();
+            for (address, why) in self.port.take_failed() {
+                self.connection_failed(address, why);
+            }
             if self.board.engine.has_orphaned() {
                 for (id, departed) in self.board.engine.take_orphaned() {
-                    self.forget(id);
-                    let counters = self.board.engine.close_session(id).ok();
-                    let _ = self.events.send(Event::Orphaned { id, departed, counters });
+                    self.close_orphaned(id, departed);
                 }
             }
             let now = Instant::now();
@@ -371,8 +385,36 @@ impl<P: DataPort> DataPath<P> {
         }
     }
 
+    /// A worker thread's connection failed, as `why` says: its rank can contribute no
+    /// more. A session with a round waiting for the rank closes now, and its ranks are
+    /// told why; otherwise the rank counts as departed, and the first round that needs
+    /// it closes the session with the same reason (while the others may still recover
+    /// results lost on their way, if the rank had finished its last job).
+    fn connection_failed(&mut self, address: P::Address, why: String) {
+        let found =
+            self.board.peers.iter().find_map(|(&id, peers)| Some((id, peers.worker_thread(address)?)));
+        let Some((id, (rank, thread))) = found else { return };
+        tracing::info!(session = format_args!("{:#010x}", id.0), rank, thread, %why, "a worker thread's connection failed");
+        let Ok(departure) = self.board.engine.depart(id, rank) else { return };
+        // The first of a rank's threads to fail says why; the others likely followed it.
+        self.lost.entry((id, rank)).or_insert_with(|| format!("worker thread {thread}: {why}"));
+        if departure == Departure::Needed {
+            self.close_orphaned(id, rank);
+        }
+    }
+
+    /// Closes session `id`, which cannot go on without `departed`, and tells the control
+    /// plane.
+    fn close_orphaned(&mut self, id: SessionId, departed: u16) {
+        let lost = self.lost.remove(&(id, departed));
+        self.forget(id);
+        let counters = self.board.engine.close_session(id).ok();
+        let _ = self.events.send(Event::Orphaned { id, departed, counters, lost });
+    }
+
     /// Drops a closed session's addresses and whatever the port keeps for them.
     fn forget(&mut self, id: SessionId) {
+        self.lost.retain(|&(session, _), _| session != id);
         self.board.results.forget(id);
         if let Some(peers) = self.board.peers.remove(&id) {
             peers.all().for_each(|address| self.port.forget(address));

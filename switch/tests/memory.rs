@@ -2,16 +2,17 @@
 //! [`MemorySocket`] where the UDP port would be, so that what the data path sums, sends
 //! and refuses is seen datagram by datagram without sockets.
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
+use std::io::{self, Read};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod common;
 
 use common::{memory_switch, register_message, SWITCH_DATA};
 use netagg_aggregator::faults::FaultRates;
-use netagg_switch::port::{MemoryNetwork, MemorySocket};
-use netagg_switch::Switch;
+use netagg_switch::port::{MemoryNetwork, MemorySocket, ThreadLink};
+use netagg_switch::{DataPort, Switch};
 use netagg_wire::{ControlMessage, ElementType, Endpoint, MessageType, Packet, PacketRepr, RejectCode};
 
 fn start(network: &MemoryNetwork, faults: Option<netagg_config::Faults>) -> Switch {
@@ -135,8 +136,7 @@ fn registrations_of_a_transport_the_port_does_not_speak_are_refused_by_name() {
 #[test]
 fn a_faulty_port_wraps_the_memory_port_and_the_protocol_sees_its_faults() {
     let network = MemoryNetwork::new();
-    let faults =
-        netagg_config::Faults { receive: FaultRates::dropping(1.0), send: FaultRates::NONE, seed: 3 };
+    let faults = netagg_config::Faults { receive: FaultRates::dropping(1.0), seed: 3, ..Default::default() };
     let switch = start(&network, Some(faults));
     let mut worker = network.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let (_control, session, token) = open_session(&switch, "lossy", &[&worker]);
@@ -237,6 +237,131 @@ fn a_rank_that_leaves_after_its_last_round_does_not_end_the_others_recovery() {
         }
     );
     assert_eq!(switch.counters().unwrap().engine.sessions_closed, 1);
+}
+
+/// A memory port whose connections to worker threads fail when a test says so, as an
+/// RDMA port's do when a peer's queue pair breaks: the failure is reported by
+/// [`DataPort::take_failed`], and the thread's datagrams no longer arrive.
+struct Severable {
+    inner: MemorySocket,
+    severed: Arc<Mutex<Vec<(SocketAddr, String)>>>,
+    cut: Vec<SocketAddr>,
+}
+
+impl DataPort for Severable {
+    type Address = SocketAddr;
+
+    fn endpoint(&self) -> Endpoint {
+        self.inner.endpoint()
+    }
+
+    fn resolve(&mut self, endpoint: &Endpoint, peer: IpAddr, link: ThreadLink) -> Result<SocketAddr, String> {
+        self.inner.resolve(endpoint, peer, link)
+    }
+
+    fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        let cut = &self.cut;
+        let mut count = 0;
+        DataPort::recv(&mut self.inner, timeout, &mut |source, datagram| {
+            if !cut.contains(&source) {
+                count += 1;
+                sink(source, datagram);
+            }
+        })?;
+        Ok(count)
+    }
+
+    fn send(&mut self, destination: SocketAddr, datagram: &[u8]) {
+        if !self.cut.contains(&destination) {
+            DataPort::send(&mut self.inner, destination, datagram);
+        }
+    }
+
+    fn flush(&mut self) {}
+
+    fn take_failed(&mut self) -> Vec<(SocketAddr, String)> {
+        let failed = std::mem::take(&mut *self.severed.lock().unwrap());
+        self.cut.extend(failed.iter().map(|&(address, _)| address));
+        failed
+    }
+}
+
+/// A switch over a [`Severable`] memory port, two ranks of one thread each in session
+/// `name`: their sockets, control connections, session and token, and the handle that
+/// fails a thread's connection.
+#[allow(clippy::type_complexity)]
+fn severable_session(
+    network: &MemoryNetwork,
+    name: &str,
+) -> (Switch, Vec<MemorySocket>, Vec<TcpStream>, u32, u64, Arc<Mutex<Vec<(SocketAddr, String)>>>) {
+    let mut settings = netagg_config::Config::default().switch;
+    settings.control = "127.0.0.1:0".parse().unwrap();
+    let severed = Arc::default();
+    let port = Severable {
+        inner: network.bind(SWITCH_DATA.parse().unwrap()).unwrap(),
+        severed: Arc::clone(&severed),
+        cut: Vec::new(),
+    };
+    let switch = Switch::start_with_port(&settings, port).unwrap();
+    let workers: Vec<MemorySocket> =
+        (0..2).map(|_| network.bind("127.0.0.1:0".parse().unwrap()).unwrap()).collect();
+    let (control, session, token) = open_session(&switch, name, &workers.iter().collect::<Vec<_>>());
+    (switch, workers, control, session, token, severed)
+}
+
+/// What each control connection is told next, within `wait`.
+fn told(control: &mut [TcpStream], wait: Duration) -> Vec<ControlMessage> {
+    control
+        .iter_mut()
+        .map(|stream| {
+            stream.set_read_timeout(Some(wait)).unwrap();
+            ControlMessage::read_from(stream).expect("a message within the wait").1
+        })
+        .collect()
+}
+
+/// Mid-round, rank 1's data connection fails while its control connection stays open:
+/// the session closes at once, and both ranks are told why, with the cause.
+#[test]
+fn a_failed_data_connection_mid_round_ends_the_session_for_every_rank_at_once() {
+    let network = MemoryNetwork::new();
+    let (switch, mut workers, mut control, session, token, severed) = severable_session(&network, "cut");
+    let switch_data: SocketAddr = SWITCH_DATA.parse().unwrap();
+    // Rank 0's contribution makes the round wait for rank 1.
+    workers[0].send_to(switch_data, &data_in_round(session, token, 0, 0, [1; 4]));
+    std::thread::sleep(Duration::from_millis(100));
+    severed.lock().unwrap().push((workers[1].local_addr(), "the peer disconnected".into()));
+    let reason = "session 'cut' is closed: rank 1's data connection to the switch failed, worker thread 0: \
+                  the peer disconnected";
+    let expected = ControlMessage::Reject { code: RejectCode::UnknownSession, message: reason.into() };
+    // Well before any timeout: the data path looks after every receive call.
+    assert_eq!(told(&mut control, Duration::from_secs(2)), [expected.clone(), expected]);
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 1);
+}
+
+/// Between rounds, rank 1's data connection fails: the session lives on (rank 0 may
+/// still be recovering a result), until a round needs rank 1; then both are told why.
+#[test]
+fn a_failed_data_connection_between_rounds_ends_the_session_when_a_round_needs_its_rank() {
+    let network = MemoryNetwork::new();
+    let (switch, mut workers, mut control, session, token, severed) = severable_session(&network, "idle");
+    let switch_data: SocketAddr = SWITCH_DATA.parse().unwrap();
+    for (rank, worker) in (0..).zip(workers.iter_mut()) {
+        worker.send_to(switch_data, &data_in_round(session, token, rank, 0, [rank as i32 + 1; 4]));
+    }
+    for worker in &mut workers {
+        assert_eq!(received(worker, Duration::from_secs(5)).len(), 1);
+    }
+    severed.lock().unwrap().push((workers[1].local_addr(), "an RDMA completion failed".into()));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 0, "the session lives on");
+    workers[0].send_to(switch_data, &data_in_round(session, token, 0, 0, [1; 4]));
+    assert_eq!(sums(&received(&mut workers[0], Duration::from_secs(5))[0].1), [3; 4]);
+    workers[0].send_to(switch_data, &data_in_round(session, token, 0, 1, [1; 4]));
+    let reason = "session 'idle' is closed: rank 1's data connection to the switch failed, worker thread 0: \
+                  an RDMA completion failed";
+    let expected = ControlMessage::Reject { code: RejectCode::UnknownSession, message: reason.into() };
+    assert_eq!(told(&mut control, Duration::from_secs(2)), [expected.clone(), expected]);
 }
 
 /// `GET path` on the metrics endpoint: the status line and the body.

@@ -221,3 +221,58 @@ fn a_switch_killed_mid_job_fails_both_ranks_within_the_job_timeout() {
         assert!(all.contains(&format!("[{vm}] allreduce_benchmark: ")), "{all}");
     }
 }
+
+/// One worker thread's queue pair at the switch fails mid-job (`sever_after` of the
+/// switch's faults moves the one that brought its 1500th datagram to the error state, as
+/// a failing device would), while every rank's control connection stays open: the switch
+/// closes the session at once, and both ranks' jobs fail within a few seconds (on a
+/// quiet machine, the same second), far within their job timeout (60 s), with the cause.
+#[test]
+#[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
+fn a_failed_data_connection_fails_every_rank_s_job_at_once_with_the_cause() {
+    let endless = "NETAGG_GENERAL__JOB_TIMEOUT=60 allreduce_benchmark --tensor-numel 64Ki --num-jobs 100000 \
+                   --num-warmup-jobs 0";
+    let rank = |rank| {
+        format!(
+            "{} {endless} && exit 1\nprintf '\\nrank {rank} failed at %d\\n' $(date +%s)",
+            worker_environment(rank)
+        )
+    };
+    let switch = START_SWITCH.replace("--log-level debug", "--log-level debug --faults sever_after=1500");
+    // The switch's clock is vm0's: when it saw the connection fail, to a fifth of a second.
+    let watch =
+        "(for i in $(seq 1500); do grep -q \"worker thread's connection failed\" switch.log && break; \
+                 sleep 0.2; done; printf '\\nsevered at %d\\n' $(date +%s)) & watcher=$!";
+    let vm0 = format!(
+        "{switch}\n{watch}\n{}\nwait $watcher\nkill -INT $switch; wait $switch; status=$?; cat switch.log; exit $status",
+        rank(0)
+    );
+    let (success, all) = softroce_vms(&vm0, &rank(1));
+    assert!(success, "{all}");
+    let time = |prefix: &str| -> u64 {
+        all.lines()
+            .find_map(|line| line.strip_prefix(prefix))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no '{prefix}':\n{all}"))
+    };
+    let severed = time("[vm0] severed at ");
+    // Rank 0 shares vm0's clock with the switch; rank 1's is vm1's, set from the same
+    // host clock at boot.
+    for (vm, rank, bound) in [("vm0", 0, 5), ("vm1", 1, 10)] {
+        let failed = time(&format!("[{vm}] rank {rank} failed at "));
+        assert!(
+            failed.abs_diff(severed) <= bound,
+            "rank {rank}: failed at {failed}, severed at {severed}:\n{all}"
+        );
+        assert!(all.contains(&format!("[{vm}] allreduce_benchmark: ")), "{all}");
+    }
+    // The switch closes the session's other connections too; a job whose connection ends
+    // so reports the switch's reason, which names the failed connection and its cause
+    // (the queue pair's requests flushed, every one back).
+    let reason = "failed: session lost: session 'default' is closed: rank ";
+    assert!(all.contains(reason), "{all}");
+    assert!(all.contains("'s data connection to the switch failed, worker thread "), "{all}");
+    assert!(all.contains("an RDMA completion failed: Work Request Flushed Error; "), "{all}");
+    assert!(all.contains("came back (512 Work Request Flushed Error)"), "{all}");
+    assert!(all.contains("every request posted"), "{all}");
+}

@@ -138,6 +138,11 @@ pub enum SessionEnd {
     Expired,
     /// A round needed `departed`, which had left.
     Orphaned { departed: u16 },
+    /// A connection of the data path to a thread of `rank` failed (RDMA's: the peer
+    /// gone, a completion failed), as `why` says, while a round needed the rank, or
+    /// later, when one did: the rank can contribute no more, though its control
+    /// connection may stay open.
+    ConnectionLost { rank: u16, why: String },
     /// A lower switch's upper session ended (a rank of another rack left, or the upper
     /// switch is gone), as the message says.
     Upstream(String),
@@ -550,6 +555,10 @@ impl Registry {
             SessionEnd::Expired => format!("session '{name}' expired: no packets for the idle timeout"),
             SessionEnd::Orphaned { departed } => departed_message(departed + open.first_rank, &name),
             SessionEnd::Upstream(why) => format!("session '{name}' is closed: {why}"),
+            SessionEnd::ConnectionLost { rank, why } => format!(
+                "session '{name}' is closed: rank {}'s data connection to the switch failed, {why}",
+                rank + open.first_rank
+            ),
         };
         self.tell_remaining(&open, &message);
     }

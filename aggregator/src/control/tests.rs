@@ -566,6 +566,26 @@ fn a_session_the_data_path_closes_tells_the_ranks_that_have_not_left_why() {
     assert_eq!(harness.actions(), [], "a session is ended once");
 }
 
+#[test]
+fn a_rank_s_lost_data_connection_closes_its_session_for_every_rank_with_the_cause() {
+    let mut harness = Harness::new();
+    let ([first, second], opened) = harness.open_pair("lost", 1);
+    let why = "worker thread 1: the peer disconnected";
+    harness.registry.handle_session_ended(opened.id, SessionEnd::ConnectionLost { rank: 1, why: why.into() });
+    // Rank 1's control connection is still open: it is told too, as is every other rank.
+    let reason = "session 'lost' is closed: rank 1's data connection to the switch failed, worker thread 1: \
+                  the peer disconnected";
+    assert_eq!(
+        harness.actions(),
+        [
+            reject(first, 0, RejectCode::UnknownSession, reason),
+            reject(second, 0, RejectCode::UnknownSession, reason)
+        ]
+    );
+    harness.registry.handle_closed(second);
+    assert_eq!(harness.actions(), [], "the session is gone already");
+}
+
 /// The registry and an engine, the actions carried out as the switch's shell does.
 struct Switch {
     harness: Harness,

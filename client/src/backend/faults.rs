@@ -7,7 +7,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use netagg_aggregator::faults::{FaultCounters, FaultInjector};
+use netagg_aggregator::faults::{FaultCounters, FaultInjector, Severance};
 use netagg_config::{Config, Faults};
 
 use super::Transport;
@@ -19,6 +19,8 @@ pub struct FaultyTransport {
     /// Where the worker writes a datagram, before the injector decides its fate: the
     /// inner transport's buffers take only what leaves.
     outgoing: Vec<u8>,
+    /// When the connection to the switch is severed.
+    severance: Severance,
 }
 
 impl FaultyTransport {
@@ -32,6 +34,7 @@ impl FaultyTransport {
             send: FaultInjector::new(faults.send, seed),
             receive: FaultInjector::new(faults.receive, !seed),
             outgoing: Vec::new(),
+            severance: Severance::after(faults.sever_after),
         }
     }
 
@@ -86,14 +89,20 @@ impl Transport for FaultyTransport {
         // Wake up for the next held datagram, in either direction.
         let due = [self.send.next_release(), self.receive.next_release()].into_iter().flatten().min();
         let wait = due.map_or(timeout, |due| due.saturating_duration_since(now).min(timeout));
-        let receive = &mut self.receive;
+        let (receive, severance) = (&mut self.receive, &mut self.severance);
         let mut delivered = 0;
+        let mut severed = false;
         self.inner.recv(wait, &mut |datagram| {
+            severed |= severance.count();
             receive.push(Instant::now(), (), datagram, |(), datagram| {
                 sink(datagram);
                 delivered += 1;
             });
         })?;
+        if severed {
+            tracing::warn!("fault injection: severing this worker thread's connection");
+            self.inner.sever();
+        }
         let now = Instant::now();
         delivered += self.receive.release(now, |(), datagram| sink(datagram));
         if self.send.next_release().is_some_and(|due| due <= now) {
@@ -153,6 +162,31 @@ mod tests {
             self.queue.drain(..).for_each(|d| sink(&d));
             Ok(count)
         }
+        /// Logged among the datagrams sent, to see when it came.
+        fn sever(&mut self) {
+            self.sent.lock().unwrap().push(b"severed".to_vec());
+        }
+    }
+
+    #[test]
+    fn the_connection_is_severed_once_after_the_set_number_of_datagrams_received() {
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let echo = Echo { outgoing: Vec::new(), queue: VecDeque::new(), sent: Arc::clone(&sent) };
+        let faults = Faults { sever_after: 3, ..Faults::default() };
+        let mut transport = FaultyTransport::new(Box::new(echo), &faults, 0);
+        for round in 0u8..2 {
+            for i in 0u8..5 {
+                transport.send_copy(&[round, i]).unwrap();
+            }
+            transport.flush().unwrap();
+            let mut received = 0;
+            transport.recv(Duration::ZERO, &mut |_| received += 1).unwrap();
+            assert_eq!(received, 5, "severing drops nothing by itself");
+        }
+        let log = sent.lock().unwrap();
+        let severed: Vec<usize> = (0..log.len()).filter(|&i| log[i] == b"severed").collect();
+        // After the batch holding the third datagram, and never again.
+        assert_eq!(severed, [5], "{log:?}");
     }
 
     #[test]
@@ -163,6 +197,7 @@ mod tests {
             send: FaultRates::dropping(0.5),
             receive: FaultRates { delay: Duration::from_millis(200), ..FaultRates::NONE },
             seed: 5,
+            sever_after: 0,
         };
         let mut transport = FaultyTransport::new(Box::new(echo), &faults, 0);
         for i in 0u32..200 {

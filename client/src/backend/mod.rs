@@ -55,6 +55,11 @@ pub trait Transport: Send {
         self.send_buffer(datagram.len())[..datagram.len()].copy_from_slice(datagram);
         self.send(datagram.len())
     }
+
+    /// Fails the connection to the switch as a failing device would, to inject that
+    /// fault (`sever_after` of `[faults]`); a transport without a connection has none to
+    /// fail.
+    fn sever(&mut self) {}
 }
 
 /// A transport to a real switch: the context announces its endpoint when it registers,

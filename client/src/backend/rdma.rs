@@ -5,7 +5,8 @@
 //! datagrams leave as one chain of SEND work requests at the flush; results arrive in
 //! registered receive buffers and are handed over in place. RC delivers in order and
 //! retransmits in the NIC, so the protocol core's own retransmissions only run when a
-//! peer is gone, and then the connection reports it.
+//! peer is gone, and then the connection reports it: a connection that fails fails the
+//! thread's jobs at once, with an error naming the switch and the cause.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -55,6 +56,7 @@ pub fn transports(config: &Config) -> Result<Vec<Box<dyn SwitchTransport>>, Erro
                 options,
                 connect_timeout: config.general.connect_timeout,
                 connection: None,
+                switch: None,
                 failed: None,
                 scratch: Vec::new(),
             }) as Box<dyn SwitchTransport>
@@ -70,6 +72,8 @@ pub struct RdmaTransport {
     options: Options,
     connect_timeout: Duration,
     connection: Option<Connection>,
+    /// The switch's data address the connection goes to, for errors.
+    switch: Option<SocketAddr>,
     /// Why the last send buffer could not be lent, reported by the send that follows.
     failed: Option<io::Error>,
     /// Where a datagram is written when no send buffer can be lent.
@@ -78,6 +82,26 @@ pub struct RdmaTransport {
 
 fn not_connected() -> io::Error {
     io::Error::new(io::ErrorKind::NotConnected, "the RDMA transport is not connected to the switch yet")
+}
+
+impl RdmaTransport {
+    /// The connection, and what to say of its errors: which switch it goes to.
+    fn connected(&mut self) -> io::Result<(&mut Connection, impl Fn(io::Error) -> io::Error)> {
+        let switch = self.switch;
+        let connection = self.connection.as_mut().ok_or_else(not_connected)?;
+        Ok((connection, move |error: io::Error| at_switch(switch, error)))
+    }
+}
+
+/// `error` of the connection to the switch at `switch`, saying so.
+fn at_switch(switch: Option<SocketAddr>, error: io::Error) -> io::Error {
+    match switch {
+        Some(switch) => io::Error::new(
+            error.kind(),
+            format!("the RDMA connection to the switch at {switch} failed: {error}"),
+        ),
+        None => error,
+    }
 }
 
 impl Transport for RdmaTransport {
@@ -97,8 +121,11 @@ impl Transport for RdmaTransport {
         // The driver asks for a buffer even when it then has nothing to send: an error
         // of an earlier lend that no send reported is stale now.
         self.failed = None;
+        let switch = self.switch;
         let lent = match self.connection.as_mut() {
-            Some(connection) => connection.send_buffer(SEND_BUFFER_WAIT),
+            Some(connection) => {
+                connection.send_buffer(SEND_BUFFER_WAIT).map_err(|error| at_switch(switch, error))
+            }
             None => Err(not_connected()),
         };
         // The trait lends without failing: the error waits for the send.
@@ -119,15 +146,24 @@ impl Transport for RdmaTransport {
         if let Some(error) = self.failed.take() {
             return Err(error);
         }
-        self.connection.as_mut().ok_or_else(not_connected)?.queue(len)
+        let (connection, at_switch) = self.connected()?;
+        connection.queue(len).map_err(at_switch)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.connection.as_mut().ok_or_else(not_connected)?.flush()
+        let (connection, at_switch) = self.connected()?;
+        connection.flush().map_err(at_switch)
     }
 
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        self.connection.as_mut().ok_or_else(not_connected)?.recv(timeout, sink)
+        let (connection, at_switch) = self.connected()?;
+        connection.recv(timeout, sink).map_err(at_switch)
+    }
+
+    fn sever(&mut self) {
+        if let Some(Err(error)) = self.connection.as_mut().map(Connection::break_queue_pair) {
+            tracing::warn!(%error, "cannot break the connection to the switch");
+        }
     }
 }
 
@@ -147,6 +183,7 @@ impl SwitchTransport for RdmaTransport {
         let connection =
             netagg_rdma::tagged::connect(address, self.local, self.tag, self.connect_timeout, self.options)?;
         self.connection = Some(connection);
+        self.switch = Some(address);
         Ok(())
     }
 }

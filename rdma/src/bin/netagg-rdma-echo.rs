@@ -3,6 +3,9 @@
 //! every message back until the peer leaves; `netagg-rdma-echo send ADDRESS:PORT COUNT
 //! SIZE` connects (retrying for 60 s, as the peer may still be starting), sends COUNT
 //! messages of SIZE bytes, a window of 16 at a time, and checks every echo byte for byte.
+//! `netagg-rdma-echo overflow ADDRESS:PORT` connects likewise, has one message echoed,
+//! then sends one longer than the server's buffers, which fails the connection on both
+//! sides, as a peer's bug would; both print how every request they had posted came back.
 //! The server sleeps on its completion channel ([`Wait::Event`]), the sender busy-polls
 //! ([`Wait::Busy`]) and writes its messages straight into the registered send buffers,
 //! so that one run exercises both waits and both ways of sending.
@@ -25,7 +28,10 @@ fn main() -> ExitCode {
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["serve", address] => serve(address),
         ["send", address, count, size] => send(address, count, size),
-        _ => Err("usage: netagg-rdma-echo serve ADDRESS:PORT | send ADDRESS:PORT COUNT SIZE".into()),
+        ["overflow", address] => overflow(address),
+        _ => Err("usage: netagg-rdma-echo serve ADDRESS:PORT | send ADDRESS:PORT COUNT SIZE \
+                  | overflow ADDRESS:PORT"
+            .into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -70,23 +76,7 @@ fn send(address: &str, count: &str, size: &str) -> Result<(), String> {
     if !(8..=SLOT_SIZE).contains(&size) {
         return Err(format!("SIZE {size}: from 8 to {SLOT_SIZE}"));
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut connection = loop {
-        match Connection::connect(
-            address,
-            None,
-            b"netagg-rdma-echo",
-            Duration::from_secs(5),
-            options(Wait::Busy),
-        ) {
-            Ok(connection) => break connection,
-            Err(error) if Instant::now() < deadline => {
-                eprintln!("not yet: {error}");
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            Err(error) => return Err(error.to_string()),
-        }
-    };
+    let mut connection = connect(address, options(Wait::Busy))?;
     let message = |sequence: u64| {
         let mut bytes = vec![0u8; size];
         bytes[..8].copy_from_slice(&sequence.to_le_bytes());
@@ -127,4 +117,41 @@ fn send(address: &str, count: &str, size: &str) -> Result<(), String> {
         (count as f64 * size as f64) / seconds / 1e6
     );
     Ok(())
+}
+
+/// Connects to the server at `address`, retrying for 60 s while it starts.
+fn connect(address: SocketAddr, options: Options) -> Result<Connection, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match Connection::connect(address, None, b"netagg-rdma-echo", Duration::from_secs(5), options) {
+            Ok(connection) => return Ok(connection),
+            Err(error) if Instant::now() < deadline => {
+                eprintln!("not yet: {error}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+}
+
+/// Has one message echoed, then sends one a byte longer than the server's buffers (its
+/// own are twice as long): the server's receive fails, and with it both queue pairs.
+fn overflow(address: &str) -> Result<(), String> {
+    let address: SocketAddr = address.parse().map_err(|e| format!("{address}: {e}"))?;
+    let long = Options { message_size: 2 * SLOT_SIZE, ..options(Wait::Busy) };
+    let mut connection = connect(address, long)?;
+    connection.send(&[7; 64], Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    let mut echoed = 0;
+    connection.recv(Duration::from_secs(10), &mut |_| echoed += 1).map_err(|e| e.to_string())?;
+    if echoed != 1 {
+        return Err(format!("{echoed} echoes of one message within 10 s"));
+    }
+    connection.send(&[7; SLOT_SIZE + 1], Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    match connection.recv(Duration::from_secs(10), &mut |_| {}) {
+        Err(error) => {
+            println!("the overlong message ended the connection: {error}");
+            Ok(())
+        }
+        Ok(count) => Err(format!("the overlong message did not end the connection ({count} received)")),
+    }
 }

@@ -10,8 +10,9 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use rdma_sys::{
-    ibv_access_flags, ibv_comp_channel, ibv_cq, ibv_mr, ibv_pd, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr,
-    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status, ibv_wr_opcode,
+    ibv_access_flags, ibv_comp_channel, ibv_cq, ibv_mr, ibv_pd, ibv_qp_attr, ibv_qp_attr_mask,
+    ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status,
+    ibv_wr_opcode,
 };
 
 use super::cm::CmId;
@@ -301,6 +302,20 @@ impl QueuePair {
     fn raw(&self) -> *mut rdma_sys::ibv_qp {
         // SAFETY: the id is alive, and its queue pair made (by `new`) and not destroyed.
         unsafe { (*self.id.as_ptr()).qp }
+    }
+
+    /// Moves the queue pair to the error state: every request posted and not yet done
+    /// comes back flushed, so that each one's completion can be waited for.
+    pub fn move_to_error(&self) -> io::Result<()> {
+        // SAFETY: a C struct of integers and unions of them, for which all zeros is valid.
+        let mut attributes: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attributes.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        // SAFETY: the queue pair is alive; the attributes are alive for the call, and the
+        // mask names the one field set.
+        call("moving the queue pair to the error state", unsafe {
+            rdma_sys::ibv_modify_qp(self.raw(), &mut attributes, mask)
+        })
     }
 
     /// Posts a receive into `sge`, its completion named `wr_id`.

@@ -10,7 +10,7 @@ use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use netagg_aggregator::faults::{FaultCounters, FaultInjector};
+use netagg_aggregator::faults::{FaultCounters, FaultInjector, Severance};
 use netagg_wire::Endpoint;
 
 use super::{DataPort, ThreadLink};
@@ -21,6 +21,8 @@ pub struct FaultyPort<P: DataPort> {
     ingress: FaultInjector<P::Address>,
     /// Faults injected into datagrams sent, by destination.
     egress: FaultInjector<P::Address>,
+    /// When the connection of a datagram's sender is severed.
+    severance: Severance,
 }
 
 impl<P: DataPort> FaultyPort<P> {
@@ -30,6 +32,7 @@ impl<P: DataPort> FaultyPort<P> {
             inner,
             ingress: FaultInjector::new(faults.receive, faults.seed),
             egress: FaultInjector::new(faults.send, !faults.seed),
+            severance: Severance::after(faults.sever_after),
         }
     }
 
@@ -57,17 +60,25 @@ impl<P: DataPort> DataPort for FaultyPort<P> {
     fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(P::Address, &[u8])) -> io::Result<usize> {
         let due = [self.ingress.next_release(), self.egress.next_release()].into_iter().flatten().min();
         let wait = due.map_or(timeout, |due| due.saturating_duration_since(Instant::now()).min(timeout));
-        let ingress = &mut self.ingress;
+        let (ingress, severance) = (&mut self.ingress, &mut self.severance);
         let mut delivered = 0;
+        let mut severed = None;
         // One clock read per batch, as the data path reads it.
         let mut arrived = None;
         self.inner.recv(wait, &mut |source, datagram| {
+            if severance.count() {
+                severed = Some(source);
+            }
             let now = *arrived.get_or_insert_with(Instant::now);
             ingress.push(now, source, datagram, |source, datagram| {
                 sink(source, datagram);
                 delivered += 1;
             });
         })?;
+        if let Some(source) = severed {
+            tracing::warn!(?source, "fault injection: severing the connection of this datagram's sender");
+            self.inner.sever(source);
+        }
         let now = Instant::now();
         delivered += self.ingress.release(now, |source, datagram| sink(source, datagram));
         self.release_sends(now);
@@ -88,6 +99,14 @@ impl<P: DataPort> DataPort for FaultyPort<P> {
 
     fn forget(&mut self, address: P::Address) {
         self.inner.forget(address);
+    }
+
+    fn sever(&mut self, address: P::Address) {
+        self.inner.sever(address);
+    }
+
+    fn take_failed(&mut self) -> Vec<(P::Address, String)> {
+        self.inner.take_failed()
     }
 
     fn fault_counters(&self) -> Option<(FaultCounters, FaultCounters)> {

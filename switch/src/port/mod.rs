@@ -111,6 +111,20 @@ pub trait DataPort: Send + 'static {
         let _ = address;
     }
 
+    /// Fails the connection to `address` as a failing device would, to inject that
+    /// fault (`sever_after` of `[switch.faults]`); a port without connections has none
+    /// to fail.
+    fn sever(&mut self, address: Self::Address) {
+        let _ = address;
+    }
+
+    /// The worker threads whose connections failed since the last call (a port with a
+    /// connection per thread: RDMA's), each with why: nothing reaches them any more, so
+    /// the data path ends what waits for them. Addresses forgotten are not among them.
+    fn take_failed(&mut self) -> Vec<(Self::Address, String)> {
+        Vec::new()
+    }
+
     /// What fault injection did to the datagrams received and sent, for a port that
     /// injects faults.
     fn fault_counters(&self) -> Option<(FaultCounters, FaultCounters)> {

@@ -87,4 +87,12 @@ impl DataPort for RdmaPort {
     fn forget(&mut self, address: Peer) {
         self.port.forget(address);
     }
+
+    fn sever(&mut self, address: Peer) {
+        self.port.break_connection(address);
+    }
+
+    fn take_failed(&mut self) -> Vec<(Peer, String)> {
+        self.port.take_failed()
+    }
 }
