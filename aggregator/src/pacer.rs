@@ -38,6 +38,18 @@
 //!   eighth, the less the closer the delay is to the target, never far beyond the rate
 //!   delivered or measured.
 //!
+//! A queue of a packet or two holds less than the target: a window many times it shows
+//! no delay, loses all but the first few packets of each burst, and the doubling timeouts
+//! leave the link idle, a collapse. Loss rules engage the pacer there:
+//! - a run of [`OVERFLOW_RUN`] of a thread's first sendings lost in a row ([`LossRuns`])
+//!   is a queue's overflow, which drops the tail of a burst; random loss drops packets
+//!   apart. It paces an unpaced worker at the rate results came at, and lets that rate
+//!   grow by half a period until loss shows again; it halves a paced worker's rate. At
+//!   most once a round trip;
+//! - a paced worker that finds more than [`LOSS_TOLERANCE`] of its data sendings lost
+//!   paces below the share the path carried; one whose share lost stays as high after two
+//!   such cuts in a row is losing at random, at any rate, and is unpaced again.
+//!
 //! Every worker's thread `t` carries the same rounds, so all of them settle on the
 //! slowest path's rate. Until a path shows a standing queue the worker is not paced at
 //! all, so that a path faster than the worker (a loopback, a fast network) costs nothing.
@@ -69,6 +81,27 @@ const MIN_RATE: u64 = 8_000;
 /// The largest raise per decision, as a fraction: an eighth. The queue must hold the
 /// excess a raise sends until the next decision sees it.
 const MAX_RAISE: f64 = 0.125;
+
+/// The raise per decision of a rate an overflow engaged, until loss shows again: a half.
+/// That rate starts from what the path delivered while it collapsed, far below the path.
+const PROBE_RAISE: f64 = 0.5;
+
+/// Consecutive first sendings of one thread found lost that show a queue's overflow: a
+/// full queue drops the tail of a burst, random loss drops packets apart. At 30 % loss
+/// each way a round trip fails with probability 0.51, and 16 in a row (2e-5) came up often
+/// enough in `tests/stress.rs` to pace, and slow, lossy clusters with no queue; 32 in a
+/// row has a probability of 4e-10, against runs of a window less a packet or two in a
+/// collapse.
+pub const OVERFLOW_RUN: u32 = 32;
+
+/// The share of a paced period's data sendings found lost that the rate tolerates: random
+/// loss of a few percent each way stays below; a rate above a queue too short to show
+/// delay loses the excess.
+const LOSS_TOLERANCE: f64 = 0.125;
+
+/// Data sendings a paced worker counts before it judges their share lost: fewer, and a
+/// loss or two decides.
+const LOSS_SAMPLE: u32 = 64;
 
 /// How a worker paces its data packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,8 +137,10 @@ struct Period {
     /// The least round trip of the rounds this worker's contribution completed: its own
     /// path's.
     least_completed: Option<Duration>,
-    /// The worker sent data again: a packet of its was lost, or its result was.
-    lost: bool,
+    /// Data packets sent while paced.
+    sent: u32,
+    /// Data packets sent again: a packet of the worker's was lost, or its result was.
+    lost: u32,
 }
 
 /// The pacer of one worker's path, shared by the worker's threads: they send over the
@@ -163,9 +198,24 @@ impl LinkPacer {
         self.state().job_started(now, self.delivered.load(Ordering::Relaxed));
     }
 
-    /// Notes that a thread sent data again: a loss.
-    pub(crate) fn lost(&self) {
-        self.state().period.lost = true;
+    /// Notes that a thread found its first sending `number` (of `runs`) lost, at `now`:
+    /// it sent the data again. A sending made before the rate was last lowered was lost
+    /// at the rate before and counts for nothing; the others count towards the period's
+    /// losses, and a run of [`OVERFLOW_RUN`] of them in a row shows a queue's overflow.
+    pub(crate) fn lost(&self, now: Instant, runs: &mut LossRuns, number: u64) {
+        let mut pacer = self.state();
+        if runs.cuts_seen != pacer.cuts {
+            runs.cuts_seen = pacer.cuts;
+            runs.since = runs.sent + 1;
+        }
+        if number < runs.since {
+            return;
+        }
+        pacer.period.lost += 1;
+        if runs.lost(number) {
+            pacer.overflowed(now, self.delivered.load(Ordering::Relaxed));
+            self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
+        }
     }
 
     /// Takes a thread's round trip, with the results it has not yet counted.
@@ -225,6 +275,47 @@ impl DeliveryBatch {
     }
 }
 
+/// A thread's first sendings of data, numbered in the order they left, and the run of
+/// them found lost last. A queue that overflows drops the tail of every burst offered
+/// to it: a window many times the queue, sent at once, loses all but its first few
+/// packets, in a row. Random loss drops packets apart. A queue too short to show delay
+/// (a packet or two, less than the target) so still engages the pacer, and a worker
+/// whose round trips are nearly all lost, and so seldom timed, leaves its collapse.
+#[derive(Debug, Default)]
+pub(crate) struct LossRuns {
+    /// First sendings so far.
+    sent: u64,
+    /// The pacer's cuts of its rate when the thread last looked, and its first sending
+    /// after the last of them: losses of earlier ones say nothing of the rate now.
+    cuts_seen: u64,
+    since: u64,
+    /// The latest first sending found lost.
+    last_lost: Option<u64>,
+    /// Its run: first sendings found lost up to it, one after another.
+    run: u32,
+}
+
+impl LossRuns {
+    /// Numbers a first sending.
+    pub(crate) fn first_sending(&mut self) -> u64 {
+        self.sent += 1;
+        self.sent
+    }
+
+    /// Notes that first sending `number` was found lost; true when that completes a run of
+    /// [`OVERFLOW_RUN`]. A sending found lost again, or after a later one, is counted
+    /// already or breaks no run.
+    pub(crate) fn lost(&mut self, number: u64) -> bool {
+        match self.last_lost {
+            Some(last) if number <= last => return false,
+            Some(last) if number == last + 1 => self.run += 1,
+            _ => self.run = 1,
+        }
+        self.last_lost = Some(number);
+        self.run == OVERFLOW_RUN
+    }
+}
+
 /// The pacing state and controller of one path.
 #[derive(Debug, Clone)]
 pub(crate) struct Pacer {
@@ -244,6 +335,18 @@ pub(crate) struct Pacer {
     /// A data packet waited for the pacer since the last decision: the rate, not the
     /// window or the peers, limited the worker, so it may grow.
     limited: bool,
+    /// The rate was set by an overflow from what a collapsing path delivered, and may grow
+    /// by [`PROBE_RAISE`] until loss shows again.
+    probing: bool,
+    /// When loss last lowered the rate, and how many times it did.
+    last_cut: Option<Instant>,
+    cuts: u64,
+    /// Data sendings, and losses, of the periods since the share lost was last judged.
+    judged: (u32, u32),
+    /// The share lost that last lowered the rate, and how many cuts in a row it did not
+    /// fall.
+    share_cut: Option<f64>,
+    stayed: u32,
 }
 
 impl Pacer {
@@ -258,6 +361,12 @@ impl Pacer {
             job: None,
             last_sample: None,
             limited: false,
+            probing: false,
+            last_cut: None,
+            cuts: 0,
+            judged: (0, 0),
+            share_cut: None,
+            stayed: 0,
         }
     }
 
@@ -288,6 +397,37 @@ impl Pacer {
         let earliest = now.checked_sub(BURST).unwrap_or(now);
         let start = self.next_send.map_or(earliest, |at| at.max(earliest));
         self.next_send = Some(start + Duration::from_nanos(bytes as u64 * 1_000_000_000 / rate));
+        self.period.sent += 1;
+    }
+
+    /// Takes a queue's overflow found at `now`, with `delivered` bytes of results received
+    /// so far: an unpaced worker is paced at the rate results came at in the period, which
+    /// a collapse keeps far below the path's, and probes upwards from there; a paced one
+    /// halves its rate. At most once a round trip: one burst's losses come to light over
+    /// a round trip of timeouts.
+    pub(crate) fn overflowed(&mut self, now: Instant, delivered: u64) {
+        if !self.config.enabled {
+            return;
+        }
+        let round_trip = self.period.least.or(self.min_rtt).unwrap_or_default().max(MIN_PERIOD);
+        if self.last_cut.is_some_and(|cut| now.saturating_duration_since(cut) < round_trip) {
+            return;
+        }
+        self.cut(now);
+        match self.rate {
+            None => {
+                let began = self.period.began.unwrap_or(now);
+                let elapsed = now.saturating_duration_since(began).as_secs_f64().max(1e-3);
+                self.set_rate(delivered.saturating_sub(self.period.delivered) as f64 / elapsed);
+                self.probing = true;
+            }
+            Some(rate) => {
+                self.set_rate(rate as f64 / 2.0);
+                self.probing = false;
+            }
+        }
+        self.period = Period { began: Some(now), delivered, ..Period::default() };
+        self.limited = false;
     }
 
     /// Starts a decision period afresh at a job's start, with `delivered` bytes of
@@ -331,10 +471,47 @@ impl Pacer {
         // A zero target (set through the library, which the config refuses) is a tiny one.
         let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
+        let (sent, lost) = self.judged;
+        self.judged = (sent + ended.sent, lost + ended.lost);
+        if let Some(rate) = self.rate.filter(|_| self.judged.0 >= LOSS_SAMPLE) {
+            let (sent, lost) = std::mem::take(&mut self.judged);
+            let lost = lost as f64 / sent as f64;
+            let share_cut = self.share_cut.take();
+            let stayed = std::mem::take(&mut self.stayed);
+            if lost > LOSS_TOLERANCE && share_cut.is_some_and(|share| lost >= share) && stayed >= 1 {
+                // The rate fell and the share lost did not: the loss is not a queue's but
+                // the path's, at any rate. Unpaced, the window governs again, as on any
+                // lossy path; a queue's overflow would engage the pacer anew.
+                self.rate = None;
+                self.probing = false;
+                return;
+            }
+            if lost > LOSS_TOLERANCE {
+                // A queue too short to show delay dropped what exceeded the path: it carried
+                // what was not lost (at most halving the rate, as losses found in this
+                // period may have left in the last).
+                let carried = rate as f64 * (1.0 - lost.min(0.5));
+                self.capacity = Some(carried);
+                self.probing = false;
+                self.cut(now);
+                self.stayed = if share_cut.is_some_and(|share| lost >= share) { stayed + 1 } else { 0 };
+                self.share_cut = Some(lost);
+                self.set_rate(carried * (1.0 - LOSS_TOLERANCE / 2.0));
+                return;
+            }
+        }
+        if self.probing {
+            // Engaged by an overflow, far below the path: grow fast, whoever completed the
+            // rounds (every worker of a collapse engaged alike), until loss shows again.
+            if let Some(rate) = self.rate.filter(|_| limited && ended.lost == 0) {
+                self.set_rate(rate as f64 * (1.0 + PROBE_RAISE));
+            }
+            return;
+        }
         match ended.least_completed {
             // A queue that holds the window costs delay, not throughput: only one that
             // overflows, losing packets, engages an unpaced worker.
-            _ if self.rate.is_none() && !ended.lost => {}
+            _ if self.rate.is_none() && ended.lost == 0 => {}
             Some(least) if standing(least) > target => {
                 // A queue on this worker's own path held its rounds up: drain it within
                 // about a period like this one, SAMPLES round trips of at least `least`
@@ -388,6 +565,13 @@ impl Pacer {
                 }
             }
         }
+    }
+
+    /// Books a cut of the rate for loss at `now`.
+    fn cut(&mut self, now: Instant) {
+        self.last_cut = Some(now);
+        self.cuts += 1;
+        self.judged = (0, 0);
     }
 
     /// Sets the rate, never below half the path's measured rate: no single period's
@@ -445,7 +629,7 @@ mod tests {
         /// queue overflowed: the worker sent data again.
         fn queue(&mut self, rtt: Duration, rate: u64) -> &mut Path {
             self.period(MS / 10, rate);
-            self.pacer.period.lost = true;
+            self.pacer.period.lost = 1;
             self.period(rtt, rate)
         }
 
@@ -490,7 +674,7 @@ mod tests {
         path.period(MS / 10, 10_000_000).period(MS * 10, 10_000_000).period(MS * 10, 10_000_000);
         assert_eq!(path.rate(), None);
         // A loss in a period with the queue standing engages it.
-        path.pacer.period.lost = true;
+        path.pacer.period.lost = 1;
         path.period(MS * 10, 10_000_000);
         assert!(path.rate().is_some());
     }
@@ -628,6 +812,138 @@ mod tests {
         let mut path = Path::new(PacingConfig { enabled: false, ..CONFIG });
         path.queue(MS * 10, 10_000_000);
         assert_eq!(path.rate(), None);
+    }
+
+    #[test]
+    fn only_a_run_of_first_sendings_lost_in_a_row_shows_an_overflow() {
+        let mut runs = LossRuns::default();
+        // Every other sending lost, as random loss might: never a run.
+        assert!(!(2..200).step_by(2).any(|number| runs.lost(number)));
+        // One short of a run, then one found again or out of order: no run yet.
+        let run = OVERFLOW_RUN as u64;
+        assert!(!(300..300 + run - 1).any(|number| runs.lost(number)));
+        assert!(!runs.lost(300 + run - 2) && !runs.lost(310));
+        // The last of the run shows it, once.
+        assert!(runs.lost(300 + run - 1));
+        assert!(!(300 + run..400).any(|number| runs.lost(number)));
+        // A gap starts a new run.
+        assert!(!(401..400 + run).any(|number| runs.lost(number)));
+        assert!(runs.lost(400 + run));
+    }
+
+    #[test]
+    fn an_overflow_paces_at_the_rate_delivered_then_halves_it_at_most_once_a_round_trip() {
+        let mut path = Path::new(CONFIG);
+        path.round_trips(&[MS / 2], 1_000_000);
+        // 10 ms in which a collapsing path delivered 2 000 bytes: 200 kB/s.
+        path.now += MS * 10;
+        path.delivered += 2_000;
+        let since = path.delivered - path.pacer.period.delivered;
+        let elapsed = path.now - path.pacer.period.began.unwrap();
+        path.pacer.overflowed(path.now, path.delivered);
+        assert!(near(path.rate(), since as f64 / elapsed.as_secs_f64()), "{:?}", path.rate());
+        assert!(path.pacer.probing);
+        let engaged = path.rate().unwrap() as f64;
+        // Another within the period's least, 4 ms: the same burst's losses.
+        path.pacer.overflowed(path.now + MS * 3, path.delivered);
+        assert!(near(path.rate(), engaged));
+        path.pacer.overflowed(path.now + MS * 5, path.delivered);
+        assert!(near(path.rate(), engaged / 2.0), "{:?}", path.rate());
+        assert!(!path.pacer.probing);
+    }
+
+    #[test]
+    fn a_rate_an_overflow_set_grows_by_half_a_period_until_loss_shows() {
+        let mut path = Path::new(CONFIG);
+        path.now += MS * 10;
+        path.delivered += 2_000;
+        path.pacer.overflowed(path.now, path.delivered);
+        let engaged = path.rate().unwrap() as f64;
+        path.fill().period(MS, engaged as u64);
+        assert!(near(path.rate(), engaged * 1.5), "{:?}", path.rate());
+        // Whoever completed the rounds.
+        path.completing = false;
+        path.fill().period(MS * 3, (engaged * 1.5) as u64);
+        assert!(near(path.rate(), engaged * 2.25), "{:?}", path.rate());
+        // A period with a loss: no raise.
+        path.pacer.period.lost = 1;
+        path.fill().period(MS, (engaged * 2.25) as u64);
+        assert!(near(path.rate(), engaged * 2.25), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn a_paced_worker_losing_more_than_it_tolerates_paces_below_what_was_carried() {
+        let mut path = Path::new(CONFIG);
+        path.queue(MS * 10, 1_000_000);
+        let paced = path.rate().unwrap() as f64;
+        // 64 sendings, 4 of them lost (6 %): tolerated.
+        path.pacer.period.sent = LOSS_SAMPLE;
+        path.pacer.period.lost = 4;
+        path.period(MS, 1_000_000);
+        assert!(path.rate().is_some_and(|rate| rate as f64 >= paced), "{:?}", path.rate());
+        let paced = path.rate().unwrap() as f64;
+        // 64 sendings over two periods, 16 lost (25 %): the path carried three quarters.
+        for _ in 0..2 {
+            path.pacer.period.sent = LOSS_SAMPLE / 2;
+            path.pacer.period.lost = 8;
+            path.period(MS, 1_000_000);
+        }
+        let carried = paced * 0.75;
+        assert!(near(path.rate(), carried * (1.0 - LOSS_TOLERANCE / 2.0)), "{:?}", path.rate());
+        assert_eq!(path.pacer.capacity, Some(carried));
+        // Loss that falls with the rate was the queue's: below the tolerance, the rate
+        // stays; above it again, it is cut again.
+        let mut cut_again = path.pacer.clone();
+        for (pacer, lost) in [(&mut path.pacer, 4), (&mut cut_again, 12)] {
+            pacer.period.sent = LOSS_SAMPLE;
+            pacer.period.lost = lost;
+        }
+        let rate = path.rate();
+        path.period(MS, 1_000_000);
+        assert_eq!(path.rate(), rate);
+        std::mem::swap(&mut path.pacer, &mut cut_again);
+        path.period(MS, 1_000_000);
+        assert!(path.rate() < rate, "{:?}", path.rate());
+        // Loss that stays as the rate falls, twice, is the path's, at any rate: unpaced
+        // again.
+        let mut rates = Vec::new();
+        for _ in 0..2 {
+            path.pacer.period.sent = LOSS_SAMPLE;
+            path.pacer.period.lost = 12;
+            path.period(MS, 1_000_000);
+            rates.push(path.rate());
+        }
+        assert!(rates[0].is_some() && rates[1].is_none(), "{rates:?}");
+    }
+
+    /// Random loss never lines up a run of first sendings lost in a row: it leaves
+    /// the worker unpaced. Losses of sendings made before a cut count for nothing after it.
+    #[test]
+    fn isolated_losses_never_engage_the_pacer_and_old_ones_never_count_after_a_cut() {
+        let pacer = LinkPacer::new(CONFIG);
+        let mut runs = LossRuns::default();
+        let now = Instant::now();
+        let mut batch = DeliveryBatch::default();
+        pacer.job_started(now, &mut batch);
+        for sending in 0..1000 {
+            let number = runs.first_sending();
+            if sending % 3 != 0 {
+                pacer.lost(now, &mut runs, number);
+            }
+        }
+        assert_eq!(pacer.rate(), None);
+        let first = runs.first_sending();
+        let numbers: Vec<u64> = (0..OVERFLOW_RUN).map(|_| runs.first_sending()).collect();
+        for &number in &numbers {
+            pacer.lost(now + MS, &mut runs, number);
+        }
+        assert!(pacer.rate().is_some(), "a run of {OVERFLOW_RUN} engages it");
+        let counted = pacer.state().period.lost;
+        pacer.lost(now + MS * 2, &mut runs, first);
+        assert_eq!(pacer.state().period.lost, counted, "a sending from before the cut");
+        let after = runs.first_sending();
+        pacer.lost(now + MS * 2, &mut runs, after);
+        assert_eq!(pacer.state().period.lost, counted + 1);
     }
 
     /// A thread's results reach the path's count by the batch: at 64 KiB, once the first

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::END_OF_STREAM;
 use netagg_wire::WireError;
 
-use crate::pacer::{DeliveryBatch, LinkPacer, PacingConfig};
+use crate::pacer::{DeliveryBatch, LinkPacer, LossRuns, PacingConfig};
 
 mod job;
 mod keys;
@@ -237,6 +237,8 @@ struct SlotState {
     /// The outstanding contribution waits in the pacer's queue and was never sent: no
     /// timer runs for it, and nothing may send it but the pacer.
     paced: bool,
+    /// The number of its contribution's first sending among the thread's (`loss_runs`).
+    first_sending: u64,
     /// Consecutive timeouts of this slot; each doubles its timeout.
     backoff: u32,
     /// The session as this slot's switch knows it.
@@ -296,6 +298,8 @@ pub struct WorkerProtocol {
     pacer: Arc<LinkPacer>,
     /// Results received and not yet in the pacer's count.
     delivered: DeliveryBatch,
+    /// The thread's first sendings, and the run of them found lost, for the pacer.
+    loss_runs: LossRuns,
     /// Slots by their timers' deadlines, at most one live entry per slot (`queued`).
     timers: BinaryHeap<Reverse<(Instant, u16)>>,
     last_progress: Instant,
@@ -349,6 +353,7 @@ impl WorkerProtocol {
                 held: None,
                 deferred: false,
                 paced: false,
+                first_sending: 0,
                 backoff: 0,
                 deadline: None,
                 queued: None,
@@ -358,6 +363,7 @@ impl WorkerProtocol {
             base_timeout: config.retransmit_timeout,
             pacer,
             delivered: DeliveryBatch::default(),
+            loss_runs: LossRuns::default(),
             config,
             slots,
             job: None,

@@ -119,17 +119,27 @@ impl WorkerProtocol {
         // The wait starts with a contribution's first sending. An answer to a resent one
         // or to a request may answer the first sending, so it must not count as the
         // answer to a packet sent later than the others waiting.
-        if let Send::Data { retransmission } = send {
+        if let Send::Data { .. } = send {
             self.pacer.sent(now, len);
-            if retransmission.is_some() {
-                self.pacer.lost();
-            }
         }
+        self.book_loss(now, index, send);
         if send == FIRST_SENDING {
-            self.slots[index as usize].waiting_since = self.transmissions;
+            let slot = &mut self.slots[index as usize];
+            slot.waiting_since = self.transmissions;
+            slot.first_sending = self.loss_runs.first_sending();
         }
         self.arm_timer(index, now);
         Some(len)
+    }
+
+    /// Tells the pacer of a loss that `send` of slot `index` repairs: its contribution
+    /// sent again. A request is no loss yet: every slot of a thread whose peer is late
+    /// asks after its contribution, in the order they were sent.
+    fn book_loss(&mut self, now: Instant, index: u16, send: Send) {
+        if let Send::Data { retransmission: Some(_) } = send {
+            let first_sending = self.slots[index as usize].first_sending;
+            self.pacer.lost(now, &mut self.loss_runs, first_sending);
+        }
     }
 
     fn build(&mut self, index: u16, send: Send, buf: &mut [u8], io: &mut impl BlockIo) -> Option<usize> {
