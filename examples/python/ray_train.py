@@ -11,7 +11,9 @@ allreduce over gloo).
 with ``--switch-resource``); in each worker, ``netagg.ray.prepare_ddp`` wraps the model
 in DDP and registers netagg's hook. Rank 0 reports train_ddp.py's figures (median step,
 forward and backward with and without gradient synchronisation, images/s), which the
-driver prints, and its trained parameters as the run's checkpoint (``--save``).
+driver prints, and its trained parameters as the run's checkpoint (``--save``). On
+emulated links (netagg-run's, through ray_cluster.py) the driver also prints what the
+cost model says the first ``--workers`` nodes' links allow a step's gradients.
 """
 
 import argparse
@@ -31,11 +33,13 @@ import torch
 import netagg.ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_ddp  # noqa: E402  (beside this file)
+import cost_model  # noqa: E402  (beside this file)
+import train_ddp  # noqa: E402
 
-# The workers have no copy of train_ddp.py's folder on their path: its code travels with
-# the training function.
+# The workers have no copy of this folder on their path: its code travels with the
+# training function.
 ray.cloudpickle.register_pickle_by_value(train_ddp)
+ray.cloudpickle.register_pickle_by_value(cost_model)
 
 
 def train_loop_per_worker(config):
@@ -45,11 +49,12 @@ def train_loop_per_worker(config):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # the same initial model on every rank
     ddp = {"parallel_strategy_kwargs": {"bucket_cap_mb": args.bucket_mb}}
+    network = train_ddp.MODELS[args.model]()
     if args.baseline is None:
-        model = netagg.ray.prepare_ddp(train_ddp.SmallCnn(), **ddp)
+        model = netagg.ray.prepare_ddp(network, **ddp)
         state = model.netagg_state
     else:
-        model = ray.train.torch.prepare_model(train_ddp.SmallCnn(), **ddp)
+        model = ray.train.torch.prepare_model(network, **ddp)
         state = None
     try:
         figures = train_ddp.train(args, model, rank, world, state)
@@ -69,6 +74,7 @@ def train_loop_per_worker(config):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="Ray Train workers, one CPU each")
+    parser.add_argument("--model", choices=train_ddp.MODELS, default="small", help="train_ddp.py's small CNN, or AlexNet32")
     parser.add_argument("--steps", type=int, default=50, help="training steps, at least 2")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
     parser.add_argument("--lr", type=float, default=0.05)
@@ -87,6 +93,7 @@ def main():
     ray.init(logging_level="ERROR")
     storage = tempfile.mkdtemp(prefix="ray-train-")  # Ray Train's checkpoints: none kept
     config = {
+        "model": args.model,
         "steps": args.steps,
         "batch_size": args.batch_size,
         "lr": args.lr,
@@ -114,6 +121,9 @@ def main():
                 shutil.copyfile(os.path.join(folder, "model.pt"), args.save)
     finally:
         shutil.rmtree(storage, ignore_errors=True)
+    links = cost_model.emulated_links(args.workers)
+    if links is not None:
+        train_ddp.add_cost_model(figures, links)
     line = (
         f"ray train, {figures['allreduce']}: {figures['ranks']} workers, "
         f"median step {figures['median_step_ms']:.1f} ms, "
@@ -122,6 +132,8 @@ def main():
         f"{figures['gradient_bytes']} bytes of gradients per step"
     )
     print(line, flush=True)
+    if links is not None:
+        print(train_ddp.cost_model_line(figures), flush=True)
     if args.json:
         print(json.dumps(figures), flush=True)
 

@@ -1,6 +1,7 @@
 """Trains a small CNN with DistributedDataParallel, its gradients averaged through netagg.
 
     netagg-run -n 4 -- python3 examples/python/train_ddp.py
+    netagg-run -n 4 --link rate=100mbit,delay=1ms -- python3 examples/python/train_ddp.py --model alexnet
     netagg-run -n 4 -- python3 examples/python/train_ddp.py --baseline gloo
     netagg-run -n 4 -- python3 examples/python/train_ddp.py --gradients bfloat16
 
@@ -17,7 +18,12 @@ PyTorch's ``fp16_compress_hook`` or ``bf16_compress_hook``. Each rank
 prints its loss per step; rank 0 then prints throughput and what communication costs a
 step: the median step against the median of as many steps again without gradient
 synchronisation (forward and backward under ``model.no_sync()``, parameters untouched),
-measured alike for both; and, for netagg, how long buckets were in flight.
+measured alike for both; and, for netagg, how long buckets were in flight. On emulated
+links (``netagg-run --link ...``) it also prints what the cost model (cost_model.py)
+says a step's gradients take on them, through netagg and by a ring.
+
+``--model alexnet`` trains a network of AlexNet's layers instead (``AlexNet32``): 4.36
+million parameters, 17.4 MB of float32 gradients a step, 16 times the small CNN's.
 """
 
 import argparse
@@ -33,6 +39,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+import cost_model  # beside this file
 import netagg
 from netagg.ddp import NetaggState, allreduce_hook
 
@@ -54,6 +61,44 @@ class SmallCnn(nn.Module):
         return self.fc2(x)
 
 
+class AlexNet32(nn.Module):
+    """AlexNet's five convolutions (64, 192, 384, 256, 256 channels) and three dense
+    layers over 32x32 RGB images, 10 classes: 3x3 kernels, the first of stride 2, and
+    dense layers of 1024 where AlexNet has 4096, so that a step's gradients (17.4 MB)
+    cross a 100 Mbit/s link in about 1.5 s; 4096 would make them 93 MB."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 8x8
+            nn.Conv2d(64, 192, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 4x4
+            nn.Conv2d(192, 384, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(384, 256, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(256, 256, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 2x2
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(256 * 2 * 2, 1024),
+            nn.ReLU(),
+            nn.Linear(1024, 1024),
+            nn.ReLU(),
+            nn.Linear(1024, 10),
+        )
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+MODELS = {"small": SmallCnn, "alexnet": AlexNet32}
+
+
 def synthetic_batches(rank, batch_size, seed):
     """This rank's endless stream of (images, labels): each image its class's pattern,
     which every rank shares, under noise from a generator of the rank's own."""
@@ -66,6 +111,7 @@ def synthetic_batches(rank, batch_size, seed):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=MODELS, default="small", help="the small CNN, or AlexNet32")
     parser.add_argument("--steps", type=int, default=50, help="training steps, at least 2")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
     parser.add_argument("--lr", type=float, default=0.05)
@@ -90,7 +136,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
     torch.manual_seed(args.seed)  # the same initial model on every rank
-    model = DistributedDataParallel(SmallCnn(), bucket_cap_mb=args.bucket_mb)
+    model = DistributedDataParallel(MODELS[args.model](), bucket_cap_mb=args.bucket_mb)
 
     context = state = None
     if args.baseline is None:
@@ -109,6 +155,9 @@ def main():
         if context is not None:
             context.stop()
     if rank == 0:
+        links = cost_model.emulated_links(world)
+        if links is not None:
+            add_cost_model(figures, links)
         print(
             f"{figures['allreduce']}: {world} ranks, {figures['gradients']} gradients, median step {figures['median_step_ms']:.1f} ms, "
             f"forward and backward {figures['median_sync_ms']:.1f} ms against "
@@ -122,11 +171,28 @@ def main():
                 else ""
             )
         )
+        if links is not None:
+            print(cost_model_line(figures))
         if args.json:
             print(json.dumps(figures))
         if args.save:
             torch.save(model.module.state_dict(), args.save)
     dist.destroy_process_group()
+
+
+def add_cost_model(figures, links):
+    """Adds what the cost model predicts for a step's gradients on ``links``, as they
+    travel (16-bit values: half the bytes), with the packet size and window the netagg
+    run had (netagg's defaults for gloo's)."""
+    wire_bytes = figures["gradient_bytes"] if figures["gradients"] == "float32" else figures["gradient_bytes"] // 2
+    settings = {key: figures[key] for key in ("packet_numel", "window_packets") if figures[key] is not None}
+    figures["cost_model"] = cost_model.predict(links, wire_bytes, **settings)
+
+
+def cost_model_line(figures):
+    """The cost model's figures beside what communication added to a step."""
+    measured = figures["median_sync_ms"] - figures["median_compute_ms"]
+    return f"{cost_model.summary(figures['cost_model'])}; measured: communication adds {measured:.1f} ms a step"
 
 
 def train(args, model, rank, world, state):
@@ -163,6 +229,7 @@ def train(args, model, rank, world, state):
     timed = step_seconds[warm:]
     return {
         "allreduce": args.baseline or "netagg",
+        "model": args.model,
         "gradients": args.gradients,
         "ranks": world,
         "steps": args.steps,
@@ -175,6 +242,9 @@ def train(args, model, rank, world, state):
         "netagg_jobs": state.context.stats()["jobs_finished"] if state else None,
         "train_seconds": sum(step_seconds),
         "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        # What of netagg's configuration the cost model reads.
+        "packet_numel": int(state.context.setting("general.packet_numel")) if state else None,
+        "window_packets": int(state.context.setting("general.max_outstanding_packets")) if state else None,
     }
 
 

@@ -1,7 +1,8 @@
 """The DDP hook end to end: the example trains the same model under netagg-run with the
-netagg hook and with PyTorch's gloo allreduce; the parameters must agree. With 16-bit
-gradients (netagg's general.wire_precision, gloo's fp16_compress_hook), the loss must
-follow the float32 run's."""
+netagg hook and with PyTorch's gloo allreduce; the parameters must agree, also for the
+AlexNet-sized model; on shaped links, each prints the cost model's figures for them.
+With 16-bit gradients (netagg's general.wire_precision, gloo's fp16_compress_hook), the
+loss must follow the float32 run's."""
 
 import json
 import os
@@ -16,6 +17,8 @@ import torch
 from conftest import ROOT, carried_megabytes
 
 EXAMPLE = ROOT / "examples" / "python" / "train_ddp.py"
+sys.path.insert(0, str(EXAMPLE.parent))
+import cost_model  # noqa: E402  (beside the example)
 
 
 def train(bin_dir, ranks, save, *extra, links=()):
@@ -42,11 +45,23 @@ def losses(output):
     return [float(line.split()[-1]) for line in output.splitlines() if line.startswith("[0] step ")]
 
 
-def initial_parameters():
+def initial_parameters(model="small"):
     """The example's model as every rank builds it before training."""
     example = runpy.run_path(str(EXAMPLE))
     torch.manual_seed(1)
-    return example["SmallCnn"]().state_dict()
+    return example["MODELS"][model]().state_dict()
+
+
+def assert_trained_alike(netagg_file, gloo_file, model="small", least_move=1e-4):
+    """Both runs moved every parameter (some element by more than ``least_move``), to the
+    same place up to the order of float32 additions."""
+    netagg_params = torch.load(netagg_file)
+    gloo_params = torch.load(gloo_file)
+    initial = initial_parameters(model)
+    assert netagg_params.keys() == gloo_params.keys() == initial.keys()
+    for name, value in netagg_params.items():
+        assert not torch.allclose(value, initial[name], rtol=0, atol=least_move), name
+        torch.testing.assert_close(value, gloo_params[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 # Loopback, and each rank in a namespace of its own behind a shaped link, where the
@@ -64,17 +79,19 @@ def test_training_with_the_netagg_hook_matches_gloo(bin_dir, tmp_path, ranks, li
     assert 0 < netagg_figures["in_flight_seconds"] < netagg_figures["train_seconds"]
     # One session, closed cleanly: every rank stopped its context.
     assert "sessions opened 1 closed 1 expired 0" in netagg_out
-    netagg_params = torch.load(tmp_path / "netagg.pt")
-    gloo_params = torch.load(tmp_path / "gloo.pt")
-    initial = initial_parameters()
-    assert netagg_params.keys() == gloo_params.keys() == initial.keys()
-    for name, value in netagg_params.items():
-        # Training moved them...
-        assert not torch.allclose(value, initial[name], rtol=0, atol=1e-4), name
-        # ...to where gloo did: the same sums up to the order of float32 additions.
-        torch.testing.assert_close(value, gloo_params[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert_trained_alike(tmp_path / "netagg.pt", tmp_path / "gloo.pt")
     assert len(losses(netagg_out)) == 8
-    if links:
+    if not links:
+        assert "cost_model" not in netagg_figures and "model on" not in netagg_out
+    else:
+        # The cost model for these links and this model's gradients, printed and in the
+        # figures alike: netagg's defaults of packet size and window in both runs.
+        links_model = cost_model.Links((100e6,) * ranks, 0.001)
+        expected = cost_model.predict(links_model, netagg_figures["gradient_bytes"])
+        assert (netagg_figures["packet_numel"], netagg_figures["window_packets"]) == (256, 256)
+        for output, figures in ((netagg_out, netagg_figures), (gloo_out, gloo_figures)):
+            assert figures["cost_model"] == expected, figures
+            assert f"[0] {cost_model.summary(expected)}; measured: communication adds " in output, output
         # Each rank's gradients crossed its link, eight steps of them each way.
         least = 0.9 * 8 * netagg_figures["gradient_bytes"] / 1e6
         for output in (netagg_out, gloo_out):
@@ -84,6 +101,20 @@ def test_training_with_the_netagg_hook_matches_gloo(bin_dir, tmp_path, ranks, li
     for ours, theirs in zip(losses(netagg_out), losses(gloo_out), strict=True):
         assert abs(ours - theirs) < 1e-3
 
+
+
+def test_the_alexnet_sized_model_trains_as_with_gloo(bin_dir, tmp_path):
+    # Three small steps of 17.4 MB of gradients each.
+    short = ["--model", "alexnet", "--steps", "3", "--batch-size", "8"]
+    _, netagg_figures = train(bin_dir, 2, tmp_path / "netagg.pt", *short)
+    _, gloo_figures = train(bin_dir, 2, tmp_path / "gloo.pt", *short, "--baseline", "gloo")
+    assert netagg_figures["model"] == gloo_figures["model"] == "alexnet"
+    assert netagg_figures["gradient_bytes"] == 4 * 4_361_034
+    # Several buckets a step: the convolutions' and dense layers' weights (2.4-4.2 MB
+    # each) are each a bucket of their own.
+    assert netagg_figures["netagg_jobs"] > 3 * 4
+    # Three steps move the first convolution's weights by less than 1e-4.
+    assert_trained_alike(tmp_path / "netagg.pt", tmp_path / "gloo.pt", "alexnet", least_move=1e-6)
 
 
 # Each 16-bit run: its options, and how far its loss may stray from the float32 run's at

@@ -1,7 +1,7 @@
 """netagg in Ray: the ray.util.collective backend's sums, a switch killed under a Ray
-Train run, and Ray Train on a 2-node Ray cluster on emulated links (the parameters as
-gloo's). The first two share a local Ray instance of this module's; each checks that
-nothing it started is left."""
+Train run, the parameter-server example's training, and Ray Train on a 2-node Ray
+cluster on emulated links (the parameters as gloo's). The first three share a local Ray
+instance of this module's; each checks that nothing it started is left."""
 
 import json
 import os
@@ -29,6 +29,11 @@ from conftest import ROOT, carried_megabytes
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 EXAMPLES = ROOT / "examples" / "python"
+sys.path.insert(0, str(EXAMPLES))
+import ray_parameter_server  # noqa: E402
+import train_ddp  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(ray_parameter_server)
 
 
 def processes_naming(text):
@@ -201,6 +206,32 @@ def test_a_killed_switch_fails_the_training_run_with_its_error(ray_switch, tmp_p
     assert "session lost" in str(failure.value) or "cannot reach the switch" in str(failure.value), failure.value
 
 
+def test_the_parameter_server_trains_as_sgd_on_the_mean_gradient(local_ray):
+    config = {"model": "small", "steps": 3, "batch_size": 8, "lr": 0.05, "seed": 1, "threads": 1}
+    figures, trained = ray_parameter_server.train(config, 2)
+    assert (figures["allreduce"], figures["ranks"]) == ("parameter server", 2)
+    # The same steps in this process: each worker's batch, their mean gradient, SGD.
+    torch.manual_seed(1)
+    model = train_ddp.MODELS["small"]()
+    initial = {name: value.clone() for name, value in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    batches = [train_ddp.synthetic_batches(rank, 8, 1) for rank in (0, 1)]
+    for _ in range(3):
+        gradients = []
+        for stream in batches:
+            model.zero_grad()
+            images, labels = next(stream)
+            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            gradients.append([p.grad.clone() for p in model.parameters()])
+        for parameter, *each in zip(model.parameters(), *gradients):
+            parameter.grad = sum(each) / 2
+        optimizer.step()
+    assert trained.keys() == initial.keys()
+    for name, value in model.state_dict().items():
+        assert not torch.allclose(trained[name], initial[name], rtol=0, atol=1e-4), name
+        torch.testing.assert_close(trained[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_ray_train_on_a_two_node_cluster_on_emulated_links_matches_gloo(bin_dir, tmp_path):
     """Ray's head and a worker node in netagg-run's namespaces behind 100 Mbit/s, 1 ms
     links; Ray Train's two workers train with netagg, then with gloo, on the same cluster."""
@@ -222,6 +253,9 @@ def test_ray_train_on_a_two_node_cluster_on_emulated_links_matches_gloo(bin_dir,
     assert run.returncode == 0, output
     figures = [json.loads(line.split("] ", 1)[1]) for line in output.splitlines() if line.startswith("[0] {")]
     assert [f["allreduce"] for f in figures] == ["netagg", "gloo"], output
+    # The driver's cost model for the two workers' links.
+    assert "[0] model on 2 links of 100 Mbit/s, 1 ms: a step's gradients take " in output, output
+    assert all(f["cost_model"]["links"] == "2 links of 100 Mbit/s, 1 ms" for f in figures), figures
     # Both trainings' gradients crossed both links, eight steps each way.
     least = 0.9 * 2 * 8 * figures[0]["gradient_bytes"] / 1e6
     for rank in (0, 1):
