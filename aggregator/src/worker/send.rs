@@ -126,9 +126,16 @@ impl WorkerProtocol {
             }
         }
         if send == FIRST_SENDING {
-            self.slots[index as usize].waiting_since = self.transmissions;
+            let slot = &mut self.slots[index as usize];
+            slot.waiting_since = self.transmissions;
+            if let Some(contribution) = slot.outstanding {
+                self.sent_first(self.transmissions, index, contribution.round);
+            }
         }
         self.arm_timer(index, now);
+        if matches!(send, Send::Request { .. } | Send::Data { retransmission: Some(_) }) {
+            self.recovery_sent(now, index);
+        }
         Some(len)
     }
 
