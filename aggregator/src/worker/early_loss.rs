@@ -24,7 +24,7 @@
 //! The job's tail, which no later result reveals, is left to the timers and the probe
 //! (see `recovery`).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{RttEstimate, WorkerProtocol};
 
@@ -100,6 +100,8 @@ impl WorkerProtocol {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use netagg_wire::{Flags, MessageType};
 
     use super::super::testing::{parsed, pending_of, result_of, running, sent, Numbers};
