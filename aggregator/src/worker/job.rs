@@ -89,6 +89,7 @@ impl WorkerProtocol {
         self.timed = None;
         self.latest_answered = None;
         self.probe = None;
+        self.first_sendings.clear();
         self.pacer.job_started(now, &mut self.delivered);
         self.start_streams(&spec, active_slots);
         self.job = Some(Job { spec, blocks });

@@ -18,6 +18,8 @@
 //! - `timers`: the slots' retransmission timers, and the round-trip time they follow.
 //! - `recovery`: what a slot whose timer fires does: loss detection, resends, requests
 //!   and probes, and what the switch's answers to them tell it.
+//! - `early_loss`: loss found and repaired in round trips of the path, not timeouts:
+//!   a slot overtaken by later results, or whose recovery goes unanswered.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -29,6 +31,7 @@ use netagg_wire::WireError;
 
 use crate::pacer::{DeliveryBatch, LinkPacer, LossRuns, PacingConfig};
 
+mod early_loss;
 mod job;
 mod keys;
 mod receive;
@@ -43,6 +46,7 @@ pub use job::{JobError, JobSpec, JobStatus};
 pub use keys::{SessionKey, SessionKeys};
 pub use streams::{BlockMask, Layout};
 
+use early_loss::FirstSending;
 pub(crate) use timers::RttEstimate;
 use timers::YEAR;
 
@@ -241,6 +245,9 @@ struct SlotState {
     first_sending: u64,
     /// Consecutive timeouts of this slot; each doubles its timeout.
     backoff: u32,
+    /// When the slot last sent a request or a retransmission that the switch has not
+    /// answered yet.
+    recovery_sent: Option<Instant>,
     /// The session as this slot's switch knows it.
     key: SessionKey,
     /// When this slot's retransmission timer fires; re-armed at every send.
@@ -319,6 +326,12 @@ pub struct WorkerProtocol {
     latest_answered: Option<u64>,
     /// The probes out while the whole thread waits without evidence of a loss.
     probe: Option<Probe>,
+    /// This job's first sendings of contributions not yet judged for loss, in the
+    /// order they went out.
+    first_sendings: VecDeque<FirstSending>,
+    /// How long the switch takes to answer a request or a retransmission, which it does
+    /// at once: the path's round trip, without waiting for any peer.
+    answer_rtt: Option<RttEstimate>,
     /// The latest result's round was completed by another worker's contribution.
     peers_complete: bool,
     counters: WorkerCounters,
@@ -355,6 +368,7 @@ impl WorkerProtocol {
                 paced: false,
                 first_sending: 0,
                 backoff: 0,
+                recovery_sent: None,
                 deadline: None,
                 queued: None,
             })
@@ -379,6 +393,8 @@ impl WorkerProtocol {
             transmissions: 0,
             latest_answered: None,
             probe: None,
+            first_sendings: VecDeque::new(),
+            answer_rtt: None,
             peers_complete: false,
             counters: WorkerCounters::default(),
         }

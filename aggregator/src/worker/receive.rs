@@ -83,6 +83,10 @@ impl WorkerProtocol {
         if !exponent_round {
             io.store(repr.block, packet.payload(), result.answered.and_then(|c| c.exponent));
         }
+        if repr.rank == self.config.rank {
+            // Sent to this worker alone: an answer to its request or retransmission.
+            self.answered(now, index);
+        }
         self.record_result(now, index, &repr, result);
         let queued_before = self.pending.len();
         self.release_next(index, &repr, exponent_round);
@@ -197,9 +201,11 @@ impl WorkerProtocol {
         slot.backoff = 0;
         self.last_progress = now;
         self.peers_complete = repr.completed_by().is_some_and(|rank| rank != self.config.rank);
-        self.latest_answered = self.latest_answered.max(Some(slot.waiting_since));
+        let waited_since = slot.waiting_since;
+        self.latest_answered = self.latest_answered.max(Some(waited_since));
         if result.answered.is_some() {
             self.time_round_trip(now, index, repr);
+            self.overtaken_by(now, waited_since);
         }
     }
 

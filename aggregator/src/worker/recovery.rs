@@ -154,6 +154,7 @@ impl WorkerProtocol {
 
     /// Takes the switch's word that round `notice.round` of a slot is still aggregating.
     pub(super) fn take_pending(&mut self, now: Instant, index: u16, notice: &PacketRepr) {
+        self.answered(now, index);
         let slot = &mut self.slots[index as usize];
         // About a round this slot is not contributing to: it waits for others, as it knew.
         let Some(contribution) = slot.outstanding.filter(|c| c.round == notice.round) else {
@@ -161,6 +162,8 @@ impl WorkerProtocol {
         };
         if notice.flags.contains(Flags::CONTRIBUTED) {
             slot.held = Some(contribution.round);
+            // It waits for a peer's repair now, on its regular timer.
+            self.arm_timer(index, now);
         } else if slot.held != Some(contribution.round) && !slot.paced {
             // Lost on the way: send it now. The thread was not (only) waiting for a late
             // peer, so the slots put off behind a probe may have lost theirs too.

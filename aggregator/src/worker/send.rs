@@ -127,8 +127,14 @@ impl WorkerProtocol {
             let slot = &mut self.slots[index as usize];
             slot.waiting_since = self.transmissions;
             slot.first_sending = self.loss_runs.first_sending();
+            if let Some(contribution) = slot.outstanding {
+                self.sent_first(self.transmissions, index, contribution.round);
+            }
         }
         self.arm_timer(index, now);
+        if matches!(send, Send::Request { .. } | Send::Data { retransmission: Some(_) }) {
+            self.recovery_sent(now, index);
+        }
         Some(len)
     }
 

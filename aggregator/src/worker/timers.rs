@@ -45,6 +45,13 @@ impl RttEstimate {
         }
     }
 
+    /// How long after a later packet's answer a packet's may still come before it is
+    /// taken as lost: half the smoothed round trip plus two deviations (see
+    /// `early_loss`).
+    pub(super) fn reorder_allowance(&self) -> Duration {
+        Duration::from_nanos(self.smoothed / 2 + self.deviation * 2)
+    }
+
     /// The retransmission timeout it gives: the smoothed mean plus four deviations, from
     /// `floor` to `ceiling`.
     pub(crate) fn timeout(&self, floor: Duration, ceiling: Duration) -> Duration {
@@ -129,6 +136,11 @@ impl WorkerProtocol {
 
     pub(super) fn arm_timer(&mut self, index: u16, now: Instant) {
         let deadline = now + self.retransmit_timeout(&self.slots[index as usize]);
+        self.set_deadline(index, deadline);
+    }
+
+    /// Slot `index`'s timer fires at `deadline`, earlier or later than it would have.
+    pub(super) fn set_deadline(&mut self, index: u16, deadline: Instant) {
         let slot = &mut self.slots[index as usize];
         slot.deadline = Some(deadline);
         if slot.queued.is_none_or(|queued| deadline < queued) {
