@@ -335,7 +335,23 @@ impl Connection {
             self.free_sends.push(index);
         }
         self.queued.clear();
-        result
+        match result {
+            // A full send queue refuses only until completions free it.
+            Err(error) if error.kind() != io::ErrorKind::OutOfMemory => Err(self.failed_post(&error)),
+            other => other,
+        }
+    }
+
+    /// After a post that failed with `error`: the peer's departure if rdma_cm says so (a
+    /// queue pair in error may refuse posts), else the error; the connection is broken
+    /// either way, since nothing it refused may follow.
+    fn failed_post(&mut self, error: &io::Error) -> io::Error {
+        let departure = self.departure().ok().flatten();
+        let why = match departure {
+            Some(departure) => format!("{departure} ({error})"),
+            None => error.to_string(),
+        };
+        self.break_down(|_| why, Returns::default(), departure == Some(PEER_DISCONNECTED))
     }
 
     /// Whether the connection broke (its calls fail) because its peer disconnected, no

@@ -201,13 +201,14 @@ impl Port {
         }
     }
 
-    /// Sends what is queued; what a failed connection cannot send is lost, and the next
-    /// [`Port::recv`] closes it.
+    /// Sends what is queued; what a connection cannot post is lost. A connection that
+    /// failed to (but for a full send queue, which frees up) is broken by it, and the
+    /// next [`Port::recv`] closes it.
     pub fn flush(&mut self) {
         // Only the connections with sends queued: this runs after every receive call.
         for peer in std::mem::take(&mut self.queued) {
-            if let Some(connection) = self.connections.get_mut(&peer) {
-                let _ = connection.flush();
+            if let Some(Err(error)) = self.connections.get_mut(&peer).map(Connection::flush) {
+                tracing::debug!(%peer, %error, "cannot post sends to a worker thread");
             }
         }
     }
