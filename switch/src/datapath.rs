@@ -389,13 +389,23 @@ impl<P: DataPort> DataPath<P> {
     /// more, and counts as departed. A session with a round waiting for the rank closes
     /// now; otherwise the first round that needs it closes the session (while the others
     /// may still recover results lost on their way, if the rank had finished its last
-    /// job). A connection that failed closes it with its cause; a worker that
-    /// disconnected has left, as its Leave (which may come after) says.
+    /// job). A connection that failed closes it with its cause, and so does a failure
+    /// that leaves no rank; a worker that disconnected has left, as its Leave (which may
+    /// come after) says, and the Leaves (or the control connections' closing) close the
+    /// session once all have left. An upper switch's connection has no rank: it is logged.
     fn connection_ended(&mut self, address: P::Address, end: ConnectionEnd) {
-        let found =
-            self.board.peers.iter().find_map(|(&id, peers)| Some((id, peers.worker_thread(address)?)));
-        let Some((id, (rank, thread))) = found else { return };
+        let found = self
+            .board
+            .peers
+            .iter()
+            .find(|(_, peers)| peers.all().any(|known| known == address))
+            .map(|(&id, peers)| (id, peers.worker_thread(address)));
+        let Some((id, worker)) = found else { return };
         let session = format_args!("{:#010x}", id.0);
+        let Some((rank, thread)) = worker else {
+            tracing::warn!(session, ?end, "the connection to the upper switch ended");
+            return;
+        };
         let why = match end {
             ConnectionEnd::Disconnected => {
                 tracing::debug!(session, rank, thread, "a worker thread disconnected");
@@ -407,12 +417,15 @@ impl<P: DataPort> DataPath<P> {
             }
         };
         let Ok(departure) = self.board.engine.depart(id, rank) else { return };
+        let failed = why.is_some();
         if let Some(why) = why {
             // The first of a rank's threads to fail says why; the others likely followed it.
             self.lost.entry((id, rank)).or_insert_with(|| format!("worker thread {thread}: {why}"));
         }
-        if departure == Departure::Needed {
-            self.close_orphaned(id, rank);
+        match departure {
+            Departure::Needed => self.close_orphaned(id, rank),
+            Departure::AllGone if failed => self.close_orphaned(id, rank),
+            Departure::AllGone | Departure::Lingers => {}
         }
     }
 

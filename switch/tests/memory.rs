@@ -400,6 +400,35 @@ fn a_clean_leave_whose_disconnect_comes_first_reads_as_a_leave() {
     assert_eq!(switch.counters().unwrap().engine.sessions_closed, 1);
 }
 
+/// Rank 0 has left; then rank 1's data connection fails, which leaves no rank: the
+/// session closes at once, rather than at the idle timeout, and rank 1 is told why.
+#[test]
+fn a_failed_data_connection_of_the_last_rank_closes_the_session_at_once() {
+    let network = MemoryNetwork::new();
+    let (switch, mut workers, mut control, session, token, severed) = severable_session(&network, "last");
+    let switch_data: SocketAddr = SWITCH_DATA.parse().unwrap();
+    for (rank, worker) in (0..).zip(workers.iter_mut()) {
+        worker.send_to(switch_data, &data_in_round(session, token, rank, 0, [rank as i32 + 1; 4]));
+    }
+    for worker in &mut workers {
+        assert_eq!(received(worker, Duration::from_secs(5)).len(), 1);
+    }
+    let mut leaver = control.remove(0);
+    ControlMessage::Leave { session, rank: 0 }.write_to(0, &mut leaver).unwrap();
+    drop(leaver);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 0, "rank 1 is still there");
+    severed
+        .lock()
+        .unwrap()
+        .push((workers[1].local_addr(), ConnectionEnd::Failed("an RDMA completion failed".into())));
+    let reason = "session 'last' is closed: rank 1's data connection to the switch failed, worker thread 0: \
+                  an RDMA completion failed";
+    let expected = ControlMessage::Reject { code: RejectCode::UnknownSession, message: reason.into() };
+    assert_eq!(told(&mut control, Duration::from_secs(2)), [expected]);
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 1);
+}
+
 /// `GET path` on the metrics endpoint: the status line and the body.
 fn http_get(address: SocketAddr, path: &str) -> (String, String) {
     let mut stream = TcpStream::connect(address).unwrap();
