@@ -45,6 +45,8 @@ const SEND_WAIT_NAP: Duration = Duration::from_micros(20);
 const RETURN_WAIT: Duration = Duration::from_secs(1);
 /// How long that wait naps while nothing comes back.
 const RETURN_NAP: Duration = Duration::from_micros(100);
+/// Why a connection broke when rdma_cm says its peer disconnected.
+const PEER_DISCONNECTED: &str = "the peer disconnected";
 
 /// How a connection waits for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +110,9 @@ pub struct Connection {
     /// Why the connection can no longer carry anything (the peer left, a completion
     /// failed): every call after says so at once, once the salvaged receives are taken.
     broken: Option<String>,
+    /// Whether the connection broke because its peer disconnected, no request failing
+    /// for a cause of its own: an orderly end, as of a process that closes or exits.
+    peer_disconnected: bool,
     last_peer_check: Instant,
 }
 
@@ -183,6 +188,7 @@ impl Connection {
             posted_sends: 0,
             salvaged: Vec::new(),
             broken: None,
+            peer_disconnected: false,
             last_peer_check: Instant::now(),
         };
         for buffer in 0..depth {
@@ -329,7 +335,30 @@ impl Connection {
             self.free_sends.push(index);
         }
         self.queued.clear();
-        result
+        match result {
+            // A full send queue refuses only until completions free it.
+            Err(error) if error.kind() != io::ErrorKind::OutOfMemory => Err(self.failed_post(&error)),
+            other => other,
+        }
+    }
+
+    /// After a post that failed with `error`: the peer's departure if rdma_cm says so (a
+    /// queue pair in error may refuse posts), else the error; the connection is broken
+    /// either way, since nothing it refused may follow.
+    fn failed_post(&mut self, error: &io::Error) -> io::Error {
+        let departure = self.departure().ok().flatten();
+        let why = match departure {
+            Some(departure) => format!("{departure} ({error})"),
+            None => error.to_string(),
+        };
+        self.break_down(|_| why, Returns::default(), departure == Some(PEER_DISCONNECTED))
+    }
+
+    /// Whether the connection broke (its calls fail) because its peer disconnected, no
+    /// request failing for a cause of its own: an orderly end, as of a process that
+    /// closes its connection or exits, rather than a failure that may have lost messages.
+    pub fn peer_disconnected(&self) -> bool {
+        self.broken.is_some() && self.peer_disconnected
     }
 
     /// Moves the queue pair to the error state, as a failing device would, to inject
@@ -351,8 +380,15 @@ impl Connection {
     /// too, so that the peer hears of it, moves the queue pair to the error state, and
     /// waits (up to [`RETURN_WAIT`]) until every request posted has come back, adding
     /// each to `returns`, which the error then tells. Receives that came back whole are
-    /// kept for [`Connection::poll`]. Returns the error.
-    fn break_down(&mut self, why: impl FnOnce(&Returns) -> String, mut returns: Returns) -> io::Error {
+    /// kept for [`Connection::poll`]. `peer_disconnected` if rdma_cm said the peer
+    /// disconnected: an orderly end unless a request came back failed for a cause.
+    /// Returns the error.
+    fn break_down(
+        &mut self,
+        why: impl FnOnce(&Returns) -> String,
+        mut returns: Returns,
+        peer_disconnected: bool,
+    ) -> io::Error {
         if self.broken.is_none() {
             if self.established {
                 self.id.disconnect();
@@ -363,6 +399,7 @@ impl Connection {
             let moved = self.qp.move_to_error();
             self.take_returns(&mut returns);
             let moved = moved.err().map_or(String::new(), |error| format!(" ({error})"));
+            self.peer_disconnected = peer_disconnected && returns.cause().is_none();
             self.broken = Some(format!("{}; {returns}{moved}", why(&returns)));
         }
         self.check_broken().expect_err("broken")
@@ -409,7 +446,7 @@ impl Connection {
         while let Some(event) = self.events().next(Duration::ZERO)? {
             use rdma_cm_event_type::*;
             let why = match event.kind {
-                RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_TIMEWAIT_EXIT => "the peer disconnected",
+                RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_TIMEWAIT_EXIT => PEER_DISCONNECTED,
                 RDMA_CM_EVENT_DEVICE_REMOVAL => "the RDMA device was removed",
                 RDMA_CM_EVENT_ADDR_CHANGE => "the RDMA device's address changed",
                 RDMA_CM_EVENT_CONNECT_ERROR | RDMA_CM_EVENT_UNREACHABLE | RDMA_CM_EVENT_REJECTED => {
@@ -429,7 +466,7 @@ impl Connection {
     fn check_peer_now(&mut self) -> io::Result<()> {
         if self.broken.is_none() {
             if let Some(why) = self.departure()? {
-                self.break_down(|_| why.into(), Returns::default());
+                self.break_down(|_| why.into(), Returns::default(), why == PEER_DISCONNECTED);
             }
         }
         match self.salvaged.is_empty() {
@@ -461,7 +498,7 @@ impl Connection {
                 None => format!("an RDMA completion failed: {status}"),
             }
         };
-        self.break_down(why, returns)
+        self.break_down(why, returns, departure == Some(PEER_DISCONNECTED))
     }
 
     /// Takes the send completions there are, freeing their buffers; the first failed

@@ -26,7 +26,7 @@ mod verbs;
 pub use connection::{sleep_until_readable, Connection, Options, Wait};
 pub use device::{devices, Device, PortInfo, PortState};
 pub use listener::{Listener, Request};
-pub use port::Port;
+pub use port::{Closed, Port};
 pub use settings::Settings;
 
 /// Why RDMA could not do what was asked: whole sentences for the user.

@@ -5,8 +5,9 @@
 //! Until its connection arrives, a peer's messages are dropped, as on a link not yet up.
 //! Each connection has its own completion queues, and in [`Wait::Event`] its own
 //! completion channel: waiting means one `poll` over every channel and the listener.
-//! A connection that fails is closed once the messages it received are handed over,
-//! and [`Port::take_failed`] names its peer and why, for whatever depended on it.
+//! A connection that fails or whose peer disconnects is closed once the messages it
+//! received are handed over, and [`Port::take_failed`] names its peer and how it ended,
+//! for whatever depended on it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,6 +21,17 @@ use crate::{sleep_until_readable, Connection, Listener, Options, Wait};
 /// How often a busy port looks for connection requests.
 const REQUEST_CHECK_INTERVAL: Duration = Duration::from_millis(1);
 
+/// How a peer's connection ended, as [`Port::take_failed`] tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closed {
+    /// The peer disconnected, no request failing for a cause of its own: an orderly
+    /// end, as of a process that closes its connection or exits.
+    Disconnected,
+    /// It failed (a completion or a post failed, the device went), as the message says:
+    /// what the peer sent last may be lost.
+    Failed(String),
+}
+
 /// A listener and the connections it accepted, each a peer's.
 pub struct Port {
     listener: Listener,
@@ -30,8 +42,8 @@ pub struct Port {
     connections: FxHashMap<Peer, Connection>,
     /// Connections with sends queued since the last flush.
     queued: Vec<Peer>,
-    /// Connections that failed since [`Port::take_failed`] was last called, and why.
-    failed: Vec<(Peer, String)>,
+    /// Connections that ended since [`Port::take_failed`] was last called, and how.
+    failed: Vec<(Peer, Closed)>,
     last_request_check: Instant,
 }
 
@@ -95,27 +107,33 @@ impl Port {
         for (&peer, connection) in &mut self.connections {
             match operation(peer, connection) {
                 Ok(count) => total += count,
-                Err(error) => failed.push((peer, error)),
+                Err(error) if connection.peer_disconnected() => {
+                    tracing::debug!(%peer, %error, "worker thread disconnected");
+                    failed.push((peer, Closed::Disconnected));
+                }
+                Err(error) => {
+                    tracing::info!(%peer, %error, "worker thread's connection failed");
+                    failed.push((peer, Closed::Failed(error.to_string())));
+                }
             }
         }
-        for (peer, error) in failed {
-            self.close(peer, &error);
+        for (peer, closed) in failed {
+            self.close(peer, closed);
         }
         total
     }
 
-    /// Drops a connection that failed (its peer gone, a completion failed), once every
-    /// message it received is handed over, and keeps why for [`Port::take_failed`].
-    fn close(&mut self, peer: Peer, error: &io::Error) {
-        tracing::info!(%peer, %error, "worker thread's connection closed");
+    /// Drops a connection that ended (its peer gone, a completion failed), once every
+    /// message it received is handed over, and keeps how for [`Port::take_failed`].
+    fn close(&mut self, peer: Peer, closed: Closed) {
         self.connections.remove(&peer);
         self.queued.retain(|&queued| queued != peer);
-        self.failed.push((peer, error.to_string()));
+        self.failed.push((peer, closed));
     }
 
-    /// The peers whose connections failed since the last call, each with why: peers
+    /// The peers whose connections ended since the last call, each with how: peers
     /// [`Port::forget`] let go are not among them.
-    pub fn take_failed(&mut self) -> Vec<(Peer, String)> {
+    pub fn take_failed(&mut self) -> Vec<(Peer, Closed)> {
         std::mem::take(&mut self.failed)
     }
 
@@ -183,13 +201,14 @@ impl Port {
         }
     }
 
-    /// Sends what is queued; what a failed connection cannot send is lost, and the next
-    /// [`Port::recv`] closes it.
+    /// Sends what is queued; what a connection cannot post is lost. A connection that
+    /// failed to (but for a full send queue, which frees up) is broken by it, and the
+    /// next [`Port::recv`] closes it.
     pub fn flush(&mut self) {
         // Only the connections with sends queued: this runs after every receive call.
         for peer in std::mem::take(&mut self.queued) {
-            if let Some(connection) = self.connections.get_mut(&peer) {
-                let _ = connection.flush();
+            if let Some(Err(error)) = self.connections.get_mut(&peer).map(Connection::flush) {
+                tracing::debug!(%peer, %error, "cannot post sends to a worker thread");
             }
         }
     }

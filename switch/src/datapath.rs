@@ -30,7 +30,7 @@ use netagg_wire::{packet, Endpoint, Packet, SlotSplit};
 use rustc_hash::FxHashMap;
 
 use crate::outbox::{GroupKey, Outbox};
-use crate::port::{DataPort, ThreadLink};
+use crate::port::{ConnectionEnd, DataPort, ThreadLink};
 
 /// How long the data thread sleeps in `recv` before it looks at commands and timers.
 const IDLE_WAKEUP: Duration = Duration::from_millis(20);
@@ -254,8 +254,8 @@ impl<P: DataPort> DataPath<P> {
             }
             self.board.results.send(&mut self.port);
             self.port.flush();
-            for (address, why) in self.port.take_failed() {
-                self.connection_failed(address, why);
+            for (address, end) in self.port.take_failed() {
+                self.connection_ended(address, end);
             }
             if self.board.engine.has_orphaned() {
                 for (id, departed) in self.board.engine.take_orphaned() {
@@ -385,21 +385,47 @@ impl<P: DataPort> DataPath<P> {
         }
     }
 
-    /// A worker thread's connection failed, as `why` says: its rank can contribute no
-    /// more. A session with a round waiting for the rank closes now, and its ranks are
-    /// told why; otherwise the rank counts as departed, and the first round that needs
-    /// it closes the session with the same reason (while the others may still recover
-    /// results lost on their way, if the rank had finished its last job).
-    fn connection_failed(&mut self, address: P::Address, why: String) {
-        let found =
-            self.board.peers.iter().find_map(|(&id, peers)| Some((id, peers.worker_thread(address)?)));
-        let Some((id, (rank, thread))) = found else { return };
-        tracing::info!(session = format_args!("{:#010x}", id.0), rank, thread, %why, "a worker thread's connection failed");
+    /// A worker thread's connection ended as `end` says: its rank can contribute no
+    /// more, and counts as departed. A session with a round waiting for the rank closes
+    /// now; otherwise the first round that needs it closes the session (while the others
+    /// may still recover results lost on their way, if the rank had finished its last
+    /// job). A connection that failed closes it with its cause, and so does a failure
+    /// that leaves no rank; a worker that disconnected has left, as its Leave (which may
+    /// come after) says, and the Leaves (or the control connections' closing) close the
+    /// session once all have left. An upper switch's connection has no rank: it is logged.
+    fn connection_ended(&mut self, address: P::Address, end: ConnectionEnd) {
+        let found = self
+            .board
+            .peers
+            .iter()
+            .find(|(_, peers)| peers.all().any(|known| known == address))
+            .map(|(&id, peers)| (id, peers.worker_thread(address)));
+        let Some((id, worker)) = found else { return };
+        let session = format_args!("{:#010x}", id.0);
+        let Some((rank, thread)) = worker else {
+            tracing::warn!(session, ?end, "the connection to the upper switch ended");
+            return;
+        };
+        let why = match end {
+            ConnectionEnd::Disconnected => {
+                tracing::debug!(session, rank, thread, "a worker thread disconnected");
+                None
+            }
+            ConnectionEnd::Failed(why) => {
+                tracing::info!(session, rank, thread, %why, "a worker thread's connection failed");
+                Some(why)
+            }
+        };
         let Ok(departure) = self.board.engine.depart(id, rank) else { return };
-        // The first of a rank's threads to fail says why; the others likely followed it.
-        self.lost.entry((id, rank)).or_insert_with(|| format!("worker thread {thread}: {why}"));
-        if departure == Departure::Needed {
-            self.close_orphaned(id, rank);
+        let failed = why.is_some();
+        if let Some(why) = why {
+            // The first of a rank's threads to fail says why; the others likely followed it.
+            self.lost.entry((id, rank)).or_insert_with(|| format!("worker thread {thread}: {why}"));
+        }
+        match departure {
+            Departure::Needed => self.close_orphaned(id, rank),
+            Departure::AllGone if failed => self.close_orphaned(id, rank),
+            Departure::AllGone | Departure::Lingers => {}
         }
     }
 

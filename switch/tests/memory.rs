@@ -11,7 +11,7 @@ mod common;
 
 use common::{memory_switch, register_message, SWITCH_DATA};
 use netagg_aggregator::faults::FaultRates;
-use netagg_switch::port::{MemoryNetwork, MemorySocket, ThreadLink};
+use netagg_switch::port::{ConnectionEnd, MemoryNetwork, MemorySocket, ThreadLink};
 use netagg_switch::{DataPort, Switch};
 use netagg_wire::{ControlMessage, ElementType, Endpoint, MessageType, Packet, PacketRepr, RejectCode};
 
@@ -244,7 +244,7 @@ fn a_rank_that_leaves_after_its_last_round_does_not_end_the_others_recovery() {
 /// [`DataPort::take_failed`], and the thread's datagrams no longer arrive.
 struct Severable {
     inner: MemorySocket,
-    severed: Arc<Mutex<Vec<(SocketAddr, String)>>>,
+    severed: Arc<Mutex<Vec<(SocketAddr, ConnectionEnd)>>>,
     cut: Vec<SocketAddr>,
 }
 
@@ -279,7 +279,7 @@ impl DataPort for Severable {
 
     fn flush(&mut self) {}
 
-    fn take_failed(&mut self) -> Vec<(SocketAddr, String)> {
+    fn take_failed(&mut self) -> Vec<(SocketAddr, ConnectionEnd)> {
         let failed = std::mem::take(&mut *self.severed.lock().unwrap());
         self.cut.extend(failed.iter().map(|&(address, _)| address));
         failed
@@ -293,7 +293,7 @@ impl DataPort for Severable {
 fn severable_session(
     network: &MemoryNetwork,
     name: &str,
-) -> (Switch, Vec<MemorySocket>, Vec<TcpStream>, u32, u64, Arc<Mutex<Vec<(SocketAddr, String)>>>) {
+) -> (Switch, Vec<MemorySocket>, Vec<TcpStream>, u32, u64, Arc<Mutex<Vec<(SocketAddr, ConnectionEnd)>>>) {
     let mut settings = netagg_config::Config::default().switch;
     settings.control = "127.0.0.1:0".parse().unwrap();
     let severed = Arc::default();
@@ -330,7 +330,10 @@ fn a_failed_data_connection_mid_round_ends_the_session_for_every_rank_at_once() 
     // Rank 0's contribution makes the round wait for rank 1.
     workers[0].send_to(switch_data, &data_in_round(session, token, 0, 0, [1; 4]));
     std::thread::sleep(Duration::from_millis(100));
-    severed.lock().unwrap().push((workers[1].local_addr(), "the peer disconnected".into()));
+    severed
+        .lock()
+        .unwrap()
+        .push((workers[1].local_addr(), ConnectionEnd::Failed("the peer disconnected".into())));
     let reason = "session 'cut' is closed: rank 1's data connection to the switch failed, worker thread 0: \
                   the peer disconnected";
     let expected = ControlMessage::Reject { code: RejectCode::UnknownSession, message: reason.into() };
@@ -352,7 +355,10 @@ fn a_failed_data_connection_between_rounds_ends_the_session_when_a_round_needs_i
     for worker in &mut workers {
         assert_eq!(received(worker, Duration::from_secs(5)).len(), 1);
     }
-    severed.lock().unwrap().push((workers[1].local_addr(), "an RDMA completion failed".into()));
+    severed
+        .lock()
+        .unwrap()
+        .push((workers[1].local_addr(), ConnectionEnd::Failed("an RDMA completion failed".into())));
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(switch.counters().unwrap().engine.sessions_closed, 0, "the session lives on");
     workers[0].send_to(switch_data, &data_in_round(session, token, 0, 0, [1; 4]));
@@ -362,6 +368,65 @@ fn a_failed_data_connection_between_rounds_ends_the_session_when_a_round_needs_i
                   an RDMA completion failed";
     let expected = ControlMessage::Reject { code: RejectCode::UnknownSession, message: reason.into() };
     assert_eq!(told(&mut control, Duration::from_secs(2)), [expected.clone(), expected]);
+}
+
+/// A worker closing as it leaves drops its data connections before it sends Leave:
+/// the switch sees rank 1 disconnect first, then leave. The session lives on for rank
+/// 0, and the round that needs rank 1 closes it as one whose rank left, not failed.
+#[test]
+fn a_clean_leave_whose_disconnect_comes_first_reads_as_a_leave() {
+    let network = MemoryNetwork::new();
+    let (switch, mut workers, mut control, session, token, severed) = severable_session(&network, "bye");
+    let switch_data: SocketAddr = SWITCH_DATA.parse().unwrap();
+    for (rank, worker) in (0..).zip(workers.iter_mut()) {
+        worker.send_to(switch_data, &data_in_round(session, token, rank, 0, [rank as i32 + 1; 4]));
+    }
+    for worker in &mut workers {
+        assert_eq!(received(worker, Duration::from_secs(5)).len(), 1);
+    }
+    severed.lock().unwrap().push((workers[1].local_addr(), ConnectionEnd::Disconnected));
+    std::thread::sleep(Duration::from_millis(200));
+    let mut leaver = control.pop().unwrap();
+    ControlMessage::Leave { session, rank: 1 }.write_to(0, &mut leaver).unwrap();
+    drop(leaver);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 0, "the session lives on");
+    workers[0].send_to(switch_data, &data_in_round(session, token, 0, 1, [1; 4]));
+    let expected = ControlMessage::Reject {
+        code: RejectCode::UnknownSession,
+        message: "rank 1 left session 'bye'; the session is closed".into(),
+    };
+    assert_eq!(told(&mut control, Duration::from_secs(2)), [expected]);
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 1);
+}
+
+/// Rank 0 has left; then rank 1's data connection fails, which leaves no rank: the
+/// session closes at once, rather than at the idle timeout, and rank 1 is told why.
+#[test]
+fn a_failed_data_connection_of_the_last_rank_closes_the_session_at_once() {
+    let network = MemoryNetwork::new();
+    let (switch, mut workers, mut control, session, token, severed) = severable_session(&network, "last");
+    let switch_data: SocketAddr = SWITCH_DATA.parse().unwrap();
+    for (rank, worker) in (0..).zip(workers.iter_mut()) {
+        worker.send_to(switch_data, &data_in_round(session, token, rank, 0, [rank as i32 + 1; 4]));
+    }
+    for worker in &mut workers {
+        assert_eq!(received(worker, Duration::from_secs(5)).len(), 1);
+    }
+    let mut leaver = control.remove(0);
+    ControlMessage::Leave { session, rank: 0 }.write_to(0, &mut leaver).unwrap();
+    drop(leaver);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 0, "rank 1 is still there");
+    severed
+        .lock()
+        .unwrap()
+        .push((workers[1].local_addr(), ConnectionEnd::Failed("an RDMA completion failed".into())));
+    let reason = "session 'last' is closed: rank 1's data connection to the switch failed, worker thread 0: \
+                  an RDMA completion failed";
+    let expected = ControlMessage::Reject { code: RejectCode::UnknownSession, message: reason.into() };
+    assert_eq!(told(&mut control, Duration::from_secs(2)), [expected]);
+    assert_eq!(switch.counters().unwrap().engine.sessions_closed, 1);
 }
 
 /// `GET path` on the metrics endpoint: the status line and the body.

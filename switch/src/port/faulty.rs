@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use netagg_aggregator::faults::{FaultCounters, FaultInjector, Severance};
 use netagg_wire::Endpoint;
 
-use super::{DataPort, ThreadLink};
+use super::{ConnectionEnd, DataPort, ThreadLink};
 
 pub struct FaultyPort<P: DataPort> {
     inner: P,
@@ -105,7 +105,7 @@ impl<P: DataPort> DataPort for FaultyPort<P> {
         self.inner.sever(address);
     }
 
-    fn take_failed(&mut self) -> Vec<(P::Address, String)> {
+    fn take_failed(&mut self) -> Vec<(P::Address, ConnectionEnd)> {
         self.inner.take_failed()
     }
 

@@ -118,10 +118,10 @@ pub trait DataPort: Send + 'static {
         let _ = address;
     }
 
-    /// The worker threads whose connections failed since the last call (a port with a
-    /// connection per thread: RDMA's), each with why: nothing reaches them any more, so
+    /// The worker threads whose connections ended since the last call (a port with a
+    /// connection per thread: RDMA's), each with how: nothing reaches them any more, so
     /// the data path ends what waits for them. Addresses forgotten are not among them.
-    fn take_failed(&mut self) -> Vec<(Self::Address, String)> {
+    fn take_failed(&mut self) -> Vec<(Self::Address, ConnectionEnd)> {
         Vec::new()
     }
 
@@ -130,6 +130,16 @@ pub trait DataPort: Send + 'static {
     fn fault_counters(&self) -> Option<(FaultCounters, FaultCounters)> {
         None
     }
+}
+
+/// How a worker thread's connection ended, as [`DataPort::take_failed`] tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionEnd {
+    /// Its peer disconnected, no request failing: a worker closing its connections as it
+    /// leaves, whose Leave may come after.
+    Disconnected,
+    /// It failed, as the message says: what the thread sent last may be lost.
+    Failed(String),
 }
 
 /// What a session asks of the link to each of its worker threads, for ports that size

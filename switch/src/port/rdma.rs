@@ -14,10 +14,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use netagg_rdma::tagged::Peer;
-use netagg_rdma::{Options, Port};
+use netagg_rdma::{Closed, Options, Port};
 use netagg_wire::Endpoint;
 
-use super::{DataPort, ThreadLink};
+use super::{ConnectionEnd, DataPort, ThreadLink};
 
 pub struct RdmaPort {
     port: Port,
@@ -92,7 +92,13 @@ impl DataPort for RdmaPort {
         self.port.break_connection(address);
     }
 
-    fn take_failed(&mut self) -> Vec<(Peer, String)> {
-        self.port.take_failed()
+    fn take_failed(&mut self) -> Vec<(Peer, ConnectionEnd)> {
+        let ended = self.port.take_failed().into_iter();
+        ended
+            .map(|(peer, closed)| match closed {
+                Closed::Disconnected => (peer, ConnectionEnd::Disconnected),
+                Closed::Failed(why) => (peer, ConnectionEnd::Failed(why)),
+            })
+            .collect()
     }
 }
