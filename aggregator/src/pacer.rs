@@ -212,8 +212,8 @@ impl LinkPacer {
             return;
         }
         pacer.period.lost += 1;
-        if runs.lost(number) {
-            pacer.overflowed(now, self.delivered.load(Ordering::Relaxed));
+        if runs.lost(number) && pacer.overflowed(now, self.delivered.load(Ordering::Relaxed)) {
+            runs.overflow_taken();
             self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
         }
     }
@@ -302,9 +302,11 @@ impl LossRuns {
         self.sent
     }
 
-    /// Notes that first sending `number` was found lost; true when that completes a run of
-    /// [`OVERFLOW_RUN`]. A sending found lost again, or after a later one, is counted
-    /// already or breaks no run.
+    /// Notes that first sending `number` was found lost; true while that makes a run of
+    /// at least [`OVERFLOW_RUN`] not yet taken as an overflow: the pacer takes one at most
+    /// once a round trip, and one it put off shows again with the run's next loss. A
+    /// sending found lost again, or after a later one, is counted already or breaks no
+    /// run.
     pub(crate) fn lost(&mut self, number: u64) -> bool {
         match self.last_lost {
             Some(last) if number <= last => return false,
@@ -312,7 +314,12 @@ impl LossRuns {
             _ => self.run = 1,
         }
         self.last_lost = Some(number);
-        self.run == OVERFLOW_RUN
+        self.run >= OVERFLOW_RUN
+    }
+
+    /// The pacer took the run as an overflow: a further one takes another full run.
+    pub(crate) fn overflow_taken(&mut self) {
+        self.run = 0;
     }
 }
 
@@ -405,14 +412,14 @@ impl Pacer {
     /// so far: an unpaced worker is paced at the rate results came at in the period, which
     /// a collapse keeps far below the path's, and probes upwards from there; a paced one
     /// halves its rate. At most once a round trip: one burst's losses come to light over
-    /// a round trip of timeouts.
-    pub(crate) fn overflowed(&mut self, now: Instant, delivered: u64) {
+    /// a round trip of timeouts. True if it took the overflow.
+    pub(crate) fn overflowed(&mut self, now: Instant, delivered: u64) -> bool {
         if !self.config.enabled {
-            return;
+            return false;
         }
         let round_trip = self.period.least.or(self.min_rtt).unwrap_or_default().max(MIN_PERIOD);
         if self.last_cut.is_some_and(|cut| now.saturating_duration_since(cut) < round_trip) {
-            return;
+            return false;
         }
         self.cut(now);
         match self.rate {
@@ -429,6 +436,7 @@ impl Pacer {
         }
         self.period = Period { began: Some(now), delivered, ..Period::default() };
         self.limited = false;
+        true
     }
 
     /// Starts a decision period afresh at a job's start, with `delivered` bytes of
@@ -832,9 +840,14 @@ mod tests {
         let run = OVERFLOW_RUN as u64;
         assert!(!(300..300 + run - 1).any(|number| runs.lost(number)));
         assert!(!runs.lost(300 + run - 2) && !runs.lost(310));
-        // The last of the run shows it, once.
-        assert!(runs.lost(300 + run - 1));
-        assert!(!(300 + run..400).any(|number| runs.lost(number)));
+        // The last of the run shows it, and every further loss of the run until the pacer
+        // takes it; then another full run is needed.
+        assert!(runs.lost(300 + run - 1) && runs.lost(300 + run));
+        runs.overflow_taken();
+        assert!(!(300 + run + 1..300 + 2 * run).any(|number| runs.lost(number)));
+        assert!(runs.lost(300 + 2 * run));
+        runs.overflow_taken();
+        assert!(!(300 + 2 * run + 1..300 + 3 * run).any(|number| runs.lost(number)));
         // A gap starts a new run.
         assert!(!(401..400 + run).any(|number| runs.lost(number)));
         assert!(runs.lost(400 + run));
@@ -969,6 +982,37 @@ mod tests {
         let after = runs.first_sending();
         pacer.lost(now + MS * 2, &mut runs, after);
         assert_eq!(pacer.state().period.lost, counted + 1);
+    }
+
+    /// Another thread's run that completes within a round trip of a cut is put off, not
+    /// lost: its next loss after the round trip takes it.
+    #[test]
+    fn an_overflow_put_off_by_a_recent_cut_is_taken_with_the_run_s_next_loss() {
+        let pacer = LinkPacer::new(CONFIG);
+        let start = Instant::now();
+        let mut batch = DeliveryBatch::default();
+        pacer.job_started(start, &mut batch);
+        // 100 kB delivered in 10 ms: 10 MB/s.
+        let now = start + MS * 10;
+        batch.add(&pacer, now, 100_000);
+        let (mut first, mut second) = (LossRuns::default(), LossRuns::default());
+        let mut lose_run = |runs: &mut LossRuns, count: u32, at: Instant| {
+            let numbers: Vec<u64> = (0..count).map(|_| runs.first_sending()).collect();
+            numbers.into_iter().for_each(|number| pacer.lost(at, runs, number));
+        };
+        let before_the_cut = second.first_sending();
+        lose_run(&mut first, OVERFLOW_RUN, now);
+        let engaged = pacer.rate().expect("a run of OVERFLOW_RUN engages the pacer");
+        // The second thread learns of the cut; its later sendings count.
+        pacer.lost(now + MS, &mut second, before_the_cut);
+        lose_run(&mut second, OVERFLOW_RUN, now + MS);
+        assert_eq!(pacer.rate(), Some(engaged), "within a round trip of the cut");
+        lose_run(&mut second, 1, now + MIN_PERIOD * 2);
+        assert!(engaged > 2 * MIN_RATE, "{engaged}");
+        assert_eq!(pacer.rate(), Some(engaged / 2));
+        // Taken, the run starts afresh.
+        lose_run(&mut second, OVERFLOW_RUN - 1, now + MIN_PERIOD * 4);
+        assert_eq!(pacer.rate(), Some(engaged / 2));
     }
 
     /// A thread's results reach the path's count by the batch: at 64 KiB, once the first
