@@ -44,7 +44,7 @@
 //! - a run of [`OVERFLOW_RUN`] of a thread's first sendings lost in a row ([`LossRuns`])
 //!   is a queue's overflow, which drops the tail of a burst; random loss drops packets
 //!   apart. It paces an unpaced worker at the rate results came at, and lets that rate
-//!   grow by half a period until loss shows again; it halves a paced worker's rate. At
+//!   grow by half a period until more than random loss shows again; it halves a paced worker's rate. At
 //!   most once a round trip;
 //! - a paced worker that finds more than [`LOSS_TOLERANCE`] of its data sendings lost
 //!   paces below the share the path carried; one whose share lost stays as high after two
@@ -98,6 +98,13 @@ pub const OVERFLOW_RUN: u32 = 32;
 /// loss of a few percent each way stays below; a rate above a queue too short to show
 /// delay loses the excess.
 const LOSS_TOLERANCE: f64 = 0.125;
+
+/// The share of a probing period's data sendings found lost that still lets the rate
+/// grow: 1 % random loss each way resends about 2 % of them, while a probe past a queue
+/// too short to show delay loses far more. In `tests/collapse.rs` both 1.5 % and 2.5 %
+/// left a case of 1 % loss above its bound (60 and 17 times the model): the cases are
+/// that sensitive to when a probe stops.
+const PROBE_LOSS_TOLERANCE: f64 = 0.02;
 
 /// Data sendings a paced worker counts before it judges their share lost: fewer, and a
 /// loss or two decides.
@@ -343,7 +350,7 @@ pub(crate) struct Pacer {
     /// window or the peers, limited the worker, so it may grow.
     limited: bool,
     /// The rate was set by an overflow from what a collapsing path delivered, and may grow
-    /// by [`PROBE_RAISE`] until loss shows again.
+    /// by [`PROBE_RAISE`] until loss beyond [`PROBE_LOSS_TOLERANCE`] shows.
     probing: bool,
     /// When loss last lowered the rate, and how many times it did.
     last_cut: Option<Instant>,
@@ -515,8 +522,11 @@ impl Pacer {
         }
         if self.probing {
             // Engaged by an overflow, far below the path: grow fast, whoever completed the
-            // rounds (every worker of a collapse engaged alike), until loss shows again.
-            if let Some(rate) = self.rate.filter(|_| limited && ended.lost == 0) {
+            // rounds (every worker of a collapse engaged alike), until more than random
+            // loss shows again. Random loss puts a loss or two in most periods of a fast
+            // link: growing only in periods without any stalled it near the collapse.
+            let tolerated = f64::from(ended.lost) <= PROBE_LOSS_TOLERANCE * f64::from(ended.sent);
+            if let Some(rate) = self.rate.filter(|_| limited && tolerated) {
                 self.set_rate(rate as f64 * (1.0 + PROBE_RAISE));
             }
             return;
@@ -891,6 +901,28 @@ mod tests {
         path.pacer.period.lost = 1;
         path.fill().period(MS, (engaged * 2.25) as u64);
         assert!(near(path.rate(), engaged * 2.25), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn a_rate_an_overflow_set_recovers_on_a_fast_link_with_random_loss() {
+        // A 64-packet outage on a 10 MB/s link engages the pacer at what the collapse
+        // delivered, 200 kB/s; then 1 % of the sendings are lost in every period.
+        let mut path = Path::new(CONFIG);
+        path.now += MS * 10;
+        path.delivered += 2_000;
+        let mut runs = LossRuns::default();
+        let outage: Vec<u64> = (0..64).map(|_| runs.first_sending()).collect();
+        assert!(outage.into_iter().any(|number| runs.lost(number)));
+        path.pacer.overflowed(path.now, path.delivered);
+        let engaged = path.rate().unwrap();
+        for _ in 0..20 {
+            let rate = path.rate().unwrap().min(10_000_000);
+            path.fill();
+            path.pacer.period.sent = 200;
+            path.pacer.period.lost = 2;
+            path.period(MS, rate);
+        }
+        assert!(path.rate().is_some_and(|rate| rate >= 10_000_000), "{:?} from {engaged}", path.rate());
     }
 
     #[test]
