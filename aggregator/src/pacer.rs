@@ -88,10 +88,12 @@ const PROBE_RAISE: f64 = 0.5;
 
 /// Consecutive first sendings of one thread found lost that show a queue's overflow: a
 /// full queue drops the tail of a burst, random loss drops packets apart. At 30 % loss
-/// each way a round trip fails with probability 0.51, and 16 in a row (2e-5) came up often
-/// enough in `tests/stress.rs` to pace, and slow, lossy clusters with no queue; 32 in a
-/// row has a probability of 4e-10, against runs of a window less a packet or two in a
-/// collapse.
+/// each way a round trip fails with probability 0.51, and 16 in a row (2e-5 were losses
+/// independent) came up often enough in `tests/stress.rs` to pace, and slow, lossy
+/// clusters with no queue; 32 in a row (4e-10) against runs of a window less a packet or
+/// two in a collapse. Losses are not independent (a stall leaves many sendings
+/// unanswered together): 32 still engaged one of the stress test's 1 500 clusters, which
+/// the share rule unpaces again.
 pub const OVERFLOW_RUN: u32 = 32;
 
 /// The share of a paced period's data sendings found lost that the rate tolerates: random
