@@ -1030,7 +1030,7 @@ mod tests {
         let now = start + MS * 10;
         batch.add(&pacer, now, 100_000);
         let (mut first, mut second) = (LossRuns::default(), LossRuns::default());
-        let mut lose_run = |runs: &mut LossRuns, count: u32, at: Instant| {
+        let lose_run = |runs: &mut LossRuns, count: u32, at: Instant| {
             let numbers: Vec<u64> = (0..count).map(|_| runs.first_sending()).collect();
             numbers.into_iter().for_each(|number| pacer.lost(at, runs, number));
         };
