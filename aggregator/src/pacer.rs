@@ -44,7 +44,7 @@
 //! - a run of [`OVERFLOW_RUN`] of a thread's first sendings lost in a row ([`LossRuns`])
 //!   is a queue's overflow, which drops the tail of a burst; random loss drops packets
 //!   apart. It paces an unpaced worker at the rate results came at, and lets that rate
-//!   grow by half a period until loss shows again; it halves a paced worker's rate. At
+//!   grow by half a period until more than random loss shows again; it halves a paced worker's rate. At
 //!   most once a round trip;
 //! - a paced worker that finds more than [`LOSS_TOLERANCE`] of its data sendings lost
 //!   paces below the share the path carried; one whose share lost stays as high after two
@@ -88,16 +88,25 @@ const PROBE_RAISE: f64 = 0.5;
 
 /// Consecutive first sendings of one thread found lost that show a queue's overflow: a
 /// full queue drops the tail of a burst, random loss drops packets apart. At 30 % loss
-/// each way a round trip fails with probability 0.51, and 16 in a row (2e-5) came up often
-/// enough in `tests/stress.rs` to pace, and slow, lossy clusters with no queue; 32 in a
-/// row has a probability of 4e-10, against runs of a window less a packet or two in a
-/// collapse.
+/// each way a round trip fails with probability 0.51, and 16 in a row (2e-5 were losses
+/// independent) came up often enough in `tests/stress.rs` to pace, and slow, lossy
+/// clusters with no queue; 32 in a row (4e-10) against runs of a window less a packet or
+/// two in a collapse. Losses are not independent (a stall leaves many sendings
+/// unanswered together): 32 still engaged one of the stress test's 1 500 clusters, which
+/// the share rule unpaces again.
 pub const OVERFLOW_RUN: u32 = 32;
 
 /// The share of a paced period's data sendings found lost that the rate tolerates: random
 /// loss of a few percent each way stays below; a rate above a queue too short to show
 /// delay loses the excess.
 const LOSS_TOLERANCE: f64 = 0.125;
+
+/// The share of a probing period's data sendings found lost that still lets the rate
+/// grow: 1 % random loss each way resends about 2 % of them, while a probe past a queue
+/// too short to show delay loses far more. In `tests/collapse.rs` both 1.5 % and 2.5 %
+/// left a case of 1 % loss above its bound (60 and 17 times the model): the cases are
+/// that sensitive to when a probe stops.
+const PROBE_LOSS_TOLERANCE: f64 = 0.02;
 
 /// Data sendings a paced worker counts before it judges their share lost: fewer, and a
 /// loss or two decides.
@@ -212,8 +221,8 @@ impl LinkPacer {
             return;
         }
         pacer.period.lost += 1;
-        if runs.lost(number) {
-            pacer.overflowed(now, self.delivered.load(Ordering::Relaxed));
+        if runs.lost(number) && pacer.overflowed(now, self.delivered.load(Ordering::Relaxed)) {
+            runs.overflow_taken();
             self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
         }
     }
@@ -302,9 +311,11 @@ impl LossRuns {
         self.sent
     }
 
-    /// Notes that first sending `number` was found lost; true when that completes a run of
-    /// [`OVERFLOW_RUN`]. A sending found lost again, or after a later one, is counted
-    /// already or breaks no run.
+    /// Notes that first sending `number` was found lost; true while that makes a run of
+    /// at least [`OVERFLOW_RUN`] not yet taken as an overflow: the pacer takes one at most
+    /// once a round trip, and one it put off shows again with the run's next loss. A
+    /// sending found lost again, or after a later one, is counted already or breaks no
+    /// run.
     pub(crate) fn lost(&mut self, number: u64) -> bool {
         match self.last_lost {
             Some(last) if number <= last => return false,
@@ -312,7 +323,12 @@ impl LossRuns {
             _ => self.run = 1,
         }
         self.last_lost = Some(number);
-        self.run == OVERFLOW_RUN
+        self.run >= OVERFLOW_RUN
+    }
+
+    /// The pacer took the run as an overflow: a further one takes another full run.
+    pub(crate) fn overflow_taken(&mut self) {
+        self.run = 0;
     }
 }
 
@@ -336,12 +352,13 @@ pub(crate) struct Pacer {
     /// window or the peers, limited the worker, so it may grow.
     limited: bool,
     /// The rate was set by an overflow from what a collapsing path delivered, and may grow
-    /// by [`PROBE_RAISE`] until loss shows again.
+    /// by [`PROBE_RAISE`] until loss beyond [`PROBE_LOSS_TOLERANCE`] shows.
     probing: bool,
     /// When loss last lowered the rate, and how many times it did.
     last_cut: Option<Instant>,
     cuts: u64,
-    /// Data sendings, and losses, of the periods since the share lost was last judged.
+    /// Data sendings, and losses, of the paced periods since the share lost was last
+    /// judged or the rate was set.
     judged: (u32, u32),
     /// The share lost that last lowered the rate, and how many cuts in a row it did not
     /// fall.
@@ -404,14 +421,14 @@ impl Pacer {
     /// so far: an unpaced worker is paced at the rate results came at in the period, which
     /// a collapse keeps far below the path's, and probes upwards from there; a paced one
     /// halves its rate. At most once a round trip: one burst's losses come to light over
-    /// a round trip of timeouts.
-    pub(crate) fn overflowed(&mut self, now: Instant, delivered: u64) {
+    /// a round trip of timeouts. True if it took the overflow.
+    pub(crate) fn overflowed(&mut self, now: Instant, delivered: u64) -> bool {
         if !self.config.enabled {
-            return;
+            return false;
         }
         let round_trip = self.period.least.or(self.min_rtt).unwrap_or_default().max(MIN_PERIOD);
         if self.last_cut.is_some_and(|cut| now.saturating_duration_since(cut) < round_trip) {
-            return;
+            return false;
         }
         self.cut(now);
         match self.rate {
@@ -428,6 +445,7 @@ impl Pacer {
         }
         self.period = Period { began: Some(now), delivered, ..Period::default() };
         self.limited = false;
+        true
     }
 
     /// Starts a decision period afresh at a job's start, with `delivered` bytes of
@@ -471,8 +489,12 @@ impl Pacer {
         // A zero target (set through the library, which the config refuses) is a tiny one.
         let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
-        let (sent, lost) = self.judged;
-        self.judged = (sent + ended.sent, lost + ended.lost);
+        // Only a paced period's sendings are counted, so only its losses may be: losses
+        // from before the rate was set would weigh against sendings that left unpaced.
+        if self.rate.is_some() {
+            let (sent, lost) = self.judged;
+            self.judged = (sent.saturating_add(ended.sent), lost.saturating_add(ended.lost));
+        }
         if let Some(rate) = self.rate.filter(|_| self.judged.0 >= LOSS_SAMPLE) {
             let (sent, lost) = std::mem::take(&mut self.judged);
             let lost = lost as f64 / sent as f64;
@@ -502,8 +524,11 @@ impl Pacer {
         }
         if self.probing {
             // Engaged by an overflow, far below the path: grow fast, whoever completed the
-            // rounds (every worker of a collapse engaged alike), until loss shows again.
-            if let Some(rate) = self.rate.filter(|_| limited && ended.lost == 0) {
+            // rounds (every worker of a collapse engaged alike), until more than random
+            // loss shows again. Random loss puts a loss or two in most periods of a fast
+            // link: growing only in periods without any stalled it near the collapse.
+            let tolerated = f64::from(ended.lost) <= PROBE_LOSS_TOLERANCE * f64::from(ended.sent);
+            if let Some(rate) = self.rate.filter(|_| limited && tolerated) {
                 self.set_rate(rate as f64 * (1.0 + PROBE_RAISE));
             }
             return;
@@ -577,6 +602,10 @@ impl Pacer {
     /// Sets the rate, never below half the path's measured rate: no single period's
     /// figures, however odd, may pace a worker to a standstill.
     fn set_rate(&mut self, rate: f64) {
+        if self.rate.is_none() {
+            // The share lost is judged from the first paced period on.
+            self.judged = (0, 0);
+        }
         let floor = self.capacity.map_or(0.0, |capacity| capacity / 2.0);
         self.rate = Some((rate.max(floor) as u64).max(MIN_RATE));
     }
@@ -823,9 +852,14 @@ mod tests {
         let run = OVERFLOW_RUN as u64;
         assert!(!(300..300 + run - 1).any(|number| runs.lost(number)));
         assert!(!runs.lost(300 + run - 2) && !runs.lost(310));
-        // The last of the run shows it, once.
-        assert!(runs.lost(300 + run - 1));
-        assert!(!(300 + run..400).any(|number| runs.lost(number)));
+        // The last of the run shows it, and every further loss of the run until the pacer
+        // takes it; then another full run is needed.
+        assert!(runs.lost(300 + run - 1) && runs.lost(300 + run));
+        runs.overflow_taken();
+        assert!(!(300 + run + 1..300 + 2 * run).any(|number| runs.lost(number)));
+        assert!(runs.lost(300 + 2 * run));
+        runs.overflow_taken();
+        assert!(!(300 + 2 * run + 1..300 + 3 * run).any(|number| runs.lost(number)));
         // A gap starts a new run.
         assert!(!(401..400 + run).any(|number| runs.lost(number)));
         assert!(runs.lost(400 + run));
@@ -869,6 +903,28 @@ mod tests {
         path.pacer.period.lost = 1;
         path.fill().period(MS, (engaged * 2.25) as u64);
         assert!(near(path.rate(), engaged * 2.25), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn a_rate_an_overflow_set_recovers_on_a_fast_link_with_random_loss() {
+        // A 64-packet outage on a 10 MB/s link engages the pacer at what the collapse
+        // delivered, 200 kB/s; then 1 % of the sendings are lost in every period.
+        let mut path = Path::new(CONFIG);
+        path.now += MS * 10;
+        path.delivered += 2_000;
+        let mut runs = LossRuns::default();
+        let outage: Vec<u64> = (0..64).map(|_| runs.first_sending()).collect();
+        assert!(outage.into_iter().any(|number| runs.lost(number)));
+        path.pacer.overflowed(path.now, path.delivered);
+        let engaged = path.rate().unwrap();
+        for _ in 0..20 {
+            let rate = path.rate().unwrap().min(10_000_000);
+            path.fill();
+            path.pacer.period.sent = 200;
+            path.pacer.period.lost = 2;
+            path.period(MS, rate);
+        }
+        assert!(path.rate().is_some_and(|rate| rate >= 10_000_000), "{:?} from {engaged}", path.rate());
     }
 
     #[test]
@@ -916,6 +972,22 @@ mod tests {
         assert!(rates[0].is_some() && rates[1].is_none(), "{rates:?}");
     }
 
+    #[test]
+    fn losses_before_the_rate_was_set_never_count_in_the_share_lost() {
+        let mut path = Path::new(CONFIG);
+        // Unpaced periods with losses, then a standing queue that overflowed sets the rate.
+        for _ in 0..3 {
+            path.pacer.period.lost = LOSS_SAMPLE;
+            path.period(MS / 10, 10_000_000);
+        }
+        path.queue(MS * 10, 10_000_000);
+        let paced = path.rate().expect("the standing queue paces");
+        // A paced period without loss: nothing to cut for.
+        path.pacer.period.sent = LOSS_SAMPLE;
+        path.period(MS, 10_000_000);
+        assert!(path.rate().is_some_and(|rate| rate >= paced), "{:?} after {paced}", path.rate());
+    }
+
     /// Random loss never lines up a run of first sendings lost in a row: it leaves
     /// the worker unpaced. Losses of sendings made before a cut count for nothing after it.
     #[test]
@@ -944,6 +1016,37 @@ mod tests {
         let after = runs.first_sending();
         pacer.lost(now + MS * 2, &mut runs, after);
         assert_eq!(pacer.state().period.lost, counted + 1);
+    }
+
+    /// Another thread's run that completes within a round trip of a cut is put off, not
+    /// lost: its next loss after the round trip takes it.
+    #[test]
+    fn an_overflow_put_off_by_a_recent_cut_is_taken_with_the_run_s_next_loss() {
+        let pacer = LinkPacer::new(CONFIG);
+        let start = Instant::now();
+        let mut batch = DeliveryBatch::default();
+        pacer.job_started(start, &mut batch);
+        // 100 kB delivered in 10 ms: 10 MB/s.
+        let now = start + MS * 10;
+        batch.add(&pacer, now, 100_000);
+        let (mut first, mut second) = (LossRuns::default(), LossRuns::default());
+        let lose_run = |runs: &mut LossRuns, count: u32, at: Instant| {
+            let numbers: Vec<u64> = (0..count).map(|_| runs.first_sending()).collect();
+            numbers.into_iter().for_each(|number| pacer.lost(at, runs, number));
+        };
+        let before_the_cut = second.first_sending();
+        lose_run(&mut first, OVERFLOW_RUN, now);
+        let engaged = pacer.rate().expect("a run of OVERFLOW_RUN engages the pacer");
+        // The second thread learns of the cut; its later sendings count.
+        pacer.lost(now + MS, &mut second, before_the_cut);
+        lose_run(&mut second, OVERFLOW_RUN, now + MS);
+        assert_eq!(pacer.rate(), Some(engaged), "within a round trip of the cut");
+        lose_run(&mut second, 1, now + MIN_PERIOD * 2);
+        assert!(engaged > 2 * MIN_RATE, "{engaged}");
+        assert_eq!(pacer.rate(), Some(engaged / 2));
+        // Taken, the run starts afresh.
+        lose_run(&mut second, OVERFLOW_RUN - 1, now + MIN_PERIOD * 4);
+        assert_eq!(pacer.rate(), Some(engaged / 2));
     }
 
     /// A thread's results reach the path's count by the batch: at 64 KiB, once the first
