@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{
-    benchmark, labelled_row, launcher, launcher_path, namespaces_of, pair, prefix, report_row, text,
+    benchmark, labelled_row, launcher, launcher_path, namespaces_of, pair, prefix, report_row, text, uplink,
 };
 
 #[test]
@@ -147,14 +147,8 @@ fn a_two_level_tree_on_racks_verifies_and_sends_one_tensor_up_each_uplink() {
             for rack in 0..2 {
                 // Dense, every round went up once and came down once (sparse, a rack
                 // with no block at a round sends nothing up and takes the result).
-                let stats = all
-                    .lines()
-                    .find_map(|line| line.strip_prefix(&format!("[rack {rack}] stats: uplink ")))
-                    .unwrap_or_else(|| panic!("no uplink counters of rack {rack}:\n{all}"));
-                let fields: Vec<&str> = stats.split_whitespace().collect();
-                let count =
-                    |name: &str| fields.iter().position(|field| *field == name).map(|at| fields[at + 1]);
-                assert_eq!(count("sent-up"), count("results-down"), "rack {rack}: {stats}");
+                let (up, down) = (uplink(&all, rack, "sent-up"), uplink(&all, rack, "results-down"));
+                assert_eq!(up, down, "rack {rack}:\n{all}");
             }
             // On the links: each uplink carried one tensor per job up, as much as a
             // worker's link (which also carries its losses' resends, about 4 % at 1 %
