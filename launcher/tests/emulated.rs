@@ -152,17 +152,20 @@ fn a_two_level_tree_on_racks_verifies_and_sends_one_tensor_up_each_uplink() {
             }
             // On the links: each uplink carried one tensor per job up, as much as a
             // worker's link (which also carries its losses' resends, about 4 % at 1 %
-            // loss), where a switch at the core would take two through it. Down, the
-            // results once each, and the upper switch's answers to the rack switch's
-            // requests for rounds only queued at the uplink (7-50 % more on this loaded
-            // machine: benches/RESULTS.md), still short of two tensors.
+            // loss), where a switch at the core would take both of its rack's workers'
+            // tensors through it: two, and more with their resends. Down, the results once
+            // each, and the upper switch's answers to the rack switch's requests for rounds
+            // only queued at the uplink, which grow with the machine's load
+            // (benches/RESULTS.md measured 1.2-1.5 tensors down and 1.04-1.11 up at 4:1 on
+            // a loaded machine). So the bounds leave room for load, up below 1.2 and down
+            // below 2.0, and still fail a flat switch, which sends at least two each way.
             let worker_up = pair(&report_row(&all, 0)[2]).0;
             for uplink in ["u0", "u1"] {
                 let (up, down) = pair(&labelled_row(&all, uplink)[2]);
                 let (up_tensors, down_tensors) = (up / worker_up, down / worker_up);
-                assert!((0.9..1.1).contains(&up_tensors), "{uplink}: {up} MB up against {worker_up}:\n{all}");
+                assert!((0.9..1.2).contains(&up_tensors), "{uplink}: {up} MB up against {worker_up}:\n{all}");
                 assert!(
-                    (0.9..1.6).contains(&down_tensors),
+                    (0.9..2.0).contains(&down_tensors),
                     "{uplink}: {down} MB down against {worker_up}:\n{all}"
                 );
             }
