@@ -295,6 +295,20 @@ fn bad_links_and_missing_privileges_are_clear_errors() {
     );
     let (_, message) = error(&["-n", "2", "--link", "rate=1mbit", "--flat", "--", "true"]);
     assert!(message.contains("describe a network of racks: give --racks"), "{message}");
+    // The same in a topology file, which would otherwise be ignored on a flat network.
+    let uplink = std::env::temp_dir().join(format!("netagg-uplink-{}.cfg", std::process::id()));
+    std::fs::write(&uplink, "[uplink]\nrate = 20mbit\n").unwrap();
+    let (code, message) = error(&["-n", "2", "--topology", uplink.to_str().unwrap(), "--", "true"]);
+    std::fs::remove_file(&uplink).unwrap();
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        message,
+        format!(
+            "netagg-run: {}: [uplink] describes a network of racks, and this one is flat: give [racks] count \
+             (or --racks)",
+            uplink.display()
+        )
+    );
     let (code, message) = error(&["-n", "2", "--mpi", "--", "true"]);
     assert_eq!(code, Some(2));
     assert!(message.contains("--mpi runs the program across an emulated network"), "{message}");
