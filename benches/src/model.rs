@@ -171,8 +171,9 @@ impl Scenario {
                 path.extend(uplink);
                 loads.extend(uplink.map(|uplink| (uplink, 1.0)));
                 if let Some(link) = switch_link {
-                    // The rack's switch's server, and the upper switch's.
-                    path.extend([link, link]);
+                    // The rack's switch's server link twice each way (in from the workers,
+                    // out up the uplink, and back), and the upper switch's once.
+                    path.extend([link, link, link]);
                     loads.extend([(link, self.largest_rack() + 1.0), (link, racks)]);
                 }
                 (path, loads)
@@ -314,9 +315,11 @@ mod tests {
         let core = flat.netagg().time;
         assert!(close(core, 4.0 * one_tensor + worker_hop + uplink_hop), "{core:?}");
         // Switches on servers at the workers' rate: a rack's switch carries its 2
-        // workers' tensors and the upper switch's result each way, 3 tensors.
+        // workers' tensors and the upper switch's result each way, 3 tensors; a packet
+        // crosses its worker's link, its rack switch's server link twice and the upper
+        // switch's once.
         let server_tree = tree(Some(link(40.0, 0)));
-        let expected = 3.0 * one_tensor + 3.0 * worker_hop + uplink_hop;
+        let expected = 3.0 * one_tensor + 4.0 * worker_hop + uplink_hop;
         assert!(close(server_tree.time, expected), "{:?} against {expected}", server_tree.time);
         // The ring: 6 steps of a 4 MiB chunk in 2897 segments, each crossing an uplink.
         let ring_step = ((4u64 << 20) as f64 + 2897.0 * 66.0) * 8.0 / 20e6;

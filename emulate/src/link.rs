@@ -80,6 +80,8 @@ pub enum LinkError {
     RankOutOfRange { rank: u32, last: u32 },
     #[error("[racks] {key} = '{value}': expected {expected}")]
     Racks { key: String, value: String, expected: &'static str },
+    #[error("{0} describes a network of racks, and this one is flat: give [racks] count (or --racks)")]
+    RacksOnly(&'static str),
     #[error("[uplink] sets {0}: an uplink takes a rate, queue and burst only (delay and loss belong to the racks' links)")]
     UplinkImpaired(&'static str),
 }
@@ -267,8 +269,8 @@ pub struct Topology {
     /// Racks of contiguous ranks (`[racks] count`), each on a bridge of its own with its
     /// switch, joined to the core by an uplink; `None`: one flat network.
     pub racks: Option<u16>,
-    /// `[racks] switches`.
-    pub switch_links: SwitchLinks,
+    /// `[racks] switches`; `None`: not set, [`SwitchLinks::Ideal`].
+    pub switch_links: Option<SwitchLinks>,
     /// Each rack's uplink (`[uplink]`).
     pub uplink: LinkSettings,
 }
@@ -336,7 +338,7 @@ impl Topology {
                             }
                             "switches" => {
                                 topology.switch_links =
-                                    text.parse().map_err(|_| invalid("ideal or server"))?
+                                    Some(text.parse().map_err(|_| invalid("ideal or server"))?)
                             }
                             _ => return Err(invalid("a key count or switches")),
                         }
@@ -346,6 +348,20 @@ impl Topology {
             }
         }
         Ok(topology)
+    }
+
+    /// Refuses, on a flat network, what only racks use (`[uplink]`, `[racks] switches`),
+    /// which would otherwise be ignored without a word.
+    pub fn check_flat(&self) -> Result<(), LinkError> {
+        if self.racks.is_some() {
+            Ok(())
+        } else if self.uplink != LinkSettings::default() {
+            Err(LinkError::RacksOnly("[uplink]"))
+        } else if self.switch_links.is_some() {
+            Err(LinkError::RacksOnly("[racks] switches"))
+        } else {
+            Ok(())
+        }
     }
 
     /// Each rack's uplink: its rate, queue and burst; unlimited unless set.
@@ -562,11 +578,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(topology.racks, Some(2));
-        assert_eq!(topology.switch_links, SwitchLinks::Server);
+        assert_eq!(topology.switch_links, Some(SwitchLinks::Server));
         let uplink = topology.uplink_link().unwrap();
         assert_eq!((uplink.rate, uplink.queue), (Some(20_000_000), Duration::from_millis(50)));
         assert!(!uplink.is_impaired());
-        assert_eq!(Topology::default().switch_links, SwitchLinks::Ideal);
+        assert_eq!(Topology::default().switch_links, None);
         assert_eq!(Topology::default().uplink_link().unwrap().rate, None);
         assert_eq!(
             Topology::from_ini("[racks]\ncount = 0\n").unwrap_err().to_string(),
@@ -589,6 +605,28 @@ mod tests {
     }
 
     #[test]
+    fn a_flat_network_refuses_the_sections_of_racks() {
+        let uplink = Topology::from_ini("[uplink]\nrate = 20mbit\n").unwrap();
+        assert_eq!(
+            uplink.check_flat().unwrap_err().to_string(),
+            "[uplink] describes a network of racks, and this one is flat: give [racks] count (or --racks)"
+        );
+        let switches = Topology::from_ini("[racks]\nswitches = ideal\n").unwrap();
+        assert_eq!(
+            switches.check_flat().unwrap_err().to_string(),
+            "[racks] switches describes a network of racks, and this one is flat: give [racks] count (or \
+             --racks)"
+        );
+        // With a count, from the file or the command line, they are the racks' settings.
+        Topology::from_ini("[racks]\ncount = 2\nswitches = server\n[uplink]\nrate = 20mbit\n")
+            .unwrap()
+            .check_flat()
+            .unwrap();
+        Topology { racks: Some(2), ..uplink }.check_flat().unwrap();
+        Topology::from_ini("[link]\nrate = 20mbit\n").unwrap().check_flat().unwrap();
+    }
+
+    #[test]
     fn the_shipped_topology_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/topology-straggler.cfg");
         let links = Topology::from_file(&path).unwrap().links(4).unwrap();
@@ -596,7 +634,7 @@ mod tests {
         assert_eq!(links[3].to_string(), "20mbit, delay 2ms, loss 1%");
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/topology-racks.cfg");
         let racks = Topology::from_file(&path).unwrap();
-        assert_eq!((racks.racks, racks.switch_links), (Some(2), SwitchLinks::Ideal));
+        assert_eq!((racks.racks, racks.switch_links), (Some(2), Some(SwitchLinks::Ideal)));
         assert_eq!(racks.uplink_link().unwrap().rate, Some(20_000_000));
         assert_eq!(racks.links(4).unwrap()[3].to_string(), "40mbit, delay 0ns");
     }

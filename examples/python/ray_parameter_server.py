@@ -127,8 +127,9 @@ def train(config, workers):
     bounds = list(zip(edges[:-1], edges[1:]))
     # A CPU each, spread over the nodes: a worker and its shard share a bundle.
     group = placement_group([{"CPU": 1}] * workers, strategy="SPREAD")
-    ray.get(group.ready(), timeout=120)
     try:
+        # Inside the try: a group never placed is removed too.
+        ray.get(group.ready(), timeout=120)
         place = [PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i) for i in range(workers)]
         shards = [
             ParameterShard.options(scheduling_strategy=place[i]).remote(initial[start:end].copy(), workers, config["lr"])

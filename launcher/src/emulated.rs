@@ -38,7 +38,7 @@ pub(crate) fn run(options: &Options, interrupted: &AtomicBool) -> Result<u8, Str
         topology.uplink = uplink.over(&topology.uplink);
     }
     if let Some(switch_links) = options.rack_switches {
-        topology.switch_links = switch_links;
+        topology.switch_links = Some(switch_links);
     }
     let links = topology.links(u32::from(options.workers)).map_err(|e| e.to_string())?;
     let racks = rack_layout(options, &topology)?;
@@ -83,6 +83,10 @@ fn rack_layout(options: &Options, topology: &Topology) -> Result<Option<Racks>, 
                         (or [racks] count in the topology file)"
                 .into());
         }
+        topology.check_flat().map_err(|e| match &options.topology {
+            Some(path) => format!("{}: {e}", path.display()),
+            None => e.to_string(),
+        })?;
         return Ok(None);
     };
     if count > options.workers {
@@ -112,7 +116,7 @@ fn switch_hosts(options: &Options, topology: &Topology) -> Vec<SwitchHost> {
     if options.mpi {
         return Vec::new();
     }
-    let servers = topology.switch_links == SwitchLinks::Server;
+    let servers = topology.switch_links == Some(SwitchLinks::Server);
     let rack_switch = |rack| {
         if servers {
             server(Some(rack))

@@ -119,7 +119,9 @@ const USAGE: &str =
   an emulated network (root): the switch and each worker in a network namespace of its own,
   each worker's link shaped both ways. SETTINGS: rate=200mbit,delay=5ms,jitter=1ms,loss=1%,
   queue=100ms,burst=64kb (any of them); --rank-link 3:rate=20mbit overrides rank 3's link;
-  --topology FILE gives the same as [link] and [rank.N] sections (the options win).
+  --topology FILE gives the same as [link] and [rank.N] sections (the options win), and a
+  network of racks as [racks] (count, switches) and [uplink] sections, below; [uplink] and
+  [racks] switches need a count of racks, there or from --racks.
   --impairer: what makes delay, jitter and loss (auto: netem where the kernel has it, else a
   user-space delay line). --mpi: run PROGRAM with mpirun, one rank per worker namespace, and
   no switch. --dpdk: the workers' data, the switch's, or both, leave from DPDK ports (DPDK's

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{
-    benchmark, labelled_row, launcher, launcher_path, namespaces_of, pair, prefix, report_row, text,
+    benchmark, labelled_row, launcher, launcher_path, namespaces_of, pair, prefix, report_row, text, uplink,
 };
 
 #[test]
@@ -147,28 +147,25 @@ fn a_two_level_tree_on_racks_verifies_and_sends_one_tensor_up_each_uplink() {
             for rack in 0..2 {
                 // Dense, every round went up once and came down once (sparse, a rack
                 // with no block at a round sends nothing up and takes the result).
-                let stats = all
-                    .lines()
-                    .find_map(|line| line.strip_prefix(&format!("[rack {rack}] stats: uplink ")))
-                    .unwrap_or_else(|| panic!("no uplink counters of rack {rack}:\n{all}"));
-                let fields: Vec<&str> = stats.split_whitespace().collect();
-                let count =
-                    |name: &str| fields.iter().position(|field| *field == name).map(|at| fields[at + 1]);
-                assert_eq!(count("sent-up"), count("results-down"), "rack {rack}: {stats}");
+                let (up, down) = (uplink(&all, rack, "sent-up"), uplink(&all, rack, "results-down"));
+                assert_eq!(up, down, "rack {rack}:\n{all}");
             }
             // On the links: each uplink carried one tensor per job up, as much as a
             // worker's link (which also carries its losses' resends, about 4 % at 1 %
-            // loss), where a switch at the core would take two through it. Down, the
-            // results once each, and the upper switch's answers to the rack switch's
-            // requests for rounds only queued at the uplink (7-50 % more on this loaded
-            // machine: benches/RESULTS.md), still short of two tensors.
+            // loss), where a switch at the core would take both of its rack's workers'
+            // tensors through it: two, and more with their resends. Down, the results once
+            // each, and the upper switch's answers to the rack switch's requests for rounds
+            // only queued at the uplink, which grow with the machine's load
+            // (benches/RESULTS.md measured 1.2-1.5 tensors down and 1.04-1.11 up at 4:1 on
+            // a loaded machine). So the bounds leave room for load, up below 1.2 and down
+            // below 2.0, and still fail a flat switch, which sends at least two each way.
             let worker_up = pair(&report_row(&all, 0)[2]).0;
             for uplink in ["u0", "u1"] {
                 let (up, down) = pair(&labelled_row(&all, uplink)[2]);
                 let (up_tensors, down_tensors) = (up / worker_up, down / worker_up);
-                assert!((0.9..1.1).contains(&up_tensors), "{uplink}: {up} MB up against {worker_up}:\n{all}");
+                assert!((0.9..1.2).contains(&up_tensors), "{uplink}: {up} MB up against {worker_up}:\n{all}");
                 assert!(
-                    (0.9..1.6).contains(&down_tensors),
+                    (0.9..2.0).contains(&down_tensors),
                     "{uplink}: {down} MB down against {worker_up}:\n{all}"
                 );
             }
@@ -298,6 +295,20 @@ fn bad_links_and_missing_privileges_are_clear_errors() {
     );
     let (_, message) = error(&["-n", "2", "--link", "rate=1mbit", "--flat", "--", "true"]);
     assert!(message.contains("describe a network of racks: give --racks"), "{message}");
+    // The same in a topology file, which would otherwise be ignored on a flat network.
+    let uplink = std::env::temp_dir().join(format!("netagg-uplink-{}.cfg", std::process::id()));
+    std::fs::write(&uplink, "[uplink]\nrate = 20mbit\n").unwrap();
+    let (code, message) = error(&["-n", "2", "--topology", uplink.to_str().unwrap(), "--", "true"]);
+    std::fs::remove_file(&uplink).unwrap();
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        message,
+        format!(
+            "netagg-run: {}: [uplink] describes a network of racks, and this one is flat: give [racks] count \
+             (or --racks)",
+            uplink.display()
+        )
+    );
     let (code, message) = error(&["-n", "2", "--mpi", "--", "true"]);
     assert_eq!(code, Some(2));
     assert!(message.contains("--mpi runs the program across an emulated network"), "{message}");

@@ -8,21 +8,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{benchmark, launcher, program, text};
+use common::{benchmark, launcher, program, text, uplink};
 use netagg_wire::packet::datagram_len;
-
-/// The counters a rack's switch printed of what went up and came down: `field`'s value
-/// on the `[rack r] stats: uplink` line.
-fn uplink(all: &str, rack: usize, field: &str) -> u64 {
-    let prefix = format!("[rack {rack}] stats: uplink ");
-    let line = all
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("no {prefix}in:\n{all}"));
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let at = words.iter().position(|&word| word == field).unwrap_or_else(|| panic!("no {field} in {line}"));
-    words[at + 1].parse().unwrap()
-}
 
 /// `allreduce_benchmark --verify` on 2 racks of 2 ranks, every switch dropping 1 % of
 /// what it receives and of what it sends: both hops lose packets both ways.

@@ -80,3 +80,16 @@ pub fn pair(text: &str) -> (f64, f64) {
     let (a, b) = text.split_once('/').unwrap_or_else(|| panic!("'{text}' is not a/b"));
     (a.parse().unwrap(), b.parse().unwrap())
 }
+
+/// The counters a rack's switch printed of what went up and came down: `field`'s value
+/// on the `[rack r] stats: uplink` line.
+pub fn uplink(all: &str, rack: usize, field: &str) -> u64 {
+    let prefix = format!("[rack {rack}] stats: uplink ");
+    let line = all
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix}in:\n{all}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|&word| word == field).unwrap_or_else(|| panic!("no {field} in {line}"));
+    words[at + 1].parse().unwrap()
+}
