@@ -357,8 +357,7 @@ pub(crate) struct Pacer {
     /// When loss last lowered the rate, and how many times it did.
     last_cut: Option<Instant>,
     cuts: u64,
-    /// Data sendings, and losses, of the paced periods since the share lost was last
-    /// judged or the rate was set.
+    /// Data sendings, and losses, of the periods since the share lost was last judged.
     judged: (u32, u32),
     /// The share lost that last lowered the rate, and how many cuts in a row it did not
     /// fall.
@@ -489,12 +488,8 @@ impl Pacer {
         // A zero target (set through the library, which the config refuses) is a tiny one.
         let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
-        // Only a paced period's sendings are counted, so only its losses may be: losses
-        // from before the rate was set would weigh against sendings that left unpaced.
-        if self.rate.is_some() {
-            let (sent, lost) = self.judged;
-            self.judged = (sent.saturating_add(ended.sent), lost.saturating_add(ended.lost));
-        }
+        let (sent, lost) = self.judged;
+        self.judged = (sent + ended.sent, lost + ended.lost);
         if let Some(rate) = self.rate.filter(|_| self.judged.0 >= LOSS_SAMPLE) {
             let (sent, lost) = std::mem::take(&mut self.judged);
             let lost = lost as f64 / sent as f64;
@@ -602,10 +597,6 @@ impl Pacer {
     /// Sets the rate, never below half the path's measured rate: no single period's
     /// figures, however odd, may pace a worker to a standstill.
     fn set_rate(&mut self, rate: f64) {
-        if self.rate.is_none() {
-            // The share lost is judged from the first paced period on.
-            self.judged = (0, 0);
-        }
         let floor = self.capacity.map_or(0.0, |capacity| capacity / 2.0);
         self.rate = Some((rate.max(floor) as u64).max(MIN_RATE));
     }
@@ -970,22 +961,6 @@ mod tests {
             rates.push(path.rate());
         }
         assert!(rates[0].is_some() && rates[1].is_none(), "{rates:?}");
-    }
-
-    #[test]
-    fn losses_before_the_rate_was_set_never_count_in_the_share_lost() {
-        let mut path = Path::new(CONFIG);
-        // Unpaced periods with losses, then a standing queue that overflowed sets the rate.
-        for _ in 0..3 {
-            path.pacer.period.lost = LOSS_SAMPLE;
-            path.period(MS / 10, 10_000_000);
-        }
-        path.queue(MS * 10, 10_000_000);
-        let paced = path.rate().expect("the standing queue paces");
-        // A paced period without loss: nothing to cut for.
-        path.pacer.period.sent = LOSS_SAMPLE;
-        path.period(MS, 10_000_000);
-        assert!(path.rate().is_some_and(|rate| rate >= paced), "{:?} after {paced}", path.rate());
     }
 
     /// Random loss never lines up a run of first sendings lost in a row: it leaves
