@@ -147,17 +147,11 @@ def train(config, workers):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="workers, one CPU each, and as many shards")
-    parser.add_argument("--model", choices=train_ddp.MODELS, default="small", help="train_ddp.py's small CNN, or AlexNet32")
-    parser.add_argument("--steps", type=int, default=50, help="training steps, at least 2")
-    parser.add_argument("--batch-size", type=int, default=32, help="images per worker per step")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=1)
+    train_ddp.add_training_arguments(parser, images_per="worker")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--save", help="the trained parameters go here (torch.save)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
-    args = parser.parse_args()
-    if args.steps < 2:
-        parser.error("--steps must be at least 2")
+    args = train_ddp.parse_training_arguments(parser)
 
     ray.init(logging_level="ERROR")
     config = {

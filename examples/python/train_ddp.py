@@ -109,13 +109,27 @@ def synthetic_batches(rank, batch_size, seed):
         yield patterns[labels] + 3.0 * torch.randn(batch_size, 3, 32, 32, generator=data), labels
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_training_arguments(parser, images_per="rank"):
+    """The arguments every training program here takes (this one, ray_train.py and
+    ray_parameter_server.py), so that their runs are compared by the same flags."""
     parser.add_argument("--model", choices=MODELS, default="small", help="the small CNN, or AlexNet32")
     parser.add_argument("--steps", type=int, default=50, help="training steps, at least 2")
-    parser.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
+    parser.add_argument("--batch-size", type=int, default=32, help=f"images per {images_per} per step")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
+
+
+def parse_training_arguments(parser):
+    """The parsed arguments, refused when too few steps leave no timed step."""
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2")
+    return args
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_training_arguments(parser)
     parser.add_argument("--baseline", choices=["gloo"], help="train with PyTorch's allreduce instead")
     parser.add_argument(
         "--gradients",
@@ -128,9 +142,7 @@ def main():
     parser.add_argument("--config", help="a netagg config file (otherwise the usual search)")
     parser.add_argument("--save", help="rank 0 saves the trained parameters here (torch.save)")
     parser.add_argument("--json", action="store_true", help="rank 0 also prints its figures as JSON")
-    args = parser.parse_args()
-    if args.steps < 2:
-        parser.error("--steps must be at least 2")
+    args = parse_training_arguments(parser)
 
     dist.init_process_group("gloo")  # DDP broadcasts the initial parameters through it
     rank, world = dist.get_rank(), dist.get_world_size()
