@@ -251,7 +251,8 @@ keys_at! {
         seed at seed, Integer { min: 0, max: u64::MAX };
         /// After this many datagrams received, the connection that carried the last one fails,
         /// once, as a failing device's would: an RDMA queue pair is moved to the error state
-        /// (a worker counts per thread). 0: never. UDP and DPDK have no connection to fail.
+        /// (a worker counts per thread). 0: never. RDMA only: the other transports, which have
+        /// no connection to fail, refuse it.
         sever_after at sever_after, Integer { min: 0, max: u64::MAX };
     }
 }

@@ -1,7 +1,7 @@
 //! What no single key can check: combinations of values, with messages that name where
 //! each value came from.
 
-use crate::{Config, ConfigError, Origin, WirePrecision};
+use crate::{BackendKind, Config, ConfigError, Origin, SwitchTransport, WirePrecision};
 
 impl Config {
     /// Checks what no single key can: combinations. The message names every value it
@@ -41,7 +41,25 @@ impl Config {
                 self.described("general.prepostprocessor")
             ));
         }
+        // Only RDMA keeps a connection per worker thread that a fault can fail; elsewhere
+        // the key would turn fault injection on and inject nothing.
+        if self.faults.sever_after > 0 && g.backend != BackendKind::Rdma {
+            return Err(format!(
+                "{} needs general.backend rdma, not {}: only RDMA has connections to sever",
+                self.described("faults.sever_after"),
+                self.described("general.backend")
+            ));
+        }
         let s = &self.switch;
+        if s.faults.sever_after > 0 && s.transport != SwitchTransport::Rdma {
+            // Not `described`: `--faults` sets the fault keys without recording where from.
+            return Err(format!(
+                "switch.faults.sever_after {} needs switch.transport rdma, not {}: only RDMA has \
+                 connections to sever",
+                s.faults.sever_after,
+                self.described("switch.transport")
+            ));
+        }
         if !s.upstream.is_empty() && s.rack >= s.racks {
             return Err(format!(
                 "{} must be below {}",
@@ -103,6 +121,22 @@ mod tests {
              general.prepostprocessor cpu_exponent_quantizer (from test.cfg): block floating point sends \
              float32 as int32"
         );
+        let message = ini("[faults]\nsever_after = 10\n").unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "faults.sever_after 10 (from test.cfg) needs general.backend rdma, not general.backend udp \
+             (the default): only RDMA has connections to sever"
+        );
+        let message =
+            ini("[switch]\ntransport = dpdk\n[switch.faults]\nsever_after = 10\n").unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "switch.faults.sever_after 10 needs switch.transport rdma, not switch.transport dpdk (from \
+             test.cfg): only RDMA has connections to sever"
+        );
+        ini("[general]\nbackend = rdma\n[faults]\nsever_after = 10\n[switch]\ntransport = rdma\n\
+             [switch.faults]\nsever_after = 10\n")
+        .expect("RDMA has connections to sever");
     }
 
     #[test]
