@@ -26,7 +26,8 @@
 //! namespace, as BytePS colocates its summation servers. `--racks R` there builds a
 //! network of racks, each rack's workers and switch behind an uplink of its own
 //! (`--uplink`) to the core, where the upper switch sits; `--flat` runs one switch at the
-//! core instead of the tree, for comparison.
+//! core instead of the tree, for comparison; `--dpdk switch` there puts every switch of
+//! the tree, uplinks included, on DPDK.
 
 #![deny(unsafe_code)]
 
