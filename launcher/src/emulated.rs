@@ -92,9 +92,9 @@ fn rack_layout(options: &Options, topology: &Topology) -> Result<Option<Racks>, 
     if count > options.workers {
         return Err(format!("{count} racks: more racks than the {} ranks", options.workers));
     }
-    if options.switches.is_some() || options.colocated || options.dpdk != Default::default() {
+    if options.switches.is_some() || options.colocated {
         return Err(format!(
-            "a network of {count} racks places its switches itself: drop --switches, --colocated and --dpdk"
+            "a network of {count} racks places its switches itself: drop --switches and --colocated"
         ));
     }
     let ranks = (0..count).map(|rack| {

@@ -26,7 +26,8 @@
 //! namespace, as BytePS colocates its summation servers. `--racks R` there builds a
 //! network of racks, each rack's workers and switch behind an uplink of its own
 //! (`--uplink`) to the core, where the upper switch sits; `--flat` runs one switch at the
-//! core instead of the tree, for comparison.
+//! core instead of the tree, for comparison; `--dpdk switch` there puts every switch of
+//! the tree, uplinks included, on DPDK.
 
 #![deny(unsafe_code)]
 
@@ -126,7 +127,9 @@ const USAGE: &str =
   user-space delay line). --mpi: run PROGRAM with mpirun, one rank per worker namespace, and
   no switch. --dpdk: the workers' data, the switch's, or both, leave from DPDK ports (DPDK's
   af_packet driver on each namespace's interface) instead of kernel sockets, with --switches K
-  too (not --colocated); NETAGG_* variables set beforehand win.
+  too (not --colocated), and with --racks R, where switch means every switch of the tree, so
+  that both the racks' hops and their uplinks run on DPDK; NETAGG_* variables set beforehand
+  win.
   --racks R: an aggregation tree: an upper switch and R lower switches, rack r holding ranks
   ceil(r·N/R) to ceil((r+1)·N/R) − 1; --switch-arg goes to every switch. On loopback, or on an
   emulated network of racks ([racks] count = R in the topology file does the same): each rack's

@@ -4,7 +4,9 @@
 //! results (int32 and float32 in every pairing, float16 and bfloat16 with DPDK at both
 //! ends), DPDK workers following their switch to a new MAC mid-session, and sessions
 //! sharded over 2 switch hosts with DPDK on the workers and on the switches, a dead or
-//! unreachable shard failing every rank by name. DPDK's
+//! unreachable shard failing every rank by name, and a two-level aggregation tree whose
+//! workers, rack switches and upper switch all run on DPDK, a killed rack switch failing
+//! every rank with a reason. DPDK's
 //! af_packet driver runs on each namespace's interface, without hugepages (`netagg-run
 //! --dpdk`). Root is needed, as CI has; like the other emulated networks these are
 //! ignored in a plain `cargo test`, and `scripts/test` runs them in release, one at a
@@ -14,7 +16,9 @@ mod common;
 
 use std::process::Command;
 
-use common::{benchmark, launcher, namespaces_of, pair, prefix, program, report_row, text};
+use common::{
+    benchmark, labelled_row, launcher, namespaces_of, pair, prefix, program, report_row, text, uplink,
+};
 
 /// Runs `allreduce_benchmark --verify` on 3 workers with `--dpdk sides` on `link`;
 /// returns what the run printed, after checking that it verified on every rank, that
@@ -298,18 +302,20 @@ fn a_session_sharded_over_two_switches_sums_exactly_over_dpdk_with_loss() {
     }
 }
 
-/// A run of 3 DPDK ranks across 2 switch hosts in which `program` runs before each
-/// rank's benchmark, in the rank's namespace, with the namespaces' prefix in `$PREFIX`;
-/// with what it printed, after checking that it failed, that every rank printed a line
-/// holding each of `failure`, and that nothing was left behind.
-fn failed_sharded_run(program: &str, jobs: &str, environment: &[(&str, &str)], failure: &[&str]) -> String {
+/// A run on 1 Gbit/s links placed by `placement` (`-n`, `--dpdk`, the switches) in which
+/// `program` runs before each rank's benchmark, in the rank's namespace, with the
+/// namespaces' prefix in `$PREFIX`; with what it printed, after checking that it failed
+/// and that nothing was left behind.
+fn failed_run(placement: &[&str], program: &str, jobs: &str, environment: &[(&str, &str)]) -> String {
     let benchmark = benchmark();
     let script = format!(
         "PREFIX=${{NETAGG_GENERAL__SESSION%-session}}; {program}; exec {} --tensor-numel 96Ki --num-jobs {jobs} --verify",
         benchmark.display()
     );
     let output = launcher()
-        .args(["-n", "3", "--link", "rate=1gbit", "--dpdk", "workers", "--switches", "2", "--", "sh", "-c"])
+        .args(["--link", "rate=1gbit"])
+        .args(placement)
+        .args(["--", "sh", "-c"])
         .arg(script)
         .envs(environment.iter().copied())
         .env_remove("NETAGG_CONFIG")
@@ -317,14 +323,53 @@ fn failed_sharded_run(program: &str, jobs: &str, environment: &[(&str, &str)], f
         .unwrap();
     let all = text(&output);
     assert!(!output.status.success(), "{all}");
-    for rank in 0..3 {
-        let rank_line = format!("[{rank}] allreduce_benchmark: ");
-        let failed = all.lines().any(|line| {
-            line.starts_with(&rank_line) && failure.iter().all(|fragment| line.contains(fragment))
-        });
-        assert!(failed, "rank {rank} did not fail with {failure:?}:\n{all}");
-    }
     assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind:\n{all}");
+    all
+}
+
+/// Checks that `rank`'s benchmark printed a line holding each of `failure`.
+fn assert_rank_failed_with(all: &str, rank: usize, failure: &[&str]) {
+    let rank_line = format!("[{rank}] allreduce_benchmark: ");
+    let failed = all
+        .lines()
+        .any(|line| line.starts_with(&rank_line) && failure.iter().all(|fragment| line.contains(fragment)));
+    assert!(failed, "rank {rank} did not fail with {failure:?}:\n{all}");
+}
+
+/// A run of `placement` (`-n`, `--dpdk`, the switches) in which rank 0's benchmark
+/// writes through a reader that kills the switch on switch host `s1` (the second shard,
+/// or rack 1's switch) at the first job's line, so that jobs are running; with what it
+/// printed, after checking that it failed at once, well within the job timeout a job in
+/// flight at the kill would otherwise wait out, and left nothing behind. Jobs enough for
+/// a minute or so: a run the kill missed ends, and fails.
+fn run_killing_switch_host_1(placement: &[&str]) -> String {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    let kill = r#"if [ "$RANK" = 0 ]; then
+        lines=$(mktemp -u); mkfifo "$lines"
+        (killed=; while IFS= read -r line; do
+            printf '%s\n' "$line"
+            case "$line" in *"Job(s) #"*) if [ -z "$killed" ]; then
+                ip netns pids "$PREFIX-s1" | xargs kill -9
+                echo "killed switch host s1 at $(date +%s.%N)" >&2; killed=yes
+            fi;; esac
+        done <"$lines") &
+        exec >"$lines"; rm "$lines"
+    fi"#;
+    let job_timeout = Duration::from_secs(60);
+    let timeout = job_timeout.as_secs().to_string();
+    let environment = [("NETAGG_GENERAL__JOB_TIMEOUT", timeout.as_str())];
+    let all = failed_run(placement, kill, "2000", &environment);
+    let ended = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let killed = all
+        .lines()
+        .find_map(|line| {
+            line.split_once("killed switch host s1 at ").map(|(_, at)| at.parse::<f64>().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no job ran before the run failed:\n{all}"));
+    // From the kill to the run's end: every rank's failure, then the teardown.
+    let after_kill = ended.as_secs_f64() - killed;
+    assert!(after_kill < job_timeout.as_secs_f64() / 2.0, "{after_kill} s after the kill:\n{all}");
     all
 }
 
@@ -334,43 +379,102 @@ fn failed_sharded_run(program: &str, jobs: &str, environment: &[(&str, &str)], f
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn a_dead_or_unreachable_shard_fails_every_dpdk_rank_naming_it() {
-    use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-    // Rank 0's benchmark writes through a reader that kills the second switch host's
-    // switch at the first job's line, so that jobs are running, and says when; each rank's
-    // jobs then fail with the switch's address (the second host's, 10.213.7.202). Jobs
-    // enough for a minute or so: a run the kill missed ends, and fails this test.
-    let kill = r#"if [ "$RANK" = 0 ]; then
-        lines=$(mktemp -u); mkfifo "$lines"
-        (killed=; while IFS= read -r line; do
-            printf '%s\n' "$line"
-            case "$line" in *"Job(s) #"*) if [ -z "$killed" ]; then
-                ip netns pids "$PREFIX-s1" | xargs kill -9
-                echo "killed the second shard at $(date +%s.%N)" >&2; killed=yes
-            fi;; esac
-        done <"$lines") &
-        exec >"$lines"; rm "$lines"
-    fi"#;
-    let job_timeout = Duration::from_secs(60);
-    let timeout = job_timeout.as_secs().to_string();
-    let environment = [("NETAGG_GENERAL__JOB_TIMEOUT", timeout.as_str())];
-    let failure = ["failed: session lost: the switch at 10.213.7.202:", "closed the control connection"];
-    let all = failed_sharded_run(kill, "2000", &environment, &failure);
-    let ended = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    let killed = all
-        .lines()
-        .find_map(|line| {
-            line.split_once("killed the second shard at ").map(|(_, at)| at.parse::<f64>().unwrap())
-        })
-        .unwrap_or_else(|| panic!("no job ran before the run failed:\n{all}"));
-    // From the kill to the run's end (every rank's failure, then the teardown): at once,
-    // well within the job timeout a job in flight at the kill would otherwise wait out.
-    let after_kill = ended.as_secs_f64() - killed;
-    assert!(after_kill < job_timeout.as_secs_f64() / 2.0, "{after_kill} s after the kill:\n{all}");
+    let shards = ["-n", "3", "--dpdk", "workers", "--switches", "2"];
+    // Each rank's jobs fail with the killed switch's address (the second host's,
+    // 10.213.7.202).
+    let all = run_killing_switch_host_1(&shards);
+    for rank in 0..3 {
+        let failure = ["failed: session lost: the switch at 10.213.7.202:", "closed the control connection"];
+        assert_rank_failed_with(&all, rank, &failure);
+    }
 
     // The second switch host's link goes down before any rank registers.
     let unplug = "ip -n \"$PREFIX-s1\" link set eth0 down";
     let environment = [("NETAGG_GENERAL__CONNECT_TIMEOUT", "2")];
-    let all = failed_sharded_run(unplug, "1", &environment, &["cannot reach the switch at 10.213.7.202:"]);
+    let all = failed_run(&shards, unplug, "1", &environment);
+    for rank in 0..3 {
+        assert_rank_failed_with(&all, rank, &["cannot reach the switch at 10.213.7.202:"]);
+    }
     assert!(!all.contains("Data verified successfully"), "{all}");
+}
+
+/// A two-level aggregation tree over DPDK: 2 racks of 2 DPDK ranks, each behind a DPDK
+/// rack switch whose rounds go up to a DPDK upper switch from the same port, on links
+/// losing 1 % of frames, every switch dropping 1 % of what it receives and of what it
+/// sends (so that the uplinks, which lose nothing of their own, lose both ways): int32
+/// exact and float32 within the benchmark's bound (as block floating point, exponents
+/// combined across levels), dense and sparse, one session after another in one network.
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn a_two_level_tree_sums_exactly_over_dpdk_with_loss_on_both_hops() {
+    // (the benchmark's options, its environment): each run a session of its own name.
+    let runs = [
+        ("--tensor-type int32", ""),
+        ("--tensor-type float", "NETAGG_GENERAL__PREPOSTPROCESSOR=cpu_exponent_quantizer"),
+        ("--tensor-type int32 --density 0.1", ""),
+        ("--tensor-type float --density 0.05", ""),
+    ];
+    let benchmark = benchmark();
+    let script: Vec<String> = (runs.iter().enumerate())
+        .map(|(run, (options, environment))| {
+            format!(
+                "env NETAGG_GENERAL__SESSION=\"$NETAGG_GENERAL__SESSION-{run}\" {environment} {} \
+                 --tensor-numel 96Ki --num-jobs 2 --num-warmup-jobs 1 --verify {options}",
+                benchmark.display()
+            )
+        })
+        .collect();
+    let output = launcher()
+        .args(["-n", "4", "--racks", "2", "--link", "rate=1gbit,loss=1%", "--dpdk", "both"])
+        .args(["--switch-arg", "--faults", "--switch-arg", "receive_drop=0.01,send_drop=0.01,seed=7"])
+        .args(["--", "sh", "-c"])
+        .arg(format!("set -e; {}", script.join("; ")))
+        .env_remove("NETAGG_CONFIG")
+        .output()
+        .unwrap();
+    let all = text(&output);
+    assert!(output.status.success(), "{all}");
+    let sessions = 4 * runs.len();
+    assert_eq!(all.matches("Data verified successfully").count(), sessions, "{all}");
+    let on_dpdk = all.matches("Transport: dpdk: device net_af_packet0,iface=eth0").count();
+    assert_eq!(on_dpdk, sessions, "{all}");
+    // The upper switch and both racks' switches: each has one data path, the DPDK port,
+    // which carries its uplink too.
+    assert_eq!(all.matches("data path on a DPDK port").count(), 3, "{all}");
+    assert!(all.contains("[upper switch] stats: faults injected: receive dropped"), "{all}");
+    // Every round of the upper switch came down once to each rack, whatever was sent
+    // again; a rack went up in each round once, but for the sparse rounds none of its
+    // ranks had a block in (silent), and at least for every packet of the dense runs (2
+    // runs of 3 jobs of 384 packets).
+    let rounds = uplink(&all, 0, "results-down");
+    for rack in 0..2 {
+        let (up, down) = (uplink(&all, rack, "sent-up"), uplink(&all, rack, "results-down"));
+        assert!(
+            down == rounds && (2 * 3 * 384..=down).contains(&up),
+            "rack {rack}: {up} up, {down} down:\n{all}"
+        );
+        assert!(uplink(&all, rack, "resent-up") > 0, "rack {rack} lost nothing on its uplink:\n{all}");
+        // The rack's uplink carried at least the two dense runs' tensors (3 jobs of 96Ki
+        // 4-byte elements) each way: the rounds crossed it, not some other path.
+        let (carried_up, carried_down) = pair(&labelled_row(&all, &format!("u{rack}"))[2]);
+        let dense = 2.0 * 3.0 * 96.0 * 1024.0 * 4.0 / 1e6;
+        assert!(carried_up > dense && carried_down > dense, "rack {rack}'s uplink:\n{all}");
+    }
+    assert_eq!(namespaces_of(&prefix(&all)), Vec::<String>::new(), "left behind:\n{all}");
+}
+
+/// Rack 1's DPDK switch killed mid-session fails every rank of both racks at once: its
+/// own ranks saying their switch closed its connection, the other rack's with the upper
+/// switch's word that rack 1 (its rank 1) left.
+#[test]
+#[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
+fn a_killed_dpdk_rack_switch_fails_every_rank_with_a_reason() {
+    // Rack r's switch runs on switch host s<r>. A rank of rack 1 knows one switch, its
+    // rack's, which its message names as the switch (the address goes with several).
+    let all = run_killing_switch_host_1(&["-n", "4", "--racks", "2", "--dpdk", "both"]);
+    let own_rack = ["failed: session lost: the switch closed the control connection"];
+    let other_rack = ["whose ranks are the tree's 2 racks, ended the tree's session: rank 1 left session"];
+    for (rank, failure) in [(0, &other_rack[..]), (1, &other_rack), (2, &own_rack), (3, &own_rack)] {
+        assert_rank_failed_with(&all, rank, failure);
+    }
 }
