@@ -2,8 +2,9 @@
  * tensor, timed per job like allreduce_benchmark's jobs.
  *
  * usage: mpirun -n N allreduce_mpi NUMEL JOBS WARMUP
- * Rank 0 prints one line of JSON: the median goodput in Gbit/s (tensor bits / time, as
- * allreduce_benchmark counts them) and every job's nanoseconds. */
+ * Rank 0 prints one line of JSON: every timed job's nanoseconds in order, the median goodput
+ * in Gbit/s (tensor bits / time, as allreduce_benchmark counts them) and the median's
+ * nanoseconds. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,9 +35,11 @@ int main(int argc, char **argv) {
     if (job >= warmup) seconds[job - warmup] = MPI_Wtime() - started;
   }
   if (rank == 0) {
+    printf("{\"jobs_ns\":[");
+    for (int job = 0; job < jobs; job++) printf("%s%.0f", job ? "," : "", seconds[job] * 1e9);
     qsort(seconds, (size_t)jobs, sizeof(double), compare_doubles);
     double median = jobs % 2 ? seconds[jobs / 2] : (seconds[jobs / 2 - 1] + seconds[jobs / 2]) / 2;
-    printf("{\"median_gbps\":%g,\"median_ns\":%.0f}\n", numel * 32.0 / median / 1e9, median * 1e9);
+    printf("],\"median_gbps\":%g,\"median_ns\":%.0f}\n", numel * 32.0 / median / 1e9, median * 1e9);
   }
   free(tensor);
   free(seconds);
