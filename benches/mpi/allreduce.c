@@ -3,7 +3,8 @@
  *
  * usage: mpirun -n N allreduce_mpi NUMEL JOBS WARMUP
  * Rank 0 prints one line of JSON: the median goodput in Gbit/s (tensor bits / time, as
- * allreduce_benchmark counts them) and every job's nanoseconds. */
+ * allreduce_benchmark counts them), the median's nanoseconds, and every timed job's
+ * nanoseconds in order. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,9 +35,16 @@ int main(int argc, char **argv) {
     if (job >= warmup) seconds[job - warmup] = MPI_Wtime() - started;
   }
   if (rank == 0) {
-    qsort(seconds, (size_t)jobs, sizeof(double), compare_doubles);
-    double median = jobs % 2 ? seconds[jobs / 2] : (seconds[jobs / 2 - 1] + seconds[jobs / 2]) / 2;
-    printf("{\"median_gbps\":%g,\"median_ns\":%.0f}\n", numel * 32.0 / median / 1e9, median * 1e9);
+    double *sorted = malloc(sizeof(double) * (size_t)jobs);
+    if (!sorted) MPI_Abort(MPI_COMM_WORLD, 2);
+    for (int job = 0; job < jobs; job++) sorted[job] = seconds[job];
+    qsort(sorted, (size_t)jobs, sizeof(double), compare_doubles);
+    double median = jobs % 2 ? sorted[jobs / 2] : (sorted[jobs / 2 - 1] + sorted[jobs / 2]) / 2;
+    printf("{\"median_gbps\":%g,\"median_ns\":%.0f,\"jobs_ns\":[", numel * 32.0 / median / 1e9,
+           median * 1e9);
+    for (int job = 0; job < jobs; job++) printf("%s%.0f", job ? "," : "", seconds[job] * 1e9);
+    printf("]}\n");
+    free(sorted);
   }
   free(tensor);
   free(seconds);

@@ -2,12 +2,12 @@
 //!
 //! A [`DelayLine`] sits between two devices of one network namespace and forwards every
 //! Ethernet frame arriving on one out of the other, after a delay, in both directions,
-//! like a wire with a queue in it. Each direction has a thread: it reads frames from a
-//! packet socket on its input device, decides each one's fate in a [`Schedule`] (the part
-//! without I/O, tested on its own) and writes the frames whose time has come to a packet
-//! socket on its output device. It wakes once per batch of frames due, not once per frame,
-//! and reads all frames waiting with one call: the schedule says when, and how a frame
-//! read late keeps its arrival time.
+//! like a wire with a queue in it. One thread serves both directions: for each it reads
+//! frames from a packet socket on the input device, decides each one's fate in a
+//! [`Schedule`] (the part without I/O, tested on its own) and writes the frames whose time
+//! has come to a packet socket on the output device. It wakes once per batch of frames due
+//! in either direction, not once per frame, and reads all frames waiting with one call: the
+//! schedule says when, and how a frame read late keeps its arrival time.
 //!
 //! Unlike `netem`, jitter never reorders frames: a frame is never due before the one ahead
 //! of it. Reordering makes TCP retransmit, which is not what one emulating a path wants by
@@ -72,21 +72,17 @@ pub struct DirectionStats {
     pub lateness_median: Duration,
     pub lateness_p99: Duration,
     pub lateness_max: Duration,
-    /// Why the direction's thread ended before the line was dropped (such as a device
+    /// Why the line's thread ended before the line was dropped (such as a device
     /// removed); `None` while it runs.
     pub ended_by: Option<String>,
 }
 
 /// Forwards frames between two devices of a network namespace, each direction with its
-/// impairment; its threads stop when it is dropped.
+/// impairment; its thread stops when it is dropped.
 pub struct DelayLine {
     stop: Arc<AtomicBool>,
-    /// [a to b, b to a]
-    directions: [DirectionHandle; 2],
-}
-
-struct DirectionHandle {
-    counters: Arc<Mutex<Counters>>,
+    /// Each direction's counters: [a to b, b to a].
+    counters: [Arc<Mutex<Counters>>; 2],
     thread: Option<JoinHandle<()>>,
 }
 
@@ -95,9 +91,9 @@ const HOLD_LIMIT: HoldLimit = HoldLimit { frames: 100_000, bytes: 256 << 20 };
 /// The longest delay plus jitter a line takes: far beyond any network's, and far from
 /// overflowing a due time.
 const MAX_DELAY: Duration = Duration::from_secs(3600);
-/// The longest a thread waits before looking at the stop flag.
+/// The longest the thread waits before looking at the stop flag.
 const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
-/// How often a thread copies its counters where `stats` reads them.
+/// How often the thread copies its counters where `stats` reads them.
 const PUBLISH_INTERVAL: Duration = Duration::from_millis(10);
 /// Frames read with one system call at most.
 const RECEIVE_BATCH: usize = 32;
@@ -136,52 +132,51 @@ impl DelayLine {
         let namespace = File::open(&namespace_path).map_err(|error| context(&namespace_path, error))?;
 
         let stop = Arc::new(AtomicBool::new(false));
+        let counters: [Arc<Mutex<Counters>>; 2] = Default::default();
         let (ready_sender, ready) = mpsc::channel();
-        let spawn = |input: &str, output: &str, impairment: Impairment| -> io::Result<DirectionHandle> {
-            let counters = Arc::new(Mutex::new(Counters::default()));
-            let namespace = namespace.try_clone().map_err(|error| context(&namespace_path, error))?;
-            let (input, output) = (input.to_owned(), output.to_owned());
-            let (stop, thread_counters, ready) = (stop.clone(), counters.clone(), ready_sender.clone());
-            let netns = netns.to_owned();
-            let thread = thread::Builder::new()
-                .name(format!("delay {input}>{output}"))
-                .spawn(move || {
-                    let opened = Direction::open(&namespace, &input, &output, impairment, thread_counters);
-                    let opened = opened.map_err(|(what, error)| with_context(&netns, &what, error));
-                    match opened {
-                        Ok(direction) => {
-                            let _ = ready.send(Ok(()));
-                            direction.run(&stop);
-                        }
-                        Err(error) => {
-                            let _ = ready.send(Err(error));
-                        }
+        let (thread_stop, thread_counters) = (stop.clone(), counters.clone());
+        let (a_name, b_name, netns_name) = (a.to_owned(), b.to_owned(), netns.to_owned());
+        let thread = thread::Builder::new()
+            .name(format!("delay {a}={b}"))
+            .spawn(move || {
+                let [a_to_b_counters, b_to_a_counters] = thread_counters;
+                let opened = crate::netns::enter(&namespace)
+                    .map_err(|error| ("entering it".to_owned(), error))
+                    .and_then(|()| {
+                        packet_socket::tighten_timer_slack();
+                        packet_socket::run_before_ordinary_threads();
+                        Ok([
+                            Direction::open(&a_name, &b_name, a_to_b, a_to_b_counters)?,
+                            Direction::open(&b_name, &a_name, b_to_a, b_to_a_counters)?,
+                        ])
+                    })
+                    .map_err(|(what, error)| with_context(&netns_name, &what, error));
+                match opened {
+                    Ok(directions) => {
+                        let _ = ready_sender.send(Ok(()));
+                        run(directions, &thread_stop);
                     }
-                })
-                .map_err(|error| context("starting a thread", error))?;
-            Ok(DirectionHandle { counters, thread: Some(thread) })
-        };
-        let a_to_b = spawn(a, b, a_to_b)?;
-        // Built now so that dropping it on an error below stops and joins the first thread.
-        let mut line = DelayLine { stop: stop.clone(), directions: [a_to_b, DirectionHandle::finished()] };
-        line.directions[1] = spawn(b, a, b_to_a)?;
-        drop(ready_sender);
-        for _ in 0..2 {
-            // A thread that panicked drops its sender, which ends recv with an error.
-            match ready.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => return Err(error),
-                Err(_) => return Err(context("starting", io::Error::other("a thread panicked"))),
-            }
+                    Err(error) => {
+                        let _ = ready_sender.send(Err(error));
+                    }
+                }
+            })
+            .map_err(|error| context("starting a thread", error))?;
+        // Built now so that dropping it on an error below stops and joins the thread.
+        let line = DelayLine { stop, counters, thread: Some(thread) };
+        // A thread that panicked drops its sender, which ends recv with an error.
+        match ready.recv() {
+            Ok(Ok(())) => Ok(line),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(context("starting", io::Error::other("its thread panicked"))),
         }
-        Ok(line)
     }
 
     /// Counters of each direction so far: [a to b, b to a].
     pub fn stats(&self) -> [DirectionStats; 2] {
-        self.directions
+        self.counters
             .each_ref()
-            .map(|direction| direction.counters.lock().unwrap_or_else(PoisonError::into_inner).to_stats())
+            .map(|counters| counters.lock().unwrap_or_else(PoisonError::into_inner).to_stats())
     }
 }
 
@@ -193,21 +188,61 @@ fn with_context(netns: &str, what: &str, error: io::Error) -> io::Error {
 impl Drop for DelayLine {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        for direction in &mut self.directions {
-            if let Some(thread) = direction.thread.take() {
-                let _ = thread.join();
-            }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
 
-impl DirectionHandle {
-    fn finished() -> Self {
-        DirectionHandle { counters: Arc::default(), thread: None }
+/// Forwards both directions until `stop` is set or a socket fails for good (a device
+/// removed, which ends both).
+fn run(mut directions: [Direction; 2], stop: &AtomicBool) {
+    let mut last_publish = Instant::now();
+    let mut ended = Ok(());
+    while ended.is_ok() && !stop.load(Ordering::Relaxed) {
+        ended = forward_once(&mut directions);
+        if last_publish.elapsed() >= PUBLISH_INTERVAL {
+            directions.iter_mut().for_each(Direction::publish);
+            last_publish = Instant::now();
+        }
+    }
+    for direction in &mut directions {
+        if let Err(error) = &ended {
+            direction.counters.ended_by = Some(error.to_string());
+        }
+        direction.publish();
     }
 }
 
-/// What a direction's thread counts, copied out for `stats` every `PUBLISH_INTERVAL`.
+/// Sends what is due each way; then sleeps until the earliest wake-up of a direction holding
+/// frames, while waiting for a frame in any direction holding none; and reads every frame
+/// waiting.
+fn forward_once(directions: &mut [Direction; 2]) -> io::Result<()> {
+    let mut wake: Option<Instant> = None;
+    let mut idle = [false; 2];
+    for (direction, idle) in directions.iter_mut().zip(&mut idle) {
+        direction.send_due()?;
+        match direction.schedule.next_wake(direction.last_emptied) {
+            Some(at) => wake = Some(wake.map_or(at, |earliest| earliest.min(at))),
+            // Read before waiting, so that a frame that ends the wait is known to have
+            // arrived after it began; frames read now have a wake-up of their own to plan.
+            None if direction.receive_waiting()? > 0 => return Ok(()),
+            None => *idle = true,
+        }
+    }
+    let timeout = wake.map_or(STOP_CHECK_INTERVAL, |wake| {
+        wake.saturating_duration_since(Instant::now()).min(STOP_CHECK_INTERVAL)
+    });
+    let waiting =
+        directions.iter().zip(idle).filter(|(_, idle)| *idle).map(|(direction, _)| &direction.input);
+    packet_socket::wait_readable(waiting, timeout)?;
+    for direction in directions.iter_mut() {
+        direction.receive_waiting()?;
+    }
+    Ok(())
+}
+
+/// What the thread counts of one direction, copied out for `stats` every `PUBLISH_INTERVAL`.
 #[derive(Debug, Clone, Default)]
 struct Counters {
     frames: u64,
@@ -256,17 +291,13 @@ struct Direction {
 }
 
 impl Direction {
-    /// Enters the namespace and opens the sockets; an error names what it concerns.
+    /// Opens the sockets, in the calling thread's namespace; an error names what it concerns.
     fn open(
-        namespace: &File,
         input: &str,
         output: &str,
         impairment: Impairment,
         published: Arc<Mutex<Counters>>,
     ) -> Result<Direction, (String, io::Error)> {
-        crate::netns::enter(namespace).map_err(|error| ("entering it".to_owned(), error))?;
-        packet_socket::tighten_timer_slack();
-        packet_socket::run_before_ordinary_threads();
         let on = |name: &str| {
             let what = format!("device {name}");
             move |error| (what, error)
@@ -284,42 +315,6 @@ impl Direction {
             counters: Counters::default(),
             published,
         })
-    }
-
-    /// Forwards until `stop` is set or a socket fails for good (its device removed).
-    fn run(mut self, stop: &AtomicBool) {
-        let mut last_publish = Instant::now();
-        let mut ended = Ok(());
-        while ended.is_ok() && !stop.load(Ordering::Relaxed) {
-            ended = self.forward_once();
-            if last_publish.elapsed() >= PUBLISH_INTERVAL {
-                self.publish();
-                last_publish = Instant::now();
-            }
-        }
-        if let Err(error) = ended {
-            self.counters.ended_by = Some(error.to_string());
-        }
-        self.publish();
-    }
-
-    /// Sends what is due; then sleeps until the schedule's next wake-up or, holding nothing,
-    /// waits for a frame; and reads every frame waiting.
-    fn forward_once(&mut self) -> io::Result<()> {
-        self.send_due()?;
-        match self.schedule.next_wake(self.last_emptied) {
-            Some(wake) => {
-                thread::sleep(wake.saturating_duration_since(Instant::now()).min(STOP_CHECK_INTERVAL))
-            }
-            // Read before waiting, so that a frame that wakes the wait is known to have
-            // arrived after it began.
-            None => {
-                if self.receive_waiting()? == 0 && !self.input.wait_readable(STOP_CHECK_INTERVAL)? {
-                    return Ok(());
-                }
-            }
-        }
-        self.receive_waiting().map(drop)
     }
 
     fn send_due(&mut self) -> io::Result<()> {

@@ -5,7 +5,8 @@
 //! `netagg-run -n N --link rate=R,delay=D -- allreduce_benchmark ...` (a switch and N
 //! workers in network namespaces behind shaped links) and then
 //! `netagg-run ... --mpi -- allreduce_mpi ...` on the same links, with OpenMPI's ring
-//! algorithm (as the model, and as large allreduces use); a row gives the
+//! algorithm (as the model, and as large allreduces use), each step's chunk sent eagerly
+//! (as the model's steps are); a row gives the
 //! medians over the runs of each side's median job time, the model's prediction for
 //! each, the ratios, and what set the pace of each side's runs (the links, the CPU, or
 //! round trips and losses: netagg-run's verdict). Extra rows: every link losing 1 %
@@ -355,6 +356,15 @@ fn mpi_run(options: &Options, case: &Case) -> Result<(f64, String), String> {
     command
         .env("OMPI_MCA_coll_tuned_use_dynamic_rules", "1")
         .env("OMPI_MCA_coll_tuned_allreduce_algorithm", "4");
+    // Each step's chunk sent eagerly, as one message, as the model's step (the chunk and one
+    // path delay) has it. Above the TCP transport's 64 KiB eager limit OpenMPI asks the
+    // receiver first (a rendezvous), which costs each step a round trip more; and with two
+    // ranks, whose one TCP connection carries both directions' data and requests, a rank
+    // whose 2 MiB was queued before its reply to the other's request held that reply (and
+    // the other's data) until its own had gone: about half of all jobs then ran at twice
+    // the model, the two transfers one after the other.
+    let chunk_bytes = (options.tensor_numel * 4).div_ceil(case.workers);
+    command.env("OMPI_MCA_btl_tcp_eager_limit", (chunk_bytes + MPI_HEADER_ALLOWANCE).to_string());
     command.args(["--mpi", "--"]).arg(absolute(&options.mpi_program)?);
     command.args([options.tensor_numel.to_string(), options.num_jobs.to_string(), "1".into()]);
     let stdout = netagg_benches::stdout_of(&mut command)?;
@@ -362,6 +372,9 @@ fn mpi_run(options: &Options, case: &Case) -> Result<(f64, String), String> {
     let median_s = report["median_ns"].as_f64().map(|ns| ns / 1e9).ok_or("MPI's report has no median_ns")?;
     Ok((median_s, pace(&stdout)))
 }
+
+/// Room above a chunk for OpenMPI's own headers in an eager message (a few tens of bytes).
+const MPI_HEADER_ALLOWANCE: usize = 4096;
 
 /// mpirun starts the program in other namespaces, from their working directory: it
 /// needs an absolute path.

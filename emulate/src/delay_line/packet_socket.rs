@@ -221,27 +221,6 @@ impl PacketSocket {
         Ok(())
     }
 
-    /// Waits until a frame can be read or `timeout` has passed; true if one can be read or
-    /// the socket has an error to report.
-    pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        let mut poll = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // ppoll rather than poll: a timeout in nanoseconds, not whole milliseconds.
-        let timeout = libc::timespec {
-            tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-            tv_nsec: timeout.subsec_nanos().into(),
-        };
-        // SAFETY: `poll` and `timeout` are alive for the call; a null signal mask is allowed.
-        let ready = unsafe { libc::ppoll(&mut poll, 1, &timeout, std::ptr::null()) };
-        if ready < 0 {
-            let error = io::Error::last_os_error();
-            return match error.kind() {
-                io::ErrorKind::Interrupted => Ok(false),
-                _ => Err(error),
-            };
-        }
-        Ok(ready > 0)
-    }
-
     /// Frames the kernel dropped since the last call because the receive buffer was full.
     pub fn take_kernel_drops(&self) -> io::Result<u64> {
         let mut stats = libc::tpacket_stats { tp_packets: 0, tp_drops: 0 };
@@ -262,6 +241,34 @@ impl PacketSocket {
         }
         Ok(stats.tp_drops.into())
     }
+}
+
+/// Waits until a frame can be read from one of `sockets` or `timeout` has passed (with no
+/// socket, simply sleeps); true if one can be read or has an error to report.
+pub(super) fn wait_readable<'a>(
+    sockets: impl Iterator<Item = &'a PacketSocket>,
+    timeout: Duration,
+) -> io::Result<bool> {
+    let mut polls: Vec<libc::pollfd> = sockets
+        .map(|socket| libc::pollfd { fd: socket.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+        .collect();
+    // ppoll rather than poll: a timeout in nanoseconds, not whole milliseconds.
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos().into(),
+    };
+    // SAFETY: `polls` (polls.len() entries) and `timeout` are alive for the call; a null
+    // signal mask is allowed.
+    let ready =
+        unsafe { libc::ppoll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, &timeout, std::ptr::null()) };
+    if ready < 0 {
+        let error = io::Error::last_os_error();
+        return match error.kind() {
+            io::ErrorKind::Interrupted => Ok(false),
+            _ => Err(error),
+        };
+    }
+    Ok(ready > 0)
 }
 
 /// The index of a device of the calling thread's network namespace.
