@@ -91,6 +91,7 @@ pub enum Integrity {
 impl Integrity {
     /// Wraps received bytes as [`Packet::new_checked`] does, checking the checksum only
     /// where this link carries one.
+    #[inline]
     pub fn check<T: AsRef<[u8]>>(self, buffer: T) -> Result<Packet<T>> {
         match self {
             Integrity::Checksummed => Packet::new_checked(buffer),
@@ -100,6 +101,7 @@ impl Integrity {
 
     /// Ends a packet built in `packet` as [`Packet::seal`] does where this link carries a
     /// checksum; returns the packet's length either way.
+    #[inline]
     pub fn seal<T: AsRef<[u8]> + AsMut<[u8]>>(self, packet: &mut Packet<T>) -> usize {
         match self {
             Integrity::Checksummed => packet.seal(),
