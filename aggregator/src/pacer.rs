@@ -254,8 +254,10 @@ impl LinkPacer {
 #[derive(Debug, Default)]
 pub(crate) struct DeliveryBatch {
     bytes: u64,
-    /// When the first result of the batch came.
-    since: Option<Instant>,
+    /// When the batch is handed in at the latest: [`DELIVERY_LAG`] after its first
+    /// result came. Kept as a deadline, so that a result costs a comparison of instants,
+    /// not a subtraction.
+    due: Option<Instant>,
 }
 
 /// The most bytes a thread holds back from its path's count of results.
@@ -269,8 +271,8 @@ impl DeliveryBatch {
     #[inline]
     pub(crate) fn add(&mut self, pacer: &LinkPacer, now: Instant, bytes: usize) {
         self.bytes += bytes as u64;
-        let since = *self.since.get_or_insert(now);
-        if self.bytes >= DELIVERY_BATCH || now.saturating_duration_since(since) >= DELIVERY_LAG {
+        let due = *self.due.get_or_insert_with(|| now + DELIVERY_LAG);
+        if self.bytes >= DELIVERY_BATCH || now >= due {
             self.hand_in(pacer);
         }
     }

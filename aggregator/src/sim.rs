@@ -15,7 +15,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use netagg_wire::{ControlMessage, ElementType, MessageType, Packet, ValueEncoding, MAX_DATAGRAM_LEN};
+use netagg_wire::{
+    ControlMessage, ElementType, Integrity, MessageType, Packet, ValueEncoding, MAX_DATAGRAM_LEN,
+};
 
 use crate::control::{Action, ControlLimits, OpenError, Opened, Registry};
 use crate::engine::{Engine, EngineLimits, Recipient, SessionCounters, SessionId, Verdict};
@@ -701,6 +703,7 @@ impl Cluster {
                         max_retransmit_timeout: config.max_retransmit_timeout,
                         job_timeout: config.job_timeout,
                         pacing: config.pacing,
+                        integrity: Integrity::Checksummed,
                     },
                     now,
                 )

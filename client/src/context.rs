@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use netagg_aggregator::{PacingConfig, SessionKey, SessionKeys, WorkerConfig};
 use netagg_config::Config;
-use netagg_wire::ControlMessage;
+use netagg_wire::{ControlMessage, Integrity};
 
 use crate::backend::faults::with_faults;
 use crate::backend::{Links, SwitchTransport, Transport};
@@ -95,15 +95,15 @@ impl Context {
         );
         let _entered = span.enter();
         let slots_per_thread = config.slots_per_thread();
-        let (transports, keys, switches) = match links {
-            Links::Emulated { transports, session, token } => {
-                (transports, SessionKeys::one(SessionKey { session, token }), Vec::new())
+        let (transports, keys, switches, integrity) = match links {
+            Links::Emulated { transports, session, token, integrity } => {
+                (transports, SessionKeys::one(SessionKey { session, token }), Vec::new(), integrity)
             }
             Links::Switch(mut transports) => {
                 let registration =
                     register(&config, slots_per_thread * general.num_worker_threads, &mut transports)?;
                 let transports = transports.into_iter().map(|t| t as Box<dyn Transport>).collect();
-                (transports, registration.keys, registration.switches)
+                (transports, registration.keys, registration.switches, Integrity::Checksummed)
             }
         };
         // The first switch's, which owns slot 0.
@@ -137,6 +137,7 @@ impl Context {
                     .max(general.timeout),
                 job_timeout: general.job_timeout,
                 pacing,
+                integrity,
             };
             let shared = Arc::clone(&shared);
             let codec = Arc::clone(&codec);

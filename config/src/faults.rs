@@ -28,6 +28,13 @@ impl Faults {
         self.send.is_active() || self.receive.is_active() || self.sever_after > 0
     }
 
+    /// Whether this process's datagrams may reach their receiver with bytes other than
+    /// those sent, either way: the dummy backend, whose link is this process's memory,
+    /// seals and checks its packets only then.
+    pub fn may_alter_bytes(&self) -> bool {
+        self.send.may_alter_bytes() || self.receive.may_alter_bytes()
+    }
+
     /// Applies `KEY=VALUE,KEY=VALUE` (the keys of a `[faults]` section), as given to the
     /// flag `flag`; errors name the flag, the key and what is allowed.
     pub fn apply_assignments(&mut self, flag: &str, text: &str) -> Result<(), ConfigError> {
@@ -54,6 +61,17 @@ mod tests {
     use super::*;
     use crate::tests::ini;
     use crate::Config;
+
+    #[test]
+    fn only_corruption_either_way_may_alter_bytes() {
+        let faults = |text: &str| ini(text).unwrap().faults;
+        assert!(!Config::default().faults.may_alter_bytes());
+        let moving = "[faults]\nsend_drop = 0.1\nsend_duplicate = 0.1\nsend_reorder = 0.1\nsend_delay = 1\n\
+                      receive_drop = 0.1\nreceive_duplicate = 0.1\nreceive_reorder = 0.1\nreceive_delay = 1\n";
+        assert!(!faults(moving).may_alter_bytes());
+        assert!(faults("[faults]\nsend_corrupt = 0.001\n").may_alter_bytes());
+        assert!(faults("[faults]\nreceive_corrupt = 0.001\n").may_alter_bytes());
+    }
 
     #[test]
     fn fault_sections_set_each_direction_and_reject_what_is_not_allowed() {

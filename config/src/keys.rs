@@ -45,6 +45,9 @@ Written from the table of keys in config/src/keys.rs: change the comments there.
 
 sections! {
     "general" at general: GENERAL_KEYS;
+    /// general.backend = dummy: the link is this process's memory, so packets are neither
+    /// sealed with nor checked against their CRC32C unless [faults] corrupts datagrams
+    /// (send_corrupt or receive_corrupt above 0); then both sides check everything.
     "backend.dummy" at dummy: DUMMY_KEYS;
     "backend.udp" at udp: UDP_KEYS;
     /// general.backend = dpdk: the worker's datagrams leave from a DPDK port, kernel bypassed,
@@ -60,7 +63,8 @@ sections! {
     /// Faults injected into this worker's datagrams, to test loss recovery; all 0 injects
     /// nothing (the default; keep it so in production). They wrap any backend. A corrupted
     /// datagram (a flipped bit anywhere) fails the CRC32C every packet ends with, and is
-    /// dropped, counted as corrupt and recovered as a loss: results stay exact.
+    /// dropped, counted as corrupt and recovered as a loss: results stay exact (on the dummy
+    /// backend too, which checks checksums only while corruption is injected).
     "faults" at faults: FAULT_KEYS, listing its own keys;
     /// Read by netagg-switch --config FILE; its flags override these.
     "switch" at switch: SWITCH_KEYS;

@@ -79,6 +79,12 @@ impl FaultRates {
             || self.corrupt > 0.0
             || !self.delay.is_zero()
     }
+
+    /// Whether a datagram may arrive with bytes other than those sent: only corruption
+    /// changes bytes, every other fault moves or removes whole datagrams.
+    pub fn may_alter_bytes(&self) -> bool {
+        self.corrupt > 0.0
+    }
 }
 
 /// What one direction did to its datagrams.

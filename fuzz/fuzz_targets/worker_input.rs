@@ -18,7 +18,7 @@ use netagg_aggregator::{
 };
 use netagg_fuzz::Raw;
 use netagg_wire::packet::{datagram_len, BROADCAST_RANK, ELEMENT_LEN, END_OF_STREAM, PROGRESS_SLOTS};
-use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
+use netagg_wire::{ElementType, Flags, Integrity, MessageType, Packet, PacketRepr};
 
 const KEY: SessionKey = SessionKey { session: 0x0001_0001, token: 0x0123_4567_89AB_CDEF };
 
@@ -36,6 +36,7 @@ static CONFIG: std::sync::LazyLock<WorkerConfig> = std::sync::LazyLock::new(|| W
     max_retransmit_timeout: Duration::from_millis(80),
     job_timeout: Duration::from_secs(1),
     pacing: PacingConfig::DEFAULT,
+    integrity: Integrity::Checksummed,
 });
 
 const BLOCK_BYTES: usize = PACKET_ELEMENTS as usize * ELEMENT_LEN;

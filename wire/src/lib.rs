@@ -31,7 +31,7 @@ pub mod packet;
 pub use control::{
     ControlMessage, Endpoint, EndpointKind, RejectCode, SlotSplit, ValueEncoding, CONTROL_VERSION,
 };
-pub use packet::{ElementType, Flags, MessageType, Packet, PacketRepr};
+pub use packet::{ElementType, Flags, Integrity, MessageType, Packet, PacketRepr};
 
 /// Version of the aggregation-packet format (2: the 48-byte header with the session
 /// token; 3: the block-floating-point exponent byte is the f32 exponent field less 128,

@@ -75,6 +75,41 @@ pub fn seal(datagram: &mut [u8]) {
     trailer.copy_from_slice(&crc32c(covered).to_le_bytes());
 }
 
+/// Whether a link's packets carry a checksum their sender seals and their receiver
+/// checks: on every link that could alter a byte between the two, as any network can;
+/// not where both ends share one process's memory and nothing injects corruption (the
+/// dummy backend), as Linux's loopback marks its packets as needing no checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Integrity {
+    /// Sealed ([`Packet::seal`]) and checked ([`Packet::new_checked`]).
+    Checksummed,
+    /// Neither: the checksum's bytes are left as they are, every other field is checked
+    /// ([`Packet::new_checked_in_process`]).
+    InProcess,
+}
+
+impl Integrity {
+    /// Wraps received bytes as [`Packet::new_checked`] does, checking the checksum only
+    /// where this link carries one.
+    #[inline]
+    pub fn check<T: AsRef<[u8]>>(self, buffer: T) -> Result<Packet<T>> {
+        match self {
+            Integrity::Checksummed => Packet::new_checked(buffer),
+            Integrity::InProcess => Packet::new_checked_in_process(buffer),
+        }
+    }
+
+    /// Ends a packet built in `packet` as [`Packet::seal`] does where this link carries a
+    /// checksum; returns the packet's length either way.
+    #[inline]
+    pub fn seal<T: AsRef<[u8]> + AsMut<[u8]>>(self, packet: &mut Packet<T>) -> usize {
+        match self {
+            Integrity::Checksummed => packet.seal(),
+            Integrity::InProcess => packet.payload_end() + CHECKSUM_LEN,
+        }
+    }
+}
+
 /// CRC-32C (Castagnoli: iSCSI's and SCTP's) of `bytes`.
 fn crc32c(bytes: &[u8]) -> u32 {
     // A 32-bit CRC's value fits its 32 bits; the crate returns every width as a u64.
@@ -303,10 +338,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(packet)
     }
 
-    /// Wraps bytes that never left the process that sealed them, checking all that
-    /// [`Packet::new_checked`] checks but the checksum, which can only match there: for an
-    /// in-process peer (the dummy backend's switch), whose second pass over the bytes
-    /// would be a cost no transport's receiver pays twice.
+    /// Wraps bytes that never left the process that built them, checking all that
+    /// [`Packet::new_checked`] checks but the checksum, which nothing could have broken
+    /// there: a link of [`Integrity::InProcess`], whose packets are not sealed either.
     pub fn new_checked_in_process(buffer: T) -> Result<Packet<T>> {
         let packet = Self::new_unchecked(buffer);
         packet.check_framing()?;
@@ -1029,5 +1063,25 @@ mod tests {
                 Err(WireError::Truncated { .. })
             ));
         }
+    }
+
+    #[test]
+    fn only_a_checksummed_link_seals_and_checks_the_checksum() {
+        let mut checksummed = SAMPLE_BYTES;
+        checksummed[56..].fill(0);
+        let mut in_process = checksummed;
+        assert_eq!(Integrity::Checksummed.seal(&mut Packet::new_unchecked(&mut checksummed[..])), 60);
+        assert_eq!(checksummed, SAMPLE_BYTES);
+        assert_eq!(Integrity::InProcess.seal(&mut Packet::new_unchecked(&mut in_process[..])), 60);
+        assert_eq!(in_process[56..], [0; 4], "an in-process packet's checksum is left as it was");
+        // A bit flipped in the payload: only the checksummed link sees it.
+        checksummed[50] ^= 0x01;
+        in_process[50] ^= 0x01;
+        assert!(matches!(Integrity::Checksummed.check(&checksummed[..]), Err(WireError::Checksum { .. })));
+        let packet = Integrity::InProcess.check(&in_process[..]).unwrap();
+        assert_eq!(packet.payload()[2], SAMPLE_BYTES[50] ^ 0x01);
+        // Every other field is checked either way.
+        in_process[0] = PACKET_VERSION + 1;
+        assert!(matches!(Integrity::InProcess.check(&in_process[..]), Err(WireError::Version { .. })));
     }
 }

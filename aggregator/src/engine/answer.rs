@@ -57,7 +57,7 @@ impl Session {
             Ok(mut packet) => Verdict::Send(Transmit {
                 session: self.id,
                 recipient: Recipient::Worker(repr.rank),
-                len: packet.seal(),
+                len: self.integrity.seal(&mut packet),
             }),
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
         }
@@ -95,7 +95,7 @@ impl Session {
                 for (round, slot) in rounds.zip(slots) {
                     round.copy_from_slice(&self.slots[slot as usize].open_round.to_le_bytes());
                 }
-                let len = packet.seal();
+                let len = self.integrity.seal(&mut packet);
                 Verdict::Send(Transmit { session: self.id, recipient: Recipient::Worker(repr.rank), len })
             }
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
@@ -141,7 +141,7 @@ impl Session {
                 sum16::narrow(set.element_type, packet.payload_mut(), sum);
                 // Sealed where it was just written, in the batch it leaves in: a broadcast
                 // is sealed once for all its recipients.
-                let len = packet.seal();
+                let len = self.integrity.seal(&mut packet);
                 Verdict::Send(Transmit { session: self.id, recipient, len })
             }
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),

@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use netagg_wire::packet::MAX_ELEMENTS;
-use netagg_wire::{Packet, PacketRepr, WireError};
+use netagg_wire::{Integrity, Packet, PacketRepr, WireError};
 
 mod answer;
 mod departures;
@@ -178,11 +178,22 @@ pub struct Engine {
     uplinked: usize,
     /// What closed sessions exchanged with their upper switches.
     closed_uplinks: UplinkCounters,
+    /// Whether datagrams' checksums are checked and answers sealed.
+    integrity: Integrity,
 }
 
 impl Engine {
+    /// An engine behind a network: every datagram's checksum checked, every answer sealed.
     pub fn new(limits: EngineLimits) -> Engine {
+        Engine::with_integrity(limits, Integrity::Checksummed)
+    }
+
+    /// An engine whose datagrams are checked and answers sealed only as `integrity` says:
+    /// [`Integrity::InProcess`] for one that shares its workers' memory (the dummy
+    /// backend's), where nothing could alter a byte on the way.
+    pub fn with_integrity(limits: EngineLimits, integrity: Integrity) -> Engine {
         Engine {
+            integrity,
             limits,
             sessions: Vec::new(),
             generations: Vec::new(),
@@ -284,7 +295,7 @@ impl Engine {
     /// Puts a session checked by [`Engine::check_room`] at its id's free index.
     fn place(&mut self, now: Instant, id: SessionId, spec: SessionSpec, token: u64) {
         self.generations[id.index()] = id.generation();
-        self.sessions[id.index()] = Some(Session::new(id, spec, token, now));
+        self.sessions[id.index()] = Some(Session::new(id, spec, token, now, self.integrity));
         self.bytes_in_use += spec.state_bytes();
         self.counters.sessions_opened += 1;
     }
@@ -366,7 +377,7 @@ impl Engine {
         from_its_rank: impl FnOnce(SessionId, u16, u16) -> bool,
     ) -> Verdict {
         self.counters.datagrams += 1;
-        let packet = match Packet::new_checked(datagram) {
+        let packet = match self.integrity.check(datagram) {
             Ok(packet) => packet,
             Err(error @ WireError::Checksum { .. }) => {
                 self.counters.corrupt += 1;

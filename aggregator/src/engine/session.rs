@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use netagg_wire::packet::{datagram_len, progress_slots, ELEMENT_LEN};
-use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
+use netagg_wire::{ElementType, Flags, Integrity, MessageType, PacketRepr};
 
 use super::slot::{Set, Slot};
 use super::uplink::Uplink;
@@ -131,10 +131,18 @@ pub(super) struct Session {
     pub(super) rank_base: u16,
     /// The upper switch this session's rounds complete at, for a lower switch.
     pub(super) uplink: Option<Box<Uplink>>,
+    /// Whether its answers are sealed: its engine's [`Integrity`].
+    pub(super) integrity: Integrity,
 }
 
 impl Session {
-    pub(super) fn new(id: SessionId, spec: SessionSpec, token: u64, now: Instant) -> Session {
+    pub(super) fn new(
+        id: SessionId,
+        spec: SessionSpec,
+        token: u64,
+        now: Instant,
+        integrity: Integrity,
+    ) -> Session {
         let slots = (0..spec.slots).map(|_| Slot::new(spec.workers)).collect();
         let payload_len = spec.sum_len();
         let set_count = spec.slots as usize * spec.depth as usize;
@@ -152,6 +160,7 @@ impl Session {
             departed: WorkerSet::new(spec.workers),
             rank_base: 0,
             uplink: None,
+            integrity,
         }
     }
 

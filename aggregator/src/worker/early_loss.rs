@@ -57,7 +57,9 @@ impl WorkerProtocol {
             // No round trip measured yet, so no allowance known: the timers judge.
             return;
         };
-        let lost_at = now + rtt.reorder_allowance();
+        // Worked out only for a contribution overtaken while unanswered: most results
+        // find none, and this runs for every result.
+        let mut lost_at = None;
         while let Some(&sending) = self.first_sendings.front() {
             if sending.transmission >= answered {
                 break;
@@ -67,7 +69,11 @@ impl WorkerProtocol {
             let unanswered = slot.active
                 && slot.waiting_since == sending.transmission
                 && slot.outstanding.is_some_and(|c| c.round == sending.round);
-            if unanswered && slot.deadline.is_some_and(|deadline| lost_at < deadline) {
+            if !unanswered {
+                continue;
+            }
+            let lost_at = *lost_at.get_or_insert_with(|| now + rtt.reorder_allowance());
+            if slot.deadline.is_some_and(|deadline| lost_at < deadline) {
                 self.set_deadline(sending.slot, lost_at);
             }
         }

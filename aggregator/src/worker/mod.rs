@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use netagg_wire::packet::END_OF_STREAM;
-use netagg_wire::WireError;
+use netagg_wire::{Integrity, WireError};
 
 use crate::pacer::{DeliveryBatch, LinkPacer, LossRuns, PacingConfig};
 
@@ -92,6 +92,9 @@ pub struct WorkerConfig {
     pub job_timeout: Duration,
     /// Spacing of the contributions' first sendings to the rate the path carries.
     pub pacing: PacingConfig,
+    /// Whether the packets sent are sealed and the datagrams received checked: always,
+    /// but on a link in this process's memory that no fault injector corrupts.
+    pub integrity: Integrity,
 }
 
 /// What became of a datagram received from the switch.

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use netagg_wire::packet::BROADCAST_RANK;
-use netagg_wire::{MessageType, Packet, PacketRepr, WireError};
+use netagg_wire::{MessageType, PacketRepr, WireError};
 
 use super::job::{block_len, JobStatus};
 use super::streams::Layout;
@@ -56,7 +56,7 @@ impl WorkerProtocol {
         datagram: &[u8],
         io: &mut impl BlockIo,
     ) -> Result<Delivery, RejectReason> {
-        let packet = Packet::new_checked(datagram).map_err(|error| match error {
+        let packet = self.config.integrity.check(datagram).map_err(|error| match error {
             WireError::Checksum { .. } => RejectReason::Corrupt(error),
             _ => RejectReason::Malformed(error),
         })?;
@@ -260,6 +260,7 @@ mod tests {
     use std::time::Duration;
 
     use netagg_wire::packet::HEADER_LEN;
+    use netagg_wire::Packet;
 
     use super::super::testing::{parsed, result_of, running, sent, Numbers};
     use super::*;

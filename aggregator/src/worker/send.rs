@@ -245,7 +245,7 @@ impl WorkerProtocol {
         }
         self.slots[index as usize].acked = repr.ack_round;
         // Sealed right after the payload was encoded into it, while it is in cache.
-        Some(packet.seal())
+        Some(self.config.integrity.seal(&mut packet))
     }
 }
 

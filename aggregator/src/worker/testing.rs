@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use netagg_wire::packet::BROADCAST_RANK;
-use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr};
+use netagg_wire::{ElementType, Flags, Integrity, MessageType, Packet, PacketRepr};
 
 use super::{BlockIo, JobSpec, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol};
 use crate::pacer::PacingConfig;
@@ -92,6 +92,7 @@ pub(super) fn config(slots: u16, timeout: Duration) -> WorkerConfig {
         max_retransmit_timeout: timeout * 8,
         job_timeout: Duration::from_secs(10),
         pacing: PacingConfig::DEFAULT,
+        integrity: Integrity::Checksummed,
     }
 }
 

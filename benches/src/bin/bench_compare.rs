@@ -25,7 +25,10 @@
 //!   through the kernel, which on one machine carries every tensor netagg moves (2N per
 //!   job: each rank's up, the sum down to each) and every one the ring moves (2(N-1));
 //! - DDP training of `examples/python/train_ddp.py` with the netagg hook / with DDP's
-//!   own allreduce over gloo, images per second, when `--python` is given.
+//!   own allreduce over gloo, images per second, when `--python` is given;
+//! - with `--baseline-build DIR`, the dummy client path of this build / that of another
+//!   build's release directory, int32 and float32 BFP: an A/B of two commits on one
+//!   machine, which `--client-path-only` runs alone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,6 +57,16 @@ struct Options {
     /// when Debian's python3-torch is installed); without it, the DDP rows are skipped.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// The release directory of another build of netagg (its `target/release`, with
+    /// `allreduce_benchmark` built there): adds the dummy client path of this build
+    /// against that one's, int32 and float32 BFP, the two builds run in turn, the
+    /// baseline first in every other run.
+    #[arg(long)]
+    baseline_build: Option<PathBuf>,
+    /// Only the dummy client path's `allreduce_benchmark` rows (and those of
+    /// `--baseline-build`): an A/B of two builds in minutes.
+    #[arg(long)]
+    client_path_only: bool,
 }
 
 /// One row: what is compared, its target, and each run's figures of ours and of the
@@ -114,6 +127,18 @@ fn run(options: &Options) -> Result<(), String> {
             "GB/s",
             0.3,
         )
+    });
+    let against_build = options.baseline_build.as_ref().map(|build| {
+        ["int32 native", "float32 BFP"].map(|kind| {
+            table.untargeted(
+                &format!(
+                    "client path, dummy backend, 4 workers, 2 threads, 64 Mi elements, {kind} \
+                     (allreduce_benchmark): this build / {}",
+                    build.display()
+                ),
+                "Gbit/s",
+            )
+        })
     });
     let sum_int32 = table.row("sum kernel int32, 1 Mi elements / plain add", "G elements/s", 0.8);
     let sum_float32 = table.row("sum kernel float32, 1 Mi elements / plain add", "G elements/s", 0.8);
@@ -189,6 +214,24 @@ fn run(options: &Options) -> Result<(), String> {
 
     for run in 1..=options.runs {
         eprintln!("== run {run} of {}", options.runs);
+        if let (Some(rows), Some(build)) = (against_build, &options.baseline_build) {
+            let encodings = [("int32", "native"), ("float", "cpu_exponent_quantizer")];
+            for (row, (kind, prepostprocessor)) in rows.into_iter().zip(encodings) {
+                let [ours, baseline] = if run % 2 == 0 {
+                    let baseline = dummy_allreduce(build, kind, prepostprocessor)?;
+                    [dummy_allreduce(&release, kind, prepostprocessor)?, baseline]
+                } else {
+                    let ours = dummy_allreduce(&release, kind, prepostprocessor)?;
+                    [ours, dummy_allreduce(build, kind, prepostprocessor)?]
+                };
+                table.push(row, ours, baseline);
+            }
+        }
+        if options.client_path_only {
+            let int32 = dummy_allreduce(&release, "int32", "native")?;
+            table.push(client_int32, int32, dummy_allreduce(&release, "float", "cpu_exponent_quantizer")?);
+            continue;
+        }
         // Every group: `client_dummy_float32_bfp`, `..._large_packets` and `client_dummy_int32`.
         criterion("client_dummy", "client_dummy/")?;
         for (row, group) in

@@ -10,14 +10,12 @@
 //! they would over a network, at the cost of one engine pass per packet whatever the
 //! number of ranks (SwitchML's dummy multiplies instead, and keeps no state).
 //!
-//! Checksums: the worker seals every packet it sends and checks every result it
-//! receives, as over any transport. The engine's side is a switch's work, done here in the
-//! worker's threads, and only what a switch's checks could catch is checked: the engine
-//! checks the checksum of a sent packet only where a fault injector may have corrupted it
-//! on its way (`send_corrupt` above 0), and otherwise every field but the checksum, since
-//! the bytes have not left this process's memory since the worker sealed them. It seals
-//! its results, which the worker checks. A packet thus costs three passes of the
-//! checksum (four with corruption injected) where a worker over a network makes two.
+//! Checksums: the link is this process's memory, which nothing can alter on the way
+//! unless the fault injector corrupts datagrams (`send_corrupt` or `receive_corrupt` above
+//! 0). Only then ([`netagg_config::Faults::may_alter_bytes`]) are packets sealed and
+//! checked, all of them, on both sides, as over a network; otherwise neither the worker
+//! nor this switch writes or checks a checksum ([`Integrity::InProcess`]), as Linux's
+//! loopback marks its packets as needing none. Every other field is checked either way.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +27,7 @@ use netagg_aggregator::sum16;
 use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Verdict};
 use netagg_config::Config;
 use netagg_wire::packet::{datagram_len, BROADCAST_RANK, HEADER_LEN};
-use netagg_wire::{MessageType, Packet, MAX_DATAGRAM_LEN};
+use netagg_wire::{Integrity, MessageType, Packet, MAX_DATAGRAM_LEN};
 
 use super::{Links, Transport};
 use crate::Error;
@@ -44,22 +42,19 @@ pub fn links(config: &Config) -> Result<Links, Error> {
         depth: general.depth,
     };
     let token = DummyTransport::new_token();
+    let integrity =
+        if config.faults.may_alter_bytes() { Integrity::Checksummed } else { Integrity::InProcess };
     let link = Arc::new(EmulatedLink::new(config.dummy.bandwidth));
     let mut transports: Vec<Box<dyn Transport>> = Vec::new();
     let mut session = 0;
     for _ in 0..general.num_worker_threads {
-        let (transport, id) = DummyTransport::new(
-            spec,
-            token,
-            Arc::clone(&link),
-            config.dummy.process_packets,
-            config.faults.send.corrupt > 0.0,
-        )
-        .map_err(Error::InvalidConfig)?;
+        let (transport, id) =
+            DummyTransport::new(spec, token, Arc::clone(&link), config.dummy.process_packets, integrity)
+                .map_err(Error::InvalidConfig)?;
         session = id.0;
         transports.push(Box::new(transport));
     }
-    Ok(Links::Emulated { transports, session, token })
+    Ok(Links::Emulated { transports, session, token, integrity })
 }
 
 /// A worker's emulated link, which its threads' datagrams cross one after another.
@@ -101,9 +96,8 @@ pub struct DummyTransport {
     engine: Engine,
     workers: u16,
     process_packets: bool,
-    /// Whether a fault injector may corrupt what the worker sends: only then is a sent
-    /// packet's checksum checked (see the module's docs).
-    sent_may_be_corrupt: bool,
+    /// Whether packets are sealed and checked (see the module's docs).
+    integrity: Integrity,
     link: Arc<EmulatedLink>,
     /// When the emulated link has delivered everything this thread sent so far; None on
     /// an unlimited link.
@@ -129,13 +123,13 @@ impl DummyTransport {
 
     /// A transport for one worker thread; `spec` and `token` are the session every
     /// thread shares, as the workers see it (the engine's own has one worker);
-    /// `sent_may_be_corrupt`, whether a fault injector may corrupt what the worker sends.
+    /// `integrity`, the workers' too.
     pub fn new(
         spec: SessionSpec,
         token: u64,
         link: Arc<EmulatedLink>,
         process_packets: bool,
-        sent_may_be_corrupt: bool,
+        integrity: Integrity,
     ) -> Result<(DummyTransport, SessionId), String> {
         let limits = EngineLimits { session_idle_timeout: Duration::MAX, ..EngineLimits::default() };
         // The engine's own session has one worker, so the session's real size is checked
@@ -145,14 +139,14 @@ impl DummyTransport {
                 SessionError::Workers { requested: spec.workers, max: limits.max_workers }.to_string()
             );
         }
-        let mut engine = Engine::new(limits);
+        let mut engine = Engine::with_integrity(limits, integrity);
         let one_worker = SessionSpec { workers: 1, ..spec };
         let session = engine.open_session(Instant::now(), one_worker, token).map_err(|e| e.to_string())?;
         let transport = DummyTransport {
             engine,
             workers: spec.workers,
             process_packets,
-            sent_may_be_corrupt,
+            integrity,
             link,
             delivered_at: None,
             engine_now: Instant::now(),
@@ -182,12 +176,7 @@ impl Transport for DummyTransport {
         if let Some(delivered_at) = self.link.carry(datagram.len()) {
             self.delivered_at = Some(delivered_at);
         }
-        let checked = if self.sent_may_be_corrupt {
-            Packet::new_checked(datagram)
-        } else {
-            Packet::new_checked_in_process(datagram)
-        };
-        let packet = match checked {
+        let packet = match self.integrity.check(datagram) {
             Ok(packet) => packet,
             // As a switch drops one (a fault injector may have flipped its bits, which the
             // checksum shows): the protocol's timers recover.
@@ -204,7 +193,7 @@ impl Transport for DummyTransport {
                 let mut view = Packet::new_unchecked(room);
                 view.set_message_type(MessageType::Result);
                 view.set_rank(BROADCAST_RANK);
-                view.seal();
+                self.integrity.seal(&mut view);
                 self.results.push(datagram.len());
             }
             return Ok(());
@@ -238,7 +227,7 @@ impl Transport for DummyTransport {
             let mut result = Packet::new_unchecked(&mut out[..transmit.len]);
             if result.rank() != BROADCAST_RANK {
                 result.set_rank(own_rank);
-                result.seal();
+                self.integrity.seal(&mut result);
             }
             self.results.push(transmit.len);
         }
@@ -311,7 +300,7 @@ impl PendingResults {
 
 #[cfg(test)]
 mod tests {
-    use netagg_wire::{ElementType, PacketRepr};
+    use netagg_wire::{ElementType, PacketRepr, WireError};
 
     use super::*;
 
@@ -337,7 +326,8 @@ mod tests {
 
     #[test]
     fn a_malformed_datagram_is_dropped_as_a_switch_drops_it() {
-        let (mut transport, _) = DummyTransport::new(spec(2), 7, unlimited(), true, false).unwrap();
+        let (mut transport, _) =
+            DummyTransport::new(spec(2), 7, unlimited(), true, Integrity::InProcess).unwrap();
         for garbage in [&[][..], &[0xFF; 10][..], &[0; 60][..]] {
             transport.send_copy(garbage).unwrap();
         }
@@ -349,35 +339,57 @@ mod tests {
     #[test]
     fn sessions_beyond_a_switch_s_worker_limit_are_refused() {
         let max = EngineLimits::default().max_workers;
-        assert!(DummyTransport::new(spec(max), 7, unlimited(), true, false).is_ok());
-        let error = DummyTransport::new(spec(max + 1), 7, unlimited(), true, false).err().unwrap();
+        assert!(DummyTransport::new(spec(max), 7, unlimited(), true, Integrity::InProcess).is_ok());
+        let error =
+            DummyTransport::new(spec(max + 1), 7, unlimited(), true, Integrity::InProcess).err().unwrap();
         assert_eq!(error, format!("{} workers requested, a session holds 1 to {max}", max + 1));
     }
 
-    #[test]
-    fn a_sent_packet_s_checksum_is_checked_only_where_it_may_be_corrupted() {
-        for sent_may_be_corrupt in [false, true] {
-            let (mut transport, session) =
-                DummyTransport::new(spec(2), 7, unlimited(), true, sent_may_be_corrupt).unwrap();
-            let repr = PacketRepr::new(MessageType::Data, ElementType::Int32, session.0, 7, 2);
-            let mut datagram = vec![0; repr.buffer_len()];
-            let mut packet = repr.emit(&mut datagram).unwrap();
-            packet.payload_mut().copy_from_slice(&[3i32.to_le_bytes(), (-5i32).to_le_bytes()].concat());
-            packet.seal();
-            // A bit flipped after sealing, as an injector flips one: 3 becomes 7.
+    /// Sends the transport's switch a sealed int32 packet for `slot` carrying `values`, with
+    /// bit 2 of the first value flipped after sealing if `flipped` (as an injector flips
+    /// one); returns each result's checksum check and payload.
+    fn exchange(
+        transport: &mut DummyTransport,
+        session: SessionId,
+        slot: u16,
+        values: [i32; 2],
+        flipped: bool,
+    ) -> Vec<(Result<(), WireError>, Vec<i32>)> {
+        let repr =
+            PacketRepr { slot, ..PacketRepr::new(MessageType::Data, ElementType::Int32, session.0, 7, 2) };
+        let mut datagram = vec![0; repr.buffer_len()];
+        let mut packet = repr.emit(&mut datagram).unwrap();
+        packet.payload_mut().copy_from_slice(&[values[0].to_le_bytes(), values[1].to_le_bytes()].concat());
+        packet.seal();
+        if flipped {
             datagram[HEADER_LEN] ^= 0x04;
-            transport.send_copy(&datagram).unwrap();
-            let mut sums = Vec::new();
-            transport
-                .recv(Duration::ZERO, &mut |result| {
-                    let result = Packet::new_checked(result).expect("the engine seals its results");
-                    sums.extend(
-                        result.payload().chunks(4).map(|e| i32::from_le_bytes(e.try_into().unwrap())),
-                    );
-                })
-                .unwrap();
-            let expected: &[i32] = if sent_may_be_corrupt { &[] } else { &[14, -10] };
-            assert_eq!(sums, expected, "sent_may_be_corrupt: {sent_may_be_corrupt}");
         }
+        transport.send_copy(&datagram).unwrap();
+        let mut results = Vec::new();
+        transport
+            .recv(Duration::ZERO, &mut |result| {
+                let packet = Integrity::InProcess.check(result).unwrap();
+                let sums = packet.payload().chunks(4).map(|e| i32::from_le_bytes(e.try_into().unwrap()));
+                let sums = sums.collect();
+                results.push((netagg_wire::packet::verify(result), sums));
+            })
+            .unwrap();
+        results
+    }
+
+    #[test]
+    fn packets_are_sealed_and_checked_only_where_bytes_may_be_altered() {
+        // Where a fault injector may corrupt, a flipped bit is caught and the packet
+        // dropped, and results are sealed.
+        let (mut transport, session) =
+            DummyTransport::new(spec(2), 7, unlimited(), true, Integrity::Checksummed).unwrap();
+        assert_eq!(exchange(&mut transport, session, 0, [3, -5], true), []);
+        assert_eq!(exchange(&mut transport, session, 1, [3, -5], false), [(Ok(()), vec![6, -10])]);
+        // Where nothing can alter a byte, nothing is checked (3 became 7 unseen) and results
+        // carry no checksum.
+        let (mut transport, session) =
+            DummyTransport::new(spec(2), 7, unlimited(), true, Integrity::InProcess).unwrap();
+        let results = exchange(&mut transport, session, 0, [3, -5], true);
+        assert!(matches!(results[..], [(Err(WireError::Checksum { .. }), ref sums)] if sums == &[14, -10]));
     }
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use netagg_config::{BackendKind, Config};
 use netagg_wire::packet::HEADER_LEN;
-use netagg_wire::{Endpoint, Packet, SlotSplit};
+use netagg_wire::{Endpoint, Integrity, Packet, SlotSplit};
 
 use crate::Error;
 
@@ -193,8 +193,9 @@ pub enum Links {
     /// Transports to a switch, one per worker thread, registered with it.
     Switch(Vec<Box<dyn SwitchTransport>>),
     /// Transports that emulate the switch in process (the dummy backend), with the
-    /// session id and token the workers use: no registration.
-    Emulated { transports: Vec<Box<dyn Transport>>, session: u32, token: u64 },
+    /// session id and token the workers use (no registration), and whether the workers
+    /// seal and check their packets, as the emulated switch does.
+    Emulated { transports: Vec<Box<dyn Transport>>, session: u32, token: u64, integrity: Integrity },
 }
 
 /// The transports of the configured backend, one per worker thread.
