@@ -12,11 +12,14 @@
 //! - *Queued*: a round that went up (or was asked after) times out one timeout after the
 //!   upper switch's latest answer, not after its own sending: while answers come, the
 //!   uplink moves and the round may be behind them in its queue.
-//! - *Overtaken*: a round still unanswered when the answer of one sent after it has come
-//!   is taken as lost once a reorder allowance has passed (RACK's rule, RFC 8985, as a
-//!   worker's thread applies it, `worker::early_loss`): the uplink is one queue, so a
+//! - *Overtaken*: a round still unanswered when the answer of one first sent after it has
+//!   come is taken as lost once a reorder allowance has passed (RACK's rule, RFC 8985, as
+//!   a worker's thread applies it, `worker::early_loss`): the uplink is one queue, so a
 //!   later round's answer means this one's is lost, or comes out of order by at most as
-//!   much as the racks' orders of completing rounds differ.
+//!   much as the racks' orders of completing rounds differ. Only a round that went up
+//!   once overtakes: the answer of one asked after may be its first sending's, and read
+//!   as the request's it took every round sent before the request as lost, and each of
+//!   their requests did the same (at 4:1, 1.3 requests per round).
 //! - *Held*: a round the upper switch said it holds (it waits for other racks), or a
 //!   round this group is silent in, times out one timeout after the wait began: nothing
 //!   of it is in the uplink's queue.
