@@ -172,8 +172,10 @@ fn print_counters(switch: &Switch) {
     if uplink != Default::default() {
         let u = uplink;
         println!(
-            "stats: uplink sent-up {} resent-up {} requests {} acks {} bytes-up {} results-down {} bytes-down {} ignored {}",
-            u.sent_up, u.resent_up, u.requests, u.acks, u.bytes_up, u.results_down, u.bytes_down, u.ignored
+            "stats: uplink sent-up {} resent-up {} requests {} acks {} bytes-up {} results-down {} bytes-down {} ignored {} \
+             overtaken {} timed-out {}",
+            u.sent_up, u.resent_up, u.requests, u.acks, u.bytes_up, u.results_down, u.bytes_down, u.ignored,
+            u.overtaken, u.timed_out
         );
     }
     for (id, c) in sessions {

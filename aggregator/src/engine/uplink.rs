@@ -15,18 +15,17 @@
 //! the upper switch's result completes the round here.
 //!
 //! Towards the upper switch this session is a worker, and recovers its losses as one
-//! (`docs/protocol.md` §3): a round sent up and unanswered for a timeout is asked after
-//! (header only, as a silent round's result is), and the upper switch answers with its
-//! result, or with a pending notice saying whether it holds the partial sum, which is sent
-//! again only if it does not: a round waiting for a slower rack costs its slot a request
-//! per timeout, not a packet of data;
-//! the timeout follows the rounds' measured round trips as a worker thread's does
-//! (RFC 6298, Karn's rule), doubles on every timeout of a slot up to a maximum and resets
-//! on its next round; a silent stretch is acknowledged every `depth / 2` results. It does
-//! not probe: a rack's switch has no job whose tail it could lose, and each slot's timer
-//! finds its own loss. Towards its workers nothing
-//! changes: a worker's resend of a round this switch holds the result of is answered
-//! from it.
+//! (`docs/protocol.md` §3): a round sent up and unanswered is asked after (header only,
+//! as a silent round's result is), and the upper switch answers with its result, or with
+//! a pending notice saying whether it holds the partial sum, which is sent again only if
+//! it does not: a round waiting for a slower rack costs its slot a request per timeout,
+//! not a packet of data. When a round counts as unanswered is [`waits`]'s: overtaken by a
+//! later round's answer, or silent for a timeout after the upper switch's latest answer,
+//! so that rounds only queued at a slower uplink are not asked after. A silent stretch is
+//! acknowledged every `depth / 2` results. It does not probe: a rack's switch has no job
+//! whose tail it could lose, and each slot's timer finds its own loss. Towards its
+//! workers nothing changes: a worker's resend of a round this switch holds the result of
+//! is answered from it.
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +35,9 @@ use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 use super::session::{Session, SessionError, SessionId};
 use super::{DropReason, Engine, Recipient, Transmit, Verdict};
 use crate::sum16;
-use crate::worker::RttEstimate;
+use waits::{WaitKind, Waits};
+
+mod waits;
 
 /// The rank a shell's source check is asked about for a packet from the upper switch.
 pub const UPSTREAM_RANK: u16 = u16::MAX;
@@ -54,7 +55,7 @@ pub struct Upstream {
     /// whole tree's worker count), and the session numbers them from 0.
     pub first_rank: u16,
     /// How long a round sent up waits at least for the upper switch's answer before it is
-    /// sent again (the measured round trips set it above that); it doubles on every
+    /// asked after (the measured round trips set it above that); it doubles on every
     /// timeout of a slot, up to the maximum.
     pub retransmit_timeout: Duration,
     pub max_retransmit_timeout: Duration,
@@ -67,7 +68,7 @@ counters! {
         pub sent_up: u64,
         /// Partial sums sent up again after a timeout or a pending notice that lacked them.
         pub resent_up: u64,
-        /// Requests for a silent round's result, and plain acknowledgements.
+        /// Requests for a round's result (header only), and plain acknowledgements.
         pub requests: u64,
         pub acks: u64,
         /// Bytes of every datagram sent up, headers included.
@@ -78,6 +79,11 @@ counters! {
         pub bytes_down: u64,
         /// Results, notices and reports from the upper switch that changed nothing.
         pub ignored: u64,
+        /// Rounds asked after because a round sent up after them was answered first
+        /// (each a request).
+        pub overtaken: u64,
+        /// Rounds asked after because their wait timed out (each a request).
+        pub timed_out: u64,
     }
 }
 
@@ -85,21 +91,12 @@ counters! {
 #[derive(Debug)]
 pub(super) struct Uplink {
     upstream: Upstream,
-    /// Per slot: when its wait for the upper switch times out, and the timeout.
-    deadlines: Box<[Option<Instant>]>,
-    timeouts: Box<[Duration]>,
-    /// Per slot: when its open round went up, while it has gone only once: its answer
-    /// then times the round trip.
-    sent: Box<[Option<Instant>]>,
-    rtt: Option<RttEstimate>,
-    /// A slot's timeout before any doubling, from `rtt` and the configured floor.
-    base_timeout: Duration,
+    /// Per slot: its wait for the upper switch's answer.
+    waits: Waits,
     /// Per slot: the latest `ack round` sent up.
     acked: Box<[u32]>,
     /// Slots that owe the upper switch a plain acknowledgement.
     acks_due: Vec<u16>,
-    /// No slot's deadline is earlier.
-    earliest: Option<Instant>,
     counters: UplinkCounters,
 }
 
@@ -120,14 +117,9 @@ impl Engine {
         let slots = session.spec.slots as usize;
         let attached = session.uplink.replace(Box::new(Uplink {
             upstream,
-            deadlines: vec![None; slots].into_boxed_slice(),
-            timeouts: vec![upstream.retransmit_timeout; slots].into_boxed_slice(),
-            sent: vec![None; slots].into_boxed_slice(),
-            rtt: None,
-            base_timeout: upstream.retransmit_timeout,
+            waits: Waits::new(slots, upstream.retransmit_timeout, upstream.max_retransmit_timeout),
             acked: vec![u32::MAX; slots].into_boxed_slice(),
             acks_due: Vec::new(),
-            earliest: None,
             counters: UplinkCounters::default(),
         }));
         session.rank_base = upstream.first_rank;
@@ -214,10 +206,10 @@ impl Session {
             MessageType::Result if repr.round == open_round => self.take_result(now, repr, payload, out),
             MessageType::Pending if repr.round == open_round && forwarded.is_some() => {
                 let uplink = self.uplink_mut();
-                // Its wait is now for the other groups or a loss, not the path.
-                uplink.sent[repr.slot as usize] = None;
+                uplink.waits.noticed(repr.slot, now);
                 if repr.flags.contains(Flags::CONTRIBUTED) {
                     // The upper switch waits for another group: nothing to send.
+                    uplink.waits.held(repr.slot, now);
                     uplink.counters.ignored += 1;
                     return Verdict::Consumed;
                 }
@@ -245,8 +237,8 @@ impl Session {
         complete.then_some(index)
     }
 
-    /// Sends `slot`'s open round, complete in the group, up to the upper switch, and arms
-    /// its timer.
+    /// Sends `slot`'s open round, complete in the group, up to the upper switch, and
+    /// starts its wait.
     pub(super) fn forward(&mut self, now: Instant, slot: u16, again: bool, out: &mut [u8]) -> Verdict {
         let Some(index) = self.forwarded(slot) else { return Verdict::Consumed };
         let state = &self.slots[slot as usize];
@@ -286,14 +278,12 @@ impl Session {
         uplink.acked[slot as usize] = ack_round;
         if again {
             uplink.counters.resent_up += 1;
-            uplink.sent[slot as usize] = None;
+            uplink.waits.sent_again(slot, now);
         } else {
             uplink.counters.sent_up += 1;
-            uplink.timeouts[slot as usize] = uplink.base_timeout;
-            uplink.sent[slot as usize] = Some(now);
+            uplink.waits.sent_first(slot, now);
         }
         uplink.counters.bytes_up += len as u64;
-        uplink.arm(slot, now);
         Verdict::Send(Transmit { session: self.id, recipient: Recipient::Upstream, len })
     }
 
@@ -357,17 +347,9 @@ impl Session {
         let uplink = self.uplink_mut();
         uplink.counters.results_down += 1;
         uplink.counters.bytes_down += repr.buffer_len() as u64;
-        if let Some(sent) = uplink.sent[slot].take() {
-            let rtt = RttEstimate::sampled(uplink.rtt, now.saturating_duration_since(sent));
-            uplink.rtt = Some(rtt);
-            let (floor, ceiling) =
-                (uplink.upstream.retransmit_timeout, uplink.upstream.max_retransmit_timeout);
-            uplink.base_timeout = rtt.timeout(floor, ceiling.max(floor));
-        }
-        uplink.timeouts[slot] = uplink.base_timeout;
-        uplink.deadlines[slot] = None;
+        uplink.waits.answered(repr.slot, now);
         if silent_next {
-            uplink.arm(repr.slot, now);
+            uplink.waits.held(repr.slot, now);
         }
         // A group silent at the upper switch acknowledges nothing with data: as a silent
         // worker, it acknowledges every `depth / 2` results it took.
@@ -379,33 +361,31 @@ impl Session {
         self.emit_result(index, repr.slot, Recipient::All, out)
     }
 
-    /// The next acknowledgement owed, or the next slot whose timer has run out: its round
-    /// sent up again, or a silent round's result asked for.
+    /// The next acknowledgement owed, or the next slot whose wait has run out: its
+    /// round's result asked for (the round sent up, or one this group is silent in).
     fn poll_upstream(&mut self, now: Instant, out: &mut [u8]) -> Option<Transmit> {
         let uplink = self.uplink.as_mut()?;
         if let Some(slot) = uplink.acks_due.pop() {
             return self.ask_upstream(slot, false, out);
         }
-        if uplink.earliest.is_none_or(|earliest| earliest > now) {
-            return None;
-        }
-        let expired = uplink.deadlines.iter().position(|deadline| deadline.is_some_and(|at| at <= now));
-        let Some(slot) = expired else {
-            uplink.earliest = uplink.deadlines.iter().flatten().min().copied();
-            return None;
-        };
-        let slot = slot as u16;
-        let timeout = &mut uplink.timeouts[slot as usize];
-        *timeout = (*timeout * 2).min(uplink.upstream.max_retransmit_timeout.max(uplink.base_timeout));
-        uplink.deadlines[slot as usize] = None;
-        // Its answer would time a loss or a wait, not the path (Karn's rule).
-        uplink.sent[slot as usize] = None;
-        if self.forwarded(slot).is_some() || self.slots[slot as usize].expects_no_one() {
-            self.uplink_mut().arm(slot, now);
+        loop {
+            let (slot, kind) = self.uplink_mut().waits.expired(now)?;
+            if self.forwarded(slot).is_some() {
+                // The request goes up behind the uplink's queue, as the round did.
+                self.uplink_mut().waits.sent_again(slot, now);
+            } else if self.slots[slot as usize].expects_no_one() {
+                self.uplink_mut().waits.held(slot, now);
+            } else {
+                // Waiting for its own workers, not for the upper switch.
+                continue;
+            }
+            let counters = &mut self.uplink_mut().counters;
+            match kind {
+                WaitKind::Overtaken => counters.overtaken += 1,
+                WaitKind::Queued | WaitKind::Held => counters.timed_out += 1,
+            }
             return self.ask_upstream(slot, true, out);
         }
-        // Waiting for its own workers, not for the upper switch.
-        self.poll_upstream(now, out)
     }
 
     /// A header-only packet for the upper switch about `slot`: a request for its open
@@ -442,13 +422,6 @@ impl Session {
 impl Uplink {
     pub(super) fn counters(&self) -> UplinkCounters {
         self.counters
-    }
-
-    /// Starts `slot`'s wait for the upper switch, one timeout from `now`.
-    fn arm(&mut self, slot: u16, now: Instant) {
-        let deadline = now + self.timeouts[slot as usize];
-        self.deadlines[slot as usize] = Some(deadline);
-        self.earliest = Some(self.earliest.map_or(deadline, |earliest| earliest.min(deadline)));
     }
 }
 

@@ -48,7 +48,7 @@ impl RttEstimate {
     /// How long after a later packet's answer a packet's may still come before it is
     /// taken as lost: half the smoothed round trip plus two deviations (see
     /// `early_loss`).
-    pub(super) fn reorder_allowance(&self) -> Duration {
+    pub(crate) fn reorder_allowance(&self) -> Duration {
         Duration::from_nanos(self.smoothed / 2 + self.deviation * 2)
     }
 
