@@ -172,6 +172,29 @@ impl WorkerProtocol {
         }
     }
 
+    /// Takes a result slot `index` holds already, sent again to this worker alone at
+    /// `now`: the answer to the slot's request or retransmission, if one is out, which
+    /// the round's broadcast overtook. Otherwise the switch sent it unasked, having found
+    /// this worker's packet for the next round lost when its later ones arrived first
+    /// (`engine::notice`); if the slot's outstanding contribution is to that round, which
+    /// would have acknowledged the result, the contribution was lost, and goes again at
+    /// once.
+    pub(super) fn take_repeated_result(&mut self, now: Instant, index: u16, result: &PacketRepr) {
+        if self.slots[index as usize].recovery_sent.is_some() {
+            // Its answer: a resend that crossed the broadcast must not set off another.
+            self.answered(now, index);
+            return;
+        }
+        let slot = &self.slots[index as usize];
+        let Some(contribution) = slot.outstanding.filter(|c| c.round == result.round.wrapping_add(1)) else {
+            return;
+        };
+        if slot.held != Some(contribution.round) && !slot.paced {
+            self.pending.push_back((index, Send::Data { retransmission: Some(contribution.round) }));
+            self.end_wait(now);
+        }
+    }
+
     /// Acts on a progress report about the slots from `index` on, whose open rounds are
     /// `open_rounds`. Of the slots that waited since before the probe, one whose awaited
     /// round has completed lost its result and asks for it; one whose contribution the
@@ -513,5 +536,42 @@ mod tests {
             (again.len(), repr.message_type, repr.flags),
             (1, MessageType::Data, Flags::RETRANSMISSION)
         );
+    }
+
+    /// `result`, sent again to rank 0 alone.
+    fn to_rank_zero(result: &[u8]) -> Vec<u8> {
+        let mut again = result.to_vec();
+        let mut view = Packet::new_unchecked(&mut again[..]);
+        view.set_rank(0);
+        view.seal();
+        again
+    }
+
+    #[test]
+    fn a_result_repeated_unasked_sends_the_contribution_it_acknowledges_again_but_an_answer_does_not() {
+        let start = Instant::now();
+        let mut protocol = running(start, 2, 6, Duration::from_millis(10));
+        let first = sent(&mut protocol, start);
+        assert_eq!(first.len(), 2);
+        let result = result_of(&first[0]);
+        protocol.handle_datagram(start, &result, &mut Numbers);
+        let next = sent(&mut protocol, start);
+        assert_eq!(next.iter().map(|p| (parsed(p).slot, parsed(p).round)).collect::<Vec<_>>(), [(0, 1)]);
+        // Round 0's result again, to this worker alone and unasked: the switch lacks the
+        // round 1 contribution that would have acknowledged it, and gets it again.
+        let now = start + Duration::from_millis(1);
+        let delivery = protocol.handle_datagram(now, &to_rank_zero(&result), &mut Numbers);
+        assert_eq!(delivery, Delivery::Duplicate);
+        let again = sent(&mut protocol, now);
+        let repr = parsed(&again[0]);
+        assert_eq!(
+            (again.len(), repr.slot, repr.round, repr.block, repr.flags),
+            (1, 0, 1, 2, Flags::RETRANSMISSION)
+        );
+        // Repeated once more while that retransmission is out: its answer, which the
+        // round's broadcast overtook. Nothing goes again.
+        protocol.handle_datagram(now, &to_rank_zero(&result), &mut Numbers);
+        assert!(sent(&mut protocol, now).is_empty());
+        assert_eq!(protocol.counters().retransmissions, 1);
     }
 }
