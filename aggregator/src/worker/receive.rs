@@ -77,9 +77,6 @@ impl WorkerProtocol {
             _ => {}
         }
         let Some(result) = self.check_result(job, index, &repr)? else {
-            if repr.rank == self.config.rank {
-                self.take_repeated_result(now, index, &repr);
-            }
             return Ok(Delivery::Duplicate);
         };
         let exponent_round = result.answered.is_some_and(|c| c.exponent_round);

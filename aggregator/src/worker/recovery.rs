@@ -60,10 +60,8 @@ impl WorkerProtocol {
             // Its contribution was never sent: the pacer sends it, and arms the timer.
             return;
         }
-        // RACK's reasoning: a result for something sent after this slot's packet means
-        // the switch moved on without it; so does a gap in its results.
-        let loss_evident =
-            slot.ahead != 0 || self.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
+        let loss_evident = self.loss_evident(index);
+        let slot = &mut self.slots[index as usize];
         if !loss_evident && self.probe.is_some_and(|probe| probe.slot != index) {
             // The probe's answer speaks for this slot too: wait for it.
             slot.deferred = true;
@@ -115,6 +113,14 @@ impl WorkerProtocol {
         self.arm_timer(index, now);
     }
 
+    /// Whether something points to a loss of slot `index`'s packets, RACK's reasoning: a
+    /// result for something sent after its packet means the switch moved on without it;
+    /// so does a gap in its results.
+    fn loss_evident(&self, index: u16) -> bool {
+        let slot = &self.slots[index as usize];
+        slot.ahead != 0 || self.latest_answered.is_some_and(|answered| answered > slot.waiting_since)
+    }
+
     /// Slot `index` has evidence of a loss: it backs off and queues its recovery.
     fn recover(&mut self, now: Instant, index: u16) {
         self.slots[index as usize].backoff += 1;
@@ -156,8 +162,14 @@ impl WorkerProtocol {
     pub(super) fn take_pending(&mut self, now: Instant, index: u16, notice: &PacketRepr) {
         self.answered(now, index);
         let slot = &mut self.slots[index as usize];
-        // About a round this slot is not contributing to: it waits for others, as it knew.
         let Some(contribution) = slot.outstanding.filter(|c| c.round == notice.round) else {
+            if is_after(notice.round, slot.have) && slot.lacks(notice.round.wrapping_sub(1)) {
+                // The round before has completed, and its result never came: it was lost
+                // (the switch tells a member so unasked, `engine::notice`).
+                self.pending.push_back((index, Send::Request { round: notice.round.wrapping_sub(1) }));
+            }
+            // Otherwise about a round this slot does not contribute to: it waits for
+            // others, as it knew.
             return;
         };
         if notice.flags.contains(Flags::CONTRIBUTED) {
@@ -167,29 +179,6 @@ impl WorkerProtocol {
         } else if slot.held != Some(contribution.round) && !slot.paced {
             // Lost on the way: send it now. The thread was not (only) waiting for a late
             // peer, so the slots put off behind a probe may have lost theirs too.
-            self.pending.push_back((index, Send::Data { retransmission: Some(contribution.round) }));
-            self.end_wait(now);
-        }
-    }
-
-    /// Takes a result slot `index` holds already, sent again to this worker alone at
-    /// `now`: the answer to the slot's request or retransmission, if one is out, which
-    /// the round's broadcast overtook. Otherwise the switch sent it unasked, having found
-    /// this worker's packet for the next round lost when its later ones arrived first
-    /// (`engine::notice`); if the slot's outstanding contribution is to that round, which
-    /// would have acknowledged the result, the contribution was lost, and goes again at
-    /// once.
-    pub(super) fn take_repeated_result(&mut self, now: Instant, index: u16, result: &PacketRepr) {
-        if self.slots[index as usize].recovery_sent.is_some() {
-            // Its answer: a resend that crossed the broadcast must not set off another.
-            self.answered(now, index);
-            return;
-        }
-        let slot = &self.slots[index as usize];
-        let Some(contribution) = slot.outstanding.filter(|c| c.round == result.round.wrapping_add(1)) else {
-            return;
-        };
-        if slot.held != Some(contribution.round) && !slot.paced {
             self.pending.push_back((index, Send::Data { retransmission: Some(contribution.round) }));
             self.end_wait(now);
         }
@@ -538,40 +527,28 @@ mod tests {
         );
     }
 
-    /// `result`, sent again to rank 0 alone.
-    fn to_rank_zero(result: &[u8]) -> Vec<u8> {
-        let mut again = result.to_vec();
-        let mut view = Packet::new_unchecked(&mut again[..]);
-        view.set_rank(0);
-        view.seal();
-        again
-    }
-
     #[test]
-    fn a_result_repeated_unasked_sends_the_contribution_it_acknowledges_again_but_an_answer_does_not() {
+    fn a_notice_unasked_resends_a_lost_contribution_and_asks_for_a_lost_result() {
         let start = Instant::now();
         let mut protocol = running(start, 2, 6, Duration::from_millis(10));
         let first = sent(&mut protocol, start);
         assert_eq!(first.len(), 2);
-        let result = result_of(&first[0]);
-        protocol.handle_datagram(start, &result, &mut Numbers);
-        let next = sent(&mut protocol, start);
-        assert_eq!(next.iter().map(|p| (parsed(p).slot, parsed(p).round)).collect::<Vec<_>>(), [(0, 1)]);
-        // Round 0's result again, to this worker alone and unasked: the switch lacks the
-        // round 1 contribution that would have acknowledged it, and gets it again.
-        let now = start + Duration::from_millis(1);
-        let delivery = protocol.handle_datagram(now, &to_rank_zero(&result), &mut Numbers);
-        assert_eq!(delivery, Delivery::Duplicate);
-        let again = sent(&mut protocol, now);
-        let repr = parsed(&again[0]);
+        // Round 0 of slot 1 completed, its result lost on the way: the switch, seeing this
+        // worker's later contributions first, says round 1 lacks it.
+        let mut next_round = first[1].clone();
+        let mut view = Packet::new_unchecked(&mut next_round[..]);
+        view.set_round(1);
+        view.seal();
+        protocol.handle_datagram(start, &pending_of(&next_round, false), &mut Numbers);
+        // Round 0 of slot 0 lacks its contribution, lost on the way.
+        protocol.handle_datagram(start, &pending_of(&first[0], false), &mut Numbers);
+        let recovered: Vec<_> = sent(&mut protocol, start)
+            .iter()
+            .map(|p| (parsed(p).slot, parsed(p).message_type, parsed(p).round, parsed(p).flags))
+            .collect();
         assert_eq!(
-            (again.len(), repr.slot, repr.round, repr.block, repr.flags),
-            (1, 0, 1, 2, Flags::RETRANSMISSION)
+            recovered,
+            [(1, MessageType::Ack, 0, Flags::WANT_RESULT), (0, MessageType::Data, 0, Flags::RETRANSMISSION)]
         );
-        // Repeated once more while that retransmission is out: its answer, which the
-        // round's broadcast overtook. Nothing goes again.
-        protocol.handle_datagram(now, &to_rank_zero(&result), &mut Numbers);
-        assert!(sent(&mut protocol, now).is_empty());
-        assert_eq!(protocol.counters().retransmissions, 1);
     }
 }
