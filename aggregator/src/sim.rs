@@ -18,7 +18,7 @@ use half::{bf16, f16};
 use netagg_wire::{ControlMessage, ElementType, MessageType, Packet, ValueEncoding, MAX_DATAGRAM_LEN};
 
 use crate::control::{Action, ControlLimits, OpenError, Opened, Registry};
-use crate::engine::{Engine, EngineLimits, Recipient, SessionCounters, SessionId, Transmit, Verdict};
+use crate::engine::{Engine, EngineLimits, Recipient, SessionCounters, SessionId, Verdict};
 use crate::faults::{FaultInjector, FaultRates};
 use crate::pacer::PacingConfig;
 use crate::worker::{
@@ -895,42 +895,35 @@ impl Cluster {
                     );
                 }
                 Endpoint::Switch => {
-                    if let Verdict::Send(transmit) = self.engine.handle_datagram(self.now, &packet.bytes, buf)
-                    {
-                        self.send_from_switch(transmit, buf);
-                    }
-                    while let Some(notice) = self.engine.poll_notice(buf) {
-                        self.send_from_switch(notice, buf);
+                    let Verdict::Send(transmit) = self.engine.handle_datagram(self.now, &packet.bytes, buf)
+                    else {
+                        continue;
+                    };
+                    let recipients: Vec<u16> = match transmit.recipient {
+                        Recipient::All => (0..self.config.workers).collect(),
+                        Recipient::Worker(rank) => vec![rank],
+                        // The simulated switch's sessions have no upper switch.
+                        Recipient::Upstream => Vec::new(),
+                    };
+                    let (wire, now) = (&mut self.wire, self.now);
+                    let result = Packet::new_checked(&buf[..transmit.len])
+                        .ok()
+                        .filter(|packet| packet.message_type() == MessageType::Result);
+                    for rank in recipients {
+                        if let Some(result) = &result {
+                            let lost =
+                                self.results_to_lose.iter().position(|&lost| lost == (rank, result.block()));
+                            if let Some(lost) = lost {
+                                self.results_to_lose.swap_remove(lost);
+                                continue;
+                            }
+                        }
+                        self.downlink.push(now, rank, &buf[..transmit.len], |rank, bytes| {
+                            wire.carry(now, Direction::Down, rank, bytes)
+                        });
                     }
                 }
             }
-        }
-    }
-
-    /// Puts a packet the engine wrote into `buf` on the downlinks of its recipients, but
-    /// for the results the cluster was told to lose.
-    fn send_from_switch(&mut self, transmit: Transmit, buf: &[u8]) {
-        let recipients: Vec<u16> = match transmit.recipient {
-            Recipient::All => (0..self.config.workers).collect(),
-            Recipient::Worker(rank) => vec![rank],
-            // The simulated switch's sessions have no upper switch.
-            Recipient::Upstream => Vec::new(),
-        };
-        let (wire, now) = (&mut self.wire, self.now);
-        let result = Packet::new_checked(&buf[..transmit.len])
-            .ok()
-            .filter(|packet| packet.message_type() == MessageType::Result);
-        for rank in recipients {
-            if let Some(result) = &result {
-                let lost = self.results_to_lose.iter().position(|&lost| lost == (rank, result.block()));
-                if let Some(lost) = lost {
-                    self.results_to_lose.swap_remove(lost);
-                    continue;
-                }
-            }
-            self.downlink.push(now, rank, &buf[..transmit.len], |rank, bytes| {
-                wire.carry(now, Direction::Down, rank, bytes)
-            });
         }
     }
 }

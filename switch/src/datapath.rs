@@ -251,7 +251,6 @@ impl<P: DataPort> DataPath<P> {
             })?;
             if let Some(now) = arrived {
                 self.board.poll_upstream(now);
-                self.board.poll_notices();
             }
             self.board.results.send(&mut self.port);
             self.port.flush();
@@ -491,23 +490,13 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
         commit(results, lent, session_peers, transmit, slot);
     }
 
-    /// Sends the members whose packets the engine found lost what tells them so.
-    fn poll_notices(&mut self) {
-        self.drain(Engine::poll_notice);
-    }
-
     /// Sends a lower switch's sessions' packets that their timers call for up to their
     /// upper switches.
     fn poll_upstream(&mut self, now: Instant) {
-        self.drain(|engine, out| engine.poll_upstream(now, out));
-    }
-
-    /// Sends every packet `next` has the engine write, until it has none.
-    fn drain(&mut self, mut next: impl FnMut(&mut Engine, &mut [u8]) -> Option<netagg_aggregator::Transmit>) {
         let Switchboard { engine, peers, results } = self;
         loop {
             let (lent, out) = results.room(None, Vec::new);
-            let Some(transmit) = next(engine, out) else { return };
+            let Some(transmit) = engine.poll_upstream(now, out) else { return };
             let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
             if let Some(session_peers) = peers.get(&transmit.session) {
                 commit(results, lent, session_peers, transmit, slot);

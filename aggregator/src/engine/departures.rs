@@ -68,7 +68,7 @@ impl Session {
     /// Whether the open round of `slot`, begun or not, cannot complete without
     /// `rank`'s contribution: it expects the rank (a start round expects every rank, a
     /// sparse continuation those whose streams have its block) and has not had it.
-    pub(super) fn round_needs(&self, slot: u16, rank: u16) -> bool {
+    fn round_needs(&self, slot: u16, rank: u16) -> bool {
         let state = &self.slots[slot as usize];
         let expects = state.continuation.is_none() || state.expected.contains(rank);
         expects && !self.contributed(slot, rank)

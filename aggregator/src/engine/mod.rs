@@ -12,7 +12,6 @@
 //! - `stream`: which workers a slot's next round expects, dense or sparse.
 //! - `answer`: results and pending notices, written into the caller's buffer.
 //! - `departures`: ranks that leave a session, and the rounds that then cannot complete.
-//! - `notice`: members' losses that the switch sees first, and what it tells them.
 //! - `uplink`: a session of a lower switch in an aggregation tree, whose rounds complete
 //!   at the upper switch it takes part in as one member.
 
@@ -23,7 +22,6 @@ use netagg_wire::{Packet, PacketRepr, WireError};
 
 mod answer;
 mod departures;
-mod notice;
 mod session;
 mod slot;
 mod stream;
@@ -175,9 +173,6 @@ pub struct Engine {
     /// Sessions that received a contribution to a round a departed rank must complete,
     /// with that rank, each once, until taken.
     orphaned: Vec<(SessionId, u16)>,
-    /// Members' packets found lost, until the shell polls what tells them
-    /// ([`Engine::poll_notice`]).
-    notices: Vec<(SessionId, notice::Overtaken)>,
     /// Open sessions with an upper switch: while there are none, packets from a switch
     /// are refused as they always were, at one predictable check.
     uplinked: usize,
@@ -194,7 +189,6 @@ impl Engine {
             bytes_in_use: 0,
             counters: EngineCounters::default(),
             orphaned: Vec::new(),
-            notices: Vec::new(),
             uplinked: 0,
             closed_uplinks: UplinkCounters::default(),
         }
@@ -416,9 +410,6 @@ impl Engine {
         // A lower switch's workers send their ranks in the whole tree; 0 elsewhere.
         repr.rank = repr.rank.wrapping_sub(session.rank_base);
         let verdict = session.handle(now, &repr, packet.payload(), out, from_its_rank);
-        if !session.overtaken.is_empty() {
-            self.take_notices(SessionId(repr.session));
-        }
         if let Verdict::Dropped(DropReason::Departed(rank)) = verdict {
             self.orphan(SessionId(repr.session), rank);
         }

@@ -6,7 +6,6 @@ use std::time::Instant;
 use netagg_wire::packet::{datagram_len, progress_slots, ELEMENT_LEN};
 use netagg_wire::{ElementType, Flags, MessageType, PacketRepr};
 
-use super::notice::{OpeningOrder, Overtaken};
 use super::slot::{Set, Slot};
 use super::uplink::Uplink;
 use super::{DropReason, Verdict};
@@ -30,7 +29,6 @@ impl SessionSpec {
         let set = core::mem::size_of::<Set>() + 2 * bitmap + self.sum_len();
         let slot = core::mem::size_of::<Slot>() + bitmap + self.workers as usize * 4;
         self.slots as usize * (slot + self.depth as usize * set)
-            + OpeningOrder::heap_bytes(self.workers, self.slots)
     }
 
     /// Bytes of one set's sum: a float32 for each element of the session's longest packet,
@@ -100,9 +98,6 @@ counters! {
         pub stalled: u64,
         /// Requests for a round that has not completed, answered with a pending notice.
         pub not_ready: u64,
-        /// Results and pending notices sent unasked to a member whose packet for a round
-        /// was found lost, when its contribution to a later one arrived first.
-        pub notices: u64,
         /// Packets that break the protocol (wrong rank, slot, round, size or fields).
         pub rejected: u64,
         /// Packets naming the session without its token, or from an address other than
@@ -136,10 +131,6 @@ pub(super) struct Session {
     pub(super) rank_base: u16,
     /// The upper switch this session's rounds complete at, for a lower switch.
     pub(super) uplink: Option<Box<Uplink>>,
-    /// Members' packets found lost while a datagram was handled, for the engine's queue.
-    pub(super) overtaken: Vec<Overtaken>,
-    /// The order the session's rounds opened in, and each member's place along it.
-    pub(super) order: OpeningOrder,
 }
 
 impl Session {
@@ -161,8 +152,6 @@ impl Session {
             departed: WorkerSet::new(spec.workers),
             rank_base: 0,
             uplink: None,
-            overtaken: Vec::new(),
-            order: OpeningOrder::new(spec.workers, spec.slots),
         }
     }
 

@@ -46,9 +46,6 @@ pub(super) struct Slot {
     /// Bit `i`: the slot's set `i` holds a complete round's result that some worker has
     /// not acknowledged. Every other set but `open_set` is free.
     pub(super) retained: u64,
-    /// The open round's number in the session's order of rounds opened, and the job of
-    /// the round whose completion opened it (`notice`).
-    pub(super) opened: Option<(u64, u32)>,
 }
 
 #[derive(Debug)]
@@ -83,7 +80,6 @@ impl Slot {
             next_blocks: vec![END_OF_STREAM; workers as usize].into_boxed_slice(),
             open_set: None,
             retained: 0,
-            opened: None,
         }
     }
 }
@@ -240,11 +236,6 @@ impl Session {
             }
         };
 
-        if let Some((number, job)) = self.slots[slot_index].opened {
-            if job == repr.job {
-                self.judge_overtaken(repr.rank, job, number);
-            }
-        }
         let index = self.set_index(repr.slot, own_set as u32);
         let set = &mut self.sets[index];
         set.contributed.insert(repr.rank);
@@ -281,7 +272,6 @@ impl Session {
         slot.open_set = None;
         slot.retained |= 1 << own_set;
         slot.open_round = repr.round.wrapping_add(1);
-        slot.opened = Some((self.order.open(repr.slot, slot.open_round), set.job));
         set.next_block = slot.schedule_next_round(set.sparse);
         self.counters.results_broadcast += 1;
         self.emit_result(index, repr.slot, Recipient::All, out)

@@ -60,8 +60,10 @@ impl WorkerProtocol {
             // Its contribution was never sent: the pacer sends it, and arms the timer.
             return;
         }
-        let loss_evident = self.loss_evident(index);
-        let slot = &mut self.slots[index as usize];
+        // RACK's reasoning: a result for something sent after this slot's packet means
+        // the switch moved on without it; so does a gap in its results.
+        let loss_evident =
+            slot.ahead != 0 || self.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
         if !loss_evident && self.probe.is_some_and(|probe| probe.slot != index) {
             // The probe's answer speaks for this slot too: wait for it.
             slot.deferred = true;
@@ -113,14 +115,6 @@ impl WorkerProtocol {
         self.arm_timer(index, now);
     }
 
-    /// Whether something points to a loss of slot `index`'s packets, RACK's reasoning: a
-    /// result for something sent after its packet means the switch moved on without it;
-    /// so does a gap in its results.
-    fn loss_evident(&self, index: u16) -> bool {
-        let slot = &self.slots[index as usize];
-        slot.ahead != 0 || self.latest_answered.is_some_and(|answered| answered > slot.waiting_since)
-    }
-
     /// Slot `index` has evidence of a loss: it backs off and queues its recovery.
     fn recover(&mut self, now: Instant, index: u16) {
         self.slots[index as usize].backoff += 1;
@@ -162,14 +156,8 @@ impl WorkerProtocol {
     pub(super) fn take_pending(&mut self, now: Instant, index: u16, notice: &PacketRepr) {
         self.answered(now, index);
         let slot = &mut self.slots[index as usize];
+        // About a round this slot is not contributing to: it waits for others, as it knew.
         let Some(contribution) = slot.outstanding.filter(|c| c.round == notice.round) else {
-            if is_after(notice.round, slot.have) && slot.lacks(notice.round.wrapping_sub(1)) {
-                // The round before has completed, and its result never came: it was lost
-                // (the switch tells a member so unasked, `engine::notice`).
-                self.pending.push_back((index, Send::Request { round: notice.round.wrapping_sub(1) }));
-            }
-            // Otherwise about a round this slot does not contribute to: it waits for
-            // others, as it knew.
             return;
         };
         if notice.flags.contains(Flags::CONTRIBUTED) {
@@ -524,31 +512,6 @@ mod tests {
         assert_eq!(
             (again.len(), repr.message_type, repr.flags),
             (1, MessageType::Data, Flags::RETRANSMISSION)
-        );
-    }
-
-    #[test]
-    fn a_notice_unasked_resends_a_lost_contribution_and_asks_for_a_lost_result() {
-        let start = Instant::now();
-        let mut protocol = running(start, 2, 6, Duration::from_millis(10));
-        let first = sent(&mut protocol, start);
-        assert_eq!(first.len(), 2);
-        // Round 0 of slot 1 completed, its result lost on the way: the switch, seeing this
-        // worker's later contributions first, says round 1 lacks it.
-        let mut next_round = first[1].clone();
-        let mut view = Packet::new_unchecked(&mut next_round[..]);
-        view.set_round(1);
-        view.seal();
-        protocol.handle_datagram(start, &pending_of(&next_round, false), &mut Numbers);
-        // Round 0 of slot 0 lacks its contribution, lost on the way.
-        protocol.handle_datagram(start, &pending_of(&first[0], false), &mut Numbers);
-        let recovered: Vec<_> = sent(&mut protocol, start)
-            .iter()
-            .map(|p| (parsed(p).slot, parsed(p).message_type, parsed(p).round, parsed(p).flags))
-            .collect();
-        assert_eq!(
-            recovered,
-            [(1, MessageType::Ack, 0, Flags::WANT_RESULT), (0, MessageType::Data, 0, Flags::RETRANSMISSION)]
         );
     }
 }
