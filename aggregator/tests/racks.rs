@@ -174,3 +174,28 @@ fn on_oversubscribed_uplinks_the_tree_takes_half_the_flat_switch_s_time_and_the_
     let flat_ring = flat_ring.allreduce(tensor_bytes).elapsed.as_secs_f64();
     assert!(flat_ring < 0.6 * ring, "without racks the ring runs at the workers' 40 Mbit/s: {flat_ring} s");
 }
+
+/// Switches on servers behind links of the workers' rate, uplinks unlimited: a rack's
+/// switch takes its 2 workers' tensors and the upper switch's result in, and sends its
+/// partial sum up and the result to its 2 workers out: 3 tensors each way on its link,
+/// 3 times a worker link's time. One switch at the core on a server carries all 4.
+#[test]
+fn a_tree_of_switches_on_servers_binds_on_the_rack_switch_s_link() {
+    let len = 64 * 400;
+    let limit = RateLimit::new(40_000_000, Duration::from_millis(100));
+    let time = |tree: bool| {
+        let mut config = racked(4, 2, tree).with_rate(limit);
+        config.switch_link = Some(limit);
+        config.retransmit_timeout = Duration::from_millis(10);
+        config.max_retransmit_timeout = Duration::from_millis(640);
+        let mut cluster = Cluster::new(config).unwrap();
+        let report = cluster.allreduce(&inputs(4, len), false).unwrap();
+        assert!(report.outputs.iter().all(|output| *output == expected(4, len)));
+        assert_eq!(report.queue_drops, 0);
+        report.elapsed.as_secs_f64()
+    };
+    let one_tensor = limit.serialization(400 * FRAME_BYTES).as_secs_f64();
+    let (tree, flat) = (time(true), time(false));
+    assert!((tree / (3.0 * one_tensor) - 1.0).abs() < 0.05, "tree {tree} s against {}", 3.0 * one_tensor);
+    assert!((flat / (4.0 * one_tensor) - 1.0).abs() < 0.05, "flat {flat} s against {}", 4.0 * one_tensor);
+}
