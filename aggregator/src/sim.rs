@@ -4,6 +4,13 @@
 //! The faults are those of [`FaultInjector`], the one the client and switch shells use;
 //! the links add their latency to it.
 //!
+//! On a network of racks ([`Racks`]) each rack's traffic to the core crosses an uplink
+//! of its own (rate, latency, queue and faults), and either one switch at the core sums
+//! every worker's packets (flat), or each rack's switch runs its own engine with an
+//! upper switch's session attached, as `netagg-switch --upstream` does (a two-level
+//! tree): it registers with the upper switch's [`Registry`] as one member, sends its
+//! rack's partial sums up and recovers their losses on its own timers.
+//!
 //! [`Ring`] runs the ring allreduce over the same links, for comparison.
 //!
 //! Runs are deterministic for a seed and bounded in steps, so a livelock fails instead of
@@ -11,27 +18,27 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use netagg_wire::{
-    ControlMessage, ElementType, Integrity, MessageType, Packet, ValueEncoding, MAX_DATAGRAM_LEN,
-};
+use netagg_wire::{ElementType, Integrity, MessageType, Packet, MAX_DATAGRAM_LEN};
 
-use crate::control::{Action, ControlLimits, OpenError, Opened, Registry};
-use crate::engine::{Engine, EngineLimits, Recipient, SessionCounters, SessionId, Verdict};
-use crate::faults::{FaultInjector, FaultRates};
+use crate::engine::{Engine, Recipient, SessionCounters, SessionId, UplinkCounters, Verdict};
+use crate::faults::FaultRates;
 use crate::pacer::PacingConfig;
 use crate::worker::{
-    BlockIo, JobSpec, JobStatus, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerCounters,
-    WorkerProtocol,
+    BlockIo, JobSpec, JobStatus, Layout, SessionKeys, WorkerConfig, WorkerCounters, WorkerProtocol,
 };
 use crate::zero_scan::nonzero_blocks;
 
+mod open;
 mod ring;
+mod wire;
 
 pub use ring::{Ring, RingReport, TcpSegments};
+
+use open::Switch;
+use wire::{Node, Wire};
 
 /// Faults and timing of one direction of every worker's link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -81,48 +88,6 @@ impl RateLimit {
     /// How long `bytes` take to leave the link.
     pub fn serialization(&self, bytes: u64) -> Duration {
         Duration::from_nanos((bytes * 8 * 1_000_000_000).div_ceil(self.bits_per_second))
-    }
-}
-
-/// The state of one worker's link in one direction under a [`RateLimit`].
-#[derive(Debug, Clone)]
-struct Bottleneck {
-    limit: RateLimit,
-    /// When the last packet admitted has left the link.
-    free_at: Instant,
-    /// Bytes in the bucket when it left.
-    tokens: u64,
-    /// The longest a packet admitted since the last reset waited in the queue.
-    longest_wait: Duration,
-}
-
-impl Bottleneck {
-    fn new(limit: RateLimit, now: Instant) -> Bottleneck {
-        Bottleneck { limit, free_at: now, tokens: limit.burst_bytes, longest_wait: Duration::ZERO }
-    }
-
-    /// When a packet of `bytes` offered at `now` has left the link; `None` if the queue
-    /// ahead of it is full and it is dropped.
-    fn admit(&mut self, now: Instant, bytes: u64) -> Option<Instant> {
-        let start = self.free_at.max(now);
-        let backlog = self.limit.bytes_in(start - now);
-        if backlog + bytes > self.limit.queue_bytes {
-            return None;
-        }
-        // The bucket refilled while the link idled: what it holds leaves at once, the
-        // rest at the rate.
-        let tokens =
-            self.tokens.saturating_add(self.limit.bytes_in(start - self.free_at)).min(self.limit.burst_bytes);
-        let (departure, tokens) = match bytes.checked_sub(tokens) {
-            None | Some(0) => (start, tokens - bytes),
-            Some(lacking) => (start + self.limit.serialization(lacking), 0),
-        };
-        // The wait before its own bytes go out at the rate.
-        let wait = (departure - now).saturating_sub(self.limit.serialization(bytes));
-        self.longest_wait = self.longest_wait.max(wait);
-        self.free_at = departure;
-        self.tokens = tokens;
-        Some(departure)
     }
 }
 
@@ -188,6 +153,25 @@ pub struct ClusterConfig {
     /// `(rank, block)`: a loss placed where random faults would rarely put it, such as
     /// the last results of a job.
     pub lost_results: Vec<(u16, u32)>,
+    /// The racks the workers sit in, on a network of racks; `None`: every worker's link
+    /// meets the others' at the switch. With racks, `switch_link` is every switch's
+    /// (each rack's and the core's).
+    pub racks: Option<Racks>,
+}
+
+/// A network of racks: the workers in `count` racks of contiguous ranks (split as
+/// `netagg_wire::control::rack_ranks` splits them), each rack behind an uplink of its own
+/// to the network's core.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Racks {
+    pub count: u16,
+    /// Each rack's uplink, each way: its latency, faults and rate (an oversubscribed
+    /// uplink carries less than its rack's links together).
+    pub uplink: LinkFaults,
+    /// Each rack's switch sums its rack's workers and sends one partial sum up (a
+    /// two-level tree); else one switch at the core takes every worker's packets through
+    /// the uplinks.
+    pub tree: bool,
 }
 
 impl ClusterConfig {
@@ -212,6 +196,7 @@ impl ClusterConfig {
             frame_overhead_bytes: 0,
             switch_link: None,
             lost_results: Vec::new(),
+            racks: None,
         }
     }
 
@@ -321,8 +306,11 @@ pub struct RunReport {
     pub block_exponents: Vec<Vec<Option<i8>>>,
     /// Counters of each worker, for this allreduce alone.
     pub workers: Vec<WorkerCounters>,
-    /// The session's counters, for this allreduce alone.
+    /// The counters of the session the workers' packets reach (the racks' sessions'
+    /// together, in a tree), for this allreduce alone.
     pub switch: SessionCounters,
+    /// What each rack's uplink carried, on a network of racks.
+    pub racks: Vec<RackTraffic>,
     pub steps: u64,
     /// Packets the links' full queues dropped.
     pub queue_drops: u64,
@@ -333,173 +321,35 @@ pub struct RunReport {
     pub elapsed: Duration,
 }
 
-/// The longest wait in the workers' links' queues, towards the switch and back.
+/// What crossed one rack's uplink in an allreduce.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RackTraffic {
+    /// Bytes of the frames the uplink carried up and down, link headers counted.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// What the rack's switch exchanged with the upper switch, in a tree.
+    pub uplink: Option<UplinkCounters>,
+}
+
+/// The longest wait in the links' queues, towards the switches and back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueWaits {
     pub up: Duration,
     pub down: Duration,
 }
 
-/// Where a packet in flight arrives next: its destination, or a hop of its path where
-/// it joins another link's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Endpoint {
-    Switch,
-    Worker(u16),
-    /// The switch host's link towards the switch.
-    SwitchIngress,
-    /// Worker `rank`'s link, from the switch host's link.
-    WorkerEgress(u16),
-}
-
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct InFlight {
-    at: Instant,
-    sequence: u64,
-    to: Endpoint,
-    bytes: Vec<u8>,
-}
-
 /// The simulated cluster.
 #[derive(Debug)]
 pub struct Cluster {
     config: ClusterConfig,
-    engine: Engine,
-    session: SessionId,
+    /// The racks' switches by rack (in a tree), then the switch at the core.
+    switches: Vec<Switch>,
     workers: Vec<WorkerProtocol>,
-    /// Faults of each direction, addressed by the worker whose link a packet takes.
-    uplink: FaultInjector<u16>,
-    downlink: FaultInjector<u16>,
     now: Instant,
     wire: Wire,
     next_job: u32,
     /// Of `config.lost_results`, those not yet lost.
     results_to_lose: Vec<(u16, u32)>,
-}
-
-/// The packets on their way, and the workers' links' bottlenecks.
-#[derive(Debug)]
-struct Wire {
-    in_flight: BinaryHeap<Reverse<InFlight>>,
-    sequence: u64,
-    uplinks: Vec<Option<Bottleneck>>,
-    downlinks: Vec<Option<Bottleneck>>,
-    /// The switch host's link, in and out, if it has one of its own.
-    switch_in: Option<Bottleneck>,
-    switch_out: Option<Bottleneck>,
-    uplink_latency: Duration,
-    downlink_latency: Duration,
-    frame_overhead_bytes: u64,
-    /// Packets dropped by full queues at the bottlenecks.
-    queue_drops: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Direction {
-    Up,
-    Down,
-}
-
-/// One of the links of the cluster's topology.
-#[derive(Debug, Clone, Copy)]
-enum LinkSlot {
-    /// Worker `rank`'s link towards the fabric.
-    Up(u16),
-    /// Worker `rank`'s link from the fabric.
-    Down(u16),
-    SwitchIn,
-    SwitchOut,
-}
-
-impl Wire {
-    fn new(config: &ClusterConfig, now: Instant) -> Wire {
-        let links = |rate: Option<RateLimit>| {
-            (0..config.workers)
-                .map(|rank| config.rank_rate(rank, rate).map(|limit| Bottleneck::new(limit, now)))
-                .collect()
-        };
-        Wire {
-            in_flight: BinaryHeap::new(),
-            sequence: 0,
-            uplinks: links(config.uplink.rate),
-            downlinks: links(config.downlink.rate),
-            switch_in: config.switch_link.map(|limit| Bottleneck::new(limit, now)),
-            switch_out: config.switch_link.map(|limit| Bottleneck::new(limit, now)),
-            uplink_latency: config.uplink.latency,
-            downlink_latency: config.downlink.latency,
-            frame_overhead_bytes: config.frame_overhead_bytes,
-            queue_drops: 0,
-        }
-    }
-
-    /// The longest queue waits since the last call, which starts the next count.
-    fn take_longest_waits(&mut self) -> QueueWaits {
-        let longest = |links: &mut Vec<Option<Bottleneck>>| {
-            let waits = links.iter_mut().flatten().map(|link| std::mem::take(&mut link.longest_wait));
-            waits.max().unwrap_or_default()
-        };
-        let switch =
-            |link: &mut Option<Bottleneck>| link.as_mut().map(|link| std::mem::take(&mut link.longest_wait));
-        QueueWaits {
-            up: longest(&mut self.uplinks).max(switch(&mut self.switch_in).unwrap_or_default()),
-            down: longest(&mut self.downlinks).max(switch(&mut self.switch_out).unwrap_or_default()),
-        }
-    }
-
-    /// Puts a packet on its way at `now`, in `direction` between worker `rank` and the
-    /// switch: up, through the worker's link, its latency, then the switch host's link
-    /// if it has one; down, through the switch host's link first.
-    fn carry(&mut self, now: Instant, direction: Direction, rank: u16, bytes: &[u8]) {
-        let (link, latency, to) = match direction {
-            Direction::Up => {
-                let to = if self.switch_in.is_some() { Endpoint::SwitchIngress } else { Endpoint::Switch };
-                (LinkSlot::Up(rank), self.uplink_latency, to)
-            }
-            Direction::Down if self.switch_out.is_some() => {
-                (LinkSlot::SwitchOut, Duration::ZERO, Endpoint::WorkerEgress(rank))
-            }
-            Direction::Down => (LinkSlot::Down(rank), self.downlink_latency, Endpoint::Worker(rank)),
-        };
-        self.enqueue(now, link, latency, to, bytes.to_vec());
-    }
-
-    /// Moves a packet that reached a hop of its path on to the hop's link.
-    fn forward(&mut self, now: Instant, at: Endpoint, bytes: Vec<u8>) {
-        match at {
-            Endpoint::SwitchIngress => {
-                self.enqueue(now, LinkSlot::SwitchIn, Duration::ZERO, Endpoint::Switch, bytes)
-            }
-            Endpoint::WorkerEgress(rank) => {
-                self.enqueue(now, LinkSlot::Down(rank), self.downlink_latency, Endpoint::Worker(rank), bytes)
-            }
-            Endpoint::Switch | Endpoint::Worker(_) => unreachable!("destinations are not hops"),
-        }
-    }
-
-    /// Puts `bytes` on a link at `now` (through its bottleneck, if it has one), to reach
-    /// `to` `latency` after it leaves.
-    fn enqueue(&mut self, now: Instant, link: LinkSlot, latency: Duration, to: Endpoint, bytes: Vec<u8>) {
-        let frame_bytes = bytes.len() as u64 + self.frame_overhead_bytes;
-        let bottleneck = match link {
-            LinkSlot::Up(rank) => self.uplinks[rank as usize].as_mut(),
-            LinkSlot::Down(rank) => self.downlinks[rank as usize].as_mut(),
-            LinkSlot::SwitchIn => self.switch_in.as_mut(),
-            LinkSlot::SwitchOut => self.switch_out.as_mut(),
-        };
-        let departure = match bottleneck {
-            Some(bottleneck) => match bottleneck.admit(now, frame_bytes) {
-                Some(departure) => departure,
-                None => {
-                    self.queue_drops += 1;
-                    return;
-                }
-            },
-            None => now,
-        };
-        self.sequence += 1;
-        let packet = InFlight { at: departure + latency, sequence: self.sequence, to, bytes };
-        self.in_flight.push(Reverse(packet));
-    }
 }
 
 /// Which workers an event reached since they were last polled, and when each worker's
@@ -628,72 +478,20 @@ impl BlockIo for TensorIo {
 }
 
 impl Cluster {
-    /// Opens the cluster's session as a switch does: every worker registers with a
-    /// control [`Registry`], which opens the session in the engine once every rank has,
-    /// and each worker takes its session, rank and token from its accept.
+    /// Opens the cluster's sessions as its switches do: every worker registers with a
+    /// control [`Registry`](crate::control::Registry), which opens the session in the
+    /// engine once every rank has, and each worker takes its session, rank and token from
+    /// its accept; in a tree, each rack's switch first joins the upper switch's session.
     pub fn new(config: ClusterConfig) -> Result<Cluster, SimError> {
         let now = Instant::now();
-        let mut engine = Engine::new(EngineLimits {
-            session_idle_timeout: Duration::from_secs(3600),
-            ..EngineLimits::default()
-        });
-        let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        let endpoint = netagg_wire::Endpoint::Udp(SocketAddr::new(host, 0));
-        let mut registry = Registry::new(
-            vec![endpoint],
-            ControlLimits {
-                max_connections: usize::from(config.workers),
-                max_sessions: 1,
-                max_workers: config.workers,
-                register_timeout: Duration::from_secs(60),
-                data_networks: Vec::new(),
-                max_datagram: None,
-            },
-        );
-        for rank in 0..config.workers {
-            let connection = registry.handle_connect(now, host);
-            let register = ControlMessage::Register {
-                rank,
-                world_size: config.workers,
-                packet_elements: config.packet_elements,
-                slots: config.slots,
-                depth: config.depth,
-                encoding: ValueEncoding::Native,
-                sparse_blocks: false,
-                name: "sim".into(),
-                endpoints: vec![endpoint],
-            };
-            registry.handle_message(now, connection, 0, register);
-        }
-        // Any value: the simulated links carry no forger.
-        let token = config.seed.rotate_left(17) ^ 0x6e65_7461_6767;
-        let mut accepts = Vec::new();
-        while let Some(action) = registry.poll_action() {
-            match action {
-                Action::OpenSession { request, spec, .. } => {
-                    let opened = engine.open_session(now, spec, token).map(|id| Opened { id, token });
-                    registry.handle_opened(request, opened.map_err(OpenError::from));
-                }
-                Action::Send { message: ControlMessage::Accept { session, rank, token, .. }, .. } => {
-                    accepts.push((session, rank, token))
-                }
-                Action::Send { message: ControlMessage::Reject { message, .. }, .. } => {
-                    return Err(SimError::Refused(message))
-                }
-                // Closes follow refusals; the registry asks nothing else of a new session.
-                _ => {}
-            }
-        }
-        let Some(&(session, ..)) = accepts.first() else {
-            return Err(SimError::Refused("a session needs at least one worker".into()));
-        };
-        let session = SessionId(session);
-        let workers = accepts
+        let sessions = open::open(&config, now)?;
+        let workers = sessions
+            .workers
             .into_iter()
-            .map(|(_, rank, token)| {
+            .map(|(rank, key)| {
                 WorkerProtocol::new(
                     WorkerConfig {
-                        keys: SessionKeys::one(SessionKey { session: session.0, token }),
+                        keys: SessionKeys::one(key),
                         rank,
                         slot_base: 0,
                         slots: config.slots,
@@ -710,25 +508,29 @@ impl Cluster {
             })
             .collect();
         Ok(Cluster {
-            uplink: FaultInjector::new(config.uplink.rates(), config.seed),
-            downlink: FaultInjector::new(config.downlink.rates(), !config.seed),
             wire: Wire::new(&config, now),
             results_to_lose: config.lost_results.clone(),
+            switches: sessions.switches,
             config,
-            engine,
-            session,
             workers,
             now,
             next_job: 1,
         })
     }
 
+    /// The engine of the switch at the core (the upper switch, in a tree).
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.core().engine
     }
 
+    /// The cluster's session in [`Cluster::engine`].
     pub fn session(&self) -> SessionId {
-        self.session
+        self.core().session
+    }
+
+    fn core(&self) -> &Switch {
+        // `open` makes at least the core's.
+        self.switches.last().expect("a cluster has a switch")
     }
 
     /// Sums the workers' tensors (one per worker) and returns every worker's result.
@@ -767,7 +569,8 @@ impl Cluster {
             .collect();
         let counters_before: Vec<WorkerCounters> = self.workers.iter().map(|w| *w.counters()).collect();
         let switch_before = self.switch_counters();
-        let queue_drops_before = self.wire.queue_drops;
+        let queue_drops_before = self.wire.queue_drops();
+        let uplinks_before = self.uplink_traffic();
         // Counted afresh for this allreduce.
         self.wire.take_longest_waits();
         let started = self.now;
@@ -813,11 +616,9 @@ impl Cluster {
             }
             for rank in agenda.take_touched() {
                 let (worker, io) = (&mut self.workers[rank as usize], &mut ios[rank as usize]);
+                let switch = Node::Switch(self.wire.switch_of(rank));
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
-                    let (wire, now) = (&mut self.wire, self.now);
-                    self.uplink.push(now, rank, &buf[..len], |rank, bytes| {
-                        wire.carry(now, Direction::Up, rank, bytes)
-                    });
+                    self.wire.send(self.now, Node::Worker(rank), switch, &buf[..len]);
                 }
                 match worker.status() {
                     JobStatus::Failed(error) => {
@@ -838,16 +639,24 @@ impl Cluster {
             if steps > self.config.max_steps {
                 return Err(SimError::Livelock { steps });
             }
-            let next_delivery = self.wire.in_flight.peek().map(|Reverse(p)| p.at);
-            let next_release = [self.uplink.next_release(), self.downlink.next_release()];
             let next_start = pending.last().map(|&(at, _)| at);
-            let events = [next_delivery, agenda.next_timer(), next_start].into_iter().chain(next_release);
-            let Some(next) = events.flatten().min() else {
+            let upstream = self.switches.iter().filter_map(|switch| switch.engine.upstream_timeout()).min();
+            let events = [self.wire.next_event(), agenda.next_timer(), next_start, upstream];
+            let Some(next) = events.into_iter().flatten().min() else {
                 let rank = done.iter().position(|&done| !done).unwrap_or(0);
                 return Err(SimError::Stuck { rank: rank as u16 });
             };
             self.now = self.now.max(next);
             self.deliver_due(&mut ios, &mut buf, &mut agenda);
+            for switch in 0..self.switches.len() as u16 {
+                if self.switches[usize::from(switch)]
+                    .engine
+                    .upstream_timeout()
+                    .is_some_and(|at| at <= self.now)
+                {
+                    self.poll_upstream(switch, &mut buf);
+                }
+            }
             while let Some(rank) = agenda.pop_due(self.now) {
                 self.workers[rank as usize].handle_timeout(self.now);
             }
@@ -864,69 +673,92 @@ impl Cluster {
                 .map(|(w, before)| w.counters().since(before))
                 .collect(),
             switch: switch_after.since(&switch_before),
+            racks: self
+                .uplink_traffic()
+                .iter()
+                .zip(&uplinks_before)
+                .map(|(after, before)| RackTraffic {
+                    bytes_up: after.bytes_up - before.bytes_up,
+                    bytes_down: after.bytes_down - before.bytes_down,
+                    uplink: after.uplink.zip(before.uplink).map(|(after, before)| after.since(&before)),
+                })
+                .collect(),
             steps,
-            queue_drops: self.wire.queue_drops - queue_drops_before,
+            queue_drops: self.wire.queue_drops() - queue_drops_before,
             longest_queue_wait: self.wire.take_longest_waits(),
             elapsed: self.now - started,
         })
     }
 
+    /// The counters of the sessions the workers' packets reach, together.
     fn switch_counters(&self) -> SessionCounters {
-        self.engine.session(self.session).map(|(_, c)| c).unwrap_or_default()
+        let reached = (0..self.config.workers).map(|rank| self.wire.switch_of(rank));
+        let mut reached: Vec<u16> = reached.collect();
+        reached.dedup();
+        reached
+            .into_iter()
+            .filter_map(|switch| {
+                let switch = &self.switches[usize::from(switch)];
+                switch.engine.session(switch.session).map(|(_, counters)| counters)
+            })
+            .fold(SessionCounters::default(), |total, counters| total + counters)
+    }
+
+    /// What each rack's uplink has carried so far.
+    fn uplink_traffic(&self) -> Vec<RackTraffic> {
+        let bytes = self.wire.uplink_bytes().into_iter().enumerate();
+        bytes
+            .map(|(rack, (bytes_up, bytes_down))| {
+                let switch = self.switches.get(rack).filter(|_| self.switches.len() > 1);
+                let uplink = switch.and_then(|switch| switch.engine.uplink_counters(switch.session));
+                RackTraffic { bytes_up, bytes_down, uplink }
+            })
+            .collect()
     }
 
     fn deliver_due(&mut self, ios: &mut [TensorIo], buf: &mut [u8], agenda: &mut Agenda) {
-        // Packets the links held back go on their way now, after the link's latency.
-        for (link, direction) in [(&mut self.uplink, Direction::Up), (&mut self.downlink, Direction::Down)] {
-            let (wire, now) = (&mut self.wire, self.now);
-            link.release(now, |rank, bytes| wire.carry(now, direction, rank, bytes));
-        }
-        while self.wire.in_flight.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
-            let Some(Reverse(packet)) = self.wire.in_flight.pop() else {
-                break;
-            };
-            match packet.to {
-                hop @ (Endpoint::SwitchIngress | Endpoint::WorkerEgress(_)) => {
-                    self.wire.forward(self.now, hop, packet.bytes)
-                }
-                Endpoint::Worker(rank) => {
+        while let Some((to, bytes)) = self.wire.pop_due(self.now) {
+            match to {
+                Node::Worker(rank) => {
                     agenda.touch(rank);
-                    self.workers[rank as usize].handle_datagram(
-                        self.now,
-                        &packet.bytes,
-                        &mut ios[rank as usize],
-                    );
+                    self.workers[rank as usize].handle_datagram(self.now, &bytes, &mut ios[rank as usize]);
                 }
-                Endpoint::Switch => {
-                    let Verdict::Send(transmit) = self.engine.handle_datagram(self.now, &packet.bytes, buf)
-                    else {
-                        continue;
-                    };
-                    let recipients: Vec<u16> = match transmit.recipient {
-                        Recipient::All => (0..self.config.workers).collect(),
-                        Recipient::Worker(rank) => vec![rank],
-                        // The simulated switch's sessions have no upper switch.
-                        Recipient::Upstream => Vec::new(),
-                    };
-                    let (wire, now) = (&mut self.wire, self.now);
-                    let result = Packet::new_checked(&buf[..transmit.len])
-                        .ok()
-                        .filter(|packet| packet.message_type() == MessageType::Result);
-                    for rank in recipients {
-                        if let Some(result) = &result {
-                            let lost =
-                                self.results_to_lose.iter().position(|&lost| lost == (rank, result.block()));
-                            if let Some(lost) = lost {
-                                self.results_to_lose.swap_remove(lost);
-                                continue;
-                            }
-                        }
-                        self.downlink.push(now, rank, &buf[..transmit.len], |rank, bytes| {
-                            wire.carry(now, Direction::Down, rank, bytes)
-                        });
+                Node::Switch(switch) => {
+                    let engine = &mut self.switches[usize::from(switch)].engine;
+                    if let Verdict::Send(transmit) = engine.handle_datagram(self.now, &bytes, buf) {
+                        self.dispatch(switch, transmit.recipient, &buf[..transmit.len]);
                     }
+                    // A rack's switch may owe its upper switch an acknowledgement.
+                    self.poll_upstream(switch, buf);
                 }
             }
+        }
+    }
+
+    /// Sends what switch `switch`'s timers and acknowledgements call for up to its upper
+    /// switch.
+    fn poll_upstream(&mut self, switch: u16, buf: &mut [u8]) {
+        loop {
+            let engine = &mut self.switches[usize::from(switch)].engine;
+            let Some(transmit) = engine.poll_upstream(self.now, buf) else { return };
+            self.dispatch(switch, transmit.recipient, &buf[..transmit.len]);
+        }
+    }
+
+    /// Puts a packet switch `switch` wrote for `recipient` on its way to each node it
+    /// names, but for the results `config.lost_results` loses.
+    fn dispatch(&mut self, switch: u16, recipient: Recipient, packet: &[u8]) {
+        let result =
+            Packet::new_checked(packet).ok().filter(|packet| packet.message_type() == MessageType::Result);
+        for to in self.wire.recipients(switch, recipient) {
+            if let (Some(result), Node::Worker(rank)) = (&result, to) {
+                let lost = self.results_to_lose.iter().position(|&lost| lost == (rank, result.block()));
+                if let Some(lost) = lost {
+                    self.results_to_lose.swap_remove(lost);
+                    continue;
+                }
+            }
+            self.wire.send(self.now, Node::Switch(switch), to, packet);
         }
     }
 }

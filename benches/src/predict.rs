@@ -6,7 +6,9 @@
 //!
 //! A [`Setup`] describes a network as `netagg-run --link` shapes it (every worker's link
 //! at one rate, delay and loss each way, behind `tbf`'s queue and bucket, frames counted
-//! with their Ethernet, IPv4 and UDP headers) and a workload as `allreduce_benchmark`
+//! with their Ethernet, IPv4 and UDP headers; with `--racks R --uplink rate=...`, racks
+//! behind uplinks of their own, their switches summing first or, `--flat`, one switch at
+//! the core) and a workload as `allreduce_benchmark`
 //! runs it (one warm-up job, then timed jobs; the default packets and window; a late
 //! rank as `--late`). Two simplifications against the library: a worker's window is one
 //! protocol core of all its slots where the library runs it as 2 threads of half as
@@ -15,11 +17,13 @@
 
 use std::time::{Duration, Instant};
 
-use netagg_aggregator::sim::{Cluster, ClusterConfig, RateLimit, Ring, TcpSegments, Tensor};
+use netagg_aggregator::sim::{
+    Cluster, ClusterConfig, LinkFaults, Racks, RateLimit, Ring, TcpSegments, Tensor,
+};
 
 use netagg_emulate::link::{parse_duration, parse_rate};
 
-use crate::model::{Link, Scenario, UDP_OVERHEAD_BYTES};
+use crate::model::{Aggregators, Link, RackNetwork, Scenario, UDP_OVERHEAD_BYTES};
 use crate::plot::Verdict;
 use crate::summary::median_of;
 
@@ -47,8 +51,26 @@ pub struct Setup {
     pub jobs: usize,
     pub seed: u64,
     /// The switch runs on a server behind a link like the workers' (a switch process, as
-    /// netagg deploys without a programmable switch), not as the network itself.
+    /// netagg deploys without a programmable switch), not as the network itself; on a
+    /// network of racks, every switch does.
     pub switch_on_server: bool,
+    /// The racks the workers sit in, on a network of racks.
+    pub racks: Option<RackSetup>,
+}
+
+/// A network of racks as `netagg-run --racks R --uplink rate=...` builds it: racks of
+/// contiguous ranks, each behind an uplink of its own to the core.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RackSetup {
+    pub count: u16,
+    /// Each uplink's rate each way, behind the queue and bucket of the workers' links;
+    /// `None`: unlimited.
+    pub uplink_bits_per_second: Option<u64>,
+    /// Each uplink's one-way delay (the emulator's uplinks have none).
+    pub uplink_delay: Duration,
+    /// Each rack's switch sums its rack first (a two-level tree); else one switch at the
+    /// core takes every worker's packets (`--flat`).
+    pub tree: bool,
 }
 
 impl Setup {
@@ -70,6 +92,7 @@ impl Setup {
             jobs: 3,
             seed: 1,
             switch_on_server: false,
+            racks: None,
         }
     }
 
@@ -84,6 +107,14 @@ impl Setup {
         }
         config.frame_overhead_bytes = UDP_OVERHEAD_BYTES;
         config.switch_link = self.switch_on_server.then_some(limit);
+        config.racks = self.racks.map(|racks| {
+            let rate = racks.uplink_bits_per_second;
+            let uplink = LinkFaults {
+                rate: rate.map(|rate| RateLimit::new(rate, self.queue).with_burst(self.burst_bytes)),
+                ..LinkFaults::perfect(racks.uplink_delay)
+            };
+            Racks { count: racks.count, uplink, tree: racks.tree }
+        });
         // The library's defaults (general.timeout, and 64 times it).
         config.retransmit_timeout = Duration::from_millis(10);
         config.max_retransmit_timeout = Duration::from_millis(640);
@@ -101,13 +132,30 @@ impl Setup {
     /// The analytic model's scenario for the same network and workload.
     pub fn scenario(&self) -> Scenario {
         let link = Link { bits_per_second: self.bits_per_second as f64, delay: self.delay };
-        Scenario::uniform(
-            usize::from(self.workers),
-            link,
-            self.tensor_bytes,
-            u64::from(self.packet_elements) * 4,
-            u64::from(self.window_packets),
-        )
+        let switch_link = self.switch_on_server.then_some(link);
+        let aggregators = match (self.racks, switch_link) {
+            (Some(racks), switch_link) if racks.tree => Aggregators::Tree { switch_link },
+            (_, Some(link)) => Aggregators::Dedicated { count: 1, link },
+            (_, None) => Aggregators::Ideal,
+        };
+        let racks = self.racks.map(|racks| RackNetwork {
+            count: usize::from(racks.count),
+            uplink: Link {
+                bits_per_second: racks.uplink_bits_per_second.map_or(f64::INFINITY, |rate| rate as f64),
+                delay: racks.uplink_delay,
+            },
+        });
+        Scenario {
+            aggregators,
+            racks,
+            ..Scenario::uniform(
+                usize::from(self.workers),
+                link,
+                self.tensor_bytes,
+                u64::from(self.packet_elements) * 4,
+                u64::from(self.window_packets),
+            )
+        }
     }
 
     /// netagg in the simulator: the median of the timed jobs' virtual times, every job's
@@ -156,8 +204,17 @@ impl Setup {
         if let Some((rank, late)) = self.late {
             name += &format!(", rank {rank} {late:?} late");
         }
+        if let Some(racks) = self.racks {
+            let uplink = racks.uplink_bits_per_second.map_or("unlimited".to_string(), rate_name);
+            let plural = if racks.count == 1 { "" } else { "s" };
+            name += &format!(", {} rack{plural} behind {uplink}", racks.count);
+            if !racks.uplink_delay.is_zero() {
+                name += &format!(", {:?}", racks.uplink_delay);
+            }
+            name += if racks.tree { " uplinks, a tree" } else { " uplinks, one switch at the core" };
+        }
         if self.switch_on_server {
-            name += ", the switch on a server";
+            name += if self.racks.is_some() { ", switches on servers" } else { ", the switch on a server" };
         }
         name
     }
@@ -354,6 +411,27 @@ mod tests {
         assert_eq!(region, [Verdict { workers: 4.0, megabits_per_second: 50.0, faithful: true }]);
         let region = faithful_region(&[lossless, EmulatedRun { loss: 0.0, late: None, ..cpu_bound }]);
         assert!(!region[0].faithful, "one run the CPU bound makes the network unfaithful");
+    }
+
+    #[test]
+    fn a_rack_setup_reaches_the_simulator_and_the_model_as_netagg_run_builds_it() {
+        let racks = RackSetup {
+            count: 2,
+            uplink_bits_per_second: Some(20_000_000),
+            uplink_delay: Duration::ZERO,
+            tree: true,
+        };
+        let setup = Setup { racks: Some(racks), ..Setup::new(4, 40_000_000, Duration::ZERO, 1 << 20) };
+        assert_eq!(setup.to_string(), "N = 4, 40mbit, 0ns, 2 racks behind 20mbit uplinks, a tree");
+        let cluster = setup.cluster().racks.unwrap();
+        assert_eq!((cluster.count, cluster.tree), (2, true));
+        assert_eq!(cluster.uplink.rate, Some(RateLimit::new(20_000_000, setup.queue).with_burst(64 * 1024)));
+        let scenario = setup.scenario();
+        assert_eq!(scenario.aggregators, Aggregators::Tree { switch_link: None });
+        assert_eq!(scenario.racks.unwrap().uplink.bits_per_second, 20e6);
+        let flat = Setup { racks: Some(RackSetup { tree: false, ..racks }), switch_on_server: true, ..setup };
+        assert!(matches!(flat.scenario().aggregators, Aggregators::Dedicated { count: 1, .. }));
+        assert!(flat.to_string().ends_with("uplinks, one switch at the core, switches on servers"), "{flat}");
     }
 
     #[test]

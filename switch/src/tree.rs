@@ -13,18 +13,12 @@ use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use netagg_aggregator::control::upward::{self, MAX_RETRANSMIT_TIMEOUT, RETRANSMIT_TIMEOUT};
 use netagg_aggregator::control::{Group, Rack};
-use netagg_aggregator::engine::Upstream;
 use netagg_aggregator::SessionSpec;
-use netagg_wire::{ControlMessage, Endpoint, SlotSplit};
+use netagg_wire::{ControlMessage, Endpoint};
 
 use crate::datapath::UpstreamPath;
-
-/// How long a round sent up waits for the upper switch before it is sent again, at
-/// first; it doubles on every timeout of a slot up to [`MAX_RETRANSMIT_TIMEOUT`]. The data
-/// path looks at its timers every 20 ms, which bounds how early it can act anyway.
-const RETRANSMIT_TIMEOUT: Duration = Duration::from_millis(20);
-const MAX_RETRANSMIT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The upper switch of a lower switch, from `switch.upstream`, `switch.rack` and
 /// `switch.racks`.
@@ -60,21 +54,11 @@ pub fn join(
         .ok_or_else(|| format!("the upper switch's address {address} resolves to nothing"))?;
     let mut stream = TcpStream::connect_timeout(&target, upper.register_timeout).map_err(failed)?;
     let _ = stream.set_nodelay(true);
-    let register = ControlMessage::Register {
-        rank: index,
-        world_size: count,
-        packet_elements: spec.packet_elements,
-        slots: spec.slots,
-        depth: spec.depth,
-        encoding: group.encoding,
-        sparse_blocks: group.sparse_blocks,
-        name: name.to_string(),
-        endpoints: upper.data_endpoints.clone(),
-    };
+    let register = upward::registration(upper.rack, name, spec, group, upper.data_endpoints.clone());
     register.write_to(1, &mut stream).map_err(failed)?;
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     stream.set_read_timeout(Some(left)).map_err(failed)?;
-    let reply = ControlMessage::read_from(&mut stream).map_err(|error| match error.kind() {
+    let (_, answer) = ControlMessage::read_from(&mut stream).map_err(|error| match error.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
             "the upper switch at {address} did not open session '{name}' within {:?}: its other racks \
              did not all register",
@@ -83,23 +67,15 @@ pub fn join(
         _ => failed(error),
     })?;
     stream.set_read_timeout(None).map_err(failed)?;
-    match reply {
-        (_, ControlMessage::Accept { session, token, data, split: SlotSplit::Ranges, .. }) => {
-            let upstream = Upstream {
-                session,
-                token,
-                rank: index,
-                first_rank: group.first_rank,
-                retransmit_timeout: RETRANSMIT_TIMEOUT,
-                max_retransmit_timeout: MAX_RETRANSMIT_TIMEOUT,
-            };
+    match upward::joined(upper.rack, group, RETRANSMIT_TIMEOUT, MAX_RETRANSMIT_TIMEOUT, answer) {
+        Ok((upstream, endpoints)) => {
             let peer = stream.peer_addr().map_err(failed)?.ip();
-            Ok((stream, UpstreamPath { upstream, endpoints: data, peer }))
+            Ok((stream, UpstreamPath { upstream, endpoints, peer }))
         }
-        (_, ControlMessage::Reject { message, .. }) => {
+        Err(ControlMessage::Reject { message, .. }) => {
             Err(format!("the upper switch at {address} refused rack {index} of {count}: {message}"))
         }
-        (_, other) => Err(format!("the upper switch at {address} answered {other:?} to a registration")),
+        Err(other) => Err(format!("the upper switch at {address} answered {other:?} to a registration")),
     }
 }
 

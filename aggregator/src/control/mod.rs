@@ -36,6 +36,7 @@
 mod registration;
 #[cfg(test)]
 mod tests;
+pub mod upward;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;

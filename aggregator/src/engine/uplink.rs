@@ -149,6 +149,15 @@ impl Engine {
         self.sessions.iter_mut().flatten().find_map(|session| session.poll_upstream(now, out))
     }
 
+    /// When [`Engine::poll_upstream`] may next have a timer's packet to send: not
+    /// before; polled then, it may find the timer was stopped, and this moves on.
+    pub fn upstream_timeout(&self) -> Option<Instant> {
+        if self.uplinked == 0 {
+            return None;
+        }
+        self.sessions.iter().flatten().filter_map(|session| session.uplink.as_ref()?.waits.next_due()).min()
+    }
+
     /// A result, pending notice or progress report: from the upper switch of the session
     /// that holds its upper session's id.
     pub(super) fn handle_from_upstream(

@@ -16,7 +16,11 @@
 //! after the chunk's last segment when fewer follow it; a resent segment lost again is
 //! found two round trips after it was sent (RACK's and the probe's detection). The
 //! connections persist from one allreduce to the next, so a warm-up allreduce opens
-//! their windows as MPI's warm-up jobs do.
+//! their windows as MPI's warm-up jobs do. On a network of racks (`ClusterConfig::racks`)
+//! a chunk between ranks of two racks also crosses the sender's rack's uplink up and the
+//! receiver's down, each at its rate and latency (the ranks in contiguous racks, as
+//! MPI's ring runs them: each uplink carries one edge of the ring each way); the
+//! uplinks' own faults are not drawn.
 //!
 //! Left out, and so what a measured ring shows beyond this model: CUBIC's window curve
 //! (a line instead, as CUBIC keeps on short paths), Linux's 200 ms retransmission
@@ -27,6 +31,8 @@
 use std::time::Duration;
 
 use crate::faults::{FaultInjector, FaultRates};
+
+use netagg_wire::control::rack_ranks;
 
 use super::{ClusterConfig, RateLimit};
 
@@ -133,6 +139,10 @@ pub struct Ring {
     /// Each rank's link towards the fabric and from it.
     uplinks: Vec<Hop>,
     downlinks: Vec<Hop>,
+    /// Each rank's rack, and each rack's uplink up and down, on a network of racks.
+    rack_of: Vec<u16>,
+    rack_uplinks: Vec<Hop>,
+    rack_downlinks: Vec<Hop>,
     /// Each rank's connection to the next rank.
     windows: Vec<Window>,
     up_losses: FaultInjector<()>,
@@ -149,9 +159,21 @@ impl Ring {
                 .collect()
         };
         let losses = |drop, seed| FaultInjector::new(FaultRates { drop, ..FaultRates::NONE }, seed);
+        let racks = config.racks.map_or(0, |racks| racks.count);
+        let rack_hops = || -> Vec<Hop> {
+            let limit = config.racks.and_then(|racks| racks.uplink.rate);
+            (0..racks).map(|_| Hop { limit, free_at: Duration::ZERO }).collect()
+        };
+        let rack_of = (0..config.workers)
+            .map(|rank| (0..racks).find(|&rack| rack_ranks(rack, racks, config.workers).contains(&rank)))
+            .map(Option::unwrap_or_default)
+            .collect();
         Ring {
             uplinks: hops(config.uplink.rate),
             downlinks: hops(config.downlink.rate),
+            rack_of,
+            rack_uplinks: rack_hops(),
+            rack_downlinks: rack_hops(),
             windows: vec![Window::INITIAL; usize::from(config.workers)],
             up_losses: losses(config.uplink.drop, config.seed),
             down_losses: losses(config.downlink.drop, !config.seed),
@@ -208,9 +230,12 @@ impl Ring {
         chunk: &mut Chunk,
     ) -> (Duration, u64) {
         let (up_latency, down_latency) = (self.config.uplink.latency, self.config.downlink.latency);
-        // One way over the path, sender's link and receiver's: data one way, its
-        // acknowledgements the other.
-        let path = up_latency + down_latency;
+        let racks = self.crossing(sender, receiver);
+        let rack_latency = self.config.racks.map_or(Duration::ZERO, |racks| racks.uplink.latency);
+        // One way over the path, sender's link and receiver's (and two uplinks between
+        // racks): data one way, its acknowledgements the other.
+        let path =
+            up_latency + down_latency + if racks.is_some() { 2 * rack_latency } else { Duration::ZERO };
         let first = self.windows[sender].sent;
         // Acknowledgements (or the duplicates that reveal a loss) reach the sender a path
         // after the segment reached the receiver.
@@ -230,9 +255,12 @@ impl Ring {
                 }
                 at = chunk.arrivals[acknowledged] + path;
             }
-            let departure = self.uplinks[sender].pass(at, bytes);
-            chunk.arrivals[index] =
-                self.downlinks[receiver].pass(departure + up_latency, bytes) + down_latency;
+            let mut reached = self.uplinks[sender].pass(at, bytes) + up_latency;
+            if let Some((from, to)) = racks {
+                reached = self.rack_uplinks[from].pass(reached, bytes) + rack_latency;
+                reached = self.rack_downlinks[to].pass(reached, bytes) + rack_latency;
+            }
+            chunk.arrivals[index] = self.downlinks[receiver].pass(reached, bytes) + down_latency;
             chunk.losses[index] = !self.survives();
             self.windows[sender].sent += 1;
         }
@@ -252,13 +280,21 @@ impl Ring {
             };
             loop {
                 resent += 1;
-                let up = self.uplinks[sender].serialization(bytes);
-                let down = self.downlinks[receiver].serialization(bytes);
-                // Its bytes occupy both links, though it goes ahead of the queue.
-                self.uplinks[sender].free_at += up;
-                self.downlinks[receiver].free_at += down;
+                let mut hops = vec![&mut self.uplinks[sender]];
+                if let Some((from, to)) = racks {
+                    hops.extend([&mut self.rack_uplinks[from], &mut self.rack_downlinks[to]]);
+                }
+                hops.push(&mut self.downlinks[receiver]);
+                // Its bytes occupy every link of the path, though it goes ahead of the
+                // queue.
+                let mut crossing = Duration::ZERO;
+                for hop in hops {
+                    let serialization = hop.serialization(bytes);
+                    hop.free_at += serialization;
+                    crossing += serialization;
+                }
                 if self.survives() {
-                    arrival = arrival.max(resend_at + up + up_latency + down + down_latency);
+                    arrival = arrival.max(resend_at + crossing + path);
                     break;
                 }
                 // Lost again: found by a probe, or by acknowledgements of segments sent
@@ -267,6 +303,13 @@ impl Ring {
             }
         }
         (arrival, resent)
+    }
+
+    /// The racks of `sender` and `receiver`, if they differ: the uplinks their chunks
+    /// cross.
+    fn crossing(&self, sender: usize, receiver: usize) -> Option<(usize, usize)> {
+        let (from, to) = (self.rack_of.get(sender)?, self.rack_of.get(receiver)?);
+        (self.rack_uplinks.len() > 1 && from != to).then_some((usize::from(*from), usize::from(*to)))
     }
 
     /// Whether a segment crosses both links, drawn from their faults.

@@ -4,7 +4,11 @@
 //! For every worker count, link rate, delay, loss and late rank asked, it runs netagg's
 //! protocol cores through one switch and the ring's discrete model on the same simulated
 //! links (`netagg_benches::predict`), and prints a Markdown table: the time of each, the
-//! model's, their ratios, netagg / ring, and how long each took to simulate. With
+//! model's, their ratios, netagg / ring, and how long each took to simulate. On a network
+//! of racks (`--racks R` or `--rack-workers W`, with `--uplink rate=...` or
+//! `--oversubscription X`, as `netagg-run --racks R --uplink ...` builds one) netagg runs
+//! as a two-level tree and as one switch at the core (`--flat`: only that), the ring
+//! across the same uplinks, each beside its model. With
 //! `--against FILE` it instead predicts the emulated runs recorded in FILE
 //! (`benches/emulated-runs.csv`, which `emulated_compare --csv` writes) and prints each
 //! beside its measurement. `--plots DIR` writes SVG plots there: time against N per
@@ -15,8 +19,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use netagg_benches::plot::{self, Agreement, Series};
+use netagg_benches::predict::RackSetup;
 use netagg_benches::predict::{faithful_region, EmulatedRun, Setup};
-use netagg_emulate::link::{parse_duration, parse_rate};
+use netagg_emulate::link::{parse_duration, parse_rate, LinkSettings};
 
 #[derive(Debug, Parser)]
 #[command(name = "simulate")]
@@ -42,9 +47,27 @@ struct Options {
     /// Timed jobs, after one warm-up job.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
-    /// Also netagg with its switch on a server behind a link like the workers'.
+    /// Also netagg with its switch on a server behind a link like the workers' (on a
+    /// network of racks, every switch).
     #[arg(long)]
     server_switch: bool,
+    /// This many racks of contiguous ranks, each behind an uplink of its own to the core.
+    #[arg(long, conflicts_with = "rack_workers")]
+    racks: Option<u16>,
+    /// Racks of this many workers each, whatever the worker count.
+    #[arg(long)]
+    rack_workers: Option<u16>,
+    /// Each rack's uplink, as `netagg-run --uplink`: rate=RATE, and delay=DELAY (the
+    /// emulator's uplinks have none); unlimited unless set.
+    #[arg(long, value_parser = parse_uplink)]
+    uplink: Option<LinkSettings>,
+    /// Each uplink at its rack's links' rate together over this ratio (4: 4:1
+    /// oversubscribed), instead of --uplink's rate.
+    #[arg(long)]
+    oversubscription: Option<f64>,
+    /// One switch at the core of the racks only, no tree.
+    #[arg(long)]
+    flat: bool,
     /// Predict the emulated runs recorded in this file instead, beside their measurements.
     #[arg(long)]
     against: Option<PathBuf>,
@@ -59,6 +82,40 @@ fn parse_bits(text: &str) -> Result<u64, String> {
 
 fn parse_delay(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
+}
+
+fn parse_uplink(text: &str) -> Result<LinkSettings, String> {
+    let settings = LinkSettings::parse(text).map_err(|e| e.to_string())?;
+    match settings {
+        LinkSettings { jitter: None, loss: None, queue: None, burst: None, .. } => Ok(settings),
+        _ => Err(format!("'{text}': an uplink here takes rate and delay only")),
+    }
+}
+
+impl Options {
+    /// The network of racks of `workers` workers on links of `rate`, if one is asked for.
+    fn racks(&self, workers: u16, rate: u64) -> Result<Option<RackSetup>, String> {
+        let count = match (self.racks, self.rack_workers) {
+            (Some(count), _) => count,
+            (None, Some(size)) => workers.div_ceil(size.max(1)),
+            (None, None) if self.uplink.is_some() || self.oversubscription.is_some() || self.flat => {
+                return Err("--uplink, --oversubscription and --flat describe racks: give --racks or \
+                            --rack-workers"
+                    .into())
+            }
+            (None, None) => return Ok(None),
+        };
+        if count == 0 || count > workers {
+            return Err(format!("{count} racks of {workers} workers: give 1 to {workers}"));
+        }
+        let largest = workers.div_ceil(count);
+        let uplink_bits_per_second = match self.oversubscription {
+            Some(ratio) => Some((f64::from(largest) * rate as f64 / ratio) as u64),
+            None => self.uplink.and_then(|uplink| uplink.rate),
+        };
+        let uplink_delay = self.uplink.and_then(|uplink| uplink.delay).unwrap_or_default();
+        Ok(Some(RackSetup { count, uplink_bits_per_second, uplink_delay, tree: !self.flat }))
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,27 +133,65 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// One row of predictions.
+/// One way of running netagg in a row: simulated, modelled, and how long it took to
+/// simulate.
+struct Variant {
+    simulated_s: f64,
+    model_s: f64,
+    wall_s: f64,
+}
+
+/// One row of predictions: netagg as the setup says (one switch or a tree), then one
+/// switch at the core of the same racks (beside a tree) and the switches on servers, if
+/// asked; and the ring.
 struct Row {
     setup: Setup,
-    netagg_s: f64,
-    /// netagg with its switch on a server, if asked.
-    server_s: Option<f64>,
+    variants: Vec<Variant>,
     ring_s: f64,
-    model_s: f64,
     ring_model_s: f64,
+    ring_wall_s: f64,
+}
+
+/// The names of the netagg variants a row holds, for the table's head and the plots.
+fn variant_names(options: &Options) -> Vec<&'static str> {
+    let racked = options.racks.is_some() || options.rack_workers.is_some();
+    let mut names = vec![match (racked, options.flat) {
+        (false, _) => "netagg",
+        (true, false) => "netagg tree",
+        (true, true) => "netagg, one switch at the core",
+    }];
+    if racked && !options.flat {
+        names.push("netagg, one switch at the core");
+    }
+    if options.server_switch {
+        names.push(if racked { "netagg, switches on servers" } else { "netagg, switch on a server" });
+    }
+    names
+}
+
+fn simulate(setup: &Setup) -> Result<Variant, String> {
+    let simulated = setup.netagg()?;
+    Ok(Variant {
+        simulated_s: simulated.time.as_secs_f64(),
+        model_s: setup.scenario().netagg().time.as_secs_f64(),
+        wall_s: simulated.wall.as_secs_f64(),
+    })
 }
 
 fn predict(options: &Options) -> Result<(), String> {
+    let names = variant_names(options);
     println!(
-        "{} KiB tensors, {} timed job(s) after a warm-up; netagg through one switch that is the network\n",
+        "{} KiB tensors, {} timed job(s) after a warm-up; {}\n",
         options.tensor_bytes >> 10,
-        options.jobs
+        options.jobs,
+        names.join(", ")
     );
-    let server = if options.server_switch { " switch on a server s | server / ring |" } else { "" };
-    let server_rule = if options.server_switch { "---|---|" } else { "" };
-    println!("| N | link | netagg s | model s | sim/model | ring s | ring model s | sim/model | netagg / ring |{server} simulated in: netagg / ring |");
-    println!("|---|---|---|---|---|---|---|---|---|---|{server_rule}");
+    let mut head = "| N | link |".to_string();
+    for name in &names {
+        head += &format!(" {name} s | model s | sim/model |");
+    }
+    head += " ring s | ring model s | sim/model | netagg / ring | simulated in: netagg / ring |";
+    println!("{head}\n{}", "|---".repeat(head.matches(" |").count()) + "|");
     let mut rows = Vec::new();
     for &rate in &options.rates {
         for &delay in &options.delays {
@@ -106,35 +201,43 @@ fn predict(options: &Options) -> Result<(), String> {
                     setup.loss = loss;
                     setup.jobs = options.jobs;
                     setup.late = options.late.map(|late| (workers - 1, late));
-                    let netagg = setup.netagg()?;
+                    setup.racks = options.racks(workers, rate)?;
+                    let mut setups = vec![setup.clone()];
+                    if let Some(racks) = setup.racks.filter(|racks| racks.tree) {
+                        setups
+                            .push(Setup { racks: Some(RackSetup { tree: false, ..racks }), ..setup.clone() });
+                    }
+                    if options.server_switch {
+                        setups.push(Setup { switch_on_server: true, ..setup.clone() });
+                    }
+                    let variants = setups.iter().map(simulate).collect::<Result<Vec<_>, _>>()?;
                     let ring = setup.ring();
-                    let server =
-                        options.server_switch.then(|| Setup { switch_on_server: true, ..setup.clone() });
-                    let server = server.map(|setup| setup.netagg()).transpose()?;
-                    let scenario = setup.scenario();
                     let row = Row {
-                        netagg_s: netagg.time.as_secs_f64(),
-                        server_s: server.map(|server| server.time.as_secs_f64()),
+                        variants,
                         ring_s: ring.time.as_secs_f64(),
-                        model_s: scenario.netagg().time.as_secs_f64(),
-                        ring_model_s: scenario.ring().as_secs_f64(),
+                        ring_model_s: setup.scenario().ring().as_secs_f64(),
+                        ring_wall_s: ring.wall.as_secs_f64(),
                         setup,
                     };
-                    let server_cells = row.server_s.map_or(String::new(), |server_s| {
-                        format!(" {} | {:.2} |", seconds(server_s), server_s / row.ring_s)
-                    });
+                    let mut line = format!("| {workers} | {} |", row.setup.network());
+                    for variant in &row.variants {
+                        line += &format!(
+                            " {} | {} | {:.2} |",
+                            seconds(variant.simulated_s),
+                            seconds(variant.model_s),
+                            variant.simulated_s / variant.model_s
+                        );
+                    }
+                    let walls: Vec<String> =
+                        row.variants.iter().map(|variant| format!("{:.1} s", variant.wall_s)).collect();
                     println!(
-                        "| {workers} | {} | {} | {} | {:.2} | {} | {} | {:.2} | **{:.3}** |{server_cells} {:.1} s / {:.1} s |",
-                        row.setup.network(),
-                        seconds(row.netagg_s),
-                        seconds(row.model_s),
-                        row.netagg_s / row.model_s,
+                        "{line} {} | {} | {:.2} | **{:.3}** | {} / {:.1} s |",
                         seconds(row.ring_s),
                         seconds(row.ring_model_s),
                         row.ring_s / row.ring_model_s,
-                        row.netagg_s / row.ring_s,
-                        netagg.wall.as_secs_f64(),
-                        ring.wall.as_secs_f64(),
+                        row.variants[0].simulated_s / row.ring_s,
+                        walls.join(" + "),
+                        row.ring_wall_s,
                     );
                     rows.push(row);
                 }
@@ -142,7 +245,7 @@ fn predict(options: &Options) -> Result<(), String> {
         }
     }
     if let Some(directory) = &options.plots {
-        plot_rows(directory, &rows)?;
+        plot_rows(directory, &names, &rows)?;
     }
     Ok(())
 }
@@ -165,48 +268,52 @@ fn seconds(value: f64) -> String {
     }
 }
 
-/// One plot per network (rate, delay, loss): time against N, simulated and modelled.
-fn plot_rows(directory: &Path, rows: &[Row]) -> Result<(), String> {
+/// One plot per network (rate, delay, loss, racks): time against N, simulated and
+/// modelled, each netagg variant and the ring.
+fn plot_rows(directory: &Path, names: &[&str], rows: &[Row]) -> Result<(), String> {
     std::fs::create_dir_all(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
-    let mut networks: Vec<String> = rows.iter().map(|row| row.setup.network()).collect();
+    // Racks of a fixed size differ in count with N: one plot for all of them.
+    let network = |row: &Row| {
+        let racks = row.setup.racks.map(|racks| RackSetup { count: 0, ..racks });
+        Setup { racks, ..row.setup.clone() }.network().replace("0 racks", "racks")
+    };
+    let mut networks: Vec<String> = rows.iter().map(network).collect();
     networks.dedup();
-    for network in networks {
-        let rows: Vec<&Row> = rows.iter().filter(|row| row.setup.network() == network).collect();
-        let line = |value: fn(&Row) -> f64| -> Vec<(f64, f64)> {
+    for name in networks {
+        let rows: Vec<&Row> = rows.iter().filter(|row| network(row) == name).collect();
+        let line = |value: &dyn Fn(&Row) -> f64| -> Vec<(f64, f64)> {
             rows.iter().map(|row| (f64::from(row.setup.workers), value(row) * 1e3)).collect()
         };
-        let series = [
-            Series {
-                name: "netagg, simulated".into(),
-                points: line(|row| row.netagg_s),
-                colour: 0,
+        let mut series = Vec::new();
+        for (index, variant) in names.iter().enumerate() {
+            let colour = if index == 0 { 0 } else { index + 1 };
+            series.push(Series {
+                name: format!("{variant}, simulated"),
+                points: line(&|row| row.variants[index].simulated_s),
+                colour,
                 model: false,
-            },
-            Series { name: "netagg, model".into(), points: line(|row| row.model_s), colour: 0, model: true },
-            Series {
-                name: "ring, simulated".into(),
-                points: line(|row| row.ring_s),
-                colour: 1,
-                model: false,
-            },
-            Series {
-                name: "ring, model".into(),
-                points: line(|row| row.ring_model_s),
-                colour: 1,
+            });
+            series.push(Series {
+                name: format!("{variant}, model"),
+                points: line(&|row| row.variants[index].model_s),
+                colour,
                 model: true,
-            },
-        ];
-        let server: Vec<(f64, f64)> =
-            rows.iter().filter_map(|row| Some((f64::from(row.setup.workers), row.server_s? * 1e3))).collect();
-        let server = (!server.is_empty()).then(|| Series {
-            name: "netagg, switch on a server, simulated".into(),
-            points: server,
-            colour: 2,
+            });
+        }
+        series.push(Series {
+            name: "ring, simulated".into(),
+            points: line(&|row| row.ring_s),
+            colour: 1,
             model: false,
         });
-        let series: Vec<Series> = series.into_iter().chain(server).collect();
-        let file = directory.join(format!("simulated-{}.svg", file_name(&network)));
-        let title = format!("{} KiB allreduce, {network}", rows[0].setup.tensor_bytes >> 10);
+        series.push(Series {
+            name: "ring, model".into(),
+            points: line(&|row| row.ring_model_s),
+            colour: 1,
+            model: true,
+        });
+        let file = directory.join(format!("simulated-{}.svg", file_name(&name)));
+        let title = format!("{} KiB allreduce, {name}", rows[0].setup.tensor_bytes >> 10);
         plot::time_against_workers(&file, &title, "time (ms)", &series)?;
         println!("\nwrote {}", file.display());
     }

@@ -163,6 +163,12 @@ impl Waits {
         }
     }
 
+    /// No wait expires before this (a lower bound: [`Waits::expired`] may find that the
+    /// wait it stood for was ended or moved, and then moves it on).
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        self.earliest
+    }
+
     /// The next slot whose wait has run out at `now`, its wait ended, its timeout
     /// doubled if it timed out (not if it was overtaken); `None` once none has.
     pub(super) fn expired(&mut self, now: Instant) -> Option<(u16, WaitKind)> {
