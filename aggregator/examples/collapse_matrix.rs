@@ -1,7 +1,9 @@
 //! Prints the collapse matrix of `tests/collapse.rs`: each job's time as a multiple of
 //! the time the busiest link allows, with the drops and resends behind it.
 //!
-//! `cargo run -p netagg-aggregator --example collapse_matrix [jobs]`
+//! `cargo run -p netagg-aggregator --example collapse_matrix [jobs] [seeds] [case]`, a case
+//! named as `dense-0.01-10-1000` (mode, loss, Mbit/s, queue bytes); a summary per mode and
+//! job closes the output.
 
 use std::time::Duration;
 
