@@ -43,19 +43,34 @@
 //! leave the link idle, a collapse. Loss rules engage the pacer there:
 //! - a run of [`OVERFLOW_RUN`] of a thread's first sendings lost in a row ([`LossRuns`])
 //!   is a queue's overflow, which drops the tail of a burst; random loss drops packets
-//!   apart. It paces an unpaced worker at the rate results came at, and lets that rate
-//!   grow by half a period until more than random loss shows again; it halves a paced worker's rate. At
-//!   most once a round trip;
+//!   apart. An unpaced worker that has measured its path's capacity by loss before (an
+//!   earlier job) is paced just below it at once. One that has not is paced at the rate
+//!   the burst's results came at, up to the latest of them: the packets the overflow let
+//!   through left the queue back to back, at the path's rate. A paced worker's rate is
+//!   halved. At most once a round trip;
+//! - a rate an overflow set probes: each period of [`PROBE_SAMPLE`] sendings paces it a
+//!   quarter above the most the path has delivered in one, which a rate past the path's
+//!   does not raise; loss beyond [`PROBE_LOSS_TOLERANCE`] ends the probe, and the most
+//!   delivered is the path's capacity. Losses come to light a timeout after their
+//!   sending, periods later: a probe raising its own rate would run far past the path;
 //! - a paced worker that finds more than [`LOSS_TOLERANCE`] of its data sendings lost
 //!   paces below the share the path carried; one whose share lost stays as high after two
-//!   such cuts in a row is losing at random, at any rate, and is unpaced again.
+//!   such cuts in a row is losing at random, at any rate, and is unpaced again;
+//! - a capacity loss measured on a path that never showed a standing queue caps the
+//!   rate's raises just below it: a raise past it would go unseen until its losses. It
+//!   creeps up by [`LOSSY_CREEP`] while the rate presses against it.
+//!
+//! Data sendings and results are booked as full packets, whatever they hold: a sparse
+//! stream's contribution may be a bare header while its result, every worker's blocks,
+//! is full, and one sending draws at most one result. Booked at their sizes, a paced
+//! rate would let results through faster than itself and overflow the path down.
 //!
 //! Every worker's thread `t` carries the same rounds, so all of them settle on the
 //! slowest path's rate. Until a path shows a standing queue the worker is not paced at
 //! all, so that a path faster than the worker (a loopback, a fast network) costs nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Round trips per decision at least, of which the least is taken as the standing delay.
@@ -82,9 +97,18 @@ const MIN_RATE: u64 = 8_000;
 /// excess a raise sends until the next decision sees it.
 const MAX_RAISE: f64 = 0.125;
 
-/// The raise per decision of a rate an overflow engaged, until loss shows again: a half.
-/// That rate starts from what the path delivered while it collapsed, far below the path.
-const PROBE_RAISE: f64 = 0.5;
+/// How far above the most the path delivered a probing rate goes: a quarter, as BBR's
+/// probes do. Too little and a rate set low climbs slowly; past the path, the excess is
+/// lost, found only a timeout later.
+const PROBE_RAISE: f64 = 0.25;
+
+/// How far a capacity that loss measured rises in a period whose rate pressed against
+/// it: slowly, since passing it costs losses found only a timeout later.
+const LOSSY_CREEP: f64 = 1.0 / 64.0;
+
+/// Data sendings that end a probing period, and that its share lost is judged on: the
+/// largest delivery rate of periods of a few packets would be that of a lucky few.
+const PROBE_SAMPLE: u32 = 16;
 
 /// Consecutive first sendings of one thread found lost that show a queue's overflow: a
 /// full queue drops the tail of a burst, random loss drops packets apart. At 30 % loss
@@ -103,9 +127,7 @@ const LOSS_TOLERANCE: f64 = 0.125;
 
 /// The share of a probing period's data sendings found lost that still lets the rate
 /// grow: 1 % random loss each way resends about 2 % of them, while a probe past a queue
-/// too short to show delay loses far more. In `tests/collapse.rs` both 1.5 % and 2.5 %
-/// left a case of 1 % loss above its bound (60 and 17 times the model): the cases are
-/// that sensitive to when a probe stops.
+/// too short to show delay loses far more.
 const PROBE_LOSS_TOLERANCE: f64 = 0.02;
 
 /// Data sendings a paced worker counts before it judges their share lost: fewer, and a
@@ -162,6 +184,10 @@ pub struct LinkPacer {
     rate: AtomicU64,
     /// Bytes of results the threads received.
     delivered: AtomicU64,
+    /// When the latest of them came, in nanoseconds after the first: the end of the span
+    /// they were delivered in, which an overflow measures the path's rate by.
+    latest_result: AtomicU64,
+    first_result: OnceLock<Instant>,
     state: Mutex<Pacer>,
 }
 
@@ -170,6 +196,8 @@ impl LinkPacer {
         Arc::new(LinkPacer {
             rate: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
+            latest_result: AtomicU64::new(0),
+            first_result: OnceLock::new(),
             state: Mutex::new(Pacer::new(config)),
         })
     }
@@ -194,10 +222,16 @@ impl LinkPacer {
     }
 
     /// Books a data packet sent; nothing to book, and no lock to take, while the path is
-    /// not paced (every data packet comes here).
+    /// not paced (every data packet comes here). A probe's periods end here too: a
+    /// collapse times too few round trips to end them.
     pub(crate) fn sent(&self, now: Instant, bytes: usize) {
         if self.rate().is_some() {
-            self.state().sent(now, bytes);
+            let mut pacer = self.state();
+            pacer.sent(now, bytes);
+            if pacer.probing {
+                pacer.end_period(now, self.delivered.load(Ordering::Relaxed));
+                self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
+            }
         }
     }
 
@@ -221,10 +255,18 @@ impl LinkPacer {
             return;
         }
         pacer.period.lost += 1;
-        if runs.lost(number) && pacer.overflowed(now, self.delivered.load(Ordering::Relaxed)) {
+        if runs.lost(number)
+            && pacer.overflowed(now, self.delivered.load(Ordering::Relaxed), self.latest_result())
+        {
             runs.overflow_taken();
             self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
         }
+    }
+
+    /// When the latest result handed in came.
+    fn latest_result(&self) -> Option<Instant> {
+        let first = *self.first_result.get()?;
+        Some(first + Duration::from_nanos(self.latest_result.load(Ordering::Relaxed)))
     }
 
     /// Takes a thread's round trip, with the results it has not yet counted.
@@ -258,6 +300,8 @@ pub(crate) struct DeliveryBatch {
     /// result came. Kept as a deadline, so that a result costs a comparison of instants,
     /// not a subtraction.
     due: Option<Instant>,
+    /// When the batch's latest result came.
+    latest: Option<Instant>,
 }
 
 /// The most bytes a thread holds back from its path's count of results.
@@ -272,6 +316,7 @@ impl DeliveryBatch {
     pub(crate) fn add(&mut self, pacer: &LinkPacer, now: Instant, bytes: usize) {
         self.bytes += bytes as u64;
         let due = *self.due.get_or_insert_with(|| now + DELIVERY_LAG);
+        self.latest = Some(now);
         if self.bytes >= DELIVERY_BATCH || now >= due {
             self.hand_in(pacer);
         }
@@ -279,8 +324,11 @@ impl DeliveryBatch {
 
     /// Adds what the batch holds to the path's count.
     fn hand_in(&mut self, pacer: &LinkPacer) {
-        if self.bytes > 0 {
+        if let Some(latest) = self.latest.filter(|_| self.bytes > 0) {
             pacer.delivered.fetch_add(self.bytes, Ordering::Relaxed);
+            let first = *pacer.first_result.get_or_init(|| latest);
+            let after_first = latest.saturating_duration_since(first).as_nanos() as u64;
+            pacer.latest_result.fetch_max(after_first, Ordering::Relaxed);
         }
         *self = DeliveryBatch::default();
     }
@@ -353,9 +401,16 @@ pub(crate) struct Pacer {
     /// A data packet waited for the pacer since the last decision: the rate, not the
     /// window or the peers, limited the worker, so it may grow.
     limited: bool,
-    /// The rate was set by an overflow from what a collapsing path delivered, and may grow
-    /// by [`PROBE_RAISE`] until loss beyond [`PROBE_LOSS_TOLERANCE`] shows.
+    /// The rate was set by an overflow, and goes [`PROBE_RAISE`] above the most the path
+    /// delivered until loss beyond [`PROBE_LOSS_TOLERANCE`] shows.
     probing: bool,
+    /// The highest delivery rate a probe has seen.
+    probed: f64,
+    /// `capacity` was measured by loss on a path whose queue never showed delay: one too
+    /// short to show it, which a raise past the capacity overflows unseen.
+    lossy_capacity: bool,
+    /// A standing queue above the target has set the rate this session.
+    queue_shown: bool,
     /// When loss last lowered the rate, and how many times it did.
     last_cut: Option<Instant>,
     cuts: u64,
@@ -380,6 +435,9 @@ impl Pacer {
             last_sample: None,
             limited: false,
             probing: false,
+            probed: 0.0,
+            lossy_capacity: false,
+            queue_shown: false,
             last_cut: None,
             cuts: 0,
             judged: (0, 0),
@@ -423,7 +481,12 @@ impl Pacer {
     /// a collapse keeps far below the path's, and probes upwards from there; a paced one
     /// halves its rate. At most once a round trip: one burst's losses come to light over
     /// a round trip of timeouts. True if it took the overflow.
-    pub(crate) fn overflowed(&mut self, now: Instant, delivered: u64) -> bool {
+    pub(crate) fn overflowed(
+        &mut self,
+        now: Instant,
+        delivered: u64,
+        latest_result: Option<Instant>,
+    ) -> bool {
         if !self.config.enabled {
             return false;
         }
@@ -433,10 +496,20 @@ impl Pacer {
         }
         self.cut(now);
         match self.rate {
+            None if self.capacity.is_some() => {
+                let capacity = self.capacity.unwrap_or_default();
+                self.set_rate(capacity * (1.0 - LOSS_TOLERANCE / 2.0));
+            }
             None => {
+                // The packets a burst's overflow let through left the queue back to back,
+                // at the path's rate, and so did their results: the period delivered at
+                // that rate until its latest result, and then waited for timeouts.
                 let began = self.period.began.unwrap_or(now);
-                let elapsed = now.saturating_duration_since(began).as_secs_f64().max(1e-3);
-                self.set_rate(delivered.saturating_sub(self.period.delivered) as f64 / elapsed);
+                let until = latest_result.filter(|&latest| latest > began).unwrap_or(now);
+                let elapsed = until.saturating_duration_since(began).as_secs_f64().max(1e-4);
+                let rate = delivered.saturating_sub(self.period.delivered) as f64 / elapsed;
+                self.set_rate(rate);
+                self.probed = rate;
                 self.probing = true;
             }
             Some(rate) => {
@@ -478,11 +551,22 @@ impl Pacer {
         if completed_here {
             period.least_completed = Some(period.least_completed.map_or(rtt, |least| least.min(rtt)));
         }
+        self.end_period(now, delivered);
+    }
+
+    /// Ends the decision period at `now`, with `delivered` bytes of results received so
+    /// far, if it is due: [`MIN_PERIOD`] long, and with [`SAMPLES`] round trips unless
+    /// the rate probes upwards, which goes by the delivery rate alone (a collapse times
+    /// few round trips).
+    pub(crate) fn end_period(&mut self, now: Instant, delivered: u64) {
+        let period = &mut self.period;
         let began = *period.began.get_or_insert(now);
         let elapsed = now.saturating_duration_since(began);
-        if period.samples < SAMPLES || elapsed < MIN_PERIOD {
+        let measured = if self.probing { period.sent >= PROBE_SAMPLE } else { period.samples >= SAMPLES };
+        if !measured || elapsed < MIN_PERIOD {
             return;
         }
+        let min_rtt = self.min_rtt.unwrap_or_default();
         let ended =
             std::mem::replace(&mut self.period, Period { began: Some(now), delivered, ..Period::default() });
         let limited = std::mem::take(&mut self.limited);
@@ -516,6 +600,7 @@ impl Pacer {
                 // period may have left in the last).
                 let carried = rate as f64 * (1.0 - lost.min(0.5));
                 self.capacity = Some(carried);
+                self.lossy_capacity = !self.queue_shown;
                 self.probing = false;
                 self.cut(now);
                 self.stayed = if share_cut.is_some_and(|share| lost >= share) { stayed + 1 } else { 0 };
@@ -530,8 +615,21 @@ impl Pacer {
             // loss shows again. Random loss puts a loss or two in most periods of a fast
             // link: growing only in periods without any stalled it near the collapse.
             let tolerated = f64::from(ended.lost) <= PROBE_LOSS_TOLERANCE * f64::from(ended.sent);
-            if let Some(rate) = self.rate.filter(|_| limited && tolerated) {
-                self.set_rate(rate as f64 * (1.0 + PROBE_RAISE));
+            if !limited {
+                return;
+            }
+            if !tolerated {
+                // Sendings at a probing rate lost beyond random loss: the rate passed the
+                // path's, which delivered at most what it carries.
+                self.probing = false;
+                self.capacity = Some(delivery.max(self.probed));
+                self.lossy_capacity = !self.queue_shown;
+                self.set_rate(delivery.max(self.probed) * (1.0 - LOSS_TOLERANCE / 2.0));
+            } else if tolerated {
+                // Never far beyond what the path delivered: results of a sending past the
+                // path's rate come to light as lost only a timeout later.
+                self.probed = self.probed.max(delivery);
+                self.set_rate(self.probed * (1.0 + PROBE_RAISE));
             }
             return;
         }
@@ -552,6 +650,8 @@ impl Pacer {
                 // With a queue standing the whole period, the link was never idle: what it
                 // delivered is its rate, which no shaper's burst inflates.
                 self.capacity = Some(delivery.max(base));
+                self.lossy_capacity = false;
+                self.queue_shown = true;
             }
             Some(least) => {
                 // This worker's path set the pace, with no queue on it: a rate that held
@@ -566,6 +666,17 @@ impl Pacer {
                 let raise = 1.0 + MAX_RAISE * (1.0 - standing(least) / target);
                 let measured = self.capacity.unwrap_or(f64::INFINITY);
                 let raised = rate as f64 * raise;
+                if self.lossy_capacity {
+                    // Loss measured the path, behind a queue too short to show delay: a
+                    // raise past it goes unseen until the losses it causes, so the rate
+                    // stays below it, and the measure creeps up for a path that got faster.
+                    let ceiling = measured * (1.0 - LOSS_TOLERANCE / 2.0);
+                    if raised > ceiling {
+                        self.capacity = Some(measured * (1.0 + LOSSY_CREEP));
+                    }
+                    self.set_rate(raised.min(ceiling).max(rate as f64));
+                    return;
+                }
                 if raised > measured * (1.0 + MAX_RAISE) {
                     self.capacity = Some(measured * (1.0 + MAX_RAISE / 2.0));
                 }
@@ -872,35 +983,96 @@ mod tests {
         path.delivered += 2_000;
         let since = path.delivered - path.pacer.period.delivered;
         let elapsed = path.now - path.pacer.period.began.unwrap();
-        path.pacer.overflowed(path.now, path.delivered);
+        path.pacer.overflowed(path.now, path.delivered, None);
         assert!(near(path.rate(), since as f64 / elapsed.as_secs_f64()), "{:?}", path.rate());
         assert!(path.pacer.probing);
         let engaged = path.rate().unwrap() as f64;
         // Another within the period's least, 4 ms: the same burst's losses.
-        path.pacer.overflowed(path.now + MS * 3, path.delivered);
+        path.pacer.overflowed(path.now + MS * 3, path.delivered, None);
         assert!(near(path.rate(), engaged));
-        path.pacer.overflowed(path.now + MS * 5, path.delivered);
+        path.pacer.overflowed(path.now + MS * 5, path.delivered, None);
         assert!(near(path.rate(), engaged / 2.0), "{:?}", path.rate());
         assert!(!path.pacer.probing);
     }
 
+    /// One probing period: sent enough to be judged, `lost` of them lost, delivering at
+    /// `rate`.
+    fn probe_period(path: &mut Path, lost: u32, rate: u64) {
+        path.fill();
+        path.pacer.period.sent = PROBE_SAMPLE;
+        path.pacer.period.lost = lost;
+        path.period(MS, rate);
+    }
+
     #[test]
-    fn a_rate_an_overflow_set_grows_by_half_a_period_until_loss_shows() {
+    fn an_overflow_paces_at_the_rate_its_burst_was_delivered_at() {
+        // The burst's survivors came back within 1 ms, 2 000 bytes of them: 2 MB/s, although
+        // the 10 ms up to the overflow delivered only 200 kB/s.
+        let mut path = Path::new(CONFIG);
+        let began = path.now;
+        path.now += MS * 10;
+        path.delivered += 2_000;
+        assert!(path.pacer.overflowed(path.now, path.delivered, Some(began + MS)));
+        assert!(near(path.rate(), 2e6), "{:?}", path.rate());
+        assert!(path.pacer.probing);
+        // Without a result in the period, the period's own rate.
         let mut path = Path::new(CONFIG);
         path.now += MS * 10;
         path.delivered += 2_000;
-        path.pacer.overflowed(path.now, path.delivered);
-        let engaged = path.rate().unwrap() as f64;
-        path.fill().period(MS, engaged as u64);
-        assert!(near(path.rate(), engaged * 1.5), "{:?}", path.rate());
-        // Whoever completed the rounds.
+        path.pacer.overflowed(path.now, path.delivered, Some(path.now - MS * 20));
+        assert!(near(path.rate(), 2e5), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn a_probe_paces_a_quarter_above_the_most_delivered_until_loss_shows() {
+        let mut path = Path::new(CONFIG);
+        let began = path.now;
+        path.now += MS * 10;
+        path.delivered += 2_000;
+        path.pacer.overflowed(path.now, path.delivered, Some(began + MS));
+        // Delivered as fast as it was sent: a quarter more. Whoever completed the rounds.
         path.completing = false;
-        path.fill().period(MS * 3, (engaged * 1.5) as u64);
-        assert!(near(path.rate(), engaged * 2.25), "{:?}", path.rate());
-        // A period with a loss: no raise.
-        path.pacer.period.lost = 1;
-        path.fill().period(MS, (engaged * 2.25) as u64);
-        assert!(near(path.rate(), engaged * 2.25), "{:?}", path.rate());
+        probe_period(&mut path, 0, 2_000_000);
+        assert!(near(path.rate(), 2.5e6), "{:?}", path.rate());
+        probe_period(&mut path, 0, 3_000_000);
+        assert!(near(path.rate(), 3.75e6), "{:?}", path.rate());
+        // A rate past the path's: what it delivered, not what was sent, raises the rate,
+        // since the losses show only a timeout later.
+        probe_period(&mut path, 0, 3_200_000);
+        probe_period(&mut path, 0, 3_200_000);
+        assert!(near(path.rate(), 4e6), "{:?}", path.rate());
+        // 1 in 16 lost: past random loss. The path carries what it delivered at most.
+        probe_period(&mut path, 1, 3_200_000);
+        assert!(!path.pacer.probing);
+        assert_eq!(path.pacer.capacity, Some(3.2e6));
+        assert!(near(path.rate(), 3e6), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn a_capacity_loss_measured_caps_raises_and_creeps_up() {
+        let mut path = Path::new(CONFIG);
+        path.now += MS * 10;
+        path.delivered += 2_000;
+        path.pacer.overflowed(path.now, path.delivered, None);
+        probe_period(&mut path, 8, 200_000);
+        let capacity = path.pacer.capacity.unwrap();
+        assert!(path.pacer.lossy_capacity && near(path.rate(), capacity * 15.0 / 16.0));
+        // Held back, no queue, all delivered: no raise past the capacity, which creeps up
+        // by a sixty-fourth a period.
+        for period in 1..=4 {
+            let rate = path.rate().unwrap();
+            path.fill().period(MS / 10, rate);
+            let crept = capacity * (1.0 + LOSSY_CREEP).powi(period);
+            assert!(near(path.rate(), crept / (1.0 + LOSSY_CREEP) * 15.0 / 16.0), "{:?}", path.rate());
+            assert!((path.pacer.capacity.unwrap() / crept - 1.0).abs() < 1e-9);
+        }
+        // Unpaced (by the share rule, say), a further overflow paces it at once below the
+        // capacity, without a probe.
+        path.pacer.rate = None;
+        path.now += MS * 10;
+        path.pacer.overflowed(path.now, path.delivered, None);
+        let capacity = path.pacer.capacity.unwrap();
+        assert!(near(path.rate(), capacity * 15.0 / 16.0) && !path.pacer.probing, "{:?}", path.rate());
     }
 
     #[test]
@@ -913,7 +1085,7 @@ mod tests {
         let mut runs = LossRuns::default();
         let outage: Vec<u64> = (0..64).map(|_| runs.first_sending()).collect();
         assert!(outage.into_iter().any(|number| runs.lost(number)));
-        path.pacer.overflowed(path.now, path.delivered);
+        path.pacer.overflowed(path.now, path.delivered, None);
         let engaged = path.rate().unwrap();
         for _ in 0..20 {
             let rate = path.rate().unwrap().min(10_000_000);

@@ -2,7 +2,8 @@
 //! bytes behind links of 2 to 10 Mbit/s whose queues of 1 and 2 KB hold one to three of
 //! them, dense and sparse, with and without 1 % random loss each way. The delay such a
 //! queue adds stays below the pacer's target, so only loss can engage it; before it did
-//! (issue 31, item 4), such jobs took up to 626 times the time the link allows.
+//! (issue 31, item 4), such jobs took up to 626 times the time the link allows. The
+//! issue's target, 1.5 times, is met by most later dense jobs, not by every case.
 
 use std::time::Duration;
 
@@ -51,20 +52,30 @@ fn base_config() -> ClusterConfig {
     config
 }
 
-/// Every case's jobs end exact. Dense, every job within 50 times the time the busiest
-/// link allows and the third within 12 (before the loss rules: up to 626 and 371); sparse
-/// behind 2 KB queues, the third within 4 (before: up to 45). Sparse behind 1 KB queues,
-/// whose losses are mostly results on the way down, which no first sending's run shows,
-/// still takes 8 to 192 times the link's time: only the sums are checked there.
+/// The median of `ratios`.
+fn median(mut ratios: Vec<f64>) -> f64 {
+    ratios.sort_by(f64::total_cmp);
+    ratios[ratios.len() / 2]
+}
+
+/// Every case's jobs end exact, on two seeds of the links' losses. The bounds leave about
+/// twice the largest ratio measured on four seeds (`examples/collapse_matrix.rs`; before
+/// the probe paced by delivery, issue 31 item 4, later dense jobs reached 157 times the
+/// model): dense, every job within 50 times the time the busiest link allows (measured
+/// up to 24) and every later one within 15 (7.1), their median within 2.5 (1.5); sparse,
+/// every third job within 30 (16), the later jobs behind 2 KB queues within 25 (13). Sparse
+/// first jobs behind 1 KB queues still take up to 155 times the model: their losses are
+/// mostly results on the way down, which no first sending's run shows.
 #[test]
 fn windows_far_above_tiny_queues_converge_instead_of_collapsing() {
+    let mut dense_later = Vec::new();
     for sparse in [false, true] {
         let inputs = inputs(if sparse { 0.25 } else { 1.0 }, 5);
         let expected = exact_sum(&inputs);
         // The busiest link's bytes, from a run without rate limits or loss.
         let free = Cluster::new(base_config()).unwrap().allreduce(&inputs, sparse).unwrap();
         let busiest = free.workers.iter().map(|w| w.bytes_sent.max(w.bytes_received)).max().unwrap();
-        for loss in [0.0, 0.01] {
+        for (seed, loss) in [0, 1].into_iter().flat_map(|seed| [(seed, 0.0), (seed, 0.01)]) {
             for bits_per_second in [2_000_000, 5_000_000, 10_000_000] {
                 for queue_bytes in [1000, 2000] {
                     let limit = RateLimit { bits_per_second, queue_bytes, burst_bytes: 0 };
@@ -72,17 +83,23 @@ fn windows_far_above_tiny_queues_converge_instead_of_collapsing() {
                     let mut config = base_config().with_rate(limit);
                     config.uplink.drop = loss;
                     config.downlink.drop = loss;
+                    config.seed = seed;
                     let mut cluster = Cluster::new(config).unwrap();
-                    let case =
-                        format!("sparse {sparse}, loss {loss}, {bits_per_second} bit/s, queue {queue_bytes}");
+                    let case = format!(
+                        "sparse {sparse}, seed {seed}, loss {loss}, {bits_per_second} bit/s, queue {queue_bytes}"
+                    );
                     for job in 0..3 {
                         let report = cluster.allreduce(&inputs, sparse).unwrap();
                         assert!(report.outputs.iter().all(|output| *output == expected), "{case}: sums");
                         let ratio = report.elapsed.as_secs_f64() / model.as_secs_f64();
+                        if !sparse && job > 0 {
+                            dense_later.push(ratio);
+                        }
                         let bound = match (sparse, queue_bytes, job) {
-                            (false, _, 2) => 12.0,
-                            (false, _, _) => 50.0,
-                            (true, 2000, 2) => 4.0,
+                            (false, _, 0) => 50.0,
+                            (false, _, _) => 15.0,
+                            (true, 2000, 1 | 2) => 25.0,
+                            (true, _, 2) => 30.0,
                             _ => f64::INFINITY,
                         };
                         assert!(ratio < bound, "{case}, job {job}: {ratio:.2} of the model");
@@ -91,4 +108,6 @@ fn windows_far_above_tiny_queues_converge_instead_of_collapsing() {
             }
         }
     }
+    let median = median(dense_later);
+    assert!(median < 2.5, "dense later jobs: median {median:.2} of the model");
 }

@@ -71,6 +71,15 @@ impl WorkerProtocol {
         None
     }
 
+    /// The bytes the pacer books for every data packet sent and every result received: a
+    /// full packet's, whatever the packet holds. A sparse stream's contribution may be a
+    /// bare header while its result, the union of every worker's blocks, is full: booked
+    /// at its own size, a paced rate would let results through faster than it, and
+    /// overflow the path down. One sending draws at most one full result.
+    pub(super) fn paced_len(&self) -> usize {
+        datagram_len(self.config.packet_elements as usize)
+    }
+
     /// Puts a slot's first sending of its contribution in the pacer's queue.
     fn queue_paced(&mut self, index: u16) {
         let slot = &mut self.slots[index as usize];
@@ -120,7 +129,7 @@ impl WorkerProtocol {
         // or to a request may answer the first sending, so it must not count as the
         // answer to a packet sent later than the others waiting.
         if let Send::Data { .. } = send {
-            self.pacer.sent(now, len);
+            self.pacer.sent(now, self.paced_len());
         }
         self.book_loss(now, index, send);
         if send == FIRST_SENDING {
