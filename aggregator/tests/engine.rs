@@ -225,8 +225,10 @@ fn a_set_is_reused_only_when_every_worker_acknowledged_its_result() {
     assert_eq!(switch.feed(&round_two), Verdict::Dropped(DropReason::Stalled));
     assert_eq!(switch.feed(&ack(session, 0, 0, 1)), Verdict::Consumed);
     assert_eq!(switch.feed(&round_two), Verdict::Dropped(DropReason::Stalled), "rank 1 has not acknowledged");
-    // Rank 1's contribution acknowledges round 1, and with it round 0.
-    assert_eq!(switch.feed(&data(session, 1, 0, 2, &[4])), Verdict::Consumed);
+    // Rank 1's contribution acknowledges round 1, and with it round 0, and takes a set:
+    // rank 0, refused one, is told at once (a pending notice) to send its contribution again.
+    let told = switch.feed(&data(session, 1, 0, 2, &[4]));
+    assert!(matches!(told, Verdict::Send(Transmit { recipient: Recipient::Worker(0), .. })), "{told:?}");
     let (_, _, values) = switch.result(&round_two);
     assert_eq!(values, [7]);
     assert_eq!(switch.engine.session(session).unwrap().1.stalled, 2);

@@ -63,6 +63,42 @@ impl Session {
         }
     }
 
+    /// Tells the workers refused a set for the open round of `repr`'s slot that the round
+    /// has one now, or a free one waits for it, if so: a pending notice without
+    /// `CONTRIBUTED` (to the one worker, or to all when several were refused), on which
+    /// each sends its contribution again at once. Without it a stalled contribution waits
+    /// for its timer: a silent worker whose acknowledgements lag (a sparse stream's, behind
+    /// a slow link or a descheduled thread) would cost every contributor a timeout.
+    pub(super) fn announce_room(&mut self, repr: &PacketRepr, out: &mut [u8]) -> Option<Verdict> {
+        let slot = &mut self.slots[repr.slot as usize];
+        let depth_mask = u64::MAX >> (64 - self.spec.depth as u32);
+        let room = slot.open_set.is_some() || slot.retained & depth_mask != depth_mask;
+        if slot.refused.is_empty() || !room {
+            return None;
+        }
+        let recipient = {
+            let mut refused = slot.refused.iter();
+            match (refused.next(), refused.next()) {
+                (Some(rank), None) => Recipient::Worker(rank),
+                _ => Recipient::All,
+            }
+        };
+        slot.refused.clear();
+        let notice = PacketRepr {
+            job: repr.job,
+            rank: match recipient {
+                Recipient::Worker(rank) => rank.wrapping_add(self.rank_base),
+                Recipient::All | Recipient::Upstream => BROADCAST_RANK,
+            },
+            slot: repr.slot,
+            round: slot.open_round,
+            ..PacketRepr::new(MessageType::Pending, repr.element_type, self.id.0, self.token, 0)
+        };
+        // `handle` checked that `out` holds a full packet, so a header too.
+        let len = notice.emit(out).ok()?.seal();
+        Some(Verdict::Send(Transmit { session: self.id, recipient, len }))
+    }
+
     /// Answers probe `repr` about `slots`, at most 64 from the probed one: the open round
     /// of each, and which of them hold the prober's contribution.
     /// A round before a slot's open round has completed, so the worker learns at once every

@@ -199,7 +199,9 @@ impl Session {
             MessageType::Ack => {
                 self.apply_ack(repr.slot, repr.rank, repr.ack_round);
                 if !repr.flags.contains(Flags::WANT_RESULT) {
-                    return Verdict::Consumed;
+                    // A silent worker's acknowledgement may free the set a stalled round
+                    // waits for.
+                    return self.announce_room(repr, out).unwrap_or(Verdict::Consumed);
                 }
                 if repr.round == self.slots[repr.slot as usize].open_round {
                     if let Some(rank) = self.departed_awaited(repr.slot) {

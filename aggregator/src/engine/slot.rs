@@ -46,6 +46,10 @@ pub(super) struct Slot {
     /// Bit `i`: the slot's set `i` holds a complete round's result that some worker has
     /// not acknowledged. Every other set but `open_set` is free.
     pub(super) retained: u64,
+    /// Workers whose contribution to the open round was dropped for want of a free set
+    /// (*stalled*): told when a set frees, so that they send it again then rather than at
+    /// their timeout ([`Session::announce_room`]).
+    pub(super) refused: WorkerSet,
 }
 
 #[derive(Debug)]
@@ -80,6 +84,7 @@ impl Slot {
             next_blocks: vec![END_OF_STREAM; workers as usize].into_boxed_slice(),
             open_set: None,
             retained: 0,
+            refused: WorkerSet::new(workers),
         }
     }
 }
@@ -226,6 +231,7 @@ impl Session {
                 let free = !self.slots[slot_index].retained & depth_mask;
                 if free == 0 {
                     self.counters.stalled += 1;
+                    self.slots[slot_index].refused.insert(repr.rank);
                     return Verdict::Dropped(DropReason::Stalled);
                 }
                 let own_set = free.trailing_zeros() as u8;
@@ -255,11 +261,13 @@ impl Session {
         self.counters.contributions += 1;
 
         let slot = &mut self.slots[slot_index];
+        slot.refused.remove(repr.rank);
         if set.sparse {
             slot.next_blocks[repr.rank as usize] = repr.next_block;
         }
         if (set.contributions as usize) < slot.expected_contributions(self.spec.workers) {
-            return Verdict::Consumed;
+            // The round has a set now: the workers refused earlier may send theirs.
+            return self.announce_room(repr, out).unwrap_or(Verdict::Consumed);
         }
 
         // The last expected contribution: the round completes, or at a lower switch its
@@ -304,7 +312,10 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{contribution, one_slot, sets_in_use};
+    use netagg_wire::packet::BROADCAST_RANK;
+
+    use super::super::testing::{ask, contribution, one_slot, sets_in_use};
+    use super::super::Transmit;
 
     use super::*;
 
@@ -340,5 +351,71 @@ mod tests {
         // Rank 1 acknowledges rounds 0 and 1: sets 0 and 1 free, and round 4 takes set 0.
         engine.handle_datagram(now, &contribution(session, 1, 4, 1), &mut out);
         assert_eq!(sets_in_use(&mut engine, session), [2, 3, 0]);
+    }
+
+    /// A pending notice of `verdict`: its recipient, rank field, round and flags.
+    fn notice(verdict: Verdict, out: &[u8]) -> (Recipient, u16, u32, Flags) {
+        let Verdict::Send(transmit) = verdict else { panic!("expected a notice, got {verdict:?}") };
+        let repr = PacketRepr::parse(&netagg_wire::Packet::new_checked(&out[..transmit.len]).unwrap());
+        assert_eq!(repr.message_type, netagg_wire::MessageType::Pending);
+        (transmit.recipient, repr.rank, repr.round, repr.flags)
+    }
+
+    #[test]
+    fn a_worker_refused_a_set_is_told_when_an_acknowledgement_frees_one() {
+        let (mut engine, session, now, mut out) = one_slot(2);
+        // Rank 1 acknowledges nothing: rounds 0 and 1 fill both sets, and round 2 stalls.
+        for round in 0..2u32 {
+            engine.handle_datagram(now, &contribution(session, 0, round, round.wrapping_sub(1)), &mut out);
+            engine.handle_datagram(now, &contribution(session, 1, round, u32::MAX), &mut out);
+        }
+        let stalled = engine.handle_datagram(now, &contribution(session, 0, 2, 1), &mut out);
+        assert_eq!(stalled, Verdict::Dropped(DropReason::Stalled));
+        // An acknowledgement that frees nothing tells no one.
+        let mut ack =
+            PacketRepr::parse(&netagg_wire::Packet::new_checked(&ask(session, 1, 0, false)[..]).unwrap());
+        ack.flags = Flags::NONE;
+        ack.ack_round = u32::MAX;
+        let mut datagram = vec![0; ack.buffer_len()];
+        ack.emit(&mut datagram).unwrap().seal();
+        assert_eq!(engine.handle_datagram(now, &datagram, &mut out), Verdict::Consumed);
+        // Rank 1 acknowledges round 0: set 0 frees, and rank 0 hears at once that its
+        // contribution to round 2 is not in, rather than at its timeout.
+        ack.ack_round = 0;
+        ack.emit(&mut datagram).unwrap().seal();
+        let verdict = engine.handle_datagram(now, &datagram, &mut out);
+        assert_eq!(notice(verdict, &out), (Recipient::Worker(0), 0, 2, Flags::NONE));
+        // Told once: its contribution then takes the free set.
+        assert_eq!(engine.handle_datagram(now, &datagram, &mut out), Verdict::Consumed);
+        let taken = engine.handle_datagram(now, &contribution(session, 0, 2, 1), &mut out);
+        assert_eq!(taken, Verdict::Consumed);
+        assert_eq!(sets_in_use(&mut engine, session), [1, 0]);
+    }
+
+    #[test]
+    fn workers_refused_a_set_hear_together_when_a_contribution_takes_one() {
+        let mut engine = crate::engine::Engine::new(crate::engine::EngineLimits::default());
+        let now = Instant::now();
+        let spec = crate::engine::SessionSpec { workers: 3, slots: 1, packet_elements: 4, depth: 2 };
+        let session = engine.open_session(now, spec, 7).unwrap();
+        let mut out = vec![0; netagg_wire::packet::datagram_len(netagg_wire::packet::MAX_ELEMENTS)];
+        // Rank 2 acknowledges nothing, so round 2 has no set for ranks 0 and 1.
+        for round in 0..2u32 {
+            for rank in 0..3 {
+                let ack = if rank == 2 { u32::MAX } else { round.wrapping_sub(1) };
+                engine.handle_datagram(now, &contribution(session, rank, round, ack), &mut out);
+            }
+        }
+        for rank in 0..2 {
+            let stalled = engine.handle_datagram(now, &contribution(session, rank, 2, 1), &mut out);
+            assert_eq!(stalled, Verdict::Dropped(DropReason::Stalled));
+        }
+        // Rank 2's contribution to round 2 acknowledges round 0 and takes the freed set:
+        // the two refused workers are told together.
+        let verdict = engine.handle_datagram(now, &contribution(session, 2, 2, 0), &mut out);
+        assert_eq!(notice(verdict, &out), (Recipient::All, BROADCAST_RANK, 2, Flags::NONE));
+        engine.handle_datagram(now, &contribution(session, 0, 2, 1), &mut out);
+        let completed = engine.handle_datagram(now, &contribution(session, 1, 2, 1), &mut out);
+        assert!(matches!(completed, Verdict::Send(Transmit { recipient: Recipient::All, .. })));
     }
 }

@@ -105,9 +105,11 @@ impl WorkerProtocol {
     /// or a progress report of this session for this worker.
     #[inline]
     fn addressed_slot(&self, repr: &PacketRepr) -> Result<u16, RejectReason> {
+        // A report answers one worker's probe, so it is never broadcast; a pending notice
+        // is, when it tells several workers refused a set that one is free.
         let answer = match repr.message_type {
-            MessageType::Result => false,
-            MessageType::Pending | MessageType::Progress => true,
+            MessageType::Result | MessageType::Pending => false,
+            MessageType::Progress => true,
             MessageType::Data | MessageType::Ack | MessageType::Probe => {
                 return Err(RejectReason::NotAResult)
             }
@@ -122,7 +124,6 @@ impl WorkerProtocol {
         if repr.token != slot.key.token {
             return Err(RejectReason::WrongToken);
         }
-        // A notice or report answers one worker's question, so it is never broadcast.
         if repr.rank != self.config.rank && (answer || repr.rank != BROADCAST_RANK) {
             return Err(RejectReason::WrongRank);
         }
@@ -262,7 +263,7 @@ mod tests {
     use netagg_wire::packet::HEADER_LEN;
     use netagg_wire::Packet;
 
-    use super::super::testing::{parsed, result_of, running, sent, Numbers};
+    use super::super::testing::{parsed, pending_of, result_of, running, sent, Numbers};
     use super::*;
 
     #[test]
@@ -322,5 +323,35 @@ mod tests {
         // Slot 1's result released its next block, block 3.
         let next = sent(&mut protocol, start);
         assert_eq!((next.len(), parsed(&next[0]).block), (1, 3));
+    }
+
+    #[test]
+    fn a_broadcast_notice_of_room_resends_a_refused_contribution_at_once() {
+        let start = Instant::now();
+        let mut protocol = running(start, 2, 4, Duration::from_millis(10));
+        let first = sent(&mut protocol, start);
+        // The switch refused slot 0's contribution for want of a set, and several workers'
+        // were: the notice that a set is free goes to all.
+        let mut notice = parsed(&pending_of(&first[0], false));
+        notice.rank = BROADCAST_RANK;
+        let mut datagram = vec![0; notice.buffer_len()];
+        notice.emit(&mut datagram[..]).unwrap().seal();
+        assert_eq!(protocol.handle_datagram(start, &datagram, &mut Numbers), Delivery::Pending);
+        let resent = sent(&mut protocol, start);
+        assert_eq!(
+            resent,
+            [first[0].clone()].map(|mut packet| {
+                // The same contribution, marked as sent again.
+                let mut repr = parsed(&packet);
+                repr.flags = repr.flags | netagg_wire::Flags::RETRANSMISSION;
+                repr.emit(&mut packet[..]).unwrap().seal();
+                packet
+            })
+        );
+        // Slot 1's contribution is not the one the notice is about: nothing more goes.
+        notice.round = notice.round.wrapping_add(1);
+        notice.emit(&mut datagram[..]).unwrap().seal();
+        assert_eq!(protocol.handle_datagram(start, &datagram, &mut Numbers), Delivery::Pending);
+        assert!(sent(&mut protocol, start).is_empty());
     }
 }
