@@ -195,7 +195,7 @@ impl Drop for DelayLine {
 }
 
 /// Forwards both directions until `stop` is set or a socket fails for good (a device
-/// removed, which ends both).
+/// removed, which ends the whole line: both directions report the error, which names it).
 fn run(mut directions: [Direction; 2], stop: &AtomicBool) {
     let mut last_publish = Instant::now();
     let mut ended = Ok(());
@@ -220,21 +220,28 @@ fn run(mut directions: [Direction; 2], stop: &AtomicBool) {
 fn forward_once(directions: &mut [Direction; 2]) -> io::Result<()> {
     let mut wake: Option<Instant> = None;
     let mut idle = [false; 2];
+    let mut read_before_waiting = false;
     for (direction, idle) in directions.iter_mut().zip(&mut idle) {
         direction.send_due()?;
         match direction.schedule.next_wake(direction.last_emptied) {
             Some(at) => wake = Some(wake.map_or(at, |earliest| earliest.min(at))),
             // Read before waiting, so that a frame that ends the wait is known to have
-            // arrived after it began; frames read now have a wake-up of their own to plan.
-            None if direction.receive_waiting()? > 0 => return Ok(()),
+            // arrived after it began.
+            None if direction.receive_waiting()? > 0 => read_before_waiting = true,
             None => *idle = true,
         }
+    }
+    // Frames read now have a wake-up of their own to plan: no wait this pass. The other
+    // direction still had its turn to send, so that a flood of frames lost on one side
+    // (read, never held) cannot hold the other's back.
+    if read_before_waiting {
+        return Ok(());
     }
     let timeout = wake.map_or(STOP_CHECK_INTERVAL, |wake| {
         wake.saturating_duration_since(Instant::now()).min(STOP_CHECK_INTERVAL)
     });
-    let waiting =
-        directions.iter().zip(idle).filter(|(_, idle)| *idle).map(|(direction, _)| &direction.input);
+    let [a_to_b, b_to_a] = directions.each_ref();
+    let waiting = [idle[0].then_some(&a_to_b.input), idle[1].then_some(&b_to_a.input)];
     packet_socket::wait_readable(waiting, timeout)?;
     for direction in directions.iter_mut() {
         direction.receive_waiting()?;
@@ -279,6 +286,7 @@ impl Counters {
 /// One direction's sockets and schedule, owned by its thread.
 struct Direction {
     input_name: String,
+    output_name: String,
     input_index: libc::c_int,
     input: PacketSocket,
     output: PacketSocket,
@@ -306,6 +314,7 @@ impl Direction {
         let output_index = packet_socket::interface_index(output).map_err(on(output))?;
         Ok(Direction {
             input_name: input.to_owned(),
+            output_name: output.to_owned(),
             input_index,
             input: PacketSocket::receiver(input_index).map_err(on(input))?,
             output: PacketSocket::sender(output_index).map_err(on(output))?,
@@ -327,7 +336,8 @@ impl Direction {
                 }
                 // Gone for good: the device was removed (its index is no longer valid).
                 Err(error) if matches!(error.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => {
-                    return Err(io::Error::new(error.kind(), format!("sending: {error}")));
+                    let message = format!("sending to {}: {error}", self.output_name);
+                    return Err(io::Error::new(error.kind(), message));
                 }
                 // The rest concern this frame or a passing state (queue full, device down).
                 Err(_) => self.counters.send_failed += 1,
@@ -355,7 +365,10 @@ impl Direction {
                 Err(error) if error.raw_os_error() == Some(libc::ENETDOWN) => {
                     return self.check_input_present().map(|()| frames_read);
                 }
-                Err(error) => return Err(io::Error::new(error.kind(), format!("receiving: {error}"))),
+                Err(error) => {
+                    let message = format!("receiving from {}: {error}", self.input_name);
+                    return Err(io::Error::new(error.kind(), message));
+                }
             };
             // The kernel stamps frames with the system clock; the schedule runs on the
             // monotonic one. Read together, the two clocks convert one into the other.
@@ -399,7 +412,7 @@ impl Direction {
             Ok(index) if index == self.input_index => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("receiving: device {} was removed", self.input_name),
+                format!("receiving from {}: the device was removed", self.input_name),
             )),
         }
     }

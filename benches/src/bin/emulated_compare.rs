@@ -139,6 +139,19 @@ fn run(options: &Options) -> Result<(), String> {
         options.num_jobs,
         options.runs
     );
+    let rendezvous: Vec<String> = options
+        .workers
+        .iter()
+        .filter(|&&workers| mpi_eager_limit(options.tensor_numel * 4, workers).is_none())
+        .map(|workers| workers.to_string())
+        .collect();
+    if !rendezvous.is_empty() {
+        println!(
+            "MPI at N = {}: each step's chunk is above the {} MiB sent eagerly, so OpenMPI's rendezvous adds a round trip to each step (and at N = 2 about half the jobs take twice the model)\n",
+            rendezvous.join(", "),
+            MPI_EAGER_CHUNK_CAP >> 20
+        );
+    }
     println!(
         "| N | link | netagg s | model s | meas/model | MPI ring s | ring model s | meas/model | netagg / ring | pace: netagg / MPI |"
     );
@@ -363,8 +376,9 @@ fn mpi_run(options: &Options, case: &Case) -> Result<(f64, String), String> {
     // whose 2 MiB was queued before its reply to the other's request held that reply (and
     // the other's data) until its own had gone: about half of all jobs then ran at twice
     // the model, the two transfers one after the other.
-    let chunk_bytes = (options.tensor_numel * 4).div_ceil(case.workers);
-    command.env("OMPI_MCA_btl_tcp_eager_limit", (chunk_bytes + MPI_HEADER_ALLOWANCE).to_string());
+    if let Some(limit) = mpi_eager_limit(options.tensor_numel * 4, case.workers) {
+        command.env("OMPI_MCA_btl_tcp_eager_limit", limit.to_string());
+    }
     command.args(["--mpi", "--"]).arg(absolute(&options.mpi_program)?);
     command.args([options.tensor_numel.to_string(), options.num_jobs.to_string(), "1".into()]);
     let stdout = netagg_benches::stdout_of(&mut command)?;
@@ -376,8 +390,44 @@ fn mpi_run(options: &Options, case: &Case) -> Result<(f64, String), String> {
 /// Room above a chunk for OpenMPI's own headers in an eager message (a few tens of bytes).
 const MPI_HEADER_ALLOWANCE: usize = 4096;
 
+/// The largest chunk sent eagerly. OpenMPI's TCP transport gives every rank 8 buffers of
+/// the eager limit when it starts (`btl_tcp_free_list_num`) and 32 more whenever they run
+/// out, and a connection receiving takes one whole (the limit being above its 128 KiB
+/// `btl_tcp_max_send_size`): at this cap, 32 MiB a rank up front.
+const MPI_EAGER_CHUNK_CAP: usize = 4 << 20;
+
+/// The eager limit that sends each ring step's chunk of a `tensor_bytes` tensor over
+/// `workers` ranks as one message, or `None` (OpenMPI's own limit, and the rendezvous) for a
+/// chunk above `MPI_EAGER_CHUNK_CAP`: a larger limit would cost memory and gain nothing.
+fn mpi_eager_limit(tensor_bytes: usize, workers: usize) -> Option<usize> {
+    let chunk_bytes = tensor_bytes.div_ceil(workers);
+    (chunk_bytes <= MPI_EAGER_CHUNK_CAP).then_some(chunk_bytes + MPI_HEADER_ALLOWANCE)
+}
+
 /// mpirun starts the program in other namespaces, from their working directory: it
 /// needs an absolute path.
 fn absolute(path: &Path) -> Result<PathBuf, String> {
     std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_up_to_the_cap_go_eagerly_with_room_for_headers() {
+        // The default 4 MiB tensor.
+        assert_eq!(mpi_eager_limit(4 << 20, 2), Some((2 << 20) + MPI_HEADER_ALLOWANCE));
+        assert_eq!(mpi_eager_limit(4 << 20, 8), Some((512 << 10) + MPI_HEADER_ALLOWANCE));
+        // A chunk that does not divide evenly is rounded up, not cut.
+        assert_eq!(mpi_eager_limit(10, 3), Some(4 + MPI_HEADER_ALLOWANCE));
+        assert_eq!(mpi_eager_limit(8 << 20, 2), Some(MPI_EAGER_CHUNK_CAP + MPI_HEADER_ALLOWANCE));
+    }
+
+    #[test]
+    fn chunks_above_the_cap_leave_openmpi_its_own_limit() {
+        assert_eq!(mpi_eager_limit((8 << 20) + 2, 2), None);
+        assert_eq!(mpi_eager_limit(64 << 20, 8), None);
+        assert_eq!(mpi_eager_limit(64 << 20, 16), Some(MPI_EAGER_CHUNK_CAP + MPI_HEADER_ALLOWANCE));
+    }
 }

@@ -243,22 +243,26 @@ impl PacketSocket {
     }
 }
 
-/// Waits until a frame can be read from one of `sockets` or `timeout` has passed (with no
-/// socket, simply sleeps); true if one can be read or has an error to report.
-pub(super) fn wait_readable<'a>(
-    sockets: impl Iterator<Item = &'a PacketSocket>,
+/// Waits until a frame can be read from one of the `sockets` given or `timeout` has passed
+/// (with none given, simply sleeps); true if one can be read or has an error to report.
+pub(super) fn wait_readable<const N: usize>(
+    sockets: [Option<&PacketSocket>; N],
     timeout: Duration,
 ) -> io::Result<bool> {
-    let mut polls: Vec<libc::pollfd> = sockets
-        .map(|socket| libc::pollfd { fd: socket.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 })
-        .collect();
+    // An array rather than a Vec: this runs every pass of the line's loop. ppoll skips an
+    // entry whose descriptor is negative, which stands for a socket not given.
+    let mut polls = sockets.map(|socket| libc::pollfd {
+        fd: socket.map_or(-1, |socket| socket.fd.as_raw_fd()),
+        events: libc::POLLIN,
+        revents: 0,
+    });
     // ppoll rather than poll: a timeout in nanoseconds, not whole milliseconds.
     let timeout = libc::timespec {
         tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
         tv_nsec: timeout.subsec_nanos().into(),
     };
-    // SAFETY: `polls` (polls.len() entries) and `timeout` are alive for the call; a null
-    // signal mask is allowed.
+    // SAFETY: `polls` (N entries) and `timeout` are alive for the call; a null signal mask
+    // is allowed.
     let ready =
         unsafe { libc::ppoll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, &timeout, std::ptr::null()) };
     if ready < 0 {
