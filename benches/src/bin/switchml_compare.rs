@@ -174,7 +174,8 @@ fn run(options: &Options) -> Result<(), String> {
     }
     let directory = tempfile::tempdir().map_err(|e| format!("cannot make a temporary directory: {e}"))?;
     let config = directory.path().join("switchml.cfg");
-    std::fs::write(&config, SWITCHML_CONFIG).map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+    std::fs::write(&config, SWITCHML_CONFIG)
+        .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
     let benchmarks = Benchmarks {
         netagg: &netagg,
         switchml: &options.switchml_benchmark,
@@ -205,7 +206,8 @@ fn run(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
-const TABLE_HEADER: &str = "| round | type | netagg Gbit/s | SwitchML Gbit/s | netagg CPU ms/job | SwitchML CPU ms/job \
+const TABLE_HEADER: &str =
+    "| round | type | netagg Gbit/s | SwitchML Gbit/s | netagg CPU ms/job | SwitchML CPU ms/job \
                             | CPU ratio (SwitchML / netagg) |";
 
 fn table_row(round: usize, tensor_type: TensorType, netagg: Measured, switchml: Measured) -> String {
@@ -268,7 +270,8 @@ impl Benchmarks<'_> {
         .ok_or_else(|| format!("{what} printed no median goodput:\n{stdout}"))?;
         let perf = std::fs::read_to_string(&perf_output)
             .map_err(|e| format!("{what}: cannot read perf's output {}: {e}", perf_output.display()))?;
-        let cpu_ms = task_clock_ms(&perf).ok_or_else(|| format!("{what}: perf counted no task-clock:\n{perf}"))?;
+        let cpu_ms =
+            task_clock_ms(&perf).ok_or_else(|| format!("{what}: perf counted no task-clock:\n{perf}"))?;
         Ok((gbps, cpu_ms))
     }
 }
@@ -357,8 +360,14 @@ Signal handler thread is exiting
             rounds.push(netagg, switchml);
         }
         let (netagg, switchml) = measured[0];
-        assert_eq!(table_row(1, TensorType::Float32, netagg, switchml), "| 1 | float | 10.00 | 4.00 | 100.00 | 150.00 | 1.50 |");
-        assert_eq!(TABLE_HEADER.matches('|').count(), table_row(1, TensorType::Int32, netagg, switchml).matches('|').count());
+        assert_eq!(
+            table_row(1, TensorType::Float32, netagg, switchml),
+            "| 1 | float | 10.00 | 4.00 | 100.00 | 150.00 | 1.50 |"
+        );
+        assert_eq!(
+            TABLE_HEADER.matches('|').count(),
+            table_row(1, TensorType::Int32, netagg, switchml).matches('|').count()
+        );
         assert_eq!(
             summary_line(TensorType::Int32, &rounds),
             "int32: median goodput netagg 8.00, SwitchML 5.00 Gbit/s; median CPU per job, SwitchML / netagg: 2.00"
