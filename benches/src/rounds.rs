@@ -1,7 +1,7 @@
 //! Comparisons measured in rounds: each round measures one thing and its baseline back
 //! to back, because the machines these run on drift by tens of percent within minutes,
 //! and only figures measured together compare. The comparison programs
-//! (`bench_compare`, `dpdk_compare`) print their tables from these.
+//! (`bench_compare`, `dpdk_compare`, `switchml_compare`) print their tables from these.
 
 use crate::summary::median_of;
 

@@ -303,7 +303,8 @@ struct_keys! {
         register_timeout = Duration::from_secs(60), Timeout { unit: Seconds, zero: None };
         /// The upper switch's control address (host:port) of an aggregation tree, for a switch
         /// that serves one rack of the workers: it sums its rack's contributions and takes part
-        /// in the upper switch's session as one member, rack of racks. Empty: no upper switch.
+        /// in the upper switch's session as one member, rack of racks, on switch.transport udp
+        /// or dpdk. Empty: no upper switch.
         upstream = String::new(), Text;
         /// With upstream: the rack this switch serves, of racks. A world of N ranks is split
         /// into racks of contiguous ranks (rack r of R holds ranks ceil(r·N/R) to

@@ -60,6 +60,16 @@ impl Config {
                 self.described("switch.transport")
             ));
         }
+        // An RDMA port only accepts connections, so a rack's switch on one could not reach
+        // its upper switch; refused here, before the switch touches any device.
+        if !s.upstream.is_empty() && s.transport == SwitchTransport::Rdma {
+            return Err(format!(
+                "{} needs switch.transport udp or dpdk, not {}: the rdma data path only accepts \
+                 connections, so it cannot send to the upper switch",
+                self.described("switch.upstream"),
+                self.described("switch.transport")
+            ));
+        }
         if !s.upstream.is_empty() && s.rack >= s.racks {
             return Err(format!(
                 "{} must be below {}",
@@ -137,6 +147,24 @@ mod tests {
         ini("[general]\nbackend = rdma\n[faults]\nsever_after = 10\n[switch]\ntransport = rdma\n\
              [switch.faults]\nsever_after = 10\n")
         .expect("RDMA has connections to sever");
+    }
+
+    #[test]
+    fn a_rack_switch_on_rdma_is_refused_by_name() {
+        let message = ini("[switch]\ntransport = rdma\nupstream = 10.0.0.1:50099\nracks = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            "switch.upstream 10.0.0.1:50099 (from test.cfg) needs switch.transport udp or dpdk, not \
+             switch.transport rdma (from test.cfg): the rdma data path only accepts connections, so it \
+             cannot send to the upper switch"
+        );
+        for transport in ["udp", "dpdk"] {
+            ini(&format!("[switch]\ntransport = {transport}\nupstream = 10.0.0.1:50099\nracks = 2\n"))
+                .expect("a rack's switch sends up from a udp or dpdk port");
+        }
+        ini("[switch]\ntransport = rdma\n").expect("an RDMA switch with no upper switch");
     }
 
     #[test]

@@ -59,13 +59,6 @@ pub enum SwitchError {
          runs several; set switch.threads = 1"
     )]
     Threads { transport: SwitchTransport, threads: u16 },
-    /// `switch.upstream` with a transport that cannot reach an upper switch: an RDMA port
-    /// only accepts connections.
-    #[error(
-        "switch.upstream = {upstream}, but the rdma data path only accepts connections, so it \
-         cannot send to the upper switch: run a rack's switch with switch.transport = udp or dpdk"
-    )]
-    UpstreamOverRdma { upstream: String },
     /// The data port of the last of `switch.threads` lanes would be past port 65535.
     #[error("switch.data = {data} leaves no room for {threads} data ports (one per thread) below 65536")]
     Ports { data: SocketAddr, threads: u16 },
@@ -127,15 +120,13 @@ impl Switch {
     /// (`switch.threads`): a new transport adds its port here. UDP runs any number of
     /// lanes, lane `i` at the data port + `i` (each on a free port if that is 0); DPDK
     /// and RDMA run one, and refuse more by name. A rack's switch (`switch.upstream`)
-    /// sends up from the same port, which RDMA's cannot. They are Cargo features of the
+    /// sends up from the same port, which RDMA's cannot: [`netagg_config::Config::validate`]
+    /// refuses that combination, as loading a config does. They are Cargo features of the
     /// same names (on by default): a build without one refuses its transport by name.
     pub fn start(settings: &netagg_config::Switch) -> Result<Switch, SwitchError> {
         let threads = settings.threads.max(1);
         if threads > 1 && settings.transport != SwitchTransport::Udp {
             return Err(SwitchError::Threads { transport: settings.transport, threads });
-        }
-        if !settings.upstream.is_empty() && settings.transport == SwitchTransport::Rdma {
-            return Err(SwitchError::UpstreamOverRdma { upstream: settings.upstream.clone() });
         }
         match settings.transport {
             SwitchTransport::Udp => {
@@ -461,24 +452,6 @@ mod thread_tests {
                 )
             );
         }
-    }
-
-    /// A rack's switch on RDMA is refused by name, before any device is touched: its
-    /// port could not send to the upper switch.
-    #[test]
-    fn a_rack_switch_on_rdma_is_refused_by_name() {
-        let settings = netagg_config::Switch {
-            transport: SwitchTransport::Rdma,
-            upstream: "10.0.0.1:50099".into(),
-            racks: 2,
-            ..netagg_config::Switch::default()
-        };
-        let Err(error) = Switch::start(&settings) else { panic!("an RDMA rack switch started") };
-        assert_eq!(
-            error.to_string(),
-            "switch.upstream = 10.0.0.1:50099, but the rdma data path only accepts connections, so it \
-             cannot send to the upper switch: run a rack's switch with switch.transport = udp or dpdk"
-        );
     }
 
     /// UDP lanes take consecutive ports from the configured one, and say so when the

@@ -165,6 +165,26 @@ fn flags_are_checked_by_the_rules_of_the_file() {
 }
 
 /// Seconds of CPU the process has used, from /proc.
+/// A rack's switch on RDMA is refused by the config's rules, naming the flags that asked
+/// for it, before any device is touched.
+#[test]
+fn a_rack_switch_on_rdma_is_refused_by_name() {
+    let output = Command::new(SWITCH)
+        .args(["--transport", "rdma", "--upstream", "10.0.0.1:50099", "--racks", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned()),
+        (
+            Some(2),
+            "netagg-switch: switch.upstream 10.0.0.1:50099 (from flag --upstream) needs switch.transport \
+             udp or dpdk, not switch.transport rdma (from flag --transport): the rdma data path only \
+             accepts connections, so it cannot send to the upper switch\n"
+                .into()
+        )
+    );
+}
+
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // utime and stime, the 14th and 15th fields, count after the command's ')'.
