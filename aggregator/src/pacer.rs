@@ -45,13 +45,14 @@
 //!   is a queue's overflow, which drops the tail of a burst; random loss drops packets
 //!   apart. An unpaced worker that has measured its path's capacity by loss before (an
 //!   earlier job) is paced just below it at once. One that has not is paced at the rate
-//!   the burst's results came at, up to the latest of them: the packets the overflow let
-//!   through left the queue back to back, at the path's rate. A paced worker's rate is
-//!   halved. At most once a round trip;
+//!   the burst's results came at, up to the latest of them and over [`MIN_PERIOD`] at
+//!   least: the packets the overflow let through left the queue back to back, at the
+//!   path's rate. A paced worker's rate is halved. At most once a round trip;
 //! - a rate an overflow set probes: each period of [`PROBE_SAMPLE`] sendings paces it a
 //!   quarter above the most the path has delivered in one, which a rate past the path's
 //!   does not raise; loss beyond [`PROBE_LOSS_TOLERANCE`] ends the probe, and the most
-//!   delivered is the path's capacity. Losses come to light a timeout after their
+//!   a probing period delivered is the path's capacity (never the rate the probe started
+//!   at, a guess from a burst's few results). Losses come to light a timeout after their
 //!   sending, periods later: a probe raising its own rate would run far past the path;
 //! - a paced worker that finds more than [`LOSS_TOLERANCE`] of its data sendings lost
 //!   paces below the share the path carried; one whose share lost stays as high after two
@@ -133,6 +134,10 @@ const PROBE_LOSS_TOLERANCE: f64 = 0.02;
 /// Data sendings a paced worker counts before it judges their share lost: fewer, and a
 /// loss or two decides.
 const LOSS_SAMPLE: u32 = 64;
+
+/// Results a probe's seed must be measured on to be timed by its latest result: the few
+/// survivors of one burst span too little time to time.
+const SEED_RESULTS: u64 = 8;
 
 /// How a worker paces its data packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,7 +250,7 @@ impl LinkPacer {
     /// it sent the data again. A sending made before the rate was last lowered was lost
     /// at the rate before and counts for nothing; the others count towards the period's
     /// losses, and a run of [`OVERFLOW_RUN`] of them in a row shows a queue's overflow.
-    pub(crate) fn lost(&self, now: Instant, runs: &mut LossRuns, number: u64) {
+    pub(crate) fn lost(&self, now: Instant, runs: &mut LossRuns, number: u64, packet_bytes: usize) {
         let mut pacer = self.state();
         if runs.cuts_seen != pacer.cuts {
             runs.cuts_seen = pacer.cuts;
@@ -256,7 +261,12 @@ impl LinkPacer {
         }
         pacer.period.lost += 1;
         if runs.lost(number)
-            && pacer.overflowed(now, self.delivered.load(Ordering::Relaxed), self.latest_result())
+            && pacer.overflowed(
+                now,
+                self.delivered.load(Ordering::Relaxed),
+                self.latest_result(),
+                packet_bytes,
+            )
         {
             runs.overflow_taken();
             self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
@@ -404,7 +414,7 @@ pub(crate) struct Pacer {
     /// The rate was set by an overflow, and goes [`PROBE_RAISE`] above the most the path
     /// delivered until loss beyond [`PROBE_LOSS_TOLERANCE`] shows.
     probing: bool,
-    /// The highest delivery rate a probe has seen.
+    /// The highest delivery rate of a probe's periods: not its seed, a guess.
     probed: f64,
     /// `capacity` was measured by loss on a path whose queue never showed delay: one too
     /// short to show it, which a raise past the capacity overflows unseen.
@@ -477,15 +487,18 @@ impl Pacer {
     }
 
     /// Takes a queue's overflow found at `now`, with `delivered` bytes of results received
-    /// so far: an unpaced worker is paced at the rate results came at in the period, which
-    /// a collapse keeps far below the path's, and probes upwards from there; a paced one
-    /// halves its rate. At most once a round trip: one burst's losses come to light over
-    /// a round trip of timeouts. True if it took the overflow.
+    /// so far, the latest of them at `latest_result`, each booked as `packet_bytes`: an
+    /// unpaced worker that measured its path's capacity before is paced just below it; one
+    /// that did not is paced at the rate its burst's results came at ([`Pacer::seed`]) and
+    /// probes from there; a paced one halves its rate. At most once a round trip: one
+    /// burst's losses come to light over a round trip of timeouts. True if it took the
+    /// overflow.
     pub(crate) fn overflowed(
         &mut self,
         now: Instant,
         delivered: u64,
         latest_result: Option<Instant>,
+        packet_bytes: usize,
     ) -> bool {
         if !self.config.enabled {
             return false;
@@ -495,24 +508,15 @@ impl Pacer {
             return false;
         }
         self.cut(now);
-        match self.rate {
-            None if self.capacity.is_some() => {
-                let capacity = self.capacity.unwrap_or_default();
-                self.set_rate(capacity * (1.0 - LOSS_TOLERANCE / 2.0));
-            }
-            None => {
-                // The packets a burst's overflow let through left the queue back to back,
-                // at the path's rate, and so did their results: the period delivered at
-                // that rate until its latest result, and then waited for timeouts.
-                let began = self.period.began.unwrap_or(now);
-                let until = latest_result.filter(|&latest| latest > began).unwrap_or(now);
-                let elapsed = until.saturating_duration_since(began).as_secs_f64().max(1e-4);
-                let rate = delivered.saturating_sub(self.period.delivered) as f64 / elapsed;
-                self.set_rate(rate);
-                self.probed = rate;
+        match (self.rate, self.capacity) {
+            (None, Some(capacity)) => self.set_rate(capacity * (1.0 - LOSS_TOLERANCE / 2.0)),
+            (None, None) => {
+                let seed = self.seed(now, delivered, latest_result, packet_bytes);
+                self.set_rate(seed);
+                self.probed = 0.0;
                 self.probing = true;
             }
-            Some(rate) => {
+            (Some(rate), _) => {
                 self.set_rate(rate as f64 / 2.0);
                 self.probing = false;
             }
@@ -520,6 +524,22 @@ impl Pacer {
         self.period = Period { began: Some(now), delivered, ..Period::default() };
         self.limited = false;
         true
+    }
+
+    /// The rate a probe starts at after an overflow at `now`. The packets a burst's
+    /// overflow let through left the queue back to back, at the path's rate, and so did
+    /// their results: the period delivered at about that rate until its latest result, and
+    /// then waited for timeouts. Only a guess, which no capacity is taken from: a few
+    /// results over a short span also count those a thread held back from before the
+    /// period ([`DeliveryBatch`]), and a shaper's bucket passes survivors faster than its
+    /// link. So the span is taken as [`MIN_PERIOD`] at least, and without [`SEED_RESULTS`]
+    /// results in it the period's whole length, up to `now`, is.
+    fn seed(&self, now: Instant, delivered: u64, latest_result: Option<Instant>, packet_bytes: usize) -> f64 {
+        let began = self.period.began.unwrap_or(now);
+        let bytes = delivered.saturating_sub(self.period.delivered);
+        let results = bytes / (packet_bytes as u64).max(1);
+        let until = latest_result.filter(|&latest| latest > began && results >= SEED_RESULTS).unwrap_or(now);
+        bytes as f64 / until.saturating_duration_since(began).max(MIN_PERIOD).as_secs_f64()
     }
 
     /// Starts a decision period afresh at a job's start, with `delivered` bytes of
@@ -610,26 +630,27 @@ impl Pacer {
             }
         }
         if self.probing {
-            // Engaged by an overflow, far below the path: grow fast, whoever completed the
-            // rounds (every worker of a collapse engaged alike), until more than random
-            // loss shows again. Random loss puts a loss or two in most periods of a fast
+            // Engaged by an overflow, at a guess: whoever completed the rounds (every worker
+            // of a collapse engaged alike), go by what the path delivered until more than
+            // random loss shows. Random loss puts a loss or two in most periods of a fast
             // link: growing only in periods without any stalled it near the collapse.
             let tolerated = f64::from(ended.lost) <= PROBE_LOSS_TOLERANCE * f64::from(ended.sent);
             if !limited {
                 return;
             }
-            if !tolerated {
+            // Never beyond what the path delivered in a probing period: results of a
+            // sending past the path's rate come to light as lost only a timeout later, and
+            // the seed the probe started at was a guess.
+            self.probed = self.probed.max(delivery);
+            if tolerated {
+                self.set_rate(self.probed * (1.0 + PROBE_RAISE));
+            } else {
                 // Sendings at a probing rate lost beyond random loss: the rate passed the
                 // path's, which delivered at most what it carries.
                 self.probing = false;
-                self.capacity = Some(delivery.max(self.probed));
+                self.capacity = Some(self.probed);
                 self.lossy_capacity = !self.queue_shown;
-                self.set_rate(delivery.max(self.probed) * (1.0 - LOSS_TOLERANCE / 2.0));
-            } else if tolerated {
-                // Never far beyond what the path delivered: results of a sending past the
-                // path's rate come to light as lost only a timeout later.
-                self.probed = self.probed.max(delivery);
-                self.set_rate(self.probed * (1.0 + PROBE_RAISE));
+                self.set_rate(self.probed * (1.0 - LOSS_TOLERANCE / 2.0));
             }
             return;
         }
@@ -728,6 +749,9 @@ mod tests {
 
     /// A target of 1 ms, for round figures.
     const CONFIG: PacingConfig = PacingConfig { enabled: true, target: MS };
+
+    /// The bytes a data packet and its result are booked as.
+    const PACKET: usize = 100;
 
     /// A path as a pacer sees it: a clock, and the results delivered so far.
     struct Path {
@@ -983,14 +1007,14 @@ mod tests {
         path.delivered += 2_000;
         let since = path.delivered - path.pacer.period.delivered;
         let elapsed = path.now - path.pacer.period.began.unwrap();
-        path.pacer.overflowed(path.now, path.delivered, None);
+        path.pacer.overflowed(path.now, path.delivered, None, PACKET);
         assert!(near(path.rate(), since as f64 / elapsed.as_secs_f64()), "{:?}", path.rate());
         assert!(path.pacer.probing);
         let engaged = path.rate().unwrap() as f64;
         // Another within the period's least, 4 ms: the same burst's losses.
-        path.pacer.overflowed(path.now + MS * 3, path.delivered, None);
+        path.pacer.overflowed(path.now + MS * 3, path.delivered, None, PACKET);
         assert!(near(path.rate(), engaged));
-        path.pacer.overflowed(path.now + MS * 5, path.delivered, None);
+        path.pacer.overflowed(path.now + MS * 5, path.delivered, None, PACKET);
         assert!(near(path.rate(), engaged / 2.0), "{:?}", path.rate());
         assert!(!path.pacer.probing);
     }
@@ -1006,21 +1030,54 @@ mod tests {
 
     #[test]
     fn an_overflow_paces_at_the_rate_its_burst_was_delivered_at() {
-        // The burst's survivors came back within 1 ms, 2 000 bytes of them: 2 MB/s, although
-        // the 10 ms up to the overflow delivered only 200 kB/s.
-        let mut path = Path::new(CONFIG);
-        let began = path.now;
-        path.now += MS * 10;
-        path.delivered += 2_000;
-        assert!(path.pacer.overflowed(path.now, path.delivered, Some(began + MS)));
-        assert!(near(path.rate(), 2e6), "{:?}", path.rate());
-        assert!(path.pacer.probing);
+        // The burst's survivors came back within 5 ms, 10 000 bytes of them: 2 MB/s,
+        // although the 20 ms up to the overflow delivered only 500 kB/s.
+        let overflow = |latest_after: Duration, bytes: u64| {
+            let mut path = Path::new(CONFIG);
+            let began = path.now;
+            path.now += MS * 20;
+            path.delivered += bytes;
+            assert!(path.pacer.overflowed(path.now, path.delivered, Some(began + latest_after), PACKET));
+            assert!(path.pacer.probing);
+            path.rate()
+        };
+        assert!(near(overflow(MS * 5, 10_000), 2e6), "{:?}", overflow(MS * 5, 10_000));
+        // Within 1 ms: timed over 4 ms, since a short span may hold results from before
+        // the period, or a shaper's burst.
+        assert!(near(overflow(MS, 10_000), 2.5e6), "{:?}", overflow(MS, 10_000));
+        // Fewer than 8 results: the period's whole length.
+        assert!(near(overflow(MS * 5, 700), 3.5e4), "{:?}", overflow(MS * 5, 700));
         // Without a result in the period, the period's own rate.
         let mut path = Path::new(CONFIG);
         path.now += MS * 10;
         path.delivered += 2_000;
-        path.pacer.overflowed(path.now, path.delivered, Some(path.now - MS * 20));
+        path.pacer.overflowed(path.now, path.delivered, Some(path.now - MS * 20), PACKET);
         assert!(near(path.rate(), 2e5), "{:?}", path.rate());
+    }
+
+    #[test]
+    fn a_probe_s_seed_never_becomes_the_capacity() {
+        // A burst's results timed high: 10 MB/s over a path that carries 1 MB/s.
+        let mut path = Path::new(CONFIG);
+        let began = path.now;
+        path.now += MS * 10;
+        path.delivered += 50_000;
+        path.pacer.overflowed(path.now, path.delivered, Some(began + MS * 5), PACKET);
+        assert!(near(path.rate(), 1e7), "{:?}", path.rate());
+        // Its first period loses beyond random loss: the capacity is what it delivered.
+        probe_period(&mut path, 4, 1_000_000);
+        assert!(!path.pacer.probing);
+        assert!(path.pacer.capacity.is_some_and(|capacity| (capacity / 1e6 - 1.0).abs() < 0.01));
+        assert!(near(path.rate(), 1e6 * 15.0 / 16.0), "{:?}", path.rate());
+        // Delivered below the seed without loss (a shaper's bucket emptied): a quarter
+        // above the delivery, not above the seed.
+        let mut path = Path::new(CONFIG);
+        let began = path.now;
+        path.now += MS * 10;
+        path.delivered += 50_000;
+        path.pacer.overflowed(path.now, path.delivered, Some(began + MS * 5), PACKET);
+        probe_period(&mut path, 0, 1_000_000);
+        assert!(near(path.rate(), 1.25e6), "{:?}", path.rate());
     }
 
     #[test]
@@ -1028,8 +1085,8 @@ mod tests {
         let mut path = Path::new(CONFIG);
         let began = path.now;
         path.now += MS * 10;
-        path.delivered += 2_000;
-        path.pacer.overflowed(path.now, path.delivered, Some(began + MS));
+        path.delivered += 10_000;
+        path.pacer.overflowed(path.now, path.delivered, Some(began + MS * 5), PACKET);
         // Delivered as fast as it was sent: a quarter more. Whoever completed the rounds.
         path.completing = false;
         probe_period(&mut path, 0, 2_000_000);
@@ -1053,7 +1110,7 @@ mod tests {
         let mut path = Path::new(CONFIG);
         path.now += MS * 10;
         path.delivered += 2_000;
-        path.pacer.overflowed(path.now, path.delivered, None);
+        path.pacer.overflowed(path.now, path.delivered, None, PACKET);
         probe_period(&mut path, 8, 200_000);
         let capacity = path.pacer.capacity.unwrap();
         assert!(path.pacer.lossy_capacity && near(path.rate(), capacity * 15.0 / 16.0));
@@ -1070,7 +1127,7 @@ mod tests {
         // capacity, without a probe.
         path.pacer.rate = None;
         path.now += MS * 10;
-        path.pacer.overflowed(path.now, path.delivered, None);
+        path.pacer.overflowed(path.now, path.delivered, None, PACKET);
         let capacity = path.pacer.capacity.unwrap();
         assert!(near(path.rate(), capacity * 15.0 / 16.0) && !path.pacer.probing, "{:?}", path.rate());
     }
@@ -1085,7 +1142,7 @@ mod tests {
         let mut runs = LossRuns::default();
         let outage: Vec<u64> = (0..64).map(|_| runs.first_sending()).collect();
         assert!(outage.into_iter().any(|number| runs.lost(number)));
-        path.pacer.overflowed(path.now, path.delivered, None);
+        path.pacer.overflowed(path.now, path.delivered, None, PACKET);
         let engaged = path.rate().unwrap();
         for _ in 0..20 {
             let rate = path.rate().unwrap().min(10_000_000);
@@ -1154,21 +1211,21 @@ mod tests {
         for sending in 0..1000 {
             let number = runs.first_sending();
             if sending % 3 != 0 {
-                pacer.lost(now, &mut runs, number);
+                pacer.lost(now, &mut runs, number, PACKET);
             }
         }
         assert_eq!(pacer.rate(), None);
         let first = runs.first_sending();
         let numbers: Vec<u64> = (0..OVERFLOW_RUN).map(|_| runs.first_sending()).collect();
         for &number in &numbers {
-            pacer.lost(now + MS, &mut runs, number);
+            pacer.lost(now + MS, &mut runs, number, PACKET);
         }
         assert!(pacer.rate().is_some(), "a run of {OVERFLOW_RUN} engages it");
         let counted = pacer.state().period.lost;
-        pacer.lost(now + MS * 2, &mut runs, first);
+        pacer.lost(now + MS * 2, &mut runs, first, PACKET);
         assert_eq!(pacer.state().period.lost, counted, "a sending from before the cut");
         let after = runs.first_sending();
-        pacer.lost(now + MS * 2, &mut runs, after);
+        pacer.lost(now + MS * 2, &mut runs, after, PACKET);
         assert_eq!(pacer.state().period.lost, counted + 1);
     }
 
@@ -1186,13 +1243,13 @@ mod tests {
         let (mut first, mut second) = (LossRuns::default(), LossRuns::default());
         let lose_run = |runs: &mut LossRuns, count: u32, at: Instant| {
             let numbers: Vec<u64> = (0..count).map(|_| runs.first_sending()).collect();
-            numbers.into_iter().for_each(|number| pacer.lost(at, runs, number));
+            numbers.into_iter().for_each(|number| pacer.lost(at, runs, number, PACKET));
         };
         let before_the_cut = second.first_sending();
         lose_run(&mut first, OVERFLOW_RUN, now);
         let engaged = pacer.rate().expect("a run of OVERFLOW_RUN engages the pacer");
         // The second thread learns of the cut; its later sendings count.
-        pacer.lost(now + MS, &mut second, before_the_cut);
+        pacer.lost(now + MS, &mut second, before_the_cut, PACKET);
         lose_run(&mut second, OVERFLOW_RUN, now + MS);
         assert_eq!(pacer.rate(), Some(engaged), "within a round trip of the cut");
         lose_run(&mut second, 1, now + MIN_PERIOD * 2);
