@@ -51,9 +51,10 @@
 //! - a rate an overflow set probes: each period of [`PROBE_SAMPLE`] sendings paces it a
 //!   quarter above the most the path has delivered in one, which a rate past the path's
 //!   does not raise; loss beyond [`PROBE_LOSS_TOLERANCE`] ends the probe, and the most
-//!   a probing period delivered is the path's capacity (never the rate the probe started
-//!   at, a guess from a burst's few results). Losses come to light a timeout after their
-//!   sending, periods later: a probe raising its own rate would run far past the path;
+//!   a probing period delivered is the path's capacity (the rate the probe started at
+//!   only if timed as well as a period: a few results over a short span are a guess).
+//!   Losses come to light a timeout after their sending, periods later: a probe raising
+//!   its own rate would run far past the path;
 //! - a paced worker that finds more than [`LOSS_TOLERANCE`] of its data sendings lost
 //!   paces below the share the path carried; one whose share lost stays as high after two
 //!   such cuts in a row is losing at random, at any rate, and is unpaced again;
@@ -136,8 +137,9 @@ pub const OVERFLOW_RUN: u32 = 32;
 const LOSS_TOLERANCE: f64 = 0.125;
 
 /// The share of a probing period's data sendings found lost that still lets the rate
-/// grow: 1 % random loss each way resends about 2 % of them, while a probe past a queue
-/// too short to show delay loses far more.
+/// grow, and one loss more: 1 % random loss each way resends about 2 % of them, one in a
+/// period of 16 sendings as often as not, while a probe past a queue too short to show
+/// delay loses far more.
 const PROBE_LOSS_TOLERANCE: f64 = 0.02;
 
 /// Data sendings a paced worker counts before it judges their share lost: fewer, and a

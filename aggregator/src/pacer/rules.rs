@@ -146,9 +146,9 @@ impl Pacer {
         match (self.rate, self.capacity) {
             (None, Some(capacity)) => self.set_rate(capacity * (1.0 - LOSS_TOLERANCE / 2.0)),
             (None, None) => {
-                let seed = self.seed(now, delivered, latest_result, packet_bytes);
+                let (seed, trusted) = self.seed(now, delivered, latest_result, packet_bytes);
                 self.set_rate(seed);
-                self.probed = 0.0;
+                self.probed = if trusted { seed } else { 0.0 };
                 self.probing = true;
             }
             (Some(rate), _) => {
@@ -161,21 +161,28 @@ impl Pacer {
         true
     }
 
-    /// The rate a probe starts at after an overflow at `now`. The packets a burst's
-    /// overflow let through left the queue back to back, at the path's rate, and so did
-    /// their results: the period delivered at about that rate until its latest result, and
-    /// then waited for timeouts. Only a guess, which no capacity is taken from: a few
-    /// results over a short span also count those a thread held back from before the
-    /// period ([`DeliveryBatch`](super::DeliveryBatch)), and a shaper's bucket passes
-    /// survivors faster than its link. So the span is taken as [`MIN_PERIOD`] at least,
-    /// and without [`SEED_RESULTS`] results in it the period's whole length, up to `now`,
-    /// is.
-    fn seed(&self, now: Instant, delivered: u64, latest_result: Option<Instant>, packet_bytes: usize) -> f64 {
+    /// The rate a probe starts at after an overflow at `now`, and whether it was measured
+    /// as well as a probing period's delivery, and so may become the path's capacity. The
+    /// packets a burst's overflow let through left the queue back to back, at the path's
+    /// rate, and so did their results: the period delivered at about that rate until its
+    /// latest result, and then waited for timeouts. Over a short span it is a guess: it
+    /// counts results a thread held back from before the period
+    /// ([`DeliveryBatch`](super::DeliveryBatch)), and survivors a shaper's bucket let
+    /// through faster than its link. So the span is taken as [`MIN_PERIOD`] at least, and
+    /// only [`SEED_RESULTS`] results over a span as long are trusted.
+    fn seed(
+        &self,
+        now: Instant,
+        delivered: u64,
+        latest_result: Option<Instant>,
+        packet_bytes: usize,
+    ) -> (f64, bool) {
         let began = self.period.began.unwrap_or(now);
         let bytes = delivered.saturating_sub(self.period.delivered);
-        let results = bytes / (packet_bytes as u64).max(1);
-        let until = latest_result.filter(|&latest| latest > began && results >= SEED_RESULTS).unwrap_or(now);
-        bytes as f64 / until.saturating_duration_since(began).max(MIN_PERIOD).as_secs_f64()
+        let span =
+            latest_result.filter(|&latest| latest > began).unwrap_or(now).saturating_duration_since(began);
+        let trusted = span >= MIN_PERIOD && bytes / (packet_bytes as u64).max(1) >= SEED_RESULTS;
+        (bytes as f64 / span.max(MIN_PERIOD).as_secs_f64(), trusted)
     }
 
     /// Starts a decision period afresh at a job's start, with `delivered` bytes of
@@ -270,7 +277,8 @@ impl Pacer {
             // of a collapse engaged alike), go by what the path delivered until more than
             // random loss shows. Random loss puts a loss or two in most periods of a fast
             // link: growing only in periods without any stalled it near the collapse.
-            let tolerated = f64::from(ended.lost) <= PROBE_LOSS_TOLERANCE * f64::from(ended.sent);
+            // One loss more than the share: a period of 16 sendings shows 2 % as none or one.
+            let tolerated = f64::from(ended.lost) <= PROBE_LOSS_TOLERANCE * f64::from(ended.sent) + 1.0;
             if !limited {
                 return;
             }
@@ -347,8 +355,9 @@ impl Pacer {
                 // Nor below the path's measured rate, nor below the rate of the job so
                 // far, nor below half the rate at once: a period in which the rounds
                 // stalled (a peer's loss recovery, a peer descheduled) delivers next to
-                // nothing, and pacing at that would stall this worker in turn. (A period that did not wait, the tail of a job say,
-                // measures the work left, not the path, and changes nothing.)
+                // nothing, and pacing at that would stall this worker in turn. (A period that
+                // did not wait, the tail of a job say, measures the work left, not the path,
+                // and changes nothing.)
                 let waited = ended.least.map_or(0.0, standing);
                 let this_job = self.job.map_or(0.0, |(began, before)| {
                     let elapsed = now.saturating_duration_since(began).as_secs_f64().max(1e-9);

@@ -298,14 +298,16 @@ fn an_overflow_paces_at_the_rate_its_burst_was_delivered_at() {
         path.delivered += bytes;
         assert!(path.pacer.overflowed(path.now, path.delivered, Some(began + latest_after), PACKET));
         assert!(path.pacer.probing);
+        let trusted = latest_after >= MIN_PERIOD && bytes >= 8 * PACKET as u64;
+        assert_eq!(path.pacer.probed > 0.0, trusted, "only a seed timed well counts as delivered");
         path.rate()
     };
     assert!(near(overflow(MS * 5, 10_000), 2e6), "{:?}", overflow(MS * 5, 10_000));
     // Within 1 ms: timed over 4 ms, since a short span may hold results from before
     // the period, or a shaper's burst.
     assert!(near(overflow(MS, 10_000), 2.5e6), "{:?}", overflow(MS, 10_000));
-    // Fewer than 8 results: the period's whole length.
-    assert!(near(overflow(MS * 5, 700), 3.5e4), "{:?}", overflow(MS * 5, 700));
+    // Fewer than 8 results: the same rate, 140 kB/s, but a guess no capacity comes from.
+    assert!(near(overflow(MS * 5, 700), 1.4e5), "{:?}", overflow(MS * 5, 700));
     // Without a result in the period, the period's own rate.
     let mut path = Path::new(CONFIG);
     path.now += MS * 10;
@@ -316,26 +318,27 @@ fn an_overflow_paces_at_the_rate_its_burst_was_delivered_at() {
 
 #[test]
 fn a_probe_s_seed_never_becomes_the_capacity() {
-    // A burst's results timed high: 10 MB/s over a path that carries 1 MB/s.
+    // A burst's results within 1 ms, timed over 4 ms: 10 MB/s over a path that carries
+    // 1 MB/s (a shaper's bucket let them through, say).
     let mut path = Path::new(CONFIG);
     let began = path.now;
     path.now += MS * 10;
-    path.delivered += 50_000;
-    path.pacer.overflowed(path.now, path.delivered, Some(began + MS * 5), PACKET);
+    path.delivered += 40_000;
+    path.pacer.overflowed(path.now, path.delivered, Some(began + MS), PACKET);
     assert!(near(path.rate(), 1e7), "{:?}", path.rate());
     // Its first period loses beyond random loss: the capacity is what it delivered.
     probe_period(&mut path, 4, 1_000_000);
     assert!(!path.pacer.probing);
     assert!(path.pacer.capacity.is_some_and(|capacity| (capacity / 1e6 - 1.0).abs() < 0.01));
     assert!(near(path.rate(), 1e6 * 15.0 / 16.0), "{:?}", path.rate());
-    // Delivered below the seed without loss (a shaper's bucket emptied): a quarter
-    // above the delivery, not above the seed.
+    // Delivered below the seed with a loss, which 16 sendings at 1 % each way show
+    // often: a quarter above the delivery, not above the seed.
     let mut path = Path::new(CONFIG);
     let began = path.now;
     path.now += MS * 10;
-    path.delivered += 50_000;
-    path.pacer.overflowed(path.now, path.delivered, Some(began + MS * 5), PACKET);
-    probe_period(&mut path, 0, 1_000_000);
+    path.delivered += 40_000;
+    path.pacer.overflowed(path.now, path.delivered, Some(began + MS), PACKET);
+    probe_period(&mut path, 1, 1_000_000);
     assert!(near(path.rate(), 1.25e6), "{:?}", path.rate());
 }
 
@@ -357,8 +360,8 @@ fn a_probe_paces_a_quarter_above_the_most_delivered_until_loss_shows() {
     probe_period(&mut path, 0, 3_200_000);
     probe_period(&mut path, 0, 3_200_000);
     assert!(near(path.rate(), 4e6), "{:?}", path.rate());
-    // 1 in 16 lost: past random loss. The path carries what it delivered at most.
-    probe_period(&mut path, 1, 3_200_000);
+    // 2 in 16 lost: past random loss. The path carries what it delivered at most.
+    probe_period(&mut path, 2, 3_200_000);
     assert!(!path.pacer.probing);
     assert_eq!(path.pacer.capacity, Some(3.2e6));
     assert!(near(path.rate(), 3e6), "{:?}", path.rate());
