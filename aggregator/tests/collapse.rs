@@ -15,14 +15,18 @@ fn median(mut ratios: Vec<f64>) -> f64 {
     ratios[ratios.len() / 2]
 }
 
-/// Every case's jobs end exact, on two seeds of the links' losses. The bounds leave about
-/// twice the largest ratio measured on four seeds (`examples/collapse_matrix.rs`; before
-/// the probe paced by delivery, issue 31 item 4, later dense jobs reached 157 times the
-/// model): dense, every job within 50 times the time the busiest link allows (measured
-/// up to 24) and every later one within 15 (7.1), their median within 2.5 (1.5); sparse,
-/// every third job within 30 (16), the later jobs behind 2 KB queues within 25 (13). Sparse
-/// first jobs behind 1 KB queues still take up to 155 times the model: their losses are
-/// mostly results on the way down, which no first sending's run shows.
+/// Every case's jobs end exact, on two seeds of the links' losses. Bounds, against the
+/// largest ratio measured on four seeds (`examples/collapse_matrix.rs`; before the probe
+/// paced by delivery, issue 31 item 4, later dense jobs reached 157 times the model):
+/// dense, every first job within 125 times the time the busiest link allows (measured up
+/// to 61: with 1 % loss, a probe's seed from a burst's few results is no capacity, and
+/// random loss ends probes below the path), second jobs within 30 (15), third jobs
+/// within 12 (10.2), the later jobs' median within 2.5 (1.8); behind an 8 KB bucket and
+/// a 2 KB queue at 10 Mbit/s every job takes 22 to 31, with or without this pacer's
+/// seed rule (every later job there within 60); sparse, every third job within 30 (16),
+/// the later jobs behind 2 KB queues within 25 (22), every job behind a bucket within 8
+/// (3.4). Sparse first jobs behind 1 KB queues still take up to 156 times the model:
+/// their losses are mostly results on the way down, which no first sending's run shows.
 #[test]
 fn windows_far_above_tiny_queues_converge_instead_of_collapsing() {
     let mut dense_later = Vec::new();
@@ -32,11 +36,15 @@ fn windows_far_above_tiny_queues_converge_instead_of_collapsing() {
                 if !case.sparse && job > 0 {
                     dense_later.push(ratio);
                 }
-                let bound = match (case.sparse, case.limit.queue_bytes, job) {
-                    (false, _, 0) => 50.0,
-                    (false, _, _) => 15.0,
-                    (true, 2000, 1 | 2) => 25.0,
-                    (true, _, 2) => 30.0,
+                let bucket = case.limit.burst_bytes > 0;
+                let bound = match (case.sparse, bucket, case.limit.queue_bytes, job) {
+                    (false, _, _, 0) => 125.0,
+                    (false, true, 2000, _) => 60.0,
+                    (false, _, _, 1) => 30.0,
+                    (false, _, _, _) => 12.0,
+                    (true, true, _, _) => 8.0,
+                    (true, _, 2000, 1 | 2) => 25.0,
+                    (true, _, _, 2) => 30.0,
                     _ => f64::INFINITY,
                 };
                 assert!(ratio < bound, "{}, seed {seed}, job {job}: {ratio:.2} of the model", case.name());
