@@ -153,7 +153,8 @@ impl WorkerProtocol {
     fn book_loss(&mut self, now: Instant, index: u16, send: Send) {
         if let Send::Data { retransmission: Some(_) } = send {
             let first_sending = self.slots[index as usize].first_sending;
-            self.pacer.lost(now, &mut self.loss_runs, first_sending);
+            let packet_bytes = self.paced_len();
+            self.pacer.lost(now, &mut self.loss_runs, first_sending, packet_bytes);
         }
     }
 

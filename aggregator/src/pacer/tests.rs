@@ -1,0 +1,552 @@
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::link::DELIVERY_LAG;
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A target of 1 ms, for round figures.
+const CONFIG: PacingConfig = PacingConfig { enabled: true, target: MS };
+
+/// The bytes a data packet and its result are booked as.
+const PACKET: usize = 100;
+
+/// A path as a pacer sees it: a clock, and the results delivered so far.
+struct Path {
+    pacer: Pacer,
+    now: Instant,
+    delivered: u64,
+    /// Whether this worker's contributions complete the rounds timed.
+    completing: bool,
+}
+
+impl Path {
+    fn new(config: PacingConfig) -> Path {
+        let now = Instant::now();
+        let mut pacer = Pacer::new(config);
+        pacer.job_started(now, 0);
+        Path { pacer, now, delivered: 0, completing: true }
+    }
+
+    /// Round trips of `rtts` one after another, with results arriving at `rate`
+    /// bytes per second.
+    fn round_trips(&mut self, rtts: &[Duration], rate: u64) -> &mut Path {
+        for &rtt in rtts {
+            self.now += rtt;
+            self.delivered += (rate as f64 * rtt.as_secs_f64()) as u64;
+            self.pacer.sample(self.now, rtt, self.delivered, self.completing);
+        }
+        self
+    }
+
+    /// One decision period of round trips of `rtt`, at `rate`.
+    fn period(&mut self, rtt: Duration, rate: u64) -> &mut Path {
+        let count = (MIN_PERIOD.as_nanos().div_ceil(rtt.as_nanos()) as u32).max(SAMPLES);
+        self.round_trips(&vec![rtt; count as usize], rate)
+    }
+
+    /// A period of 100 µs round trips, then one of `rtt` ones, at `rate`, in which the
+    /// queue overflowed: the worker sent data again.
+    fn queue(&mut self, rtt: Duration, rate: u64) -> &mut Path {
+        self.period(MS / 10, rate);
+        self.pacer.period.lost = 1;
+        self.period(rtt, rate)
+    }
+
+    fn rate(&self) -> Option<u64> {
+        self.pacer.rate()
+    }
+
+    /// Sends what the pacer lets through now, so that it holds the next back.
+    fn fill(&mut self) -> &mut Path {
+        assert!(self.pacer.rate().is_some(), "an unpaced path lets everything through");
+        while self.pacer.allows(self.now) {
+            self.pacer.sent(self.now, 100_000);
+        }
+        self
+    }
+}
+
+/// Within a thousandth of `expected`.
+fn near(rate: Option<u64>, expected: f64) -> bool {
+    rate.is_some_and(|rate| (rate as f64 / expected - 1.0).abs() < 1e-3)
+}
+
+#[test]
+fn a_path_without_a_standing_queue_is_not_paced() {
+    let mut path = Path::new(CONFIG);
+    // Round trips of 100 µs, some lengthened by a late peer or a loss.
+    let mut rtts = vec![MS / 10; 200];
+    for long in [3, 50, 51, 120] {
+        rtts[long] = MS * 12;
+    }
+    path.round_trips(&rtts, 10_000_000);
+    // Queues shorter than the target.
+    path.round_trips(&[MS * 9 / 10; 100], 10_000_000);
+    assert_eq!(path.rate(), None);
+    assert!(path.pacer.allows(Instant::now()));
+}
+
+#[test]
+fn a_queue_that_holds_the_window_does_not_engage_the_pacer() {
+    // 10 ms of standing queue, but nothing lost: the queue holds the window.
+    let mut path = Path::new(CONFIG);
+    path.period(MS / 10, 10_000_000).period(MS * 10, 10_000_000).period(MS * 10, 10_000_000);
+    assert_eq!(path.rate(), None);
+    // A loss in a period with the queue standing engages it.
+    path.pacer.period.lost = 1;
+    path.period(MS * 10, 10_000_000);
+    assert!(path.rate().is_some());
+}
+
+#[test]
+fn a_standing_queue_on_its_own_path_sets_the_rate_below_the_delivery_rate() {
+    // 5.1 ms round trips (5 ms of queue) at 10 MB/s.
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 51 / 10, 10_000_000);
+    // The excess of 4 ms drains over 4 round trips of 5.1 ms: 0.80 of the delivery
+    // rate.
+    let drain = 1.0 - 4.0 / (4.0 * 5.1);
+    assert!(near(path.rate(), 10e6 * drain), "{:?}", path.rate());
+    // However long the queue, never below three quarters.
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 1000, 10_000_000);
+    assert!(path.rate().is_some_and(|rate| (7_500_000..7_510_000).contains(&rate)));
+}
+
+#[test]
+fn a_limited_rate_grows_while_the_queue_stays_below_the_target() {
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 10, 10_000_000);
+    let engaged = path.rate().unwrap() as f64;
+    // Not held back: the rate stays.
+    path.period(MS / 10, engaged as u64);
+    assert!(near(path.rate(), engaged));
+    // Held back, with no queue: an eighth more.
+    path.fill().period(MS / 10, engaged as u64);
+    assert!(near(path.rate(), engaged * 1.125), "{:?}", path.rate());
+    // Held back, with half the target queued: a sixteenth more.
+    path.fill().period(MS * 6 / 10, (engaged * 1.125) as u64);
+    assert!(near(path.rate(), engaged * 1.125 * 1.0625), "{:?}", path.rate());
+}
+
+#[test]
+fn a_raise_stays_near_the_delivery_rate_and_never_lowers_the_rate() {
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 10, 10_000_000);
+    let engaged = path.rate().unwrap() as f64;
+    // Held back, but the path delivered only 0.95 of the rate: an eighth beyond that.
+    path.fill().period(MS / 10, (engaged * 0.95) as u64);
+    assert!(near(path.rate(), engaged * 0.95 * 1.125), "{:?}", path.rate());
+    // A period that delivered little (a stall) does not lower it.
+    let raised = path.rate().unwrap() as f64;
+    path.fill().period(MS / 10, 1_000);
+    assert!(near(path.rate(), raised), "{:?}", path.rate());
+}
+
+#[test]
+fn raises_beyond_the_measured_rate_probe_slowly() {
+    // Measured at 10 MB/s with a queue standing; then, however fast a shaper's
+    // bucket lets the results through, the rate stops an eighth above that...
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 10, 10_000_000);
+    for _ in 0..4 {
+        path.fill().period(MS / 10, 100_000_000);
+    }
+    assert!(near(path.rate(), 11.25e6), "{:?}", path.rate());
+    // ...and each further period raises that ceiling by a sixteenth.
+    for _ in 0..8 {
+        path.fill().period(MS / 10, 100_000_000);
+    }
+    let rate = path.rate().unwrap() as f64;
+    assert!(near(Some(rate as u64), 11.25e6 * 1.0625f64.powi(8)), "{rate}");
+}
+
+#[test]
+fn a_queue_on_a_peer_s_path_caps_the_rate_at_the_rounds_and_no_lower() {
+    // Rounds completed by peers, which wait 5 ms: pace at the rate they complete at.
+    let mut path = Path::new(CONFIG);
+    path.completing = false;
+    path.queue(MS * 51 / 10, 4_000_000);
+    assert!(near(path.rate(), 4e6), "{:?}", path.rate());
+    // No queue: unchanged.
+    path.period(MS / 10, 2_000_000);
+    assert!(near(path.rate(), 4e6), "{:?}", path.rate());
+    // A period of little delivered: no lower than the job's rate so far (2.16 MB/s),
+    // nor than half.
+    path.period(MS * 51 / 10, 1_000);
+    let job = path.delivered as f64 / 0.0488;
+    assert!(near(path.rate(), job), "{:?} against {job}", path.rate());
+
+    // A path measured at 10 MB/s, with the rounds then stalled on a peer: never
+    // below that, however little a period delivers.
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 10, 10_000_000);
+    path.completing = false;
+    for _ in 0..10 {
+        path.period(MS * 20, 1_000);
+    }
+    assert!(path.rate().is_some_and(|rate| rate >= 5_000_000), "{:?}", path.rate());
+}
+
+#[test]
+fn sends_are_spaced_at_the_rate_in_quanta_with_a_bounded_burst() {
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 10, 100_000_000);
+    let pacer = &mut path.pacer;
+    let rate = pacer.rate().unwrap() as f64;
+    let start = Instant::now() + Duration::from_secs(1);
+    // After an idle spell, BURST's and a QUANTUM's worth go at once.
+    let packet = 1_000;
+    let mut sent = 0;
+    while pacer.allows(start) {
+        pacer.sent(start, packet);
+        sent += 1;
+    }
+    let burst = ((BURST + QUANTUM).as_secs_f64() * rate / packet as f64).ceil() as usize;
+    assert_eq!(sent, burst);
+    // Then a quantum's worth at each wake-up.
+    let next = pacer.ready_at().unwrap();
+    assert!(next > start + QUANTUM && next <= start + QUANTUM * 11 / 10, "{:?}", next - start);
+    let mut sent = 0;
+    while pacer.allows(next) {
+        pacer.sent(next, packet);
+        sent += 1;
+    }
+    let quantum = QUANTUM.as_secs_f64() * rate / packet as f64;
+    assert!((sent as f64 - quantum).abs() <= 1.0, "{sent} against {quantum}");
+}
+
+#[test]
+fn the_rate_never_falls_below_the_floor() {
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 500, 0);
+    for _ in 0..10 {
+        path.period(MS * 500, 0);
+    }
+    assert_eq!(path.rate(), Some(MIN_RATE));
+}
+
+#[test]
+fn disabled_pacing_never_paces() {
+    let mut path = Path::new(PacingConfig { enabled: false, ..CONFIG });
+    path.queue(MS * 10, 10_000_000);
+    assert_eq!(path.rate(), None);
+}
+
+#[test]
+fn only_a_run_of_first_sendings_lost_in_a_row_shows_an_overflow() {
+    let mut runs = LossRuns::default();
+    // Every other sending lost, as random loss might: never a run.
+    assert!(!(2..200).step_by(2).any(|number| runs.lost(number)));
+    // One short of a run, then one found again or out of order: no run yet.
+    let run = OVERFLOW_RUN as u64;
+    assert!(!(300..300 + run - 1).any(|number| runs.lost(number)));
+    assert!(!runs.lost(300 + run - 2) && !runs.lost(310));
+    // The last of the run shows it, and every further loss of the run until the pacer
+    // takes it; then another full run is needed.
+    assert!(runs.lost(300 + run - 1) && runs.lost(300 + run));
+    runs.overflow_taken();
+    assert!(!(300 + run + 1..300 + 2 * run).any(|number| runs.lost(number)));
+    assert!(runs.lost(300 + 2 * run));
+    runs.overflow_taken();
+    assert!(!(300 + 2 * run + 1..300 + 3 * run).any(|number| runs.lost(number)));
+    // A gap starts a new run.
+    assert!(!(401..400 + run).any(|number| runs.lost(number)));
+    assert!(runs.lost(400 + run));
+}
+
+#[test]
+fn an_overflow_paces_at_the_rate_delivered_then_halves_it_at_most_once_a_round_trip() {
+    let mut path = Path::new(CONFIG);
+    path.round_trips(&[MS / 2], 1_000_000);
+    // 10 ms in which a collapsing path delivered 2 000 bytes: 200 kB/s.
+    path.now += MS * 10;
+    path.delivered += 2_000;
+    let since = path.delivered - path.pacer.period.delivered;
+    let elapsed = path.now - path.pacer.period.began.unwrap();
+    path.pacer.overflowed(path.now, path.delivered, None, PACKET);
+    assert!(near(path.rate(), since as f64 / elapsed.as_secs_f64()), "{:?}", path.rate());
+    assert!(path.pacer.probing);
+    let engaged = path.rate().unwrap() as f64;
+    // Another within the period's least, 4 ms: the same burst's losses.
+    path.pacer.overflowed(path.now + MS * 3, path.delivered, None, PACKET);
+    assert!(near(path.rate(), engaged));
+    path.pacer.overflowed(path.now + MS * 5, path.delivered, None, PACKET);
+    assert!(near(path.rate(), engaged / 2.0), "{:?}", path.rate());
+    assert!(!path.pacer.probing);
+}
+
+/// One probing period: sent enough to be judged, `lost` of them lost, delivering at
+/// `rate`.
+fn probe_period(path: &mut Path, lost: u32, rate: u64) {
+    path.fill();
+    path.pacer.period.sent = PROBE_SAMPLE;
+    path.pacer.period.lost = lost;
+    path.period(MS, rate);
+}
+
+#[test]
+fn an_overflow_paces_at_the_rate_its_burst_was_delivered_at() {
+    // The burst's survivors came back within 5 ms, 10 000 bytes of them: 2 MB/s,
+    // although the 20 ms up to the overflow delivered only 500 kB/s.
+    let overflow = |latest_after: Duration, bytes: u64| {
+        let mut path = Path::new(CONFIG);
+        let began = path.now;
+        path.now += MS * 20;
+        path.delivered += bytes;
+        assert!(path.pacer.overflowed(path.now, path.delivered, Some(began + latest_after), PACKET));
+        assert!(path.pacer.probing);
+        let trusted = latest_after >= MIN_PERIOD && bytes >= 8 * PACKET as u64;
+        assert_eq!(path.pacer.probed > 0.0, trusted, "only a seed timed well counts as delivered");
+        path.rate()
+    };
+    assert!(near(overflow(MS * 5, 10_000), 2e6), "{:?}", overflow(MS * 5, 10_000));
+    // Within 1 ms: timed over 4 ms, since a short span may hold results from before
+    // the period, or a shaper's burst.
+    assert!(near(overflow(MS, 10_000), 2.5e6), "{:?}", overflow(MS, 10_000));
+    // Fewer than 8 results: the same rate, 140 kB/s, but a guess no capacity comes from.
+    assert!(near(overflow(MS * 5, 700), 1.4e5), "{:?}", overflow(MS * 5, 700));
+    // Without a result in the period, the period's own rate.
+    let mut path = Path::new(CONFIG);
+    path.now += MS * 10;
+    path.delivered += 2_000;
+    path.pacer.overflowed(path.now, path.delivered, Some(path.now - MS * 20), PACKET);
+    assert!(near(path.rate(), 2e5), "{:?}", path.rate());
+}
+
+#[test]
+fn a_probe_s_seed_never_becomes_the_capacity() {
+    // A burst's results within 1 ms, timed over 4 ms: 10 MB/s over a path that carries
+    // 1 MB/s (a shaper's bucket let them through, say).
+    let mut path = Path::new(CONFIG);
+    let began = path.now;
+    path.now += MS * 10;
+    path.delivered += 40_000;
+    path.pacer.overflowed(path.now, path.delivered, Some(began + MS), PACKET);
+    assert!(near(path.rate(), 1e7), "{:?}", path.rate());
+    // Its first period loses beyond random loss: the capacity is what it delivered.
+    probe_period(&mut path, 4, 1_000_000);
+    assert!(!path.pacer.probing);
+    assert!(path.pacer.capacity.is_some_and(|capacity| (capacity / 1e6 - 1.0).abs() < 0.01));
+    assert!(near(path.rate(), 1e6 * 15.0 / 16.0), "{:?}", path.rate());
+    // Delivered below the seed with a loss, which 16 sendings at 1 % each way show
+    // often: a quarter above the delivery, not above the seed.
+    let mut path = Path::new(CONFIG);
+    let began = path.now;
+    path.now += MS * 10;
+    path.delivered += 40_000;
+    path.pacer.overflowed(path.now, path.delivered, Some(began + MS), PACKET);
+    probe_period(&mut path, 1, 1_000_000);
+    assert!(near(path.rate(), 1.25e6), "{:?}", path.rate());
+}
+
+#[test]
+fn a_probe_paces_a_quarter_above_the_most_delivered_until_loss_shows() {
+    let mut path = Path::new(CONFIG);
+    let began = path.now;
+    path.now += MS * 10;
+    path.delivered += 10_000;
+    path.pacer.overflowed(path.now, path.delivered, Some(began + MS * 5), PACKET);
+    // Delivered as fast as it was sent: a quarter more. Whoever completed the rounds.
+    path.completing = false;
+    probe_period(&mut path, 0, 2_000_000);
+    assert!(near(path.rate(), 2.5e6), "{:?}", path.rate());
+    probe_period(&mut path, 0, 3_000_000);
+    assert!(near(path.rate(), 3.75e6), "{:?}", path.rate());
+    // A rate past the path's: what it delivered, not what was sent, raises the rate,
+    // since the losses show only a timeout later.
+    probe_period(&mut path, 0, 3_200_000);
+    probe_period(&mut path, 0, 3_200_000);
+    assert!(near(path.rate(), 4e6), "{:?}", path.rate());
+    // 2 in 16 lost: past random loss. The path carries what it delivered at most.
+    probe_period(&mut path, 2, 3_200_000);
+    assert!(!path.pacer.probing);
+    assert_eq!(path.pacer.capacity, Some(3.2e6));
+    assert!(near(path.rate(), 3e6), "{:?}", path.rate());
+}
+
+#[test]
+fn a_capacity_loss_measured_caps_raises_and_creeps_up() {
+    let mut path = Path::new(CONFIG);
+    path.now += MS * 10;
+    path.delivered += 2_000;
+    path.pacer.overflowed(path.now, path.delivered, None, PACKET);
+    probe_period(&mut path, 8, 200_000);
+    let capacity = path.pacer.capacity.unwrap();
+    assert!(path.pacer.lossy_capacity && near(path.rate(), capacity * 15.0 / 16.0));
+    // Held back, no queue, all delivered: no raise past the capacity, which creeps up
+    // by a sixty-fourth a period.
+    for period in 1..=4 {
+        let rate = path.rate().unwrap();
+        path.fill().period(MS / 10, rate);
+        let crept = capacity * (1.0 + LOSSY_CREEP).powi(period);
+        assert!(near(path.rate(), crept / (1.0 + LOSSY_CREEP) * 15.0 / 16.0), "{:?}", path.rate());
+        assert!((path.pacer.capacity.unwrap() / crept - 1.0).abs() < 1e-9);
+    }
+    // Unpaced (by the share rule, say), a further overflow paces it at once below the
+    // capacity, without a probe.
+    path.pacer.rate = None;
+    path.now += MS * 10;
+    path.pacer.overflowed(path.now, path.delivered, None, PACKET);
+    let capacity = path.pacer.capacity.unwrap();
+    assert!(near(path.rate(), capacity * 15.0 / 16.0) && !path.pacer.probing, "{:?}", path.rate());
+}
+
+#[test]
+fn a_rate_an_overflow_set_recovers_on_a_fast_link_with_random_loss() {
+    // A 64-packet outage on a 10 MB/s link engages the pacer at what the collapse
+    // delivered, 200 kB/s; then 1 % of the sendings are lost in every period.
+    let mut path = Path::new(CONFIG);
+    path.now += MS * 10;
+    path.delivered += 2_000;
+    let mut runs = LossRuns::default();
+    let outage: Vec<u64> = (0..64).map(|_| runs.first_sending()).collect();
+    assert!(outage.into_iter().any(|number| runs.lost(number)));
+    path.pacer.overflowed(path.now, path.delivered, None, PACKET);
+    let engaged = path.rate().unwrap();
+    for _ in 0..20 {
+        let rate = path.rate().unwrap().min(10_000_000);
+        path.fill();
+        path.pacer.period.sent = 200;
+        path.pacer.period.lost = 2;
+        path.period(MS, rate);
+    }
+    assert!(path.rate().is_some_and(|rate| rate >= 10_000_000), "{:?} from {engaged}", path.rate());
+}
+
+#[test]
+fn a_paced_worker_losing_more_than_it_tolerates_paces_below_what_was_carried() {
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 10, 1_000_000);
+    let paced = path.rate().unwrap() as f64;
+    // 64 sendings, 4 of them lost (6 %): tolerated.
+    path.pacer.period.sent = LOSS_SAMPLE;
+    path.pacer.period.lost = 4;
+    path.period(MS, 1_000_000);
+    assert!(path.rate().is_some_and(|rate| rate as f64 >= paced), "{:?}", path.rate());
+    let paced = path.rate().unwrap() as f64;
+    // 64 sendings over two periods, 16 lost (25 %): the path carried three quarters.
+    for _ in 0..2 {
+        path.pacer.period.sent = LOSS_SAMPLE / 2;
+        path.pacer.period.lost = 8;
+        path.period(MS, 1_000_000);
+    }
+    let carried = paced * 0.75;
+    assert!(near(path.rate(), carried * (1.0 - LOSS_TOLERANCE / 2.0)), "{:?}", path.rate());
+    assert_eq!(path.pacer.capacity, Some(carried));
+    // Loss that falls with the rate was the queue's: below the tolerance, the rate
+    // stays; above it again, it is cut again.
+    let mut cut_again = path.pacer.clone();
+    for (pacer, lost) in [(&mut path.pacer, 4), (&mut cut_again, 12)] {
+        pacer.period.sent = LOSS_SAMPLE;
+        pacer.period.lost = lost;
+    }
+    let rate = path.rate();
+    path.period(MS, 1_000_000);
+    assert_eq!(path.rate(), rate);
+    std::mem::swap(&mut path.pacer, &mut cut_again);
+    path.period(MS, 1_000_000);
+    assert!(path.rate() < rate, "{:?}", path.rate());
+    // Loss that stays as the rate falls, twice, is the path's, at any rate: unpaced
+    // again.
+    let mut rates = Vec::new();
+    for _ in 0..2 {
+        path.pacer.period.sent = LOSS_SAMPLE;
+        path.pacer.period.lost = 12;
+        path.period(MS, 1_000_000);
+        rates.push(path.rate());
+    }
+    assert!(rates[0].is_some() && rates[1].is_none(), "{rates:?}");
+}
+
+/// Random loss never lines up a run of first sendings lost in a row: it leaves
+/// the worker unpaced. Losses of sendings made before a cut count for nothing after it.
+#[test]
+fn isolated_losses_never_engage_the_pacer_and_old_ones_never_count_after_a_cut() {
+    let pacer = LinkPacer::new(CONFIG);
+    let mut runs = LossRuns::default();
+    let now = Instant::now();
+    let mut batch = DeliveryBatch::default();
+    pacer.job_started(now, &mut batch);
+    for sending in 0..1000 {
+        let number = runs.first_sending();
+        if sending % 3 != 0 {
+            pacer.lost(now, &mut runs, number, PACKET);
+        }
+    }
+    assert_eq!(pacer.rate(), None);
+    let first = runs.first_sending();
+    let numbers: Vec<u64> = (0..OVERFLOW_RUN).map(|_| runs.first_sending()).collect();
+    for &number in &numbers {
+        pacer.lost(now + MS, &mut runs, number, PACKET);
+    }
+    assert!(pacer.rate().is_some(), "a run of {OVERFLOW_RUN} engages it");
+    let counted = pacer.state().period.lost;
+    pacer.lost(now + MS * 2, &mut runs, first, PACKET);
+    assert_eq!(pacer.state().period.lost, counted, "a sending from before the cut");
+    let after = runs.first_sending();
+    pacer.lost(now + MS * 2, &mut runs, after, PACKET);
+    assert_eq!(pacer.state().period.lost, counted + 1);
+}
+
+/// Another thread's run that completes within a round trip of a cut is put off, not
+/// lost: its next loss after the round trip takes it.
+#[test]
+fn an_overflow_put_off_by_a_recent_cut_is_taken_with_the_run_s_next_loss() {
+    let pacer = LinkPacer::new(CONFIG);
+    let start = Instant::now();
+    let mut batch = DeliveryBatch::default();
+    pacer.job_started(start, &mut batch);
+    // 100 kB delivered in 10 ms: 10 MB/s.
+    let now = start + MS * 10;
+    batch.add(&pacer, now, 100_000);
+    let (mut first, mut second) = (LossRuns::default(), LossRuns::default());
+    let lose_run = |runs: &mut LossRuns, count: u32, at: Instant| {
+        let numbers: Vec<u64> = (0..count).map(|_| runs.first_sending()).collect();
+        numbers.into_iter().for_each(|number| pacer.lost(at, runs, number, PACKET));
+    };
+    let before_the_cut = second.first_sending();
+    lose_run(&mut first, OVERFLOW_RUN, now);
+    let engaged = pacer.rate().expect("a run of OVERFLOW_RUN engages the pacer");
+    // The second thread learns of the cut; its later sendings count.
+    pacer.lost(now + MS, &mut second, before_the_cut, PACKET);
+    lose_run(&mut second, OVERFLOW_RUN, now + MS);
+    assert_eq!(pacer.rate(), Some(engaged), "within a round trip of the cut");
+    lose_run(&mut second, 1, now + MIN_PERIOD * 2);
+    assert!(engaged > 2 * MIN_RATE, "{engaged}");
+    assert_eq!(pacer.rate(), Some(engaged / 2));
+    // Taken, the run starts afresh.
+    lose_run(&mut second, OVERFLOW_RUN - 1, now + MIN_PERIOD * 4);
+    assert_eq!(pacer.rate(), Some(engaged / 2));
+}
+
+/// A thread's results reach the path's count by the batch: at 64 KiB, once the first
+/// is 100 µs old, and whenever the pacer reads the count for the thread; and a path
+/// that is not paced books no sending.
+#[test]
+fn results_reach_the_path_s_count_by_the_batch_and_at_every_reading() {
+    let pacer = LinkPacer::new(CONFIG);
+    let count = |pacer: &LinkPacer| pacer.delivered.load(Ordering::Relaxed);
+    let start = Instant::now();
+    let mut batch = DeliveryBatch::default();
+    for _ in 0..63 {
+        batch.add(&pacer, start, 1024);
+    }
+    assert_eq!(count(&pacer), 0, "63 KiB within the lag stay with the thread");
+    batch.add(&pacer, start, 1024);
+    assert_eq!(count(&pacer), 64 * 1024, "the 64th KiB hands the batch in");
+    batch.add(&pacer, start + MS, 100);
+    assert_eq!(count(&pacer), 64 * 1024);
+    batch.add(&pacer, start + MS + DELIVERY_LAG, 100);
+    assert_eq!(count(&pacer), 64 * 1024 + 200, "a batch as old as the lag is handed in");
+    batch.add(&pacer, start + 2 * MS, 300);
+    pacer.sample(start + 2 * MS, MS, true, &mut batch);
+    assert_eq!(count(&pacer), 64 * 1024 + 500, "a round trip reads the thread's results");
+    batch.add(&pacer, start + 3 * MS, 400);
+    pacer.job_started(start + 3 * MS, &mut batch);
+    assert_eq!(count(&pacer), 64 * 1024 + 900, "so does a job's start");
+    pacer.sent(start + 3 * MS, 1000);
+    assert_eq!(pacer.state().next_send, None, "an unpaced path books no sending");
+}
