@@ -285,11 +285,11 @@ fn a_failed_data_connection_fails_every_rank_s_job_at_once_with_the_cause() {
 }
 
 /// A session sharded over two switches (two `netagg-switch --transport rdma` in vm0, on
-/// ports of their own), a rank in each VM: each worker thread holds a queue pair to each
-/// switch and sends each slot's packets to the one owning it. int32 exact and float32
-/// within the benchmark's bound, dense and sparse, with 1 % of the datagrams each rank
-/// and each switch sends dropped (`[faults]`), which the protocol core's retransmissions
-/// recover. Each switch drops packets of slots not its own session's token, so a verified
+/// ports of their own), a rank of three threads in each VM: each worker thread holds a
+/// queue pair to each switch and sends each slot's packets to the one owning it. int32
+/// exact and float32 within the benchmark's bound, dense and sparse, with 1 % of the
+/// datagrams each rank and each switch sends dropped (`[faults]`), which the protocol
+/// core's retransmissions recover. Each switch drops packets of slots not its own session's token, so a verified
 /// sum was routed right.
 #[test]
 #[ignore = "needs root and boots QEMU VMs: scripts/test runs it in its own stage"]
@@ -303,10 +303,13 @@ fn a_session_sharded_over_two_rdma_switches_is_exact_dense_and_sparse_with_loss(
         )
     };
     let runs = [("int32", "1"), ("float32", "1"), ("int32", "0.1"), ("float32", "0.1")];
+    // Three threads per rank: the middle one's slots straddle the two switches, so its
+    // datagrams alternate between its queue pairs.
+    const THREADS: usize = 3;
     let rank = |rank: usize| {
         let environment = format!(
             "{} NETAGG_GENERAL__SWITCHES=10.77.0.1:50099,10.77.0.1:50100 NETAGG_FAULTS__SEND_DROP=0.01 \
-             NETAGG_FAULTS__SEED={}",
+             NETAGG_FAULTS__SEED={} NETAGG_GENERAL__NUM_WORKER_THREADS={THREADS}",
             worker_environment(rank),
             rank + 7
         );
@@ -347,7 +350,7 @@ fn a_session_sharded_over_two_rdma_switches_is_exact_dense_and_sparse_with_loss(
             .lines()
             .filter(|line| line.starts_with(switch) && line.contains("worker thread connected"))
             .count();
-        assert_eq!(connected, 2 * 2 * runs.len(), "{switch}:\n{all}");
+        assert_eq!(connected, 2 * THREADS * runs.len(), "{switch}:\n{all}");
         assert!(switch_datagrams(&all, switch) > 0, "{all}");
         assert!(switch_counter(&all, switch, "stats: faults injected", "send dropped") > 0, "{all}");
     }
