@@ -610,28 +610,62 @@ impl Connection {
     /// Waits up to `timeout` for messages and hands each to `sink`; returns how many (0
     /// when the time ran out).
     pub fn recv(&mut self, timeout: Duration, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        let deadline = Instant::now().checked_add(timeout);
-        loop {
-            let count = self.poll(sink)?;
-            if count > 0 {
-                return Ok(count);
+        recv_any(std::slice::from_mut(self), timeout, sink).map_err(|failure| failure.error)
+    }
+}
+
+/// Why [`recv_any`] failed: the error, and which of its connections failed (none when
+/// the wait itself did).
+#[derive(Debug)]
+pub struct RecvFailure {
+    pub connection: Option<usize>,
+    pub error: io::Error,
+}
+
+/// Waits up to `timeout` for messages on any of `connections` and hands each to `sink`;
+/// returns how many (0 when the time ran out). One thread so serves several peers (a
+/// worker reaching every shard of a session): busy connections are polled in turn, and
+/// connections that all wait in [`Wait::Event`] are armed together and slept on at once.
+pub fn recv_any(
+    connections: &mut [Connection],
+    timeout: Duration,
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<usize, RecvFailure> {
+    let failed = |index: usize| move |error| RecvFailure { connection: Some(index), error };
+    let mut poll_all = |connections: &mut [Connection]| {
+        connections.iter_mut().enumerate().try_fold(0, |total, (index, connection)| {
+            Ok(total + connection.poll(sink).map_err(failed(index))?)
+        })
+    };
+    let sleeps = connections.iter().all(|connection| connection.options.wait == Wait::Event);
+    let deadline = Instant::now().checked_add(timeout);
+    loop {
+        let count = poll_all(connections)?;
+        if count > 0 {
+            return Ok(count);
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|deadline| now >= deadline) {
+            return Ok(0);
+        }
+        if !sleeps {
+            for (index, connection) in connections.iter_mut().enumerate() {
+                connection.check_peer().map_err(failed(index))?;
             }
-            let now = Instant::now();
-            if deadline.is_some_and(|deadline| now >= deadline) {
-                return Ok(0);
-            }
-            if self.options.wait == Wait::Busy {
-                self.check_peer()?;
-                std::hint::spin_loop();
-                continue;
-            }
-            self.arm()?;
-            let count = self.poll(sink)?;
-            if count > 0 {
-                return Ok(count);
-            }
-            sleep_until_readable(self.wait_fds(), remaining(deadline))?;
-            self.woken()?;
+            std::hint::spin_loop();
+            continue;
+        }
+        for (index, connection) in connections.iter_mut().enumerate() {
+            connection.arm().map_err(failed(index))?;
+        }
+        let count = poll_all(connections)?;
+        if count > 0 {
+            return Ok(count);
+        }
+        sleep_until_readable(connections.iter().flat_map(Connection::wait_fds), remaining(deadline))
+            .map_err(|error| RecvFailure { connection: None, error })?;
+        for (index, connection) in connections.iter_mut().enumerate() {
+            connection.woken().map_err(failed(index))?;
         }
     }
 }

@@ -23,7 +23,7 @@ pub mod settings;
 pub mod tagged;
 mod verbs;
 
-pub use connection::{sleep_until_readable, Connection, Options, Wait};
+pub use connection::{recv_any, sleep_until_readable, Connection, Options, RecvFailure, Wait};
 pub use device::{devices, Device, PortInfo, PortState};
 pub use listener::{Listener, Request};
 pub use port::{Closed, Port};

@@ -145,9 +145,9 @@ impl DataPaths {
         before + split.owner(slot, self.slots, endpoints.len()).min(endpoints.len() - 1)
     }
 
-    /// The one endpoint of a transport that reaches a single one (RDMA's: one switch of
-    /// one data-path thread), with its switch's control addresses; an error naming
-    /// `backend` otherwise.
+    /// The one endpoint of a transport that reaches a single one (a test's in-memory
+    /// transport), with its switch's control addresses; an error naming `backend`
+    /// otherwise.
     pub fn single(&self, backend: &str) -> io::Result<(&Endpoint, ControlAddresses)> {
         let refused = |message: String| Err(io::Error::new(io::ErrorKind::Unsupported, message));
         match &self.switches[..] {
@@ -294,17 +294,17 @@ mod paths_tests {
     #[test]
     fn a_backend_that_reaches_one_endpoint_refuses_several_by_name() {
         let one = paths(1, 1);
-        assert_eq!(one.single("rdma").unwrap(), (&one.switches[0].endpoints[0], one.switches[0].control));
-        let error = paths(1, 2).single("rdma").unwrap_err();
+        assert_eq!(one.single("memory").unwrap(), (&one.switches[0].endpoints[0], one.switches[0].control));
+        let error = paths(1, 2).single("memory").unwrap_err();
         assert_eq!(
             error.to_string(),
-            "the switch announces 2 data endpoints (switch.threads > 1); the rdma backend reaches one: run that \
+            "the switch announces 2 data endpoints (switch.threads > 1); the memory backend reaches one: run that \
              switch with switch.threads = 1, or use backend = udp"
         );
-        let error = paths(2, 1).single("rdma").unwrap_err();
+        let error = paths(2, 1).single("memory").unwrap_err();
         assert_eq!(
             error.to_string(),
-            "the session spans 2 switches (general.switches); the rdma backend reaches one: list one switch, \
+            "the session spans 2 switches (general.switches); the memory backend reaches one: list one switch, \
              or use backend = udp"
         );
         assert_eq!(paths(1, 2).to_string(), "udp 10.0.0.1:48864, udp 10.0.0.1:48865");
