@@ -162,8 +162,7 @@ impl Waits {
     /// within the reorder allowance of `rtt` from `now`.
     fn overtaken_before(&mut self, answered: Instant, now: Instant, rtt: RttEstimate) {
         let mut walk = Overtaken::new(answered, now, rtt);
-        // The waits are checked here, where they change: the allowance costs nothing to
-        // work out for a stale entry.
+        // Each entry is checked against its slot's wait here, where the wait changes.
         while let Some((sending, lost_at)) = walk.next(&mut self.sendings, |_| true) {
             let slot = &mut self.slots[sending.slot as usize];
             let Some(wait) = slot.as_mut().filter(|wait| wait.waits_on(&sending)) else { continue };
