@@ -49,6 +49,7 @@ macro_rules! counters {
 
 pub mod control;
 pub mod engine;
+mod overtaking;
 pub use netagg_faults as faults;
 pub mod pacer;
 mod round;

@@ -27,16 +27,11 @@
 use std::time::Instant;
 
 use super::{RttEstimate, WorkerProtocol};
+use crate::overtaking::{Overtaken, Sending};
 
-/// A contribution's first sending, in the order the thread sent them.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct FirstSending {
-    /// The thread's transmissions when it went out: its slot's `waiting_since` while
-    /// the slot waits for its result.
-    transmission: u64,
-    slot: u16,
-    round: u32,
-}
+/// A contribution's first sending: the thread's transmissions when it went out (its
+/// slot's `waiting_since` while the slot waits for its result), and its round.
+pub(super) type FirstSending = Sending<u64, u32>;
 
 /// Recoveries of one wait that are sent again once their answer is overdue, before the
 /// slot's backed-off timer takes over.
@@ -46,7 +41,7 @@ impl WorkerProtocol {
     /// Books the first sending of slot `index`'s contribution to `round`, just sent as
     /// the thread's `transmission`-th packet.
     pub(super) fn sent_first(&mut self, transmission: u64, index: u16, round: u32) {
-        self.first_sendings.push_back(FirstSending { transmission, slot: index, round });
+        self.first_sendings.push(FirstSending { sent: transmission, slot: index, tag: round });
     }
 
     /// A result answered a contribution first sent as the thread's `answered`-th packet,
@@ -57,23 +52,14 @@ impl WorkerProtocol {
             // No round trip measured yet, so no allowance known: the timers judge.
             return;
         };
-        // Worked out only for a contribution overtaken while unanswered: most results
-        // find none, and this runs for every result.
-        let mut lost_at = None;
-        while let Some(&sending) = self.first_sendings.front() {
-            if sending.transmission >= answered {
-                break;
-            }
-            self.first_sendings.pop_front();
+        let mut walk = Overtaken::new(answered, now, rtt);
+        while let Some((sending, lost_at)) = walk.next(&mut self.first_sendings, |sending: &FirstSending| {
             let slot = &self.slots[sending.slot as usize];
-            let unanswered = slot.active
-                && slot.waiting_since == sending.transmission
-                && slot.outstanding.is_some_and(|c| c.round == sending.round);
-            if !unanswered {
-                continue;
-            }
-            let lost_at = *lost_at.get_or_insert_with(|| now + rtt.reorder_allowance());
-            if slot.deadline.is_some_and(|deadline| lost_at < deadline) {
+            slot.active
+                && slot.waiting_since == sending.sent
+                && slot.outstanding.is_some_and(|c| c.round == sending.tag)
+        }) {
+            if self.slots[sending.slot as usize].deadline.is_some_and(|deadline| lost_at < deadline) {
                 self.set_deadline(sending.slot, lost_at);
             }
         }

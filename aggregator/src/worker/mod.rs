@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::END_OF_STREAM;
 use netagg_wire::{Integrity, WireError};
 
+use crate::overtaking::Sendings;
 use crate::pacer::{DeliveryBatch, LinkPacer, LossRuns, PacingConfig};
 
 mod early_loss;
@@ -46,7 +47,6 @@ pub use job::{JobError, JobSpec, JobStatus};
 pub use keys::{SessionKey, SessionKeys};
 pub use streams::{BlockMask, Layout};
 
-use early_loss::FirstSending;
 pub(crate) use timers::RttEstimate;
 use timers::YEAR;
 
@@ -331,7 +331,7 @@ pub struct WorkerProtocol {
     probe: Option<Probe>,
     /// This job's first sendings of contributions not yet judged for loss, in the
     /// order they went out.
-    first_sendings: VecDeque<FirstSending>,
+    first_sendings: Sendings<u64, u32>,
     /// How long the switch takes to answer a request or a retransmission, which it does
     /// at once: the path's round trip, without waiting for any peer.
     answer_rtt: Option<RttEstimate>,
@@ -396,7 +396,7 @@ impl WorkerProtocol {
             transmissions: 0,
             latest_answered: None,
             probe: None,
-            first_sendings: VecDeque::new(),
+            first_sendings: Sendings::new(),
             answer_rtt: None,
             peers_complete: false,
             counters: WorkerCounters::default(),

@@ -13,13 +13,16 @@
 //!   upper switch's latest answer, not after its own sending: while answers come, the
 //!   uplink moves and the round may be behind them in its queue.
 //! - *Overtaken*: a round still unanswered when the answer of one first sent after it has
-//!   come is taken as lost once a reorder allowance has passed (RACK's rule, RFC 8985, as
-//!   a worker's thread applies it, `worker::early_loss`): the uplink is one queue, so a
+//!   come is taken as lost once a reorder allowance has passed (RACK's rule, RFC 8985,
+//!   `overtaking`, which a worker's thread applies too): the uplink is one queue, so a
 //!   later round's answer means this one's is lost, or comes out of order by at most as
 //!   much as the racks' orders of completing rounds differ. Only a round that went up
 //!   once overtakes: the answer of one asked after may be its first sending's, and read
 //!   as the request's it took every round sent before the request as lost, and each of
-//!   their requests did the same (at 4:1, 1.3 requests per round).
+//!   their requests did the same (at 4:1, 1.3 requests per round). But a round sent
+//!   again, or asked after, is overtaken as its latest sending (RACK's rule keeps the
+//!   latest transmission): else a lost request waits for a timeout from the latest
+//!   answer to any round, which keeps moving while the others are answered.
 //! - *Held*: a round the upper switch said it holds (it waits for other racks), or a
 //!   round this group is silent in, times out one timeout after the wait began: nothing
 //!   of it is in the uplink's queue.
@@ -28,10 +31,14 @@
 //! floor to a ceiling, and doubles on every timeout of a slot (not on an overtaken
 //! round, which is a loss found, not a silence) until the slot's next round.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::overtaking::{Overtaken, Sending, Sendings};
 use crate::worker::RttEstimate;
+
+/// Sendings kept, per slot, for answers to overtake: enough for a slot's every sending
+/// within a few round trips, while none overtakes (answers only to requests, say).
+const SENDINGS_PER_SLOT: usize = 4;
 
 /// Every slot's wait for the upper switch, and the round trips that time them.
 #[derive(Debug)]
@@ -47,9 +54,9 @@ pub(super) struct Waits {
     base_timeout: Duration,
     floor: Duration,
     ceiling: Duration,
-    /// The rounds' first sendings, in the order they went up: (when, slot). The answer
-    /// of one takes every earlier one still waiting in the queue as overtaken.
-    sendings: VecDeque<(Instant, u16)>,
+    /// The rounds' sendings, in the order they went up. The answer of one sent once
+    /// takes every earlier one still waiting in the queue as overtaken.
+    sendings: Sendings<Instant, ()>,
     /// When the upper switch last answered a round of this session.
     last_answer: Option<Instant>,
     /// No slot's deadline is earlier (a queued one's may have moved later since).
@@ -64,6 +71,14 @@ struct Wait {
     /// When it times out, for a queued wait as of the latest answer it has seen.
     deadline: Instant,
     kind: WaitKind,
+}
+
+impl Wait {
+    /// Whether this wait is still the queued one that `sending` began: a slot's entry of
+    /// an earlier wait than its current one is stale.
+    fn waits_on(&self, sending: &Sending<Instant, ()>) -> bool {
+        self.since == sending.sent && self.kind == WaitKind::Queued
+    }
 }
 
 /// Where a slot's round is, as far as this switch can tell.
@@ -90,7 +105,7 @@ impl Waits {
             base_timeout: floor,
             floor,
             ceiling,
-            sendings: VecDeque::new(),
+            sendings: Sendings::new(),
             last_answer: None,
             earliest: None,
         }
@@ -101,16 +116,16 @@ impl Waits {
     pub(super) fn sent_first(&mut self, slot: u16, now: Instant) {
         self.timeouts[slot as usize] = self.base_timeout;
         self.timed[slot as usize] = Some(now);
-        self.wait(slot, now, WaitKind::Queued);
-        self.sendings.push_back((now, slot));
+        self.queued(slot, now);
     }
 
     /// `slot`'s round went up again, or was asked after, at `now`: it waits behind the
-    /// uplink's queue once more, and its answer, which may be the first sending's, times
-    /// nothing and overtakes nothing (Karn's rule; RACK's, RFC 8985 §6.2 step 2).
+    /// uplink's queue once more, and rounds first sent after it overtake it as they would
+    /// a first sending; its own answer, which may be the first sending's, times nothing
+    /// and overtakes nothing (Karn's rule; RACK's, RFC 8985 §6.2 step 2).
     pub(super) fn sent_again(&mut self, slot: u16, now: Instant) {
         self.timed[slot as usize] = None;
-        self.wait(slot, now, WaitKind::Queued);
+        self.queued(slot, now);
     }
 
     /// `slot`'s round is at the upper switch, or this group is silent in it: it waits
@@ -140,26 +155,20 @@ impl Waits {
         self.rtt = Some(rtt);
         self.base_timeout = rtt.timeout(self.floor, self.ceiling);
         self.timeouts[index] = self.base_timeout;
-        self.overtaken_before(sent, now);
+        self.overtaken_before(sent, now, rtt);
     }
 
     /// Every queued round that went up before `answered` is lost unless its answer comes
-    /// within the reorder allowance from `now`.
-    fn overtaken_before(&mut self, answered: Instant, now: Instant) {
-        // Without a round trip measured there is no allowance: the timers judge.
-        let lost_at = self.rtt.map(|rtt| now + rtt.reorder_allowance());
-        while let Some(&(since, slot)) = self.sendings.front() {
-            if since >= answered {
-                break;
-            }
-            self.sendings.pop_front();
-            let (Some(lost_at), Some(wait)) = (lost_at, &mut self.slots[slot as usize]) else { continue };
-            // A slot's entry of an earlier wait than its current one is stale.
-            if wait.since == since && wait.kind == WaitKind::Queued {
-                wait.kind = WaitKind::Overtaken;
-                wait.deadline = lost_at;
-                self.earliest = Some(self.earliest.map_or(lost_at, |earliest| earliest.min(lost_at)));
-            }
+    /// within the reorder allowance of `rtt` from `now`.
+    fn overtaken_before(&mut self, answered: Instant, now: Instant, rtt: RttEstimate) {
+        let mut walk = Overtaken::new(answered, now, rtt);
+        // Each entry is checked against its slot's wait here, where the wait changes.
+        while let Some((sending, lost_at)) = walk.next(&mut self.sendings, |_| true) {
+            let slot = &mut self.slots[sending.slot as usize];
+            let Some(wait) = slot.as_mut().filter(|wait| wait.waits_on(&sending)) else { continue };
+            wait.kind = WaitKind::Overtaken;
+            wait.deadline = lost_at;
+            self.earliest = Some(self.earliest.map_or(lost_at, |earliest| earliest.min(lost_at)));
         }
     }
 
@@ -199,6 +208,17 @@ impl Waits {
         }
         self.earliest = earliest;
         None
+    }
+
+    /// Starts `slot`'s queued wait at `now`, which later rounds' answers may overtake.
+    fn queued(&mut self, slot: u16, now: Instant) {
+        self.wait(slot, now, WaitKind::Queued);
+        let slots = &self.slots;
+        let cap = slots.len() * SENDINGS_PER_SLOT;
+        self.sendings.forget_stale(cap, |sending| {
+            slots[sending.slot as usize].is_some_and(|wait| wait.waits_on(sending))
+        });
+        self.sendings.push(Sending { sent: now, slot, tag: () });
     }
 
     /// Starts `slot`'s wait of `kind` at `now`, one timeout long.
@@ -297,6 +317,74 @@ mod tests {
         waits.answered(0, start + ms(21));
         assert_eq!(expired(&mut waits, start + ms(50)), []);
         assert_eq!(expired(&mut waits, start + ms(51)), [(1, WaitKind::Queued)]);
+    }
+
+    #[test]
+    fn a_round_asked_after_is_overtaken_by_rounds_sent_after_the_request() {
+        let start = Instant::now();
+        let mut waits = Waits::new(4, FLOOR, CEILING);
+        // 10 ms round trips: slot 0's timeout is 30 ms, and slot 1's answer takes it as
+        // lost at 34.5 ms (an allowance of 12.5).
+        waits.sent_first(1, start);
+        waits.answered(1, start + ms(10));
+        waits.sent_first(0, start + ms(11));
+        waits.sent_first(1, start + ms(12));
+        waits.answered(1, start + ms(22));
+        assert_eq!(expired(&mut waits, start + ms(35)), [(0, WaitKind::Overtaken)]);
+        // Asked after at 35 ms, and the request or its answer is lost. Slots 1-3 take
+        // turns: a round goes up every 10 ms and is answered 10 ms later, so the latest
+        // answer keeps moving; the first answer of a round sent after the request
+        // overtakes it.
+        waits.sent_again(0, start + ms(35));
+        let due_by = ms(35) + waits.timeouts[0] + RttEstimate::sampled(None, ms(10)).reorder_allowance();
+        let mut in_flight = None;
+        let mut slot_0_expired = None;
+        for tick in 36..300 {
+            let now = start + ms(tick);
+            if tick % 10 == 6 {
+                if let Some(slot) = in_flight.take() {
+                    waits.answered(slot, now);
+                }
+                let slot = 1 + (tick / 10 % 3) as u16;
+                waits.sent_first(slot, now);
+                in_flight = Some(slot);
+            }
+            let expired = expired(&mut waits, now);
+            if !expired.is_empty() {
+                assert_eq!(expired, [(0, WaitKind::Overtaken)], "at {tick} ms");
+                slot_0_expired = Some(tick);
+                break;
+            }
+        }
+        // Within one timeout and an allowance of the request, not once answers stop.
+        assert!(
+            slot_0_expired.is_some_and(|tick| ms(tick) <= due_by),
+            "slot 0 expired at {slot_0_expired:?} ms, not by {due_by:?}"
+        );
+    }
+
+    #[test]
+    fn sendings_no_answer_overtakes_are_forgotten_once_stale_or_at_the_cap() {
+        let start = Instant::now();
+        let mut waits = Waits::new(2, FLOOR, CEILING);
+        // Slot 0's round stays queued at the front; slot 1 is asked after again and
+        // again, and the answers, to requests, overtake nothing.
+        waits.sent_first(0, start);
+        let cap = 2 * SENDINGS_PER_SLOT;
+        for tick in 1..cap as u64 {
+            waits.sent_again(1, start + ms(tick));
+            waits.noticed(1, start + ms(tick));
+        }
+        assert_eq!(waits.sendings.len(), cap);
+        // At the cap slot 0's sending goes, left to its timer, and every stale one of
+        // slot 1 behind it.
+        waits.sent_again(1, start + ms(cap as u64));
+        assert_eq!(waits.sendings.len(), 1);
+        // A held round's sending is stale: the next sending drops it from the front.
+        waits.sent_first(0, start + ms(20));
+        waits.held(1, start + ms(21));
+        waits.sent_again(0, start + ms(22));
+        assert_eq!(waits.sendings.len(), 1);
     }
 
     #[test]
