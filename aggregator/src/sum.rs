@@ -3,7 +3,9 @@
 //! Written in AVX2 and AVX-512 by `netagg-simd`, chosen at run time, with a portable loop
 //! for other CPUs, which the vector kernels must match (`benches/benches/sum.rs`
 //! compares each set with a plain `a[i] += b[i]` over `i32` slices, built for baseline
-//! x86-64). The `_with` functions take the instruction set, for tests and benches.
+//! x86-64). The `_with` functions take the instruction set: callers on the per-packet
+//! path choose it once ([`InstructionSet::best`]) and keep it, and tests and benches
+//! name each set.
 
 pub use netagg_simd::InstructionSet;
 use netagg_wire::ElementType;
@@ -17,9 +19,15 @@ use crate::sum16::{self, Half};
 /// Both slices hold little-endian elements; `src` may be shorter than `acc` (a packet's
 /// tail), in which case only its elements are added.
 pub fn add_assign(element_type: ElementType, acc: &mut [u8], src: &[u8]) {
+    add_assign_with(InstructionSet::best(), element_type, acc, src);
+}
+
+/// [`add_assign`] in the vectors of `set`.
+#[inline]
+pub fn add_assign_with(set: InstructionSet, element_type: ElementType, acc: &mut [u8], src: &[u8]) {
     match element_type {
-        ElementType::Int32 => add_assign_i32(acc, src),
-        ElementType::Float32 => add_assign_f32(acc, src),
+        ElementType::Int32 => add_assign_i32_with(set, acc, src),
+        ElementType::Float32 => add_assign_f32_with(set, acc, src),
         ElementType::Float16 => sum16::add_assign_widened(Half::Float16, acc, src),
         ElementType::BFloat16 => sum16::add_assign_widened(Half::BFloat16, acc, src),
     }
@@ -27,11 +35,12 @@ pub fn add_assign(element_type: ElementType, acc: &mut [u8], src: &[u8]) {
 
 /// `out[i] = a[i] + b[i]` for every element the three slices all hold, in the
 /// arithmetic of `element_type` (as [`add_assign`], `out` of float32 for the 16-bit
-/// types): a copy and a sum in one pass.
-pub fn add(element_type: ElementType, out: &mut [u8], a: &[u8], b: &[u8]) {
+/// types) and the vectors of `set`: a copy and a sum in one pass.
+#[inline]
+pub fn add_with(set: InstructionSet, element_type: ElementType, out: &mut [u8], a: &[u8], b: &[u8]) {
     match element_type {
-        ElementType::Int32 => add_i32_with(InstructionSet::best(), out, a, b),
-        ElementType::Float32 => add_f32_with(InstructionSet::best(), out, a, b),
+        ElementType::Int32 => add_i32_with(set, out, a, b),
+        ElementType::Float32 => add_f32_with(set, out, a, b),
         ElementType::Float16 => sum16::add_widened(Half::Float16, out, a, b),
         ElementType::BFloat16 => sum16::add_widened(Half::BFloat16, out, a, b),
     }
@@ -138,16 +147,18 @@ mod tests {
     fn three_operand_sums_match_the_in_place_ones() {
         let a = bytes_i32(&[i32::MAX, -5, 7, 1 << 20, 3, 4, 5, 6, 7, 8, 9]);
         let b = bytes_i32(&[1, 5, -10, 1 << 30, -3, 2, 1, 0, -1, -2, -3]);
-        for element_type in [ElementType::Int32, ElementType::Float32] {
-            let mut expected = a.clone();
-            add_assign(element_type, &mut expected, &b);
-            let mut out = vec![0xAA; a.len()];
-            add(element_type, &mut out, &a, &b);
-            assert_eq!(out, expected, "{element_type:?}");
+        for set in InstructionSet::supported() {
+            for element_type in [ElementType::Int32, ElementType::Float32] {
+                let mut expected = a.clone();
+                add_assign_with(set, element_type, &mut expected, &b);
+                let mut out = vec![0xAA; a.len()];
+                add_with(set, element_type, &mut out, &a, &b);
+                assert_eq!(out, expected, "{element_type:?}, {set}");
+            }
+            let mut out = vec![0x11; 8];
+            add_with(set, ElementType::Int32, &mut out, &a, &b[..4]);
+            assert_eq!(out, bytes_i32(&[i32::MIN, 0x1111_1111]), "only the elements all three hold, {set}");
         }
-        let mut out = vec![0x11; 8];
-        add(ElementType::Int32, &mut out, &a, &b[..4]);
-        assert_eq!(out, bytes_i32(&[i32::MIN, 0x1111_1111]), "only the elements all three hold");
     }
 
     /// Element bit patterns with the edge values over-represented: the int32 extremes,

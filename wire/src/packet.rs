@@ -651,6 +651,11 @@ impl PacketRepr {
 
     /// Reads the header of a checked packet.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> PacketRepr {
+        // Read through a view of the header's fixed length, which one check of the length
+        // covers, rather than one per field: this runs twice a packet.
+        let header =
+            packet.buffer.as_ref().first_chunk::<HEADER_LEN>().expect("a checked packet holds a header");
+        let packet = Packet::new_unchecked(header);
         PacketRepr {
             message_type: packet.message_type(),
             element_type: packet.element_type(),

@@ -9,6 +9,7 @@ use netagg_wire::{ElementType, Flags, Integrity, MessageType, PacketRepr};
 use super::slot::{Set, Slot};
 use super::uplink::Uplink;
 use super::{DropReason, Verdict};
+use crate::sum::InstructionSet;
 use crate::workers::WorkerSet;
 
 /// What a session is made of, agreed by its workers at registration.
@@ -133,6 +134,8 @@ pub(super) struct Session {
     pub(super) uplink: Option<Box<Uplink>>,
     /// Whether its answers are sealed: its engine's [`Integrity`].
     pub(super) integrity: Integrity,
+    /// The sum kernels' vectors, chosen once rather than looked up per contribution.
+    pub(super) instruction_set: InstructionSet,
 }
 
 impl Session {
@@ -161,6 +164,7 @@ impl Session {
             rank_base: 0,
             uplink: None,
             integrity,
+            instruction_set: InstructionSet::best(),
         }
     }
 

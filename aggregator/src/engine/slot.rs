@@ -255,7 +255,7 @@ impl Session {
                 set.element_count = repr.element_count;
                 sum16::widen(set.element_type, sum, payload);
             } else {
-                sum::add_assign(set.element_type, sum, payload);
+                sum::add_assign_with(self.instruction_set, set.element_type, sum, payload);
             }
         }
         self.counters.contributions += 1;
