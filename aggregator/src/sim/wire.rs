@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use netagg_wire::control::rack_ranks;
+use netagg_wire::control::{rack_of, rack_ranks};
 
 use super::{ClusterConfig, LinkFaults, QueueWaits, RateLimit};
 use crate::engine::Recipient;
@@ -84,8 +84,6 @@ struct Layout {
     /// core (flat).
     tree: bool,
     switch_links: bool,
-    /// Each worker's rack (all in rack 0 without racks).
-    rack_of: Vec<u16>,
 }
 
 impl Layout {
@@ -118,6 +116,11 @@ impl Layout {
         (rack < self.racks).then_some((first, first + 1))
     }
 
+    /// The rack of worker `rank`, on a network of racks.
+    fn rack(&self, rank: u16) -> Option<u16> {
+        rack_of(rank, self.racks, self.workers)
+    }
+
     /// The switch at the core.
     fn core(&self) -> u16 {
         self.switches() - 1
@@ -126,7 +129,7 @@ impl Layout {
     /// The links from `from` to `to`.
     fn route(&self, from: Node, to: Node) -> Route {
         let through_uplink =
-            |rank: u16| (!self.tree).then(|| self.uplink(self.rack_of[usize::from(rank)])).flatten();
+            |rank: u16| (!self.tree).then(|| self.rack(rank)).flatten().and_then(|rack| self.uplink(rack));
         match (from, to) {
             (Node::Worker(rank), Node::Switch(switch)) => {
                 let uplink = through_uplink(rank).map(|(up, _)| up);
@@ -183,16 +186,11 @@ impl Wire {
     pub(super) fn new(config: &ClusterConfig, now: Instant) -> Wire {
         let racks = config.racks.as_ref();
         let count = racks.map_or(0, |racks| racks.count);
-        let rack_of = (0..config.workers)
-            .map(|rank| (0..count).find(|&rack| rack_ranks(rack, count, config.workers).contains(&rank)))
-            .map(Option::unwrap_or_default)
-            .collect();
         let layout = Layout {
             workers: config.workers,
             racks: count,
             tree: racks.is_some_and(|racks| racks.tree),
             switch_links: config.switch_link.is_some(),
-            rack_of,
         };
         let link = |rate: Option<RateLimit>, latency, faults, way| Link {
             bottleneck: rate.map(|limit| Bottleneck::new(limit, now)),
@@ -248,10 +246,9 @@ impl Wire {
 
     /// The switch worker `rank` sends to: its rack's in a tree, else the core's.
     pub(super) fn switch_of(&self, rank: u16) -> u16 {
-        if self.layout.tree {
-            self.layout.rack_of[usize::from(rank)]
-        } else {
-            self.layout.core()
+        match self.layout.rack(rank) {
+            Some(rack) if self.layout.tree => rack,
+            _ => self.layout.core(),
         }
     }
 
