@@ -125,9 +125,11 @@ impl Options {
         };
         if uplink_bits_per_second == Some(0) {
             return Err(match self.oversubscription {
-                Some(ratio) => format!(
-                    "--oversubscription {ratio}: racks of {largest} at {} leave an uplink under 1 bit/s",
-                    rate_name(rate)
+                Some(_) => format!(
+                    "--oversubscription: racks of {largest} at {} leave an uplink under 1 bit/s; give \
+                     at most {}",
+                    rate_name(rate),
+                    u64::from(largest) * rate
                 ),
                 None => "--uplink: a rate under 1 bit/s".into(),
             });
