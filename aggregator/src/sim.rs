@@ -295,6 +295,8 @@ pub enum SimError {
     Failed { rank: u16, reason: String },
     #[error("the switch refused the session: {0}")]
     Refused(String),
+    #[error("racks.count {count} with {workers} workers: give 1 to {workers} racks")]
+    Racks { count: u16, workers: u16 },
 }
 
 /// What one allreduce cost.
@@ -483,6 +485,11 @@ impl Cluster {
     /// engine once every rank has, and each worker takes its session, rank and token from
     /// its accept; in a tree, each rack's switch first joins the upper switch's session.
     pub fn new(config: ClusterConfig) -> Result<Cluster, SimError> {
+        if let Some(Racks { count, .. }) = config.racks {
+            if count == 0 || count > config.workers {
+                return Err(SimError::Racks { count, workers: config.workers });
+            }
+        }
         let now = Instant::now();
         let sessions = open::open(&config, now)?;
         let workers = sessions

@@ -58,6 +58,20 @@ fn a_tree_of_racks_sums_int32_exactly_dense_and_sparse_over_several_jobs() {
 }
 
 #[test]
+fn no_racks_or_more_racks_than_workers_are_refused_naming_both() {
+    for tree in [false, true] {
+        for (workers, racks) in [(4, 0), (4, 5)] {
+            let error = Cluster::new(racked(workers, racks, tree)).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("racks.count {racks} with {workers} workers: give 1 to {workers} racks")
+            );
+        }
+    }
+    assert!(Cluster::new(racked(4, 4, true)).is_ok(), "a rack per worker");
+}
+
+#[test]
 fn sparse_racks_send_their_blocks_up_and_not_the_others() {
     let (workers, racks, blocks) = (4u16, 2u16, 128usize);
     let len = blocks * usize::from(PACKET_ELEMENTS);

@@ -1,8 +1,8 @@
 //! The simulator agrees with the emulator: a few of the emulated runs recorded in
 //! `benches/emulated-runs.csv` (faithful ones: the links set their pace), predicted by
 //! the simulator within 10 %, netagg and the ring. `simulate --against` predicts them all.
-//! On a network of racks: one switch at the core against its emulated run, and a tree
-//! against its model.
+//! On a network of racks: one switch at the core and a tree against their emulated runs,
+//! and a tree on uplinks of the workers' rate against its model.
 
 use std::time::Duration;
 
@@ -54,22 +54,23 @@ fn oversubscribed_racks(tree: bool) -> Setup {
     Setup { racks: Some(racks), jobs: 1, ..Setup::new(4, 40_000_000, Duration::ZERO, 4 << 20) }
 }
 
-/// One switch at the core of oversubscribed racks, as `netagg-run -n 4 --link
-/// rate=40mbit --racks 2 --uplink rate=20mbit --flat` emulated it (RESULTS.md, issue 32
-/// item 5 (b): 3.836 s, the median of 3 rounds, two bound by the links), within 10 %;
-/// and the tree on the same racks at least a fifth faster than it, as both the emulator
-/// (3.347 s) and the model (1.833 s) have it.
+/// One switch at the core of oversubscribed racks and the tree on them, as `netagg-run -n 4
+/// --link rate=40mbit --racks 2 --uplink rate=20mbit [--flat]` emulated them (RESULTS.md,
+/// issue 32 item 5: (b)'s 3.836 s flat, the median of 3 rounds, two bound by the links;
+/// "(b) again"'s 1.857 s for the tree of ideal switches once the rack switch asked after
+/// lost rounds only, 3 rounds bound by the links), each within 10 %.
 #[test]
-fn one_switch_at_the_core_of_oversubscribed_racks_agrees_with_the_emulator_and_the_tree_beats_it() {
+fn one_switch_and_a_tree_on_oversubscribed_racks_agree_with_the_emulator() {
     const EMULATED_FLAT_S: f64 = 3.836;
-    let flat = oversubscribed_racks(false).netagg().unwrap().time.as_secs_f64();
-    let ratio = flat / EMULATED_FLAT_S;
-    assert!(
-        (0.9..1.1).contains(&ratio),
-        "one switch at the core: simulated {flat:.3} s, emulated {EMULATED_FLAT_S} s"
-    );
-    let tree = oversubscribed_racks(true).netagg().unwrap().time.as_secs_f64();
-    assert!(tree < 0.8 * flat, "the tree {tree:.3} s against one switch at the core {flat:.3} s");
+    const EMULATED_TREE_S: f64 = 1.857;
+    for (tree, emulated) in [(false, EMULATED_FLAT_S), (true, EMULATED_TREE_S)] {
+        let setup = oversubscribed_racks(tree);
+        let simulated = setup.netagg().unwrap().time.as_secs_f64();
+        assert!(
+            (0.9..1.1).contains(&(simulated / emulated)),
+            "{setup}: simulated {simulated:.3} s, emulated {emulated} s"
+        );
+    }
 }
 
 /// A tree whose uplinks are no slower than a rack's links (2 racks of 4 workers at

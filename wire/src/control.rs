@@ -109,6 +109,14 @@ pub fn rack_ranks(rack: u16, racks: u16, world_size: u16) -> std::ops::Range<u16
     SlotSplit::Ranges.owned(usize::from(rack), world_size, usize::from(racks))
 }
 
+/// The rack, of `racks`, whose [`rack_ranks`] hold `rank` of a world of `world_size`;
+/// `None` for a rank outside the world or no racks.
+pub fn rack_of(rank: u16, racks: u16, world_size: u16) -> Option<u16> {
+    let inside = rank < world_size && racks > 0;
+    // The owner is below `racks`, a u16, for a rank inside the world.
+    inside.then(|| SlotSplit::Ranges.owner(rank, world_size, usize::from(racks)) as u16)
+}
+
 impl TryFrom<u8> for SlotSplit {
     type Error = WireError;
     fn try_from(value: u8) -> Result<Self> {
@@ -987,5 +995,20 @@ mod tests {
             ControlMessage::parse(&bytes[..25]).unwrap_err(),
             WireError::Truncated { .. } | WireError::InvalidField { field: "threads", .. }
         ));
+    }
+
+    #[test]
+    fn rack_of_names_the_rack_whose_ranks_hold_a_rank() {
+        for world_size in 1..40u16 {
+            for racks in 1..=world_size {
+                for rack in 0..racks {
+                    for rank in rack_ranks(rack, racks, world_size) {
+                        assert_eq!(rack_of(rank, racks, world_size), Some(rack), "{rank} of {world_size}");
+                    }
+                }
+            }
+        }
+        assert_eq!(rack_of(7, 2, 7), None, "a rank outside the world");
+        assert_eq!(rack_of(0, 0, 7), None, "no racks");
     }
 }

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use crate::faults::{FaultInjector, FaultRates};
 
-use netagg_wire::control::rack_ranks;
+use netagg_wire::control::rack_of;
 
 use super::{ClusterConfig, RateLimit};
 
@@ -139,8 +139,7 @@ pub struct Ring {
     /// Each rank's link towards the fabric and from it.
     uplinks: Vec<Hop>,
     downlinks: Vec<Hop>,
-    /// Each rank's rack, and each rack's uplink up and down, on a network of racks.
-    rack_of: Vec<u16>,
+    /// Each rack's uplink up and down, on a network of racks.
     rack_uplinks: Vec<Hop>,
     rack_downlinks: Vec<Hop>,
     /// Each rank's connection to the next rank.
@@ -164,14 +163,9 @@ impl Ring {
             let limit = config.racks.and_then(|racks| racks.uplink.rate);
             (0..racks).map(|_| Hop { limit, free_at: Duration::ZERO }).collect()
         };
-        let rack_of = (0..config.workers)
-            .map(|rank| (0..racks).find(|&rack| rack_ranks(rack, racks, config.workers).contains(&rank)))
-            .map(Option::unwrap_or_default)
-            .collect();
         Ring {
             uplinks: hops(config.uplink.rate),
             downlinks: hops(config.downlink.rate),
-            rack_of,
             rack_uplinks: rack_hops(),
             rack_downlinks: rack_hops(),
             windows: vec![Window::INITIAL; usize::from(config.workers)],
@@ -308,8 +302,10 @@ impl Ring {
     /// The racks of `sender` and `receiver`, if they differ: the uplinks their chunks
     /// cross.
     fn crossing(&self, sender: usize, receiver: usize) -> Option<(usize, usize)> {
-        let (from, to) = (self.rack_of.get(sender)?, self.rack_of.get(receiver)?);
-        (self.rack_uplinks.len() > 1 && from != to).then_some((usize::from(*from), usize::from(*to)))
+        let racks = self.rack_uplinks.len() as u16;
+        let rack = |rank: usize| rack_of(rank as u16, racks, self.config.workers);
+        let (from, to) = (rack(sender)?, rack(receiver)?);
+        (from != to).then_some((usize::from(from), usize::from(to)))
     }
 
     /// Whether a segment crosses both links, drawn from their faults.

@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use netagg_wire::control::rack_ranks;
+use netagg_wire::control::{rack_of, rack_ranks};
 
 use super::{ClusterConfig, LinkFaults, QueueWaits, RateLimit};
 use crate::engine::Recipient;
@@ -84,8 +84,6 @@ struct Layout {
     /// core (flat).
     tree: bool,
     switch_links: bool,
-    /// Each worker's rack (all in rack 0 without racks).
-    rack_of: Vec<u16>,
 }
 
 impl Layout {
@@ -118,6 +116,11 @@ impl Layout {
         (rack < self.racks).then_some((first, first + 1))
     }
 
+    /// The rack of worker `rank`, on a network of racks.
+    fn rack(&self, rank: u16) -> Option<u16> {
+        rack_of(rank, self.racks, self.workers)
+    }
+
     /// The switch at the core.
     fn core(&self) -> u16 {
         self.switches() - 1
@@ -126,7 +129,7 @@ impl Layout {
     /// The links from `from` to `to`.
     fn route(&self, from: Node, to: Node) -> Route {
         let through_uplink =
-            |rank: u16| (!self.tree).then(|| self.uplink(self.rack_of[usize::from(rank)])).flatten();
+            |rank: u16| (!self.tree).then(|| self.rack(rank)).flatten().and_then(|rack| self.uplink(rack));
         match (from, to) {
             (Node::Worker(rank), Node::Switch(switch)) => {
                 let uplink = through_uplink(rank).map(|(up, _)| up);
@@ -170,8 +173,13 @@ pub(super) struct Wire {
     layout: Layout,
     /// Faults of the workers' links up and down, then of the racks' uplinks up and down.
     injectors: Vec<FaultInjector<Route>>,
+    /// When the injectors last released what they held.
+    released_at: Option<Instant>,
     links: Links,
 }
+
+/// The nodes a switch's packet goes to: a range of workers or of switches.
+pub(super) type Recipients = std::iter::Map<std::ops::Range<u16>, fn(u16) -> Node>;
 
 /// The injectors of [`Wire::injectors`].
 const WORKERS_UP: usize = 0;
@@ -183,16 +191,11 @@ impl Wire {
     pub(super) fn new(config: &ClusterConfig, now: Instant) -> Wire {
         let racks = config.racks.as_ref();
         let count = racks.map_or(0, |racks| racks.count);
-        let rack_of = (0..config.workers)
-            .map(|rank| (0..count).find(|&rack| rack_ranks(rack, count, config.workers).contains(&rank)))
-            .map(Option::unwrap_or_default)
-            .collect();
         let layout = Layout {
             workers: config.workers,
             racks: count,
             tree: racks.is_some_and(|racks| racks.tree),
             switch_links: config.switch_link.is_some(),
-            rack_of,
         };
         let link = |rate: Option<RateLimit>, latency, faults, way| Link {
             bottleneck: rate.map(|limit| Bottleneck::new(limit, now)),
@@ -233,8 +236,8 @@ impl Wire {
         let injectors = vec![
             FaultInjector::new(config.uplink.rates(), config.seed),
             FaultInjector::new(config.downlink.rates(), !config.seed),
-            FaultInjector::new(uplink.rates(), config.seed.rotate_left(32)),
-            FaultInjector::new(uplink.rates(), !config.seed.rotate_left(32)),
+            FaultInjector::new(uplink.rates(), derived_seed(config.seed, 1)),
+            FaultInjector::new(uplink.rates(), derived_seed(config.seed, 2)),
         ];
         let links = Links {
             in_flight: BinaryHeap::new(),
@@ -243,60 +246,64 @@ impl Wire {
             frame_overhead_bytes: config.frame_overhead_bytes,
             queue_drops: 0,
         };
-        Wire { layout, injectors, links }
+        Wire { layout, injectors, released_at: None, links }
     }
 
     /// The switch worker `rank` sends to: its rack's in a tree, else the core's.
     pub(super) fn switch_of(&self, rank: u16) -> u16 {
-        if self.layout.tree {
-            self.layout.rack_of[usize::from(rank)]
-        } else {
-            self.layout.core()
+        match self.layout.rack(rank) {
+            Some(rack) if self.layout.tree => rack,
+            _ => self.layout.core(),
         }
     }
 
     /// The nodes switch `switch`'s packet for `recipient` goes to: a rack's switch
     /// numbers its workers from 0 and sends its partial sums up to the core, the upper
     /// switch's members are the racks' switches.
-    pub(super) fn recipients(&self, switch: u16, recipient: Recipient) -> Vec<Node> {
+    pub(super) fn recipients(&self, switch: u16, recipient: Recipient) -> Recipients {
         let layout = &self.layout;
         let (core, racks) = (layout.core(), layout.racks);
-        match recipient {
-            Recipient::All if layout.tree && switch == core => (0..racks).map(Node::Switch).collect(),
-            Recipient::All if layout.tree => {
-                rack_ranks(switch, racks, layout.workers).map(Node::Worker).collect()
-            }
-            Recipient::All => (0..layout.workers).map(Node::Worker).collect(),
-            Recipient::Worker(rack) if layout.tree && switch == core => vec![Node::Switch(rack)],
+        let one = |node: u16| node..node + 1;
+        let (nodes, kind): (_, fn(u16) -> Node) = match recipient {
+            Recipient::All if layout.tree && switch == core => (0..racks, Node::Switch),
+            Recipient::All if layout.tree => (rack_ranks(switch, racks, layout.workers), Node::Worker),
+            Recipient::All => (0..layout.workers, Node::Worker),
+            Recipient::Worker(rack) if layout.tree && switch == core => (one(rack), Node::Switch),
             Recipient::Worker(rank) if layout.tree => {
-                vec![Node::Worker(rack_ranks(switch, racks, layout.workers).start + rank)]
+                (one(rack_ranks(switch, racks, layout.workers).start + rank), Node::Worker)
             }
-            Recipient::Worker(rank) => vec![Node::Worker(rank)],
-            Recipient::Upstream if layout.tree && switch != core => vec![Node::Switch(core)],
+            Recipient::Worker(rank) => (one(rank), Node::Worker),
+            Recipient::Upstream if layout.tree && switch != core => (one(core), Node::Switch),
             // Only a rack's switch has an upper switch.
-            Recipient::Upstream => Vec::new(),
-        }
+            Recipient::Upstream => (0..0, Node::Switch),
+        };
+        nodes.map(kind)
     }
 
     /// Puts a packet from `from` on its way to `to` at `now`.
     pub(super) fn send(&mut self, now: Instant, from: Node, to: Node, bytes: &[u8]) {
         let route = self.layout.route(from, to);
-        self.enter(now, route, bytes);
+        self.enter(now, route, bytes.to_vec());
     }
 
     /// The next packet that has reached its destination by `now`, and where; packets
     /// that reached a hop of their route by then go on to its next link.
     pub(super) fn pop_due(&mut self, now: Instant) -> Option<(Node, Vec<u8>)> {
-        for injector in &mut self.injectors {
-            let links = &mut self.links;
-            injector.release(now, |route, bytes| links.admit(now, route, bytes));
+        // What the injectors hold back is held for a time that is never zero: once
+        // released at `now`, nothing new falls due before the clock moves.
+        if self.released_at != Some(now) {
+            self.released_at = Some(now);
+            for injector in &mut self.injectors {
+                let links = &mut self.links;
+                injector.release(now, |route, bytes| links.admit(now, route, bytes.to_vec()));
+            }
         }
         while self.links.in_flight.peek().is_some_and(|Reverse(packet)| packet.at <= now) {
             let Reverse(packet) = self.links.in_flight.pop()?;
             if packet.route.next == packet.route.len {
                 return Some((packet.route.to, packet.bytes));
             }
-            self.enter(now, packet.route, &packet.bytes);
+            self.enter(now, packet.route, packet.bytes);
         }
         None
     }
@@ -308,13 +315,15 @@ impl Wire {
     }
 
     /// A packet enters its route's next link: through that link's faults, then its queue.
-    fn enter(&mut self, now: Instant, route: Route, bytes: &[u8]) {
+    /// Its buffer goes with it from hop to hop; only a link that has faults copies it.
+    fn enter(&mut self, now: Instant, route: Route, bytes: Vec<u8>) {
         let links = &mut self.links;
-        match links.links[route.link()].faults {
-            Some(faults) => {
-                self.injectors[faults].push(now, route, bytes, |route, bytes| links.admit(now, route, bytes))
+        let faults = links.links[route.link()].faults.map(|faults| &mut self.injectors[faults]);
+        match faults {
+            Some(injector) if injector.rates().is_active() => {
+                injector.push(now, route, &bytes, |route, bytes| links.admit(now, route, bytes.to_vec()))
             }
-            None => links.admit(now, route, bytes),
+            _ => links.admit(now, route, bytes),
         }
     }
 
@@ -350,7 +359,7 @@ impl Wire {
 impl Links {
     /// Puts `bytes` on its route's next link at `now`, through the link's queue if it
     /// has one, to reach the link's far end its latency after it leaves.
-    fn admit(&mut self, now: Instant, mut route: Route, bytes: &[u8]) {
+    fn admit(&mut self, now: Instant, mut route: Route, bytes: Vec<u8>) {
         let frame_bytes = bytes.len() as u64 + self.frame_overhead_bytes;
         let link = &mut self.links[route.link()];
         let departure = match &mut link.bottleneck {
@@ -366,8 +375,7 @@ impl Links {
         link.frame_bytes += frame_bytes;
         route.next += 1;
         self.sequence += 1;
-        let packet =
-            InFlight { at: departure + link.latency, sequence: self.sequence, route, bytes: bytes.to_vec() };
+        let packet = InFlight { at: departure + link.latency, sequence: self.sequence, route, bytes };
         self.in_flight.push(Reverse(packet));
     }
 }
@@ -411,5 +419,30 @@ impl Bottleneck {
         self.free_at = departure;
         self.tokens = tokens;
         Some(departure)
+    }
+}
+
+/// The seed of the `stream`th injector after the workers' links' (which draw from `seed`
+/// and `!seed`): SplitMix64's `stream`th output from `seed`, so that no seed, 0 or one of
+/// equal halves included, gives two links the same draws, as a rotation of it did.
+fn derived_seed(seed: u64, stream: u64) -> u64 {
+    let mut x = seed.wrapping_add(stream.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_uplinks_draw_from_seeds_unlike_the_workers_links_for_any_seed() {
+        for seed in [0, u64::MAX, 0x1234_5678_1234_5678, 11] {
+            let seeds = [seed, !seed, derived_seed(seed, 1), derived_seed(seed, 2)];
+            for (index, a) in seeds.iter().enumerate() {
+                assert!(!seeds[index + 1..].contains(a), "seed {seed:#x}: {seeds:x?}");
+            }
+        }
     }
 }

@@ -17,10 +17,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::Parser;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 use netagg_benches::plot::{self, Agreement, Series};
 use netagg_benches::predict::RackSetup;
-use netagg_benches::predict::{faithful_region, EmulatedRun, Setup};
+use netagg_benches::predict::{faithful_region, rate_name, EmulatedRun, Setup};
 use netagg_emulate::link::{parse_duration, parse_rate, LinkSettings};
 
 #[derive(Debug, Parser)]
@@ -62,8 +63,8 @@ struct Options {
     #[arg(long, value_parser = parse_uplink)]
     uplink: Option<LinkSettings>,
     /// Each uplink at its rack's links' rate together over this ratio (4: 4:1
-    /// oversubscribed), instead of --uplink's rate.
-    #[arg(long)]
+    /// oversubscribed), instead of an --uplink rate.
+    #[arg(long, value_parser = parse_ratio)]
     oversubscription: Option<f64>,
     /// One switch at the core of the racks only, no tree.
     #[arg(long)]
@@ -82,6 +83,15 @@ fn parse_bits(text: &str) -> Result<u64, String> {
 
 fn parse_delay(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
+}
+
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    let ratio: f64 = text.parse().map_err(|e| format!("'{text}': {e}"))?;
+    if ratio.is_finite() && ratio > 0.0 {
+        Ok(ratio)
+    } else {
+        Err(format!("'{text}': give a finite ratio above 0"))
+    }
 }
 
 fn parse_uplink(text: &str) -> Result<LinkSettings, String> {
@@ -113,6 +123,17 @@ impl Options {
             Some(ratio) => Some((f64::from(largest) * rate as f64 / ratio) as u64),
             None => self.uplink.and_then(|uplink| uplink.rate),
         };
+        if uplink_bits_per_second == Some(0) {
+            return Err(match self.oversubscription {
+                Some(_) => format!(
+                    "--oversubscription: racks of {largest} at {} leave an uplink under 1 bit/s; give \
+                     at most {}",
+                    rate_name(rate),
+                    u64::from(largest) * rate
+                ),
+                None => "--uplink: a rate under 1 bit/s".into(),
+            });
+        }
         let uplink_delay = self.uplink.and_then(|uplink| uplink.delay).unwrap_or_default();
         Ok(Some(RackSetup { count, uplink_bits_per_second, uplink_delay, tree: !self.flat }))
     }
@@ -120,6 +141,14 @@ impl Options {
 
 fn main() -> std::process::ExitCode {
     let options = Options::parse();
+    if options.oversubscription.is_some() && options.uplink.is_some_and(|uplink| uplink.rate.is_some()) {
+        Options::command()
+            .error(
+                ErrorKind::ArgumentConflict,
+                "--oversubscription and --uplink rate= both set the uplinks' rate: give one",
+            )
+            .exit();
+    }
     let result = match &options.against {
         Some(file) => against(&options, file),
         None => predict(&options),
@@ -245,7 +274,7 @@ fn predict(options: &Options) -> Result<(), String> {
         }
     }
     if let Some(directory) = &options.plots {
-        plot_rows(directory, &names, &rows)?;
+        plot_rows(directory, options, &names, &rows)?;
     }
     Ok(())
 }
@@ -268,15 +297,28 @@ fn seconds(value: f64) -> String {
     }
 }
 
+/// The network a row's plot shows: its links, and its racks' uplinks as asked for (by
+/// their oversubscription, or rate), not the rack count, which changes with N.
+fn plot_key(options: &Options, setup: &Setup) -> String {
+    let mut key = Setup { racks: None, ..setup.clone() }.network();
+    if let Some(racks) = setup.racks {
+        key += &match (options.oversubscription, racks.uplink_bits_per_second) {
+            (Some(ratio), _) => format!(", racks behind {ratio}:1 uplinks"),
+            (None, Some(rate)) => format!(", racks behind {} uplinks", rate_name(rate)),
+            (None, None) => ", racks behind unlimited uplinks".into(),
+        };
+        if !racks.uplink_delay.is_zero() {
+            key += &format!(" of {:?}", racks.uplink_delay);
+        }
+    }
+    key
+}
+
 /// One plot per network (rate, delay, loss, racks): time against N, simulated and
 /// modelled, each netagg variant and the ring.
-fn plot_rows(directory: &Path, names: &[&str], rows: &[Row]) -> Result<(), String> {
+fn plot_rows(directory: &Path, options: &Options, names: &[&str], rows: &[Row]) -> Result<(), String> {
     std::fs::create_dir_all(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
-    // Racks of a fixed size differ in count with N: one plot for all of them.
-    let network = |row: &Row| {
-        let racks = row.setup.racks.map(|racks| RackSetup { count: 0, ..racks });
-        Setup { racks, ..row.setup.clone() }.network().replace("0 racks", "racks")
-    };
+    let network = |row: &Row| plot_key(options, &row.setup);
     let mut networks: Vec<String> = rows.iter().map(network).collect();
     networks.dedup();
     for name in networks {
