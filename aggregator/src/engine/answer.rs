@@ -67,8 +67,8 @@ impl Session {
     /// stalled contribution waits for its timer: a silent worker whose acknowledgements lag
     /// (a sparse stream's, behind a slow link or a descheduled thread) would cost every
     /// contributor a timeout. One worker at a time, so that no worker whose contribution
-    /// is in sends it again: the next refused one is told when this one's contribution
-    /// arrives.
+    /// is in sends it again: the next refused one is told by the next contribution to the
+    /// round (this one's, at the latest) or the next acknowledgement.
     pub(super) fn announce_room(
         &mut self,
         slot: u16,
