@@ -26,7 +26,7 @@
 
 use std::time::Instant;
 
-use super::{RttEstimate, Send, WorkerProtocol};
+use super::{RttEstimate, WorkerProtocol};
 
 /// A contribution's first sending, in the order the thread sent them.
 #[derive(Debug, Clone, Copy)]
@@ -81,9 +81,9 @@ impl WorkerProtocol {
 
     /// Slot `index` sent a request or a retransmission at `now`: its timer fires when
     /// the answer is overdue, if that is sooner, for the first recoveries of a wait.
-    pub(super) fn recovery_sent(&mut self, now: Instant, index: u16, recovery: Send) {
+    pub(super) fn recovery_sent(&mut self, now: Instant, index: u16) {
         let slot = &mut self.slots[index as usize];
-        slot.recovery_sent = Some((now, recovery));
+        slot.recovery_sent = Some(now);
         let Some(answers) = self.answer_rtt.filter(|_| slot.backoff <= QUICK_RECOVERIES) else {
             return;
         };
@@ -97,7 +97,7 @@ impl WorkerProtocol {
     /// The switch answered slot `index` at `now`: the time since its recovery went out,
     /// if one is out, is a round trip of the answers.
     pub(super) fn answered(&mut self, now: Instant, index: u16) {
-        if let Some((sent, _)) = self.slots[index as usize].recovery_sent.take() {
+        if let Some(sent) = self.slots[index as usize].recovery_sent.take() {
             let sample = now.saturating_duration_since(sent);
             self.answer_rtt = Some(RttEstimate::sampled(self.answer_rtt, sample));
         }

@@ -249,8 +249,8 @@ struct SlotState {
     /// Consecutive timeouts of this slot; each doubles its timeout.
     backoff: u32,
     /// When the slot last sent a request or a retransmission that the switch has not
-    /// answered yet, and which.
-    recovery_sent: Option<(Instant, Send)>,
+    /// answered yet.
+    recovery_sent: Option<Instant>,
     /// The session as this slot's switch knows it.
     key: SessionKey,
     /// When this slot's retransmission timer fires; re-armed at every send.

@@ -352,27 +352,4 @@ mod tests {
         again.emit(&mut expected[..]).unwrap().seal();
         assert_eq!(sent(&mut protocol, start), [expected]);
     }
-
-    #[test]
-    fn a_notice_of_room_after_a_retransmission_is_no_round_trip() {
-        let start = Instant::now();
-        let mut protocol = running(start, 2, 4, Duration::from_millis(10));
-        let first = sent(&mut protocol, start);
-        // Told slot 0's contribution is not in, the slot sends it again.
-        let not_in = pending_of(&first[0], false);
-        assert_eq!(protocol.handle_datagram(start, &not_in, &mut Numbers), Delivery::Pending);
-        assert_eq!(sent(&mut protocol, start).len(), 1);
-        // The switch refused it for want of a set, and tells 50 ms later that one is
-        // free: no round trip of answers is measured, and the contribution goes again.
-        let later = start + Duration::from_millis(50);
-        assert_eq!(protocol.handle_datagram(later, &not_in, &mut Numbers), Delivery::Pending);
-        assert!(protocol.answer_rtt.is_none());
-        assert_eq!(sent(&mut protocol, later).len(), 1);
-        // Its contribution is in, 2 ms after: that answers the retransmission.
-        let answered = start + Duration::from_millis(52);
-        let held = pending_of(&first[0], true);
-        assert_eq!(protocol.handle_datagram(answered, &held, &mut Numbers), Delivery::Pending);
-        let two_ms = super::super::RttEstimate::sampled(None, Duration::from_millis(2));
-        assert_eq!(format!("{:?}", protocol.answer_rtt), format!("{:?}", Some(two_ms)));
-    }
 }

@@ -156,17 +156,7 @@ impl WorkerProtocol {
     /// (unasked, without `CONTRIBUTED`: that it has room again for the contribution it
     /// refused).
     pub(super) fn take_pending(&mut self, now: Instant, index: u16, notice: &PacketRepr) {
-        // A notice without `CONTRIBUTED` answers a request. After a retransmission it was
-        // not asked for: the switch refused the contribution and tells that a set is free
-        // now, and its delay is the wait for that set, not a round trip.
-        let slot = &mut self.slots[index as usize];
-        let unasked = !notice.flags.contains(Flags::CONTRIBUTED)
-            && matches!(slot.recovery_sent, Some((_, Send::Data { .. })));
-        if unasked {
-            slot.recovery_sent = None;
-        } else {
-            self.answered(now, index);
-        }
+        self.answered(now, index);
         let slot = &mut self.slots[index as usize];
         // About a round this slot is not contributing to: it waits for others, as it knew.
         let Some(contribution) = slot.outstanding.filter(|c| c.round == notice.round) else {

@@ -142,7 +142,7 @@ impl WorkerProtocol {
         }
         self.arm_timer(index, now);
         if matches!(send, Send::Request { .. } | Send::Data { retransmission: Some(_) }) {
-            self.recovery_sent(now, index, send);
+            self.recovery_sent(now, index);
         }
         Some(len)
     }
