@@ -228,7 +228,9 @@ impl Harness {
         let repr = PacketRepr::parse(&packet);
         match repr.message_type {
             MessageType::Result => {}
-            // Answers one worker's question, with its header alone.
+            // Answers one worker's question, or tells one worker refused a set that the
+            // round has room (never a broadcast: a worker whose contribution is in must
+            // not send it again), with its header alone.
             MessageType::Pending => {
                 assert!(matches!(transmit.recipient, Recipient::Worker(_)), "{repr:?}");
                 assert_eq!(transmit.len, datagram_len(0), "{repr:?}");

@@ -1,6 +1,7 @@
 //! What the engine answers: a round's result, to every worker or again to one, the
-//! pending notice telling a worker that a round it asks about is still aggregating, and
-//! the progress report answering a worker's probe.
+//! pending notice telling a worker that a round it asks about is still aggregating (or,
+//! unasked, that a worker refused a set for the open round may send its contribution
+//! again), and the progress report answering a worker's probe.
 
 use std::ops::Range;
 
@@ -11,6 +12,16 @@ use super::session::Session;
 use super::{DropReason, Recipient, Transmit, Verdict};
 use crate::round::is_after;
 use crate::sum16;
+
+/// A pending notice's fields: to the session's worker `rank`, about `round` of `slot`.
+#[derive(Debug, Clone, Copy)]
+struct PendingNotice {
+    rank: u16,
+    job: u32,
+    slot: u16,
+    round: u32,
+    flags: Flags,
+}
 
 impl Session {
     /// Answers a worker asking for the result of `repr`'s round, or contributing to it
@@ -44,59 +55,59 @@ impl Session {
     /// Tells the sender of `repr` that its round is still aggregating, and whether its
     /// own contribution is in: so that a worker waiting for a late peer stops resending.
     pub(super) fn emit_pending(&self, repr: &PacketRepr, out: &mut [u8]) -> Verdict {
-        let notice = PacketRepr {
-            flags: if self.contributed(repr.slot, repr.rank) { Flags::CONTRIBUTED } else { Flags::NONE },
-            job: repr.job,
-            rank: repr.rank.wrapping_add(self.rank_base),
-            slot: repr.slot,
-            round: repr.round,
-            ..PacketRepr::new(MessageType::Pending, repr.element_type, self.id.0, self.token, 0)
+        let flags = if self.contributed(repr.slot, repr.rank) { Flags::CONTRIBUTED } else { Flags::NONE };
+        let notice =
+            PendingNotice { rank: repr.rank, job: repr.job, slot: repr.slot, round: repr.round, flags };
+        self.emit_notice(notice, repr.element_type, out)
+    }
+
+    /// Tells one worker refused a set for the open round of `slot` that the round has one
+    /// now, or that a free one waits for it, if so: a pending notice without
+    /// `CONTRIBUTED`, on which it sends its contribution again at once. Without it a
+    /// stalled contribution waits for its timer: a silent worker whose acknowledgements lag
+    /// (a sparse stream's, behind a slow link or a descheduled thread) would cost every
+    /// contributor a timeout. One worker at a time, so that no worker whose contribution
+    /// is in sends it again: the next refused one is told by the next contribution to the
+    /// round (this one's, at the latest) or the next acknowledgement.
+    pub(super) fn announce_room(
+        &mut self,
+        slot: u16,
+        element_type: ElementType,
+        out: &mut [u8],
+    ) -> Option<Verdict> {
+        let state = &self.slots[slot as usize];
+        if state.open_set.is_none() && self.free_sets(slot) == 0 {
+            return None;
+        }
+        let rank = state.refused.iter().next()?;
+        let notice =
+            PendingNotice { rank, job: state.refused_job, slot, round: state.open_round, flags: Flags::NONE };
+        let verdict = self.emit_notice(notice, element_type, out);
+        if matches!(verdict, Verdict::Send(_)) {
+            self.slots[slot as usize].refused.remove(rank);
+        }
+        Some(verdict)
+    }
+
+    /// Emits `notice` to its worker, sealed.
+    fn emit_notice(&self, notice: PendingNotice, element_type: ElementType, out: &mut [u8]) -> Verdict {
+        let repr = PacketRepr {
+            flags: notice.flags,
+            job: notice.job,
+            rank: notice.rank.wrapping_add(self.rank_base),
+            slot: notice.slot,
+            round: notice.round,
+            ..PacketRepr::new(MessageType::Pending, element_type, self.id.0, self.token, 0)
         };
         // `handle` checked that `out` holds a full packet, so a header too.
-        match notice.emit(out) {
+        match repr.emit(out) {
             Ok(mut packet) => Verdict::Send(Transmit {
                 session: self.id,
-                recipient: Recipient::Worker(repr.rank),
+                recipient: Recipient::Worker(notice.rank),
                 len: self.integrity.seal(&mut packet),
             }),
             Err(_) => Verdict::Dropped(DropReason::OutputTooSmall),
         }
-    }
-
-    /// Tells the workers refused a set for the open round of `repr`'s slot that the round
-    /// has one now, or a free one waits for it, if so: a pending notice without
-    /// `CONTRIBUTED` (to the one worker, or to all when several were refused), on which
-    /// each sends its contribution again at once. Without it a stalled contribution waits
-    /// for its timer: a silent worker whose acknowledgements lag (a sparse stream's, behind
-    /// a slow link or a descheduled thread) would cost every contributor a timeout.
-    pub(super) fn announce_room(&mut self, repr: &PacketRepr, out: &mut [u8]) -> Option<Verdict> {
-        let slot = &mut self.slots[repr.slot as usize];
-        let depth_mask = u64::MAX >> (64 - self.spec.depth as u32);
-        let room = slot.open_set.is_some() || slot.retained & depth_mask != depth_mask;
-        if slot.refused.is_empty() || !room {
-            return None;
-        }
-        let recipient = {
-            let mut refused = slot.refused.iter();
-            match (refused.next(), refused.next()) {
-                (Some(rank), None) => Recipient::Worker(rank),
-                _ => Recipient::All,
-            }
-        };
-        slot.refused.clear();
-        let notice = PacketRepr {
-            job: repr.job,
-            rank: match recipient {
-                Recipient::Worker(rank) => rank.wrapping_add(self.rank_base),
-                Recipient::All | Recipient::Upstream => BROADCAST_RANK,
-            },
-            slot: repr.slot,
-            round: slot.open_round,
-            ..PacketRepr::new(MessageType::Pending, repr.element_type, self.id.0, self.token, 0)
-        };
-        // `handle` checked that `out` holds a full packet, so a header too.
-        let len = notice.emit(out).ok()?.seal();
-        Some(Verdict::Send(Transmit { session: self.id, recipient, len }))
     }
 
     /// Answers probe `repr` about `slots`, at most 64 from the probed one: the open round

@@ -28,7 +28,8 @@ impl SessionSpec {
     pub fn state_bytes(&self) -> usize {
         let bitmap = WorkerSet::heap_bytes(self.workers);
         let set = core::mem::size_of::<Set>() + 2 * bitmap + self.sum_len();
-        let slot = core::mem::size_of::<Slot>() + bitmap + self.workers as usize * 4;
+        // A slot's bitmaps: the workers expected, and those refused a set.
+        let slot = core::mem::size_of::<Slot>() + 2 * bitmap + self.workers as usize * 4;
         self.slots as usize * (slot + self.depth as usize * set)
     }
 
@@ -205,7 +206,9 @@ impl Session {
                 if !repr.flags.contains(Flags::WANT_RESULT) {
                     // A silent worker's acknowledgement may free the set a stalled round
                     // waits for.
-                    return self.announce_room(repr, out).unwrap_or(Verdict::Consumed);
+                    return self
+                        .announce_room(repr.slot, repr.element_type, out)
+                        .unwrap_or(Verdict::Consumed);
                 }
                 if repr.round == self.slots[repr.slot as usize].open_round {
                     if let Some(rank) = self.departed_awaited(repr.slot) {

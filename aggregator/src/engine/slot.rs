@@ -50,6 +50,9 @@ pub(super) struct Slot {
     /// (*stalled*): told when a set frees, so that they send it again then rather than at
     /// their timeout ([`Session::announce_room`]).
     pub(super) refused: WorkerSet,
+    /// The job of the latest refused contribution: the notice of room names it, since the
+    /// packet that frees the set (a slow worker's ack) may be of the job before.
+    pub(super) refused_job: u32,
 }
 
 #[derive(Debug)]
@@ -85,6 +88,7 @@ impl Slot {
             open_set: None,
             retained: 0,
             refused: WorkerSet::new(workers),
+            refused_job: 0,
         }
     }
 }
@@ -154,6 +158,13 @@ impl Session {
     /// The index in `sets` of the slot's own set `set`.
     pub(super) fn set_index(&self, slot: u16, set: u32) -> usize {
         slot as usize * self.spec.depth as usize + set as usize
+    }
+
+    /// Bit `i`: `slot`'s set `i` is neither retained nor beyond the session's depth. The
+    /// open set, if any, is among them.
+    pub(super) fn free_sets(&self, slot: u16) -> u64 {
+        let depth_mask = u64::MAX >> (64 - self.spec.depth as u32);
+        !self.slots[slot as usize].retained & depth_mask
     }
 
     /// The index in `sets` of the set retaining complete round `round` of `slot`.
@@ -227,11 +238,12 @@ impl Session {
                 own_set
             }
             None => {
-                let depth_mask = u64::MAX >> (64 - self.spec.depth as u32);
-                let free = !self.slots[slot_index].retained & depth_mask;
+                let free = self.free_sets(repr.slot);
                 if free == 0 {
                     self.counters.stalled += 1;
-                    self.slots[slot_index].refused.insert(repr.rank);
+                    let slot = &mut self.slots[slot_index];
+                    slot.refused.insert(repr.rank);
+                    slot.refused_job = repr.job;
                     return Verdict::Dropped(DropReason::Stalled);
                 }
                 let own_set = free.trailing_zeros() as u8;
@@ -266,8 +278,8 @@ impl Session {
             slot.next_blocks[repr.rank as usize] = repr.next_block;
         }
         if (set.contributions as usize) < slot.expected_contributions(self.spec.workers) {
-            // The round has a set now: the workers refused earlier may send theirs.
-            return self.announce_room(repr, out).unwrap_or(Verdict::Consumed);
+            // The round has a set now: a worker refused earlier may send its contribution.
+            return self.announce_room(repr.slot, repr.element_type, out).unwrap_or(Verdict::Consumed);
         }
 
         // The last expected contribution: the round completes, or at a lower switch its
@@ -312,8 +324,6 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use netagg_wire::packet::BROADCAST_RANK;
-
     use super::super::testing::{ask, contribution, one_slot, sets_in_use};
     use super::super::Transmit;
 
@@ -353,24 +363,34 @@ mod tests {
         assert_eq!(sets_in_use(&mut engine, session), [2, 3, 0]);
     }
 
-    /// A pending notice of `verdict`: its recipient, rank field, round and flags.
-    fn notice(verdict: Verdict, out: &[u8]) -> (Recipient, u16, u32, Flags) {
+    /// A pending notice of `verdict`: its recipient, rank field, job, round and flags.
+    fn notice(verdict: Verdict, out: &[u8]) -> (Recipient, u16, u32, u32, Flags) {
         let Verdict::Send(transmit) = verdict else { panic!("expected a notice, got {verdict:?}") };
         let repr = PacketRepr::parse(&netagg_wire::Packet::new_checked(&out[..transmit.len]).unwrap());
         assert_eq!(repr.message_type, netagg_wire::MessageType::Pending);
-        (transmit.recipient, repr.rank, repr.round, repr.flags)
+        (transmit.recipient, repr.rank, repr.job, repr.round, repr.flags)
+    }
+
+    /// `datagram`, a worker's packet, of job `job`.
+    fn of_job(datagram: &[u8], job: u32) -> Vec<u8> {
+        let mut repr = PacketRepr::parse(&netagg_wire::Packet::new_checked(datagram).unwrap());
+        repr.job = job;
+        let mut bytes = datagram.to_vec();
+        repr.emit(&mut bytes).unwrap().seal();
+        bytes
     }
 
     #[test]
-    fn a_worker_refused_a_set_is_told_when_an_acknowledgement_frees_one() {
+    fn a_worker_refused_a_set_is_told_of_its_job_when_an_acknowledgement_frees_one() {
         let (mut engine, session, now, mut out) = one_slot(2);
-        // Rank 1 acknowledges nothing: rounds 0 and 1 fill both sets, and round 2 stalls.
+        // Rank 1 acknowledges nothing: rounds 0 and 1, job 0's, fill both sets, and rank
+        // 0's contribution to round 2, job 1's, stalls.
         for round in 0..2u32 {
             engine.handle_datagram(now, &contribution(session, 0, round, round.wrapping_sub(1)), &mut out);
             engine.handle_datagram(now, &contribution(session, 1, round, u32::MAX), &mut out);
         }
-        let stalled = engine.handle_datagram(now, &contribution(session, 0, 2, 1), &mut out);
-        assert_eq!(stalled, Verdict::Dropped(DropReason::Stalled));
+        let refused = of_job(&contribution(session, 0, 2, 1), 1);
+        assert_eq!(engine.handle_datagram(now, &refused, &mut out), Verdict::Dropped(DropReason::Stalled));
         // An acknowledgement that frees nothing tells no one.
         let mut ack =
             PacketRepr::parse(&netagg_wire::Packet::new_checked(&ask(session, 1, 0, false)[..]).unwrap());
@@ -379,30 +399,29 @@ mod tests {
         let mut datagram = vec![0; ack.buffer_len()];
         ack.emit(&mut datagram).unwrap().seal();
         assert_eq!(engine.handle_datagram(now, &datagram, &mut out), Verdict::Consumed);
-        // Rank 1 acknowledges round 0: set 0 frees, and rank 0 hears at once that its
-        // contribution to round 2 is not in, rather than at its timeout.
+        // Rank 1, still taking job 0's results, acknowledges round 0: set 0 frees, and
+        // rank 0 hears at once, of job 1, that its contribution to round 2 is not in.
         ack.ack_round = 0;
         ack.emit(&mut datagram).unwrap().seal();
         let verdict = engine.handle_datagram(now, &datagram, &mut out);
-        assert_eq!(notice(verdict, &out), (Recipient::Worker(0), 0, 2, Flags::NONE));
+        assert_eq!(notice(verdict, &out), (Recipient::Worker(0), 0, 1, 2, Flags::NONE));
         // Told once: its contribution then takes the free set.
         assert_eq!(engine.handle_datagram(now, &datagram, &mut out), Verdict::Consumed);
-        let taken = engine.handle_datagram(now, &contribution(session, 0, 2, 1), &mut out);
-        assert_eq!(taken, Verdict::Consumed);
+        assert_eq!(engine.handle_datagram(now, &refused, &mut out), Verdict::Consumed);
         assert_eq!(sets_in_use(&mut engine, session), [1, 0]);
     }
 
     #[test]
-    fn workers_refused_a_set_hear_together_when_a_contribution_takes_one() {
+    fn workers_refused_a_set_are_told_one_after_another() {
         let mut engine = crate::engine::Engine::new(crate::engine::EngineLimits::default());
         let now = Instant::now();
-        let spec = crate::engine::SessionSpec { workers: 3, slots: 1, packet_elements: 4, depth: 2 };
+        let spec = crate::engine::SessionSpec { workers: 4, slots: 1, packet_elements: 4, depth: 2 };
         let session = engine.open_session(now, spec, 7).unwrap();
         let mut out = vec![0; netagg_wire::packet::datagram_len(netagg_wire::packet::MAX_ELEMENTS)];
-        // Rank 2 acknowledges nothing, so round 2 has no set for ranks 0 and 1.
+        // Rank 3 acknowledges nothing, so round 2 has no set for ranks 0 and 1.
         for round in 0..2u32 {
-            for rank in 0..3 {
-                let ack = if rank == 2 { u32::MAX } else { round.wrapping_sub(1) };
+            for rank in 0..4 {
+                let ack = if rank == 3 { u32::MAX } else { round.wrapping_sub(1) };
                 engine.handle_datagram(now, &contribution(session, rank, round, ack), &mut out);
             }
         }
@@ -410,11 +429,16 @@ mod tests {
             let stalled = engine.handle_datagram(now, &contribution(session, rank, 2, 1), &mut out);
             assert_eq!(stalled, Verdict::Dropped(DropReason::Stalled));
         }
-        // Rank 2's contribution to round 2 acknowledges round 0 and takes the freed set:
-        // the two refused workers are told together.
-        let verdict = engine.handle_datagram(now, &contribution(session, 2, 2, 0), &mut out);
-        assert_eq!(notice(verdict, &out), (Recipient::All, BROADCAST_RANK, 2, Flags::NONE));
-        engine.handle_datagram(now, &contribution(session, 0, 2, 1), &mut out);
+        // Rank 3's contribution to round 2 acknowledges round 0 and takes the freed set:
+        // rank 0 is told, alone, and the next contribution tells rank 1: a worker whose
+        // contribution is in is never told to send it again.
+        let verdict = engine.handle_datagram(now, &contribution(session, 3, 2, 0), &mut out);
+        assert_eq!(notice(verdict, &out), (Recipient::Worker(0), 0, 0, 2, Flags::NONE));
+        let verdict = engine.handle_datagram(now, &contribution(session, 2, 2, 1), &mut out);
+        assert_eq!(notice(verdict, &out), (Recipient::Worker(1), 1, 0, 2, Flags::NONE));
+        // No one else was refused.
+        let verdict = engine.handle_datagram(now, &contribution(session, 0, 2, 1), &mut out);
+        assert_eq!(verdict, Verdict::Consumed);
         let completed = engine.handle_datagram(now, &contribution(session, 1, 2, 1), &mut out);
         assert!(matches!(completed, Verdict::Send(Transmit { recipient: Recipient::All, .. })));
     }

@@ -318,8 +318,7 @@ impl Session {
             None if self.slots[slot].expects_no_one()
                 && self.slots[slot].continuation == Some(repr.block) =>
             {
-                let depth_mask = u64::MAX >> (64 - self.spec.depth as u32);
-                let free = !self.slots[slot].retained & depth_mask;
+                let free = self.free_sets(repr.slot);
                 if free == 0 {
                     // Asked for again once the group's workers acknowledge.
                     self.counters.stalled += 1;

@@ -105,11 +105,10 @@ impl WorkerProtocol {
     /// or a progress report of this session for this worker.
     #[inline]
     fn addressed_slot(&self, repr: &PacketRepr) -> Result<u16, RejectReason> {
-        // A report answers one worker's probe, so it is never broadcast; a pending notice
-        // is, when it tells several workers refused a set that one is free.
+        // A notice or report is about one worker's contribution, so it is never broadcast.
         let answer = match repr.message_type {
-            MessageType::Result | MessageType::Pending => false,
-            MessageType::Progress => true,
+            MessageType::Result => false,
+            MessageType::Pending | MessageType::Progress => true,
             MessageType::Data | MessageType::Ack | MessageType::Probe => {
                 return Err(RejectReason::NotAResult)
             }
@@ -326,32 +325,31 @@ mod tests {
     }
 
     #[test]
-    fn a_broadcast_notice_of_room_resends_a_refused_contribution_at_once() {
+    fn a_notice_of_room_resends_a_refused_contribution_and_no_accepted_one() {
         let start = Instant::now();
         let mut protocol = running(start, 2, 4, Duration::from_millis(10));
         let first = sent(&mut protocol, start);
-        // The switch refused slot 0's contribution for want of a set, and several workers'
-        // were: the notice that a set is free goes to all.
+        assert_eq!(first.len(), 2);
+        // Slot 1's contribution is in: its notice says so, and nothing goes.
+        let accepted = pending_of(&first[1], true);
+        assert_eq!(protocol.handle_datagram(start, &accepted, &mut Numbers), Delivery::Pending);
+        assert!(sent(&mut protocol, start).is_empty());
+        // A notice is about one worker's contribution: a broadcast one is refused.
         let mut notice = parsed(&pending_of(&first[0], false));
         notice.rank = BROADCAST_RANK;
         let mut datagram = vec![0; notice.buffer_len()];
         notice.emit(&mut datagram[..]).unwrap().seal();
-        assert_eq!(protocol.handle_datagram(start, &datagram, &mut Numbers), Delivery::Pending);
-        let resent = sent(&mut protocol, start);
-        assert_eq!(
-            resent,
-            [first[0].clone()].map(|mut packet| {
-                // The same contribution, marked as sent again.
-                let mut repr = parsed(&packet);
-                repr.flags = repr.flags | netagg_wire::Flags::RETRANSMISSION;
-                repr.emit(&mut packet[..]).unwrap().seal();
-                packet
-            })
-        );
-        // Slot 1's contribution is not the one the notice is about: nothing more goes.
-        notice.round = notice.round.wrapping_add(1);
-        notice.emit(&mut datagram[..]).unwrap().seal();
-        assert_eq!(protocol.handle_datagram(start, &datagram, &mut Numbers), Delivery::Pending);
+        let refused = protocol.handle_datagram(start, &datagram, &mut Numbers);
+        assert_eq!(refused, Delivery::Rejected(RejectReason::WrongRank));
         assert!(sent(&mut protocol, start).is_empty());
+        // The switch refused slot 0's contribution for want of a set, and tells it a set
+        // is free: the same contribution goes again at once, marked as sent again.
+        let room = pending_of(&first[0], false);
+        assert_eq!(protocol.handle_datagram(start, &room, &mut Numbers), Delivery::Pending);
+        let mut again = parsed(&first[0]);
+        again.flags = again.flags | netagg_wire::Flags::RETRANSMISSION;
+        let mut expected = first[0].clone();
+        again.emit(&mut expected[..]).unwrap().seal();
+        assert_eq!(sent(&mut protocol, start), [expected]);
     }
 }

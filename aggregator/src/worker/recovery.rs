@@ -153,11 +153,10 @@ impl WorkerProtocol {
     }
 
     /// Takes the switch's word that round `notice.round` of a slot is still aggregating
-    /// (broadcast: that it has room again for the contributions it refused).
+    /// (unasked, without `CONTRIBUTED`: that it has room again for the contribution it
+    /// refused).
     pub(super) fn take_pending(&mut self, now: Instant, index: u16, notice: &PacketRepr) {
-        if notice.rank == self.config.rank {
-            self.answered(now, index);
-        }
+        self.answered(now, index);
         let slot = &mut self.slots[index as usize];
         // About a round this slot is not contributing to: it waits for others, as it knew.
         let Some(contribution) = slot.outstanding.filter(|c| c.round == notice.round) else {

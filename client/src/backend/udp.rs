@@ -63,9 +63,8 @@ impl Transport for UdpTransport {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let Some((addresses, _)) = &self.switch else {
-            return if self.outbox.is_empty() { Ok(()) } else { Err(not_connected()) };
-        };
+        // Unconnected, `send` queued nothing.
+        let Some((addresses, _)) = &self.switch else { return Ok(()) };
         let socket = &self.socket;
         self.outbox.flush(|path, batch| socket.send(addresses[path], batch))
     }
@@ -143,10 +142,6 @@ impl Outbox {
         Outbox { open: vec![first], lender: 0, max_segments }
     }
 
-    fn is_empty(&self) -> bool {
-        self.open.iter().all(|open| open.batch.is_empty())
-    }
-
     /// Lends `len` bytes to write the next datagram into.
     fn room(&mut self, len: usize) -> &mut [u8] {
         self.open[self.lender].batch.room(len)
@@ -168,7 +163,6 @@ impl Outbox {
         }
         // No batch takes it. Its own kind's, full, leaves now; else an empty batch or a
         // new one starts; else, past the limit, a batch of another kind leaves to make room.
-        let mut result = Ok(());
         let target = match self.open.iter().position(same_kind) {
             Some(full) => full,
             None => match self.open.iter().position(|open| open.batch.is_empty()) {
@@ -181,20 +175,63 @@ impl Outbox {
                 None => (self.lender + 1) % self.open.len(),
             },
         };
-        let leaving = &mut self.open[target];
-        if !leaving.batch.is_empty() {
-            result = send(leaving.path, &leaving.batch);
-            if target == self.lender {
-                // The datagram is in this batch's room: it starts the batch anew.
-                leaving.batch.restart_with_room(len);
-                leaving.path = path;
-                leaving.segment = len;
+        let mut result = Ok(());
+        if !self.open[target].batch.is_empty() {
+            let placed;
+            (result, placed) = self.send_longest_first(Some(target), Some((len, path)), &mut send);
+            if placed {
                 return result;
             }
-            leaving.batch.clear();
         }
         self.place(target, len, path);
         result
+    }
+
+    /// Sends batch `leaving` and every batch held of longer datagrams (all held, if
+    /// `None`) to `send`, those of the longest first, and empties them: a shorter datagram
+    /// never leaves before a longer one queued earlier (a probe's id counts the datagrams
+    /// sent before it, so data it overtook would look lost). `room`, the length and path of
+    /// a datagram written into the lender's room and not yet queued, starts the lender's
+    /// batch anew if that batch leaves; the second value says whether it did.
+    fn send_longest_first(
+        &mut self,
+        leaving: Option<usize>,
+        room: Option<(usize, usize)>,
+        send: &mut impl FnMut(usize, &SegmentBatch) -> io::Result<()>,
+    ) -> (io::Result<()>, bool) {
+        let mut result = Ok(());
+        let mut placed = false;
+        // At most `MAX_OPEN_BATCHES` batches: a bit each.
+        let mut waiting = self
+            .open
+            .iter()
+            .enumerate()
+            .filter(|&(index, open)| match leaving {
+                Some(leaving) => index == leaving || open.segment > self.open[leaving].segment,
+                None => true,
+            })
+            .filter(|(_, open)| !open.batch.is_empty())
+            .fold(0u8, |waiting, (index, _)| waiting | 1 << index);
+        while let Some(next) = (0..self.open.len())
+            .filter(|&index| waiting & 1 << index != 0)
+            .max_by_key(|&index| self.open[index].segment)
+        {
+            waiting &= !(1 << next);
+            let is_lender = next == self.lender;
+            let open = &mut self.open[next];
+            result = result.and(send(open.path, &open.batch));
+            match room {
+                Some((len, path)) if is_lender => {
+                    // The datagram is in this batch's room: it starts the batch anew.
+                    open.batch.restart_with_room(len);
+                    open.path = path;
+                    open.segment = len;
+                    placed = true;
+                }
+                _ => open.batch.clear(),
+            }
+        }
+        (result, placed)
     }
 
     /// Appends the datagram in the lender's room to batch `target`, which takes it.
@@ -216,16 +253,10 @@ impl Outbox {
         }
     }
 
-    /// Sends every batch held to `send`, with its path, and empties them.
+    /// Sends every batch held to `send`, with its path, longest datagrams first, and
+    /// empties them.
     fn flush(&mut self, mut send: impl FnMut(usize, &SegmentBatch) -> io::Result<()>) -> io::Result<()> {
-        let mut result = Ok(());
-        for open in &mut self.open {
-            if !open.batch.is_empty() {
-                result = result.and(send(open.path, &open.batch));
-                open.batch.clear();
-            }
-        }
-        result
+        self.send_longest_first(None, None, &mut send).0
     }
 }
 
@@ -272,13 +303,30 @@ mod tests {
         }
         assert!(sent.is_empty(), "nothing leaves before the flush");
         outbox.flush(record(&mut sent)).unwrap();
-        assert!(outbox.is_empty());
+        assert!(outbox.open.iter().all(|open| open.batch.is_empty()));
         assert_eq!(sent.len(), 2, "two sends for 40 datagrams of two sizes");
         let headers: Vec<Vec<u8>> = (0..20).map(|i| vec![i; 48]).collect();
         let data: Vec<Vec<u8>> = (0..20).map(|i| vec![100 + i; 1072]).collect();
-        assert_eq!(sent, [(0, headers), (0, data)]);
+        assert_eq!(sent, [(0, data), (0, headers)], "the longest first");
         // The next flush's datagrams are written into the data batch, and join it in place.
         assert_eq!(outbox.open[outbox.lender].segment, 1072);
+    }
+
+    #[test]
+    fn a_short_datagram_never_leaves_before_a_longer_one_queued_earlier() {
+        // A data packet, then acks and a probe: the full batch of headers leaves, after
+        // the data; the data batch, which lent the room, starts anew with the probe.
+        let mut outbox = Outbox::new(2);
+        let mut sent = Sent::new();
+        queue(&mut outbox, &mut sent, 1072, 0, 1);
+        for header in 2..5u8 {
+            queue(&mut outbox, &mut sent, 48, 0, header);
+        }
+        queue(&mut outbox, &mut sent, 1072, 0, 5);
+        outbox.flush(record(&mut sent)).unwrap();
+        let order: Vec<(usize, u8)> = sent.iter().flat_map(|(_, d)| d).map(|d| (d.len(), d[0])).collect();
+        assert_eq!(order, [(1072, 1), (48, 2), (48, 3), (1072, 5), (48, 4)]);
+        assert_eq!(sent.len(), 4, "{sent:?}");
     }
 
     #[test]
@@ -291,10 +339,11 @@ mod tests {
                 queue(&mut outbox, &mut sent, 48, 0, 50 + i);
             }
         }
-        assert_eq!(sent.len(), 3, "each full batch left as the next datagram of its size came");
+        // The last full batch, of headers, left after the data queued before them.
+        assert_eq!(sent.len(), 4, "each full batch left as the next datagram of its size came");
         outbox.flush(record(&mut sent)).unwrap();
         let sizes: Vec<(usize, usize)> = sent.iter().map(|(_, d)| (d.len(), d[0].len())).collect();
-        assert_eq!(sizes, [(3, 1072), (3, 1072), (3, 48), (1, 1072), (1, 48)]);
+        assert_eq!(sizes, [(3, 1072), (3, 1072), (1, 1072), (3, 48), (1, 48)]);
         let data: Vec<u8> =
             sent.iter().flat_map(|(_, d)| d).filter(|d| d.len() == 1072).map(|d| d[0]).collect();
         assert_eq!(data, [0, 1, 2, 3, 4, 5, 6], "every datagram once, in order");
