@@ -22,6 +22,10 @@
 //! an event may have set an earlier one) and closes the connections that missed it,
 //! which ends their threads' reads.
 //!
+//! A registration for a rank whose previous connection its client has closed, while that
+//! connection's thread has not yet handled its end, waits (boundedly) for that end rather
+//! than being refused as a duplicate: a rank's next process can be that quick.
+//!
 //! The plane keeps every connection's stream and thread, so that a switch stopped in
 //! process closes them all and joins their threads instead of leaving them behind.
 //!
@@ -109,6 +113,9 @@ pub struct ControlPlane {
     /// Wakes the timer thread: an event may have set an earlier deadline, or the switch
     /// stops.
     deadlines: Condvar,
+    /// Wakes registrations waiting for the end of a connection that holds their rank
+    /// ([`ControlPlane::await_holder_end`]): an event was handled, or the switch stops.
+    handled: Condvar,
     /// Set when the switch stops: the acceptor takes no more connections, and closing
     /// connections no longer counts as ranks leaving.
     stopping: AtomicBool,
@@ -126,6 +133,10 @@ pub struct ControlPlane {
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// How often a repeated event of the acceptor is logged at most.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// The longest a registration waits for the end of its rank's last connection, closed by
+/// its client, to be handled: that connection's thread has only to be scheduled, and a
+/// registration refused meanwhile fails its whole run.
+const HOLDER_END_WAIT: Duration = Duration::from_secs(5);
 
 impl ControlPlane {
     pub fn new(
@@ -141,6 +152,7 @@ impl ControlPlane {
         Arc::new_cyclic(|me| ControlPlane {
             shared: Mutex::new(Shared { registry, connections: HashMap::new() }),
             deadlines: Condvar::new(),
+            handled: Condvar::new(),
             stopping: AtomicBool::new(false),
             lanes,
             upper,
@@ -246,6 +258,7 @@ impl ControlPlane {
         self.stopping.store(true, Ordering::Release);
         let connections: Vec<_> = self.lock().connections.drain().map(|(_, entry)| entry).collect();
         self.deadlines.notify_all();
+        self.handled.notify_all();
         // Ends the threads watching upper switches.
         for (_, membership) in self.memberships().drain() {
             let _ = membership.stream.shutdown(Shutdown::Both);
@@ -272,8 +285,8 @@ impl ControlPlane {
                     self.deliver(io);
                     self.lock()
                 }
-                Some(deadline) => self.wait(shared, Some(deadline - now)),
-                None => self.wait(shared, None),
+                Some(deadline) => self.wait(&self.deadlines, shared, Some(deadline - now)),
+                None => self.wait(&self.deadlines, shared, None),
             };
         }
     }
@@ -309,13 +322,17 @@ impl ControlPlane {
         self.shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn wait<'a>(&self, shared: MutexGuard<'a, Shared>, timeout: Option<Duration>) -> MutexGuard<'a, Shared> {
+    fn wait<'a>(
+        &self,
+        condvar: &Condvar,
+        shared: MutexGuard<'a, Shared>,
+        timeout: Option<Duration>,
+    ) -> MutexGuard<'a, Shared> {
         match timeout {
-            Some(timeout) => self
-                .deadlines
+            Some(timeout) => condvar
                 .wait_timeout(shared, timeout)
                 .map_or_else(|poisoned| poisoned.into_inner().0, |(shared, _)| shared),
-            None => self.deadlines.wait(shared).unwrap_or_else(|poisoned| poisoned.into_inner()),
+            None => condvar.wait(shared).unwrap_or_else(|poisoned| poisoned.into_inner()),
         }
     }
 
@@ -327,7 +344,30 @@ impl ControlPlane {
         let io = self.perform(&mut shared);
         drop(shared);
         self.deadlines.notify_one();
+        self.handled.notify_all();
         self.deliver(io);
+    }
+
+    /// Waits, for at most [`HOLDER_END_WAIT`], until no connection whose client has closed
+    /// it holds `rank` of session `name`. A rank's next process can register before the
+    /// thread of its previous connection has read that connection's leave and end (a
+    /// loaded host schedules it late), and would be refused for a rank that is gone. A
+    /// holder whose client has not closed it is not waited for: the registration is
+    /// refused as the duplicate it is.
+    fn await_holder_end(&self, name: &str, rank: u16) {
+        let deadline = Instant::now() + HOLDER_END_WAIT;
+        let mut shared = self.lock();
+        while let Some(holder) = shared.registry.holder(name, rank) {
+            // No stream once its thread has ended: only the data path's answer to its
+            // leave is still to come.
+            let gone = shared.connections.get(&holder).is_none_or(|(stream, _)| closed_by_client(stream));
+            let now = Instant::now();
+            if !gone || now >= deadline || self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            tracing::debug!(%holder, %name, rank, "registration waits for the end of its rank's last connection");
+            shared = self.wait(&self.handled, shared, Some(deadline - now));
+        }
     }
 
     /// Reads a connection's messages into the registry until it is closed, by its client
@@ -335,15 +375,20 @@ impl ControlPlane {
     fn read(&self, connection: ConnectionId, stream: Stream) {
         loop {
             match ControlMessage::read_from(&mut &*stream) {
-                Ok((request_id, message)) => self.feed(|registry| {
-                    let registers = matches!(message, ControlMessage::Register { .. });
-                    registry.handle_message(Instant::now(), connection, request_id, message);
-                    if let Some(Assembly { name, rank, joined, world_size }) =
-                        registry.assembly(connection).filter(|_| registers)
-                    {
-                        tracing::info!(%name, rank, joined, world = world_size, "worker registered");
+                Ok((request_id, message)) => {
+                    if let ControlMessage::Register { name, rank, .. } = &message {
+                        self.await_holder_end(name, *rank);
                     }
-                }),
+                    self.feed(|registry| {
+                        let registers = matches!(message, ControlMessage::Register { .. });
+                        registry.handle_message(Instant::now(), connection, request_id, message);
+                        if let Some(Assembly { name, rank, joined, world_size }) =
+                            registry.assembly(connection).filter(|_| registers)
+                        {
+                            tracing::info!(%name, rank, joined, world = world_size, "worker registered");
+                        }
+                    })
+                }
                 Err(error) => {
                     match error.get_ref().and_then(|e| e.downcast_ref::<WireError>()) {
                         Some(wire) => self.feed(|registry| registry.handle_undecodable(connection, wire)),
@@ -370,6 +415,7 @@ impl ControlPlane {
         };
         shared.connections.remove(&connection);
         drop(shared);
+        self.handled.notify_all();
         self.deliver(io);
         let _ = stream.shutdown(Shutdown::Both);
     }
@@ -580,6 +626,17 @@ fn send(stream: &TcpStream, request_id: u32, message: &ControlMessage) {
         }
     }
     let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// Whether `stream`'s client has closed it (sent its end, or reset it), even if what it
+/// sent before is still unread.
+fn closed_by_client(stream: &TcpStream) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let ended = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+    let mut polled = [PollFd::new(stream, ended)];
+    // A zero timeout: only what the socket already knows.
+    let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+    poll(&mut polled, Some(&now)).is_ok() && polled[0].revents().intersects(ended)
 }
 
 /// What became of a message written without waiting.

@@ -235,3 +235,30 @@ fn connections_over_the_cap_are_refused_and_the_sessions_within_it_go_on() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn a_rank_s_next_process_registers_as_soon_as_its_last_closed_and_a_live_duplicate_is_refused() {
+    let switch = start(|_| {});
+    for run in 0..20 {
+        let (mut first, mut second) = open_pair(&switch, "default", Duration::from_secs(5));
+        let mut duplicate = connect(&switch);
+        register(1, 2, "default").write_to(1, &mut duplicate).unwrap();
+        assert_eq!(
+            reply(&mut duplicate),
+            ControlMessage::Reject {
+                code: RejectCode::DuplicateRank,
+                message: "session 'default' is already running with all its ranks".into()
+            },
+            "run {run}: rank 1's holder lives"
+        );
+        // The run ends as a client's does (a leave, then the close) or as a killed
+        // process's (the close alone), and the next run's processes register at once,
+        // before the switch may have read those ends.
+        for (rank, stream) in [&mut first, &mut second].into_iter().enumerate() {
+            if run % 2 == 0 {
+                ControlMessage::Leave { session: 0, rank: rank as u16 }.write_to(0, stream).unwrap();
+            }
+            stream.shutdown(Shutdown::Both).unwrap();
+        }
+    }
+}

@@ -374,6 +374,22 @@ impl Registry {
         Some(Assembly { name, rank: *rank, joined, world_size: session.shape.world_size })
     }
 
+    /// The connection holding `rank` of session `name`, which a registration of that rank
+    /// would be refused for ([`RejectCode::DuplicateRank`]): its registration in the
+    /// session assembling under the name, or its membership of the open one while no rank
+    /// has left it.
+    ///
+    /// A rank's next process can register before its previous connection's end (a leave,
+    /// a close) has been read: a shell that finds the holder closed by its client lets its
+    /// end be handled first, so that the registration is not refused for a rank that is
+    /// gone.
+    pub fn holder(&self, name: &str, rank: u16) -> Option<ConnectionId> {
+        if let Some(member) = self.assembling.get(name).and_then(|session| session.members.get(&rank)) {
+            return Some(member.connection);
+        }
+        let open = self.open.get(name).filter(|open| open.departed.is_empty())?;
+        open.members.get(&rank).copied()
+    }
     /// Sessions open, and assembling or opening.
     pub fn sessions(&self) -> (usize, usize) {
         (self.open.len(), self.assembling.len())

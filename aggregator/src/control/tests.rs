@@ -517,6 +517,52 @@ fn a_new_session_under_the_name_of_a_lingering_one_supersedes_it() {
 }
 
 #[test]
+fn a_rank_s_next_registration_is_refused_while_its_holder_lives_and_admitted_once_its_end_is_handled() {
+    let mut harness = Harness::new();
+    let ([first, second], opened) = harness.open_pair("job", 1);
+    assert_eq!(harness.registry.holder("job", 0), Some(first));
+    assert_eq!(harness.registry.holder("job", 1), Some(second));
+    assert_eq!(harness.registry.holder("other", 0), None);
+
+    // While the holder lives, its rank's next process is refused and the session runs on.
+    let (early, actions) = harness.register_alone(register(0, 2, "job"));
+    let reason = "session 'job' is already running with all its ranks";
+    assert_eq!(actions, refused(early, RejectCode::DuplicateRank, reason));
+    harness.registry.handle_closed(early);
+    assert_eq!(harness.actions(), []);
+    assert_eq!(harness.registry.holder("job", 0), Some(first));
+
+    // Its process exited: the holder's end, handled before the registration in the same
+    // turn, closes the old session, and the rank is admitted to the next.
+    harness.registry.handle_closed(first);
+    let next = harness.join(0, 2, "job");
+    assert_eq!(
+        harness.actions(),
+        [
+            Action::CloseSession { id: opened.id, name: "job".into(), why: Closure::RankLeft(0) },
+            reject(second, 0, RejectCode::UnknownSession, "rank 0 left session 'job'; the session is closed"),
+        ]
+    );
+    assert_eq!(harness.registry.holder("job", 0), Some(next), "an assembling registration holds its rank");
+    assert_eq!(harness.registry.assembly(next).map(|assembly| assembly.joined), Some(1));
+}
+
+#[test]
+fn a_rank_whose_leave_awaits_the_data_path_s_answer_holds_its_rank_until_then() {
+    let mut harness = Harness::new();
+    let ([first, _], opened) = harness.open_pair("job", 1);
+    harness.registry.handle_message(harness.now, first, 5, ControlMessage::Leave { session: 1, rank: 0 });
+    assert_eq!(harness.actions(), [Action::Depart { connection: first, id: opened.id, rank: 0 }]);
+    harness.registry.handle_closed(first);
+    assert_eq!(harness.registry.holder("job", 0), Some(first), "the answer decides what its leave ends");
+    harness.registry.handle_departure(first, Some(Departure::Lingers));
+    assert_eq!(harness.registry.holder("job", 0), None);
+    assert_eq!(harness.registry.holder("job", 1), None, "a session a rank has left holds no rank");
+    harness.join(0, 2, "job");
+    assert_eq!(harness.actions(), [], "admitted beside the lingering session");
+}
+
+#[test]
 fn a_session_the_data_path_cannot_open_is_refused_to_every_rank_by_its_reason() {
     let mut harness = Harness::new();
     for (error, code) in [
