@@ -280,7 +280,10 @@ fn a_failed_data_connection_fails_every_rank_s_job_at_once_with_the_cause() {
     assert!(all.contains(reason), "{all}");
     assert!(all.contains("'s data connection to the switch failed, worker thread "), "{all}");
     assert!(all.contains("an RDMA completion failed: Work Request Flushed Error; "), "{all}");
-    assert!(all.contains("came back (512 Work Request Flushed Error)"), "{all}");
+    // Receives that completed whole before the flush are delivered, not flushed: how many
+    // depends on timing, so only the flushed ones' status is fixed.
+    assert!(all.contains("512 receives came back ("), "{all}");
+    assert!(all.contains(" Work Request Flushed Error), "), "{all}");
     assert!(all.contains("every request posted"), "{all}");
 }
 
