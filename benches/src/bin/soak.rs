@@ -16,7 +16,8 @@
 //! The switch's figures come from its metrics endpoint (`--metrics`, as an operator's
 //! monitoring would read them), the ranks' memory from `/proc/PID/statm`. The exit status
 //! is 0 only if no sum was wrong, no session failed but those a kill ended, and neither
-//! the switch's nor rank 0's memory grew more than `--max-growth` percent after warm-up.
+//! the switch's nor rank 0's memory grew more than `--max-growth` percent above the
+//! plateau its warm-up reached (`netagg_benches::soak::Growth`).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -51,9 +52,10 @@ struct Options {
     /// Kill a rank (not rank 0) in every this many sessions; 0 never does.
     #[arg(long, default_value_t = 3)]
     kill_every: u64,
-    /// Seconds before memory counts as warm: growth is measured from then on. Default:
-    /// a quarter of the duration, at least 30 s (the switch's allocator takes some
-    /// sessions to reach its steady state, longer on a loaded machine).
+    /// Seconds before memory counts as warm: growth is measured above the highest sample of
+    /// the warm-up's last third. Default: a quarter of the duration, at least 30 s (the
+    /// switch's allocator takes some sessions to reach its plateau: 12 to 54 s in
+    /// 60-second runs, later on a loaded machine).
     #[arg(long, value_parser = parse_run_time)]
     warmup: Option<Duration>,
     /// Seconds between memory samples.
@@ -87,8 +89,9 @@ struct Work {
     duplicate: f64,
     #[arg(long, default_value_t = 0.005)]
     reorder: f64,
-    /// Probability that a bit of a datagram is flipped, as `--loss`. Off by default: a
-    /// flipped payload bit goes undetected until the wire carries a checksum.
+    /// Probability that a bit of a datagram is flipped, as `--loss`. Off by default, so that
+    /// a run without it measures recovery from the other faults alone; the checksums drop
+    /// what it flips, and loss recovery resends it.
     #[arg(long, default_value_t = 0.0)]
     corrupt: f64,
     /// Every datagram is delayed by a uniform random time up to this many milliseconds,
@@ -658,7 +661,7 @@ fn report(
                 let within = growth.percent() <= options.max_growth;
                 passed &= within;
                 println!(
-                    "  {who}: {} once warm, {} at the end ({:+.1} %, bound {} %{}), peak {}",
+                    "  {who}: {} at the warm-up's plateau, {} at the end ({:+.1} %, bound {} %{}), peak {}",
                     megabytes(growth.warm),
                     megabytes(growth.last),
                     growth.percent(),
