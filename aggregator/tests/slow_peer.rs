@@ -1,7 +1,8 @@
 //! Sparse jobs at N = 4 with one peer behind a slower link (issue 29, item 3): a sparse
 //! round waits for the peers holding its block, so rounds without the slow peer complete
-//! while the ones with it wait. The time is bound by the results the slow peer's link
-//! carries down; every timer that fires is a false loss, since no link loses a packet.
+//! while the ones with it wait, and the other workers' ordering rule takes many of those
+//! for lost. The time is bound by the results the slow peer's link carries down, whose
+//! queue also overflows now and then.
 
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ fn sparse_inputs(len: usize, density: f64, seed: u64) -> (Vec<Tensor>, Tensor, u
 }
 
 /// 4 workers of 128 slots on 1 Gbit/s links, 50 µs each way, rank 3's at 200 Mbit/s (a
-/// slow or descheduled peer); lossless.
+/// slow or descheduled peer), all with 10 ms queues; no random loss.
 fn slow_peer_network() -> ClusterConfig {
     let fast = RateLimit::new(1_000_000_000, Duration::from_millis(10));
     let mut config = ClusterConfig::new(WORKERS, 128, PACKET_ELEMENTS).with_rate(fast);
@@ -53,11 +54,11 @@ fn slow_peer_network() -> ClusterConfig {
 }
 
 /// Two sparse jobs of 2 Mi int32 at density 0.1 end exact, within 1.5 times the slow
-/// link's time for the results it carries (measured 1.12 and 1.19), and the rounds taken
-/// for lost while they waited for the slow peer stay below 0.45 of the job's rounds per
-/// fast worker (measured 0.31-0.37: a timer, a request and a pending notice for about
-/// every round the slow peer holds up; benches/RESULTS.md, "False losses behind a slow
-/// peer, and where the 1 % row's time goes").
+/// link's time for the results it carries (measured 1.12 and 1.19), and each fast
+/// worker's timers fire fewer times than 0.45 of the job's rounds (measured 0.31-0.37,
+/// for 283-383 packets its queue dropped: mostly rounds that only waited for the slow
+/// peer, each a timer, a request and a pending notice; benches/RESULTS.md, "False
+/// losses behind a slow peer, and where the 1 % row's time goes").
 #[test]
 fn sparse_jobs_behind_a_slow_peer_follow_its_link_and_bound_their_false_losses() {
     let len = 2 << 20;
@@ -67,11 +68,15 @@ fn sparse_jobs_behind_a_slow_peer_follow_its_link_and_bound_their_false_losses()
         let (inputs, expected, rounds) = sparse_inputs(len, 0.1, 5 + job);
         let report = cluster.allreduce(&inputs, true).unwrap();
         assert!(report.outputs.iter().all(|output| *output == expected), "job {job}: sums");
-        assert_eq!(report.queue_drops, 0, "job {job}: no packet lost, so every timeout is a false loss");
         let model = slow.serialization(rounds * datagram_len(PACKET_ELEMENTS.into()) as u64);
         let ratio = report.elapsed.as_secs_f64() / model.as_secs_f64();
         let timeouts: Vec<u64> = report.workers.iter().map(|counters| counters.timeouts).collect();
-        eprintln!("job {job}: {ratio:.3} of the slow link's time, {rounds} rounds, timeouts {timeouts:?}");
+        eprintln!(
+            "job {job}: {ratio:.3} of the slow link's time, {rounds} rounds, timeouts {timeouts:?}, \
+             {} dropped by queues, pending {:?}",
+            report.queue_drops,
+            report.workers.iter().map(|counters| counters.pending).collect::<Vec<_>>()
+        );
         assert!(ratio < 1.5, "job {job}: {ratio:.3} of the slow link's time");
         for (rank, &fired) in timeouts.iter().enumerate().filter(|&(rank, _)| rank != SLOW_RANK as usize) {
             assert!(
