@@ -20,12 +20,12 @@ fn median(mut ratios: Vec<f64>) -> f64 {
 /// largest ratio measured on four seeds (`examples/collapse_matrix.rs`, with the pacer
 /// that follows the delivery rate, issue 31 item 4): dense, first jobs within 25 times
 /// the time the busiest link allows (measured up to 12.2, with 1 % loss at 10 Mbit/s),
-/// later ones within 4.5 (2.94), their median within 1.6 (1.36 on the test's seeds);
+/// later ones within 4.5 (2.94), their median within 1.6 (1.42 on the test's seeds);
 /// behind an 8 KB bucket and a 2 KB queue, which the standing delay paces as before,
 /// first jobs within 45 (22.2), later ones within 60 (30.6) at 10 Mbit/s and 10 (6.6)
 /// at 2; sparse, every job behind a bucket
-/// within 8 (3.4), later jobs behind 2 KB queues within 45 (30.2) and behind 1 KB ones
-/// within 90 (55.8). Sparse jobs behind 1 KB queues lose their results on the way down:
+/// within 8 (3.4), later jobs behind 2 KB queues within 45 (22.7) and behind 1 KB ones
+/// within 90 (53.2). Sparse jobs behind 1 KB queues lose their results on the way down:
 /// first jobs take up to 170 times the model, unbounded here.
 #[test]
 fn windows_far_above_tiny_queues_converge_instead_of_collapsing() {
