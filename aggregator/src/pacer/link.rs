@@ -13,9 +13,10 @@ use super::{LossRuns, Pacer, PacingConfig};
 #[derive(Debug)]
 pub struct LinkPacer {
     /// The rate in bytes per second, 0 while unpaced: read on every send without the lock.
-    rate: AtomicU64,
-    /// Bytes of results the threads received.
+    pub(super) rate: AtomicU64,
+    /// Bytes of results the threads received, and how many results.
     pub(super) delivered: AtomicU64,
+    results: AtomicU64,
     /// When the latest of them came, in nanoseconds after the first: the end of the span
     /// they were delivered in, which an overflow measures the path's rate by.
     latest_result: AtomicU64,
@@ -28,6 +29,7 @@ impl LinkPacer {
         Arc::new(LinkPacer {
             rate: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
+            results: AtomicU64::new(0),
             latest_result: AtomicU64::new(0),
             first_result: OnceLock::new(),
             state: Mutex::new(Pacer::new(config)),
@@ -54,16 +56,33 @@ impl LinkPacer {
     }
 
     /// Books a data packet sent; nothing to book, and no lock to take, while the path is
-    /// not paced (every data packet comes here). A probe's periods end here too: a
-    /// collapse times too few round trips to end them.
+    /// not paced (every data packet comes here). A measured pacer's periods end here
+    /// too: a collapse times too few round trips to end them.
     pub(crate) fn sent(&self, now: Instant, bytes: usize) {
         if self.rate().is_some() {
+            let booked = self.result_len(bytes);
             let mut pacer = self.state();
-            pacer.sent(now, bytes);
-            if pacer.probing {
+            pacer.sent(now, booked);
+            if pacer.measured {
                 pacer.end_period(now, self.delivered.load(Ordering::Relaxed));
                 self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
             }
+        }
+    }
+
+    /// The bytes a data packet of `packet_bytes` is booked at: the mean size of the
+    /// results received, since a sending draws a result, and a path's results, not its
+    /// sendings, are what the delivery rate measures. A sparse stream's contribution may
+    /// be a bare header while its result, the union of every worker's blocks, is full,
+    /// and other results are short: booked at its own size, a sending would let results
+    /// through faster than the rate, and booked as a full packet, a rate measured in
+    /// results' bytes would send fewer than the path carries. A full packet until a
+    /// result has come.
+    fn result_len(&self, packet_bytes: usize) -> usize {
+        let results = self.results.load(Ordering::Relaxed);
+        match self.delivered.load(Ordering::Relaxed).checked_div(results) {
+            Some(mean) => mean as usize,
+            None => packet_bytes,
         }
     }
 
@@ -134,6 +153,7 @@ impl LinkPacer {
 #[derive(Debug, Default)]
 pub(crate) struct DeliveryBatch {
     bytes: u64,
+    results: u64,
     /// When the batch is handed in at the latest: [`DELIVERY_LAG`] after its first
     /// result came. Kept as a deadline, so that a result costs a comparison of instants,
     /// not a subtraction.
@@ -153,6 +173,7 @@ impl DeliveryBatch {
     #[inline]
     pub(crate) fn add(&mut self, pacer: &LinkPacer, now: Instant, bytes: usize) {
         self.bytes += bytes as u64;
+        self.results += 1;
         let due = *self.due.get_or_insert_with(|| now + DELIVERY_LAG);
         self.latest = Some(now);
         if self.bytes >= DELIVERY_BATCH || now >= due {
@@ -164,6 +185,7 @@ impl DeliveryBatch {
     fn hand_in(&mut self, pacer: &LinkPacer) {
         if let Some(latest) = self.latest.filter(|_| self.bytes > 0) {
             pacer.delivered.fetch_add(self.bytes, Ordering::Relaxed);
+            pacer.results.fetch_add(self.results, Ordering::Relaxed);
             let first = *pacer.first_result.get_or_init(|| latest);
             let after_first = latest.saturating_duration_since(first).as_nanos() as u64;
             pacer.latest_result.fetch_max(after_first, Ordering::Relaxed);

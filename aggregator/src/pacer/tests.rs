@@ -257,163 +257,104 @@ fn only_a_run_of_first_sendings_lost_in_a_row_shows_an_overflow() {
     assert!(runs.lost(400 + run));
 }
 
-#[test]
-fn an_overflow_paces_at_the_rate_delivered_then_halves_it_at_most_once_a_round_trip() {
-    let mut path = Path::new(CONFIG);
-    path.round_trips(&[MS / 2], 1_000_000);
-    // 10 ms in which a collapsing path delivered 2 000 bytes: 200 kB/s.
-    path.now += MS * 10;
-    path.delivered += 2_000;
-    let since = path.delivered - path.pacer.period.delivered;
-    let elapsed = path.now - path.pacer.period.began.unwrap();
-    path.pacer.overflowed(path.now, path.delivered, None, PACKET);
-    assert!(near(path.rate(), since as f64 / elapsed.as_secs_f64()), "{:?}", path.rate());
-    assert!(path.pacer.probing);
-    let engaged = path.rate().unwrap() as f64;
-    // Another within the period's least, 4 ms: the same burst's losses.
-    path.pacer.overflowed(path.now + MS * 3, path.delivered, None, PACKET);
-    assert!(near(path.rate(), engaged));
-    path.pacer.overflowed(path.now + MS * 5, path.delivered, None, PACKET);
-    assert!(near(path.rate(), engaged / 2.0), "{:?}", path.rate());
-    assert!(!path.pacer.probing);
-}
-
-/// One probing period: sent enough to be judged, `lost` of them lost, delivering at
-/// `rate`.
-fn probe_period(path: &mut Path, lost: u32, rate: u64) {
+/// One measured period of [`MEASURE_SENDINGS`] sendings held back by the rate, over
+/// [`MIN_PERIOD`], `lost` of them lost, delivering at `rate`.
+fn measured_period(path: &mut Path, lost: u32, rate: f64) {
     path.fill();
-    path.pacer.period.sent = PROBE_SAMPLE;
+    path.pacer.period.sent = MEASURE_SENDINGS;
     path.pacer.period.lost = lost;
-    path.period(MS, rate);
+    path.now += MIN_PERIOD;
+    path.delivered += (rate * MIN_PERIOD.as_secs_f64()) as u64;
+    path.pacer.end_period(path.now, path.delivered);
+}
+
+/// Engages a fresh path's pacer by an overflow whose burst delivered `bytes` over
+/// `span` after the period began, found 20 ms after it began.
+fn overflowed(span: Duration, bytes: u64) -> Path {
+    let mut path = Path::new(CONFIG);
+    let began = path.now;
+    path.now += MS * 20;
+    path.delivered += bytes;
+    assert!(path.pacer.overflowed(path.now, path.delivered, Some(began + span), PACKET));
+    assert!(path.pacer.measured);
+    path
 }
 
 #[test]
-fn an_overflow_paces_at_the_rate_its_burst_was_delivered_at() {
+fn an_overflow_starts_up_from_the_rate_its_burst_was_delivered_at() {
     // The burst's survivors came back within 5 ms, 10 000 bytes of them: 2 MB/s,
     // although the 20 ms up to the overflow delivered only 500 kB/s.
-    let overflow = |latest_after: Duration, bytes: u64| {
-        let mut path = Path::new(CONFIG);
-        let began = path.now;
-        path.now += MS * 20;
-        path.delivered += bytes;
-        assert!(path.pacer.overflowed(path.now, path.delivered, Some(began + latest_after), PACKET));
-        assert!(path.pacer.probing);
-        let trusted = latest_after >= MIN_PERIOD && bytes >= 8 * PACKET as u64;
-        assert_eq!(path.pacer.probed > 0.0, trusted, "only a seed timed well counts as delivered");
-        path.rate()
-    };
-    assert!(near(overflow(MS * 5, 10_000), 2e6), "{:?}", overflow(MS * 5, 10_000));
+    assert!(near(overflowed(MS * 5, 10_000).rate(), 2e6 * STARTUP_GAIN));
     // Within 1 ms: timed over 4 ms, since a short span may hold results from before
     // the period, or a shaper's burst.
-    assert!(near(overflow(MS, 10_000), 2.5e6), "{:?}", overflow(MS, 10_000));
-    // Fewer than 8 results: the same rate, 140 kB/s, but a guess no capacity comes from.
-    assert!(near(overflow(MS * 5, 700), 1.4e5), "{:?}", overflow(MS * 5, 700));
+    assert!(near(overflowed(MS, 10_000).rate(), 2.5e6 * STARTUP_GAIN));
     // Without a result in the period, the period's own rate.
     let mut path = Path::new(CONFIG);
     path.now += MS * 10;
     path.delivered += 2_000;
     path.pacer.overflowed(path.now, path.delivered, Some(path.now - MS * 20), PACKET);
-    assert!(near(path.rate(), 2e5), "{:?}", path.rate());
+    assert!(near(path.rate(), 2e5 * STARTUP_GAIN), "{:?}", path.rate());
 }
 
 #[test]
-fn a_probe_s_seed_never_becomes_the_capacity() {
-    // A burst's results within 1 ms, timed over 4 ms: 10 MB/s over a path that carries
-    // 1 MB/s (a shaper's bucket let them through, say).
-    let mut path = Path::new(CONFIG);
-    let began = path.now;
-    path.now += MS * 10;
-    path.delivered += 40_000;
-    path.pacer.overflowed(path.now, path.delivered, Some(began + MS), PACKET);
-    assert!(near(path.rate(), 1e7), "{:?}", path.rate());
-    // Its first period loses beyond random loss: the capacity is what it delivered.
-    probe_period(&mut path, 4, 1_000_000);
-    assert!(!path.pacer.probing);
-    assert!(path.pacer.capacity.is_some_and(|capacity| (capacity / 1e6 - 1.0).abs() < 0.01));
-    assert!(near(path.rate(), 1e6 * 15.0 / 16.0), "{:?}", path.rate());
-    // Delivered below the seed with a loss, which 16 sendings at 1 % each way show
-    // often: a quarter above the delivery, not above the seed.
-    let mut path = Path::new(CONFIG);
-    let began = path.now;
-    path.now += MS * 10;
-    path.delivered += 40_000;
-    path.pacer.overflowed(path.now, path.delivered, Some(began + MS), PACKET);
-    probe_period(&mut path, 1, 1_000_000);
-    assert!(near(path.rate(), 1.25e6), "{:?}", path.rate());
-}
-
-#[test]
-fn a_probe_paces_a_quarter_above_the_most_delivered_until_loss_shows() {
-    let mut path = Path::new(CONFIG);
-    let began = path.now;
-    path.now += MS * 10;
-    path.delivered += 10_000;
-    path.pacer.overflowed(path.now, path.delivered, Some(began + MS * 5), PACKET);
-    // Delivered as fast as it was sent: a quarter more. Whoever completed the rounds.
+fn a_measured_rate_starts_up_until_the_delivery_stops_growing_then_cycles_around_it() {
+    let mut path = overflowed(MS * 5, 10_000);
+    // Delivered as fast as it was sent: twice that, whoever completed the rounds.
     path.completing = false;
-    probe_period(&mut path, 0, 2_000_000);
-    assert!(near(path.rate(), 2.5e6), "{:?}", path.rate());
-    probe_period(&mut path, 0, 3_000_000);
-    assert!(near(path.rate(), 3.75e6), "{:?}", path.rate());
-    // A rate past the path's: what it delivered, not what was sent, raises the rate,
-    // since the losses show only a timeout later.
-    probe_period(&mut path, 0, 3_200_000);
-    probe_period(&mut path, 0, 3_200_000);
-    assert!(near(path.rate(), 4e6), "{:?}", path.rate());
-    // 2 in 16 lost: past random loss. The path carries what it delivered at most.
-    probe_period(&mut path, 2, 3_200_000);
-    assert!(!path.pacer.probing);
-    assert_eq!(path.pacer.capacity, Some(3.2e6));
-    assert!(near(path.rate(), 3e6), "{:?}", path.rate());
+    measured_period(&mut path, 0, 4e6);
+    assert!(near(path.rate(), 8e6), "{:?}", path.rate());
+    // The path carries 5 MB/s: growth of a quarter goes on, then three periods without
+    // it end the start-up.
+    measured_period(&mut path, 0, 5e6);
+    for _ in 0..STARTUP_FLAT - 1 {
+        measured_period(&mut path, 0, 5e6);
+        assert!(near(path.rate(), 1e7), "{:?}", path.rate());
+    }
+    measured_period(&mut path, 0, 5e6);
+    assert!(path.pacer.delivery.startup.is_none());
+    let mut gains = Vec::new();
+    for _ in 0..PACING_GAINS.len() {
+        gains.push(path.rate().unwrap() as f64 / 5e6);
+        measured_period(&mut path, 0, 5e6);
+    }
+    // Over a cycle: one period above the path, the next below, the rest just under it.
+    let above = gains.iter().position(|&gain| gain > 1.0).unwrap();
+    assert!((gains[(above + 1) % gains.len()] - 0.8).abs() < 1e-3, "{gains:?}");
+    gains.sort_by(f64::total_cmp);
+    let mut expected = PACING_GAINS;
+    expected.sort_by(f64::total_cmp);
+    assert!(gains.iter().zip(expected).all(|(gain, expected)| (gain - expected).abs() < 1e-3), "{gains:?}");
 }
 
 #[test]
-fn a_capacity_loss_measured_caps_raises_and_creeps_up() {
-    let mut path = Path::new(CONFIG);
-    path.now += MS * 10;
-    path.delivered += 2_000;
-    path.pacer.overflowed(path.now, path.delivered, None, PACKET);
-    probe_period(&mut path, 8, 200_000);
-    let capacity = path.pacer.capacity.unwrap();
-    assert!(path.pacer.lossy_capacity && near(path.rate(), capacity * 15.0 / 16.0));
-    // Held back, no queue, all delivered: no raise past the capacity, which creeps up
-    // by a sixty-fourth a period.
-    for period in 1..=4 {
-        let rate = path.rate().unwrap();
-        path.fill().period(MS / 10, rate);
-        let crept = capacity * (1.0 + LOSSY_CREEP).powi(period);
-        assert!(near(path.rate(), crept / (1.0 + LOSSY_CREEP) * 15.0 / 16.0), "{:?}", path.rate());
-        assert!((path.pacer.capacity.unwrap() / crept - 1.0).abs() < 1e-9);
+fn a_measured_rate_keeps_the_most_delivered_over_its_window_whatever_is_lost() {
+    let mut path = overflowed(MS * 5, 10_000);
+    for _ in 0..STARTUP_FLAT + 1 {
+        measured_period(&mut path, 0, 2e6);
     }
-    // Unpaced (by the share rule, say), a further overflow paces it at once below the
-    // capacity, without a probe.
-    path.pacer.rate = None;
-    path.now += MS * 10;
-    path.pacer.overflowed(path.now, path.delivered, None, PACKET);
-    let capacity = path.pacer.capacity.unwrap();
-    assert!(near(path.rate(), capacity * 15.0 / 16.0) && !path.pacer.probing, "{:?}", path.rate());
-}
-
-#[test]
-fn a_rate_an_overflow_set_recovers_on_a_fast_link_with_random_loss() {
-    // A 64-packet outage on a 10 MB/s link engages the pacer at what the collapse
-    // delivered, 200 kB/s; then 1 % of the sendings are lost in every period.
-    let mut path = Path::new(CONFIG);
-    path.now += MS * 10;
-    path.delivered += 2_000;
-    let mut runs = LossRuns::default();
-    let outage: Vec<u64> = (0..64).map(|_| runs.first_sending()).collect();
-    assert!(outage.into_iter().any(|number| runs.lost(number)));
-    path.pacer.overflowed(path.now, path.delivered, None, PACKET);
-    let engaged = path.rate().unwrap();
-    for _ in 0..20 {
-        let rate = path.rate().unwrap().min(10_000_000);
-        path.fill();
-        path.pacer.period.sent = 200;
-        path.pacer.period.lost = 2;
-        path.period(MS, rate);
+    let pacer = path.pacer.clone();
+    let began = (path.now, path.delivered);
+    // A stall, or random loss: periods that deliver less, or lose many of their
+    // sendings, leave the rate at the most delivered until the window forgets it.
+    let mut lossy = Path { pacer: pacer.clone(), ..path };
+    for _ in 0..DELIVERY_WINDOW - 1 {
+        measured_period(&mut lossy, MEASURE_SENDINGS / 2, 1e6);
+        assert!(near(lossy.rate(), 2e6 * lossy.pacer.delivery.gain()), "{:?}", lossy.rate());
     }
-    assert!(path.rate().is_some_and(|rate| rate >= 10_000_000), "{:?} from {engaged}", path.rate());
+    // The same periods without losses pace alike.
+    let mut clean = Path { pacer, now: began.0, delivered: began.1, completing: lossy.completing };
+    for _ in 0..DELIVERY_WINDOW - 1 {
+        measured_period(&mut clean, 0, 1e6);
+    }
+    assert_eq!(clean.rate(), lossy.rate());
+    // A path that got slower: once the window holds only its rate, the rate follows.
+    measured_period(&mut lossy, 0, 1e6);
+    assert!(lossy.pacer.delivery.rate() == 1e6, "{}", lossy.pacer.delivery.rate());
+    // A further overflow changes nothing: loss is no signal to a measured rate.
+    let rate = lossy.rate();
+    lossy.now += MS * 100;
+    assert!(!lossy.pacer.overflowed(lossy.now, lossy.delivered, None, PACKET));
+    assert_eq!(lossy.rate(), rate);
 }
 
 #[test]
@@ -461,6 +402,68 @@ fn a_paced_worker_losing_more_than_it_tolerates_paces_below_what_was_carried() {
     assert!(rates[0].is_some() && rates[1].is_none(), "{rates:?}");
 }
 
+#[test]
+fn an_overflow_halves_a_rate_the_standing_delay_set() {
+    let mut path = Path::new(CONFIG);
+    path.queue(MS * 10, 1_000_000);
+    let paced = path.rate().unwrap() as f64;
+    path.now += MS * 100;
+    assert!(path.pacer.overflowed(path.now, path.delivered, None, PACKET));
+    assert!(!path.pacer.measured);
+    // Never below half the path's measured rate.
+    let floor = path.pacer.capacity.unwrap() / 2.0;
+    assert!(near(path.rate(), (paced / 2.0).max(floor)), "{:?}", path.rate());
+}
+
+#[test]
+fn a_measured_path_whose_own_round_trips_show_a_queue_goes_back_to_the_delay_rule() {
+    let mut path = overflowed(MS * 5, 10_000);
+    // Round trips of 100 µs: the path without a queue, and no standing delay.
+    path.round_trips(&[MS / 10], 2_000_000);
+    measured_period(&mut path, 0, 2e6);
+    assert!(path.pacer.measured);
+    // A period whose own rounds all took 5 ms, 4.9 ms above the least: the delay rule's.
+    path.fill();
+    path.pacer.period.sent = MEASURE_SENDINGS;
+    path.round_trips(&[MS * 5], 2_000_000);
+    assert!(!path.pacer.measured);
+    assert!(path.rate().is_some_and(|rate| (rate as f64) < 2e6), "{:?}", path.rate());
+}
+
+#[test]
+fn a_measured_rate_sends_no_catch_up_burst() {
+    let mut path = overflowed(MS * 5, 10_000);
+    let rate = path.rate().unwrap() as f64;
+    path.fill();
+    // Long idle: the next packets go one a packet's time apart, not BURST's worth at once.
+    path.now += MS * 100;
+    let mut sent = 0;
+    while path.pacer.allows(path.now) {
+        path.pacer.sent(path.now, PACKET);
+        sent += 1;
+    }
+    let quantum = (QUANTUM.as_secs_f64() * rate / PACKET as f64).ceil() as usize;
+    assert!(sent <= quantum + 1, "{sent} at once, against {quantum} in a quantum");
+}
+
+#[test]
+fn a_paced_sending_is_booked_at_the_mean_result_s_size() {
+    let pacer = LinkPacer::new(CONFIG);
+    let now = Instant::now();
+    let mut batch = DeliveryBatch::default();
+    // Results of 100 and 300 bytes: 200 on average.
+    for (i, bytes) in [100, 300, 100, 300].into_iter().enumerate() {
+        batch.add(&pacer, now + DELIVERY_LAG * i as u32, bytes);
+    }
+    pacer.job_started(now, &mut batch);
+    pacer.state().rate = Some(1_000_000);
+    pacer.rate.store(1_000_000, Ordering::Relaxed);
+    pacer.sent(now, 1_000);
+    let next = pacer.ready_at().unwrap();
+    // 200 bytes at 1 MB/s after the start, which BURST may put back.
+    assert_eq!(next + BURST, now + Duration::from_micros(200));
+}
+
 /// Random loss never lines up a run of first sendings lost in a row: it leaves
 /// the worker unpaced. Losses of sendings made before a cut count for nothing after it.
 #[test]
@@ -491,10 +494,10 @@ fn isolated_losses_never_engage_the_pacer_and_old_ones_never_count_after_a_cut()
     assert_eq!(pacer.state().period.lost, counted + 1);
 }
 
-/// Another thread's run that completes within a round trip of a cut is put off, not
-/// lost: its next loss after the round trip takes it.
+/// Once a run engaged the pacer, other threads' runs, within a round trip or long
+/// after, leave the rate to the deliveries it measures.
 #[test]
-fn an_overflow_put_off_by_a_recent_cut_is_taken_with_the_run_s_next_loss() {
+fn further_runs_leave_a_measured_rate_alone() {
     let pacer = LinkPacer::new(CONFIG);
     let start = Instant::now();
     let mut batch = DeliveryBatch::default();
@@ -507,19 +510,12 @@ fn an_overflow_put_off_by_a_recent_cut_is_taken_with_the_run_s_next_loss() {
         let numbers: Vec<u64> = (0..count).map(|_| runs.first_sending()).collect();
         numbers.into_iter().for_each(|number| pacer.lost(at, runs, number, PACKET));
     };
-    let before_the_cut = second.first_sending();
     lose_run(&mut first, OVERFLOW_RUN, now);
     let engaged = pacer.rate().expect("a run of OVERFLOW_RUN engages the pacer");
-    // The second thread learns of the cut; its later sendings count.
-    pacer.lost(now + MS, &mut second, before_the_cut, PACKET);
+    assert!(near(Some(engaged), 1e7 * STARTUP_GAIN), "{engaged}");
     lose_run(&mut second, OVERFLOW_RUN, now + MS);
-    assert_eq!(pacer.rate(), Some(engaged), "within a round trip of the cut");
-    lose_run(&mut second, 1, now + MIN_PERIOD * 2);
-    assert!(engaged > 2 * MIN_RATE, "{engaged}");
-    assert_eq!(pacer.rate(), Some(engaged / 2));
-    // Taken, the run starts afresh.
-    lose_run(&mut second, OVERFLOW_RUN - 1, now + MIN_PERIOD * 4);
-    assert_eq!(pacer.rate(), Some(engaged / 2));
+    lose_run(&mut second, OVERFLOW_RUN, now + MIN_PERIOD * 4);
+    assert_eq!(pacer.rate(), Some(engaged));
 }
 
 /// A thread's results reach the path's count by the batch: at 64 KiB, once the first

@@ -22,7 +22,7 @@ impl WorkerProtocol {
                     Delivery::Accepted => {
                         self.counters.results_received += 1;
                         self.counters.bytes_received += datagram.len() as u64;
-                        self.delivered.add(&self.pacer, now, self.paced_len());
+                        self.delivered.add(&self.pacer, now, datagram.len());
                     }
                     Delivery::Duplicate => self.counters.duplicates += 1,
                     Delivery::Stale => self.counters.stale += 1,
