@@ -84,11 +84,12 @@ def netagg_seconds(links, tensor_bytes, packet_numel=DEFAULT_PACKET_NUMEL, windo
     wire_bytes = tensor_bytes + packets * (NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES)
     rate = links.slowest()
     round_trip = 2.0 * links.delay + 2.0 * packet_bytes * 8.0 / rate
-    at_link_rate = wire_bytes * 8.0 / rate
+    # The last packet's serialisation up is among the tensor's bytes already.
+    at_link_rate = wire_bytes * 8.0 / rate + round_trip - packet_bytes * 8.0 / rate
     at_window = -(-packets // window_packets) * round_trip
     if at_window > at_link_rate:
-        return at_window + round_trip, "window"
-    return at_link_rate + round_trip, "link rate"
+        return at_window, "window"
+    return at_link_rate, "link rate"
 
 
 def ring_seconds(links, tensor_bytes):

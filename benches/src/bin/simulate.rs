@@ -3,7 +3,8 @@
 //!
 //! For every worker count, link rate, delay, loss and late rank asked, it runs netagg's
 //! protocol cores through one switch and the ring's discrete model on the same simulated
-//! links (`netagg_benches::predict`), and prints a Markdown table: the time of each, the
+//! links (`netagg_benches::predict`: links without `tbf`'s token bucket, unless `--burst`
+//! gives them one, as netagg-run's have), and prints a Markdown table: the time of each, the
 //! model's, their ratios, netagg / ring, and how long each took to simulate. On a network
 //! of racks (`--racks R` or `--rack-workers W`, with `--uplink rate=...` or
 //! `--oversubscription X`, as `netagg-run --racks R --uplink ...` builds one) netagg runs
@@ -45,6 +46,12 @@ struct Options {
     /// Bytes of the tensor.
     #[arg(long, default_value = "1Mi", value_parser = netagg_benches::parse_count)]
     tensor_bytes: usize,
+    /// Bytes of each link's token bucket, which lets that many through at once after an
+    /// idle spell, as `tbf` on netagg-run's links does (64Ki); 0: a link that sends every
+    /// byte at its rate, as the model and the ring's simulation take it. A bucket holding
+    /// a whole small job makes it take a round trip alone.
+    #[arg(long, default_value = "0", value_parser = netagg_benches::parse_count)]
+    burst: usize,
     /// Timed jobs, after one warm-up job.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
@@ -228,6 +235,7 @@ fn predict(options: &Options) -> Result<(), String> {
                 for &workers in &options.workers {
                     let mut setup = Setup::new(workers, rate, delay, options.tensor_bytes as u64);
                     setup.loss = loss;
+                    setup.burst_bytes = options.burst as u64;
                     setup.jobs = options.jobs;
                     setup.late = options.late.map(|late| (workers - 1, late));
                     setup.racks = options.racks(workers, rate)?;
