@@ -31,3 +31,20 @@ fn a_bucket_of_64_kib_lets_a_tiny_tensor_through_in_a_round_trip() {
     assert_eq!(time, "0.010 ms");
     assert!(ratio < 0.01, "{ratio}");
 }
+
+#[test]
+fn a_rate_under_1_bit_per_second_is_refused_with_the_value_named() {
+    for (option, value, message) in [
+        ("--rates", "0.4bit", "'0.4bit' is under 1 bit/s"),
+        ("--uplink", "rate=0.4bit", "rate = '0.4bit': expected a rate such as 200mbit"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_simulate"))
+            .args(["--workers", "2", "--tensor-bytes", "4Ki", "--racks", "2", option, value])
+            .output()
+            .expect("simulate starts");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{option} {value}: {stderr}");
+        assert!(stderr.contains(&format!("invalid value '{value}' for '{option}")), "{stderr}");
+        assert!(stderr.contains(message), "{stderr}");
+    }
+}

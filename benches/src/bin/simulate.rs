@@ -127,20 +127,20 @@ impl Options {
         }
         let largest = workers.div_ceil(count);
         let uplink_bits_per_second = match self.oversubscription {
-            Some(ratio) => Some((f64::from(largest) * rate as f64 / ratio) as u64),
+            Some(ratio) => match (f64::from(largest) * rate as f64 / ratio) as u64 {
+                0 => {
+                    return Err(format!(
+                        "--oversubscription: racks of {largest} at {} leave an uplink under 1 bit/s; \
+                         give at most {}",
+                        rate_name(rate),
+                        u64::from(largest) * rate
+                    ))
+                }
+                uplink => Some(uplink),
+            },
+            // The parser refuses rates under 1 bit/s.
             None => self.uplink.and_then(|uplink| uplink.rate),
         };
-        if uplink_bits_per_second == Some(0) {
-            return Err(match self.oversubscription {
-                Some(_) => format!(
-                    "--oversubscription: racks of {largest} at {} leave an uplink under 1 bit/s; give \
-                     at most {}",
-                    rate_name(rate),
-                    u64::from(largest) * rate
-                ),
-                None => "--uplink: a rate under 1 bit/s".into(),
-            });
-        }
         let uplink_delay = self.uplink.and_then(|uplink| uplink.delay).unwrap_or_default();
         Ok(Some(RackSetup { count, uplink_bits_per_second, uplink_delay, tree: !self.flat }))
     }
