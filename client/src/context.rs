@@ -116,7 +116,12 @@ impl Context {
         for switch in &switches {
             let watched =
                 switch.control.try_clone().map_err(|e| Error::io("watching the control connection", e))?;
-            watch_session(watched, shard_name(&config, &switch.address), Arc::clone(&shared));
+            watch_session(
+                watched,
+                &switch.address,
+                shard_name(&config, &switch.address),
+                Arc::clone(&shared),
+            );
         }
         let mut senders = Vec::new();
         let mut handles = Vec::new();

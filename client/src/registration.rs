@@ -185,22 +185,35 @@ pub(crate) fn shard_name(config: &Config, address: &str) -> Option<String> {
     (config.general.switches.len() > 1).then(|| format!("the switch at {address}"))
 }
 
-/// Watches the control connection to a switch: the switch says so there when the
-/// session ends, and a switch that dies closes it. `shard` names the switch in the
-/// reason, where the session has several ([`shard_name`]).
-pub(crate) fn watch_session(mut stream: TcpStream, shard: Option<String>, shared: Arc<Shared>) {
+/// Watches the control connection to the switch at `address`: the switch says so there
+/// when the session ends, and a switch that dies closes it. `shard` names the switch in a
+/// reason the switch gave, where the session has several ([`shard_name`]); a closed
+/// connection names it by its address whatever the count.
+pub(crate) fn watch_session(
+    mut stream: TcpStream,
+    address: &str,
+    shard: Option<String>,
+    shared: Arc<Shared>,
+) {
     // The context's span, with the rank and the session, goes along.
     let span = tracing::Span::current();
+    let switch = format!("the switch at {address}");
     std::thread::spawn(move || {
         let _entered = span.enter();
-        let switch = shard.as_deref().unwrap_or("the switch");
         let reason = match ControlMessage::read_from(&mut stream) {
             Ok((_, ControlMessage::Reject { message, .. })) => match &shard {
                 None => message,
                 Some(switch) => format!("{switch}: {message}"),
             },
             Ok((_, other)) => format!("unexpected control message {other:?} from {switch}"),
-            Err(error) => format!("{switch} closed the control connection ({error})"),
+            Err(error) => {
+                let waiting = match *shared.outstanding.lock().unwrap_or_else(|p| p.into_inner()) {
+                    0 => String::new(),
+                    1 => " while a job waited for its sums".to_string(),
+                    jobs => format!(" while {jobs} jobs waited for their sums"),
+                };
+                format!("{switch} closed the control connection{waiting} ({error})")
+            }
         };
         if !shared.stopping.load(Ordering::Acquire) {
             tracing::warn!(%reason, "session lost");
