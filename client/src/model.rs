@@ -1,6 +1,7 @@
 //! What an allreduce should take on given links: netagg through its switch, and the ring
 //! that MPI and NCCL run, so that a time measured on emulated links can be read against
-//! what the links allow.
+//! what the links allow. The benchmarks print it beside their measurements, and the
+//! Python module (`netagg.model`) gives it to training scripts.
 //!
 //! Each worker has a link of its own to the fabric, full duplex, at some rate each way
 //! and with some one-way delay. Where the sums are made is [`Aggregators`]: a switch that
