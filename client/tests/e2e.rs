@@ -452,7 +452,7 @@ fn stop_returns_once_the_switch_has_taken_the_leave() {
     let start = |switch: &Switch| -> Vec<Context> {
         std::thread::scope(|scope| {
             let starts: Vec<_> = (0..2)
-                .map(|rank| scope.spawn(move || Context::start(switch.config(rank, 2, &session)).unwrap()))
+                .map(|rank| scope.spawn(move || Context::start(switch.config(rank, 2, session)).unwrap()))
                 .collect();
             starts.into_iter().map(|start| start.join().unwrap()).collect()
         })
