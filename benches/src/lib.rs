@@ -20,7 +20,8 @@
 //! comparisons measured in rounds, which the comparison programs print.
 
 pub mod data;
-pub mod model;
+// The cost model is the library's (`netagg.model` in Python too); its old path stays.
+pub use netagg::model;
 pub mod plot;
 pub mod predict;
 pub mod relay;

@@ -386,6 +386,32 @@ mod tests {
         assert!((ring / ring_model - 1.0).abs() < 0.02, "{ring} against {ring_model}");
     }
 
+    /// A tensor of 4 packets: at 1 Mbit/s its bytes at the link's rate set the time, at
+    /// 10 Gbit/s and 1 ms the round trip does; on links without a bucket both land on
+    /// the model.
+    #[test]
+    fn a_tiny_tensor_lands_on_the_model() {
+        for (rate, delay) in
+            [(1_000_000, Duration::from_micros(5)), (10_000_000_000, Duration::from_millis(1))]
+        {
+            for workers in [2, 16] {
+                let setup = Setup { jobs: 1, burst_bytes: 0, ..Setup::new(workers, rate, delay, 4096) };
+                let netagg = setup.netagg().unwrap().time.as_secs_f64();
+                let model = setup.scenario().netagg().time.as_secs_f64();
+                assert!((netagg / model - 1.0).abs() < 0.05, "{setup}: {netagg} against {model}");
+            }
+        }
+    }
+
+    /// netagg-run's 64 KiB bucket holds the whole of a 4 KiB job's traffic: it takes a
+    /// round trip alone, whatever the rate.
+    #[test]
+    fn a_bucket_lets_a_tiny_tensor_through_at_once() {
+        let delay = Duration::from_micros(5);
+        let setup = Setup { jobs: 1, ..Setup::new(2, 1_000_000, delay, 4096) };
+        assert_eq!(setup.netagg().unwrap().time, 2 * delay);
+    }
+
     #[test]
     fn emulated_runs_read_back_as_written() {
         let text = format!("# a comment\n{EMULATED_RUN_COLUMNS}\n4,50mbit,1ms,0.01,3:50ms,1048576,0.946,1.306,links / links,RESULTS issue 14\n");

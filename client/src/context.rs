@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use netagg_aggregator::{PacingConfig, SessionKey, SessionKeys, WorkerConfig};
 use netagg_config::Config;
-use netagg_wire::{ControlMessage, Integrity};
+use netagg_wire::Integrity;
 
 use crate::backend::faults::with_faults;
 use crate::backend::{Links, SwitchTransport, Transport};
@@ -26,7 +26,7 @@ use crate::codec16::Float32As16Bit;
 use crate::driver::{worker_thread, Shared, Slice};
 use crate::in_flight::JobMemory;
 use crate::job::{wait_while_until, DataType, Element, Job, JobBuffers, JobShared, OutputMemory, TensorJob};
-use crate::registration::{register, shard_name, watch_session, SwitchSession};
+use crate::registration::{leave, register, shard_name, watch_session, SwitchSession};
 use crate::stats::Stats;
 use crate::Error;
 
@@ -95,7 +95,7 @@ impl Context {
         );
         let _entered = span.enter();
         let slots_per_thread = config.slots_per_thread();
-        let (transports, keys, switches, integrity) = match links {
+        let (transports, keys, mut switches, integrity) = match links {
             Links::Emulated { transports, session, token, integrity } => {
                 (transports, SessionKeys::one(SessionKey { session, token }), Vec::new(), integrity)
             }
@@ -113,10 +113,10 @@ impl Context {
         let transport = transports.first().map(|transport| transport.describe()).unwrap_or_default();
         let pacing = PacingConfig { enabled: general.pacing, target: general.pacing_target };
         let shared = Arc::new(Shared::new(transports.len(), general.sparse, pacing));
-        for switch in &switches {
-            let watched =
-                switch.control.try_clone().map_err(|e| Error::io("watching the control connection", e))?;
-            watch_session(watched, shard_name(&config, &switch.address), Arc::clone(&shared));
+        for switch in &mut switches {
+            let shard = shard_name(&config, &switch.address);
+            watch_session(switch, shard, Arc::clone(&shared))
+                .map_err(|e| Error::io("watching the control connection", e))?;
         }
         let mut senders = Vec::new();
         let mut handles = Vec::new();
@@ -401,11 +401,9 @@ impl Context {
             let _ = handle.join();
         }
         drop(threads);
-        for mut switch in self.switches.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            let leave = ControlMessage::Leave { session: switch.session, rank: self.config.general.rank };
-            let _ = leave.write_to(0, &mut switch.control);
-            let _ = switch.control.shutdown(std::net::Shutdown::Both);
-        }
+        // Left with the lock held, as the threads were joined.
+        let mut switches = self.switches.lock().unwrap_or_else(|p| p.into_inner());
+        leave(std::mem::take(&mut *switches), self.config.general.rank);
     }
 }
 

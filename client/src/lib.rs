@@ -41,6 +41,7 @@ mod driver;
 pub mod ffi;
 mod in_flight;
 mod job;
+pub mod model;
 mod registration;
 mod slice_io;
 mod sparse;

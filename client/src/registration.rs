@@ -9,7 +9,7 @@
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::{SessionKey, SessionKeys};
@@ -28,7 +28,15 @@ pub(crate) struct SwitchSession {
     pub control: TcpStream,
     /// The session id this switch assigned.
     pub session: u32,
+    /// Disconnects once [`watch_session`]'s thread has ended: the switch closed the
+    /// connection or said why the session ended. `None` until the watch starts.
+    pub watch_ended: Option<mpsc::Receiver<()>>,
 }
+
+/// The longest [`leave`] waits for the switches to close their control connections: a
+/// switch does once its data path has taken the rank's departure, in well under a
+/// millisecond; one frozen or gone costs a stopping host no more than this.
+const LEAVE_WAIT: Duration = Duration::from_secs(1);
 
 /// A session every switch opened: every rank registered with each.
 pub(crate) struct Registration {
@@ -74,7 +82,7 @@ pub(crate) fn register(
     let mut keys = Vec::with_capacity(addresses.len());
     for (address, stream) in addresses.into_iter().zip(streams) {
         let (session, token, switch) = accepted(config, &address, &stream, deadline)?;
-        switches.push(SwitchSession { address, control: stream, session });
+        switches.push(SwitchSession { address, control: stream, session, watch_ended: None });
         paths.switches.push(switch);
         keys.push(SessionKey { session, token });
     }
@@ -185,22 +193,39 @@ pub(crate) fn shard_name(config: &Config, address: &str) -> Option<String> {
     (config.general.switches.len() > 1).then(|| format!("the switch at {address}"))
 }
 
-/// Watches the control connection to a switch: the switch says so there when the
-/// session ends, and a switch that dies closes it. `shard` names the switch in the
-/// reason, where the session has several ([`shard_name`]).
-pub(crate) fn watch_session(mut stream: TcpStream, shard: Option<String>, shared: Arc<Shared>) {
+/// Watches the control connection to `switch`: the switch says so there when the session
+/// ends, and a switch that dies closes it. `shard` names the switch in a reason the
+/// switch gave, where the session has several ([`shard_name`]); a closed connection names
+/// it by its address whatever the count.
+pub(crate) fn watch_session(
+    switch: &mut SwitchSession,
+    shard: Option<String>,
+    shared: Arc<Shared>,
+) -> io::Result<()> {
+    let mut stream = switch.control.try_clone()?;
+    let (ended, watch_ended) = mpsc::channel::<()>();
+    switch.watch_ended = Some(watch_ended);
     // The context's span, with the rank and the session, goes along.
     let span = tracing::Span::current();
+    let switch = format!("the switch at {}", switch.address);
     std::thread::spawn(move || {
         let _entered = span.enter();
-        let switch = shard.as_deref().unwrap_or("the switch");
+        // Dropped as the thread ends, which tells `leave` the connection is done with.
+        let _ended = ended;
         let reason = match ControlMessage::read_from(&mut stream) {
             Ok((_, ControlMessage::Reject { message, .. })) => match &shard {
                 None => message,
                 Some(switch) => format!("{switch}: {message}"),
             },
             Ok((_, other)) => format!("unexpected control message {other:?} from {switch}"),
-            Err(error) => format!("{switch} closed the control connection ({error})"),
+            Err(error) => {
+                let waiting = match *shared.outstanding.lock().unwrap_or_else(|p| p.into_inner()) {
+                    0 => String::new(),
+                    1 => " while a job waited for its sums".to_string(),
+                    jobs => format!(" while {jobs} jobs waited for their sums"),
+                };
+                format!("{switch} closed the control connection{waiting} ({error})")
+            }
         };
         if !shared.stopping.load(Ordering::Acquire) {
             tracing::warn!(%reason, "session lost");
@@ -209,4 +234,29 @@ pub(crate) fn watch_session(mut stream: TcpStream, shard: Option<String>, shared
             shared.session_lost.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(reason);
         }
     });
+    Ok(())
+}
+
+/// Leaves the session on every switch of `switches`, and waits, for at most
+/// [`LEAVE_WAIT`] in all, until each has closed its control connection: then the switch
+/// has taken the departure, and a next process of this rank registers with no holder left
+/// in its way (the switch need not guess, as it must for a client that closes at once).
+pub(crate) fn leave(mut switches: Vec<SwitchSession>, rank: u16) {
+    for switch in &mut switches {
+        let leave = ControlMessage::Leave { session: switch.session, rank };
+        if leave.write_to(0, &mut switch.control).is_err() {
+            // Already closed: nothing to wait for.
+            switch.watch_ended = None;
+        }
+    }
+    let deadline = Instant::now() + LEAVE_WAIT;
+    for switch in switches {
+        if let Some(watch_ended) = &switch.watch_ended {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Err(mpsc::RecvTimeoutError::Timeout) = watch_ended.recv_timeout(left) {
+                tracing::debug!(switch = %switch.address, "the switch kept the control connection open after the leave");
+            }
+        }
+        let _ = switch.control.shutdown(std::net::Shutdown::Both);
+    }
 }

@@ -9,7 +9,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{allreduce_all, contexts, dummy_config, run_verified, start_contexts, unique_session, Switch};
+use common::{
+    allreduce_all, contexts, dummy_config, run_verified, scratch_dir, start_contexts, unique_session, Switch,
+};
 use netagg::{Config, Context, Error, RejectCode};
 
 /// How long the worker processes of one run may take.
@@ -435,4 +437,38 @@ fn sparse_tensors_sum_exactly_and_zero_blocks_stay_off_the_wire() {
             dense[rank]
         );
     }
+}
+
+/// A rank's stop returns once the switch has taken its leave: by the time the last rank's
+/// returns, the switch has ended the session as every rank leaving (a clean end, not a
+/// rank lost), and the same ranks register under the same name at once.
+#[test]
+fn stop_returns_once_the_switch_has_taken_the_leave() {
+    let scratch = scratch_dir("leave");
+    let log = scratch.path().join("switch.log");
+    let switch = Switch::start_logging("info", &log);
+    let session = unique_session("leave");
+    let session = session.as_str();
+    let start = |switch: &Switch| -> Vec<Context> {
+        std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..2)
+                .map(|rank| scope.spawn(move || Context::start(switch.config(rank, 2, session)).unwrap()))
+                .collect();
+            starts.into_iter().map(|start| start.join().unwrap()).collect()
+        })
+    };
+    let first = start(&switch);
+    assert!(allreduce_all(&first, 1000).iter().all(Result::is_ok));
+    for context in &first {
+        context.stop();
+    }
+    // Read at once: what the switch logged by now it did before the stops returned.
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let closed: Vec<&str> = logged.lines().filter(|line| line.contains("session closed")).collect();
+    assert!(closed.len() == 1 && closed[0].contains("session closed: every rank left"), "{logged}");
+
+    let again = Instant::now();
+    let second = start(&switch);
+    assert!(again.elapsed() < Duration::from_secs(2), "registering again took {:?}", again.elapsed());
+    assert!(allreduce_all(&second, 1000).iter().all(Result::is_ok));
 }

@@ -121,6 +121,23 @@ fn a_worker_killed_mid_job_fails_the_others_at_once_and_a_new_session_starts_rig
 }
 
 #[test]
+fn a_switch_that_dies_is_named_by_its_address_and_what_waited_on_it() {
+    let switch = Switch::start(&[]);
+    let control = switch.control;
+    let contexts = contexts(&switch, 2, |_| {});
+    let error = std::thread::scope(|scope| {
+        // Rank 1 submits nothing: rank 0's job waits on the switch when it dies.
+        let job = scope.spawn(|| contexts[0].allreduce(&mut vec![1i32; 1000]).unwrap_err());
+        std::thread::sleep(Duration::from_millis(300));
+        drop(switch); // SIGKILL
+        job.join().unwrap()
+    });
+    let expected =
+        format!("the switch at {control} closed the control connection while a job waited for its sums (");
+    assert!(matches!(&error, Error::SessionLost(m) if m.contains(&expected)), "{error:?}");
+}
+
+#[test]
 fn a_killed_switch_fails_jobs_at_once_and_a_restarted_one_takes_a_new_session() {
     let switch = Switch::start(&[]);
     let (control, data) = (switch.control, switch.data);
@@ -132,7 +149,7 @@ fn a_killed_switch_fails_jobs_at_once_and_a_restarted_one_takes_a_new_session() 
     for outcome in allreduce_all(&first, 100_000) {
         let error = outcome.unwrap_err();
         assert!(
-            matches!(&error, Error::SessionLost(m) if m.contains("the switch closed the control connection")),
+            matches!(&error, Error::SessionLost(m) if m.contains(&format!("the switch at {control} closed the control connection"))),
             "{error:?}"
         );
     }

@@ -242,11 +242,25 @@ fn forward_once(directions: &mut [Direction; 2]) -> io::Result<()> {
     });
     let [a_to_b, b_to_a] = directions.each_ref();
     let waiting = [idle[0].then_some(&a_to_b.input), idle[1].then_some(&b_to_a.input)];
-    packet_socket::wait_readable(waiting, timeout)?;
+    packet_socket::wait_readable(waiting, timeout).map_err(|error| {
+        let devices = [(idle[0], a_to_b.input_name.as_str()), (idle[1], b_to_a.input_name.as_str())];
+        waiting_error(devices.iter().filter(|(idle, _)| *idle).map(|&(_, name)| name), error)
+    })?;
     for direction in directions.iter_mut() {
         direction.receive_waiting()?;
     }
     Ok(())
+}
+
+/// An error of the wait for frames, naming the devices waited on (none: the line only
+/// slept until a held frame fell due).
+fn waiting_error<'a>(devices: impl Iterator<Item = &'a str>, error: io::Error) -> io::Error {
+    let devices: Vec<&str> = devices.collect();
+    let what = match devices.as_slice() {
+        [] => "sleeping until a frame is due".to_owned(),
+        names => format!("waiting for frames from {}", names.join(" and ")),
+    };
+    io::Error::new(error.kind(), format!("{what}: {error}"))
 }
 
 /// What the thread counts of one direction, copied out for `stats` every `PUBLISH_INTERVAL`.
@@ -422,5 +436,20 @@ impl Direction {
             self.counters.receive_dropped += dropped;
         }
         *self.published.lock().unwrap_or_else(PoisonError::into_inner) = self.counters.clone();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_wait_names_the_devices_waited_on() {
+        let failed = || io::Error::from_raw_os_error(libc::ENOMEM);
+        let error = waiting_error(["va", "vb"].into_iter(), failed());
+        assert_eq!(error.kind(), failed().kind());
+        assert!(error.to_string().starts_with("waiting for frames from va and vb: "), "{error}");
+        let error = waiting_error(std::iter::empty(), failed());
+        assert!(error.to_string().starts_with("sleeping until a frame is due: "), "{error}");
     }
 }

@@ -58,6 +58,8 @@ pub enum LinkError {
     NotRankNumber { text: String, rank: String },
     #[error("'{0}': expected a rate such as 200mbit, 1gbit or 500kbit")]
     Rate(String),
+    #[error("'{0}' is under 1 bit/s: a link carries at least 1bit")]
+    RateUnderOneBit(String),
     #[error("'{0}': expected a delay such as 5ms, 250us or 0")]
     Delay(String),
     #[error("[{section}] {source}")]
@@ -170,7 +172,7 @@ pub struct LinkSettings {
 
 /// The keys a link takes, with what each expects, for error messages.
 pub const KEYS: &[(&str, &str)] = &[
-    ("rate", "a rate such as 200mbit, 1gbit or 500kbit"),
+    ("rate", "a rate such as 200mbit, 1gbit or 500kbit, at least 1bit"),
     ("delay", "a delay such as 5ms, 250us or 0"),
     ("jitter", "a delay such as 1ms, 100us or 0"),
     ("loss", "a share of frames such as 1%, 0.5% or 0.01"),
@@ -419,15 +421,17 @@ pub fn parse_rank_settings(text: &str) -> Result<(u32, LinkSettings), LinkError>
 }
 
 /// Parses a rate in tc's units: `200mbit`, `1gbit`, `500kbit`, `100bit`, or a plain
-/// number of bits per second.
+/// number of bits per second, at least 1: a rate below would round to a link that
+/// carries nothing, which no shaper or simulated link can pace.
 pub fn parse_rate(text: &str) -> Result<f64, LinkError> {
     let lower = text.trim().to_ascii_lowercase();
     let (number, multiplier) = [("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)]
         .iter()
         .find_map(|(unit, multiplier)| lower.strip_suffix(unit).map(|number| (number, *multiplier)))
         .unwrap_or((lower.as_str(), 1.0));
-    match number.parse::<f64>() {
-        Ok(value) if value > 0.0 && value.is_finite() => Ok(value * multiplier),
+    match number.parse::<f64>().map(|value| value * multiplier) {
+        Ok(rate) if rate >= 1.0 && rate.is_finite() => Ok(rate),
+        Ok(rate) if (0.0..1.0).contains(&rate) => Err(LinkError::RateUnderOneBit(text.to_string())),
         _ => Err(LinkError::Rate(text.to_string())),
     }
 }
@@ -474,7 +478,13 @@ mod tests {
         assert_eq!(parse_rate("500kbit").unwrap(), 500e3);
         assert_eq!(parse_rate("64000").unwrap(), 64000.0);
         assert!(parse_rate("fast").unwrap_err().to_string().contains("expected a rate such as 200mbit"));
-        assert!(parse_rate("0mbit").is_err());
+        assert_eq!(
+            parse_rate("0mbit").unwrap_err().to_string(),
+            "'0mbit' is under 1 bit/s: a link carries at least 1bit"
+        );
+        assert!(parse_rate("0.4bit").unwrap_err().to_string().starts_with("'0.4bit' is under 1 bit/s"));
+        assert_eq!(parse_rate("1bit").unwrap(), 1.0);
+        assert!(parse_rate("-1mbit").unwrap_err().to_string().contains("expected a rate such as 200mbit"));
         assert_eq!(parse_duration("5ms").unwrap(), Duration::from_millis(5));
         assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_millis(2));
@@ -504,6 +514,10 @@ mod tests {
             }
         );
         assert_eq!(LinkSettings::parse("loss=0.25").unwrap().loss, Some(0.25));
+        assert_eq!(
+            LinkSettings::parse("rate=0.4bit").unwrap_err().to_string(),
+            "rate = '0.4bit': expected a rate such as 200mbit, 1gbit or 500kbit, at least 1bit"
+        );
         assert_eq!(
             LinkSettings::parse("speed=1gbit").unwrap_err().to_string(),
             "unknown link setting 'speed' (expected one of rate, delay, jitter, loss, queue, burst)"

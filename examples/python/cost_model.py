@@ -1,12 +1,11 @@
 """What a step's gradients should take on the links a run is on: netagg through one switch
 that is the network, and a bandwidth-optimal ring over TCP (gloo's, MPI's).
 
-A port of ``benches/src/model.rs`` (``Scenario::netagg`` with ``Aggregators::Ideal``, and
-``Scenario::ring``), which ``allreduce_benchmark --link-rate`` and ``simulate`` print;
-python/tests/test_cost_model.py checks this port against ``simulate``'s figures. Every
-byte a link carries counts: payload, netagg's or TCP's headers, and Ethernet's. A step's
-gradients count as one tensor: DDP's buckets overlap with backward and with each other,
-so the model is what the links alone allow, not a step's time.
+The figures are the library's cost model (``netagg.model``, the Rust model that
+``allreduce_benchmark --link-rate`` and ``simulate`` print); this file only reads the
+links and words the result. A step's gradients count as one tensor: DDP's buckets
+overlap with backward and with each other, so the model is what the links alone allow,
+not a step's time.
 
 Under ``netagg-run --link ...`` each rank's environment names the links
 (``EMULATED_LINK_RATES``, one rate per rank, and ``EMULATED_LINK_DELAY``, the longest
@@ -16,16 +15,7 @@ one-way delay); :func:`emulated_links` reads them.
 import os
 from dataclasses import dataclass
 
-# Ethernet, IPv4 and UDP; netagg's header (48 bytes) and checksum (4).
-UDP_OVERHEAD_BYTES = 14 + 20 + 8
-NETAGG_HEADER_BYTES = 48 + 4
-# A TCP segment's payload on a 1500-byte MTU with timestamps, and Ethernet, IPv4 and TCP
-# with timestamps around it.
-TCP_SEGMENT_BYTES = 1448
-TCP_OVERHEAD_BYTES = 14 + 20 + 32
-# netagg's defaults for general.packet_numel and general.max_outstanding_packets.
-DEFAULT_PACKET_NUMEL = 256
-DEFAULT_WINDOW_PACKETS = 256
+import netagg.model
 
 
 @dataclass(frozen=True)
@@ -75,36 +65,20 @@ def emulated_links(workers, environment=os.environ):
     return Links(tuple(parsed[:workers]), parse_delay(environment.get("EMULATED_LINK_DELAY", "0")))
 
 
-def netagg_seconds(links, tensor_bytes, packet_numel=DEFAULT_PACKET_NUMEL, window_packets=DEFAULT_WINDOW_PACKETS):
+def netagg_seconds(links, tensor_bytes, packet_numel=None, window_packets=None):
     """netagg's allreduce of ``tensor_bytes`` through one ideal switch, and what bounds
-    it: ``"link rate"`` or ``"window"``."""
-    payload = packet_numel * 4
-    packets = -(-tensor_bytes // payload)
-    packet_bytes = payload + NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES
-    wire_bytes = tensor_bytes + packets * (NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES)
-    rate = links.slowest()
-    round_trip = 2.0 * links.delay + 2.0 * packet_bytes * 8.0 / rate
-    at_link_rate = wire_bytes * 8.0 / rate
-    at_window = -(-packets // window_packets) * round_trip
-    if at_window > at_link_rate:
-        return at_window + round_trip, "window"
-    return at_link_rate + round_trip, "link rate"
+    it: ``"link rate"`` or ``"window"``; the library's defaults for the packet size and
+    window unless given."""
+    return netagg.model.netagg_seconds(list(links.rates), links.delay, tensor_bytes, packet_numel, window_packets)
 
 
 def ring_seconds(links, tensor_bytes):
     """A bandwidth-optimal ring's allreduce of ``tensor_bytes`` over TCP: 2(N-1) steps,
     each a chunk of 1/N on the slowest link plus the chunk's path delay."""
-    workers = len(links.rates)
-    if workers < 2:
-        return 0.0
-    chunk = -(-tensor_bytes // workers)
-    segments = -(-chunk // TCP_SEGMENT_BYTES)
-    chunk_wire_bytes = chunk + segments * TCP_OVERHEAD_BYTES
-    step = chunk_wire_bytes * 8.0 / links.slowest() + 2.0 * links.delay
-    return 2.0 * (workers - 1) * step
+    return netagg.model.ring_seconds(list(links.rates), links.delay, tensor_bytes)
 
 
-def predict(links, tensor_bytes, packet_numel=DEFAULT_PACKET_NUMEL, window_packets=DEFAULT_WINDOW_PACKETS):
+def predict(links, tensor_bytes, packet_numel=None, window_packets=None):
     """The model's figures for a step's gradients, as a dict for a run's JSON."""
     netagg, bound = netagg_seconds(links, tensor_bytes, packet_numel, window_packets)
     return {

@@ -470,9 +470,9 @@ fn a_two_level_tree_sums_exactly_over_dpdk_with_loss_on_both_hops() {
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn a_killed_dpdk_rack_switch_fails_every_rank_with_a_reason() {
     // Rack r's switch runs on switch host s<r>. A rank of rack 1 knows one switch, its
-    // rack's, which its message names as the switch (the address goes with several).
+    // rack's, which its message names by its address (the second host's).
     let all = run_killing_switch_host_1(&["-n", "4", "--racks", "2", "--dpdk", "both"]);
-    let own_rack = ["failed: session lost: the switch closed the control connection"];
+    let own_rack = ["failed: session lost: the switch at 10.213.7.202:", "closed the control connection"];
     let other_rack = ["whose ranks are the tree's 2 racks, ended the tree's session: rank 1 left session"];
     for (rank, failure) in [(0, &other_rack[..]), (1, &other_rack), (2, &own_rack), (3, &own_rack)] {
         assert_rank_failed_with(&all, rank, failure);

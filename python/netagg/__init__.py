@@ -15,7 +15,8 @@ float16 and bfloat16 tensors over every rank::
 
 NumPy arrays, PyTorch CPU tensors and other buffers are read and written where they
 are: nothing is copied on the way in or out. ``netagg.ddp`` holds a communication hook
-for PyTorch's DistributedDataParallel.
+for PyTorch's DistributedDataParallel, and ``netagg.model`` the cost model: what an
+allreduce should take on given links.
 """
 
 from ._netagg import (

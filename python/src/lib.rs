@@ -31,6 +31,8 @@ use pyo3::exceptions::{PyException, PyRuntimeError, PyTimeoutError, PyTypeError,
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList};
 
+mod model;
+
 pyo3::create_exception!(netagg, Error, PyException, "An error of the netagg library.");
 pyo3::create_exception!(
     netagg,
@@ -713,6 +715,8 @@ fn _netagg(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("StoppedError", py.get_type::<StoppedError>())?;
     module.add("InvalidInputError", py.get_type::<InvalidInputError>())?;
     module.add("BufferInUseError", py.get_type::<BufferInUseError>())?;
+    module.add_function(wrap_pyfunction!(model::netagg_seconds, module)?)?;
+    module.add_function(wrap_pyfunction!(model::ring_seconds, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

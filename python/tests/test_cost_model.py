@@ -1,11 +1,13 @@
-"""The examples' cost model (examples/python/cost_model.py) against the Rust model it
-ports, as ``simulate`` prints it, and its reading of netagg-run's link variables."""
+"""The cost model through the module (``netagg.model``, as examples/python/cost_model.py
+words it) against the same Rust model as ``simulate`` prints it, its refusals, and the
+example's reading of netagg-run's link variables."""
 
 import subprocess
 import sys
 
 import pytest
 
+import netagg.model
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "examples" / "python"))
@@ -37,16 +39,16 @@ def seconds(text):
 
 
 # The DDP example's gradients (1,074,600 bytes), on links where the rate binds netagg and
-# where, at 10 ms, its window does; and the AlexNet-sized model's.
+# where, at 20 ms, its window does; and the AlexNet-sized model's.
 @pytest.mark.parametrize(
     "tensor_bytes, delays, bounds",
     [
-        (1_074_600, {"0ns": 0.0, "1ms": 0.001, "10ms": 0.010}, {"link rate", "window"}),
+        (1_074_600, {"0ns": 0.0, "1ms": 0.001, "20ms": 0.020}, {"link rate", "window"}),
         (17_444_136, {"5ms": 0.005}, {"link rate"}),
     ],
     ids=["small", "alexnet"],
 )
-def test_the_port_gives_the_rust_models_figures(bin_dir, tensor_bytes, delays, bounds):
+def test_the_module_gives_the_figures_simulate_prints(bin_dir, tensor_bytes, delays, bounds):
     simulate = bin_dir / "simulate"
     if not simulate.is_file():
         pytest.fail(f"{simulate} is missing: cargo build --release --workspace --bins")
@@ -62,6 +64,20 @@ def test_the_port_gives_the_rust_models_figures(bin_dir, tensor_bytes, delays, b
         assert abs(netagg - rust_netagg) <= netagg_digit, (printed, netagg, rows[printed])
         assert abs(ring - rust_ring) <= ring_digit, (printed, ring, rows[printed])
     assert seen == bounds
+
+
+def test_the_module_refuses_links_it_cannot_model_naming_the_value():
+    with pytest.raises(ValueError, match="rates: give one rate"):
+        netagg.model.netagg_seconds([], 0.001, 1 << 20)
+    with pytest.raises(ValueError, match="rates: 0.5 bit/s is not a rate of at least 1 bit/s"):
+        netagg.model.ring_seconds([100e6, 0.5], 0.001, 1 << 20)
+    with pytest.raises(ValueError, match="delay: -1 s is not a delay"):
+        netagg.model.netagg_seconds([100e6], -1.0, 1 << 20)
+    # A slower link sets the pace; a smaller window binds on a long path.
+    even, _ = netagg.model.netagg_seconds([100e6] * 4, 0.001, 1 << 20)
+    uneven, _ = netagg.model.netagg_seconds([100e6] * 3 + [50e6], 0.001, 1 << 20)
+    assert 1.9 < uneven / even < 2.0
+    assert netagg.model.netagg_seconds([1e9] * 4, 0.010, 16 << 20, window_packets=64)[1] == "window"
 
 
 def test_netagg_runs_link_variables_are_read_for_the_workers():

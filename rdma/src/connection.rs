@@ -16,11 +16,12 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::ControlFlow;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_sge, ibv_wc_opcode, ibv_wc_status, rdma_cm_event_type};
+use rdma_sys::{ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status, rdma_cm_event_type};
 
 use crate::returns::{Queue, Returns};
 use crate::verbs::cm::{CmId, EventChannel};
@@ -42,6 +43,13 @@ const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(1);
 const SEND_WAIT_NAP: Duration = Duration::from_micros(20);
 /// How long a failing connection waits for its posted requests to come back flushed:
 /// far more than a device takes, and short enough not to hold up its caller.
+///
+/// The wait runs on the caller's data-path thread, but once per connection, when it
+/// breaks, never per message: the queue pair is in error by then, and a device flushes
+/// its requests at once (Soft-RoCE within microseconds), so only a device that never
+/// returns them costs the whole bound. It stays in the failure rather than spread over
+/// later polls because the error names every request that came back, and is reported at
+/// once: a caller asleep on the completion channel need not be woken again to learn it.
 const RETURN_WAIT: Duration = Duration::from_secs(1);
 /// How long that wait naps while nothing comes back.
 const RETURN_NAP: Duration = Duration::from_micros(100);
@@ -409,25 +417,25 @@ impl Connection {
     /// has passed, counting each in `returns` and freeing its buffer.
     fn take_returns(&mut self, returns: &mut Returns) {
         let deadline = Instant::now() + RETURN_WAIT;
-        let mut completions = completion_batch();
         while self.posted_sends + self.posted_receives > 0 {
             // A queue that cannot be polled gives nothing: the deadline ends the wait.
-            let sends = self.send_cq.poll(&mut completions, "polling the send completions").unwrap_or(0);
-            for completion in &completions[..sends] {
-                self.free_sends.push(completion.wr_id as usize);
-                self.posted_sends = self.posted_sends.saturating_sub(1);
-                returns.count(Queue::Send, completion.status);
-            }
-            let receives =
-                self.recv_cq.poll(&mut completions, "polling the receive completions").unwrap_or(0);
-            for completion in &completions[..receives] {
-                self.posted_receives = self.posted_receives.saturating_sub(1);
-                if completion.status == ibv_wc_status::IBV_WC_SUCCESS {
-                    let len = (completion.byte_len as usize).min(self.options.message_size);
-                    self.salvaged.push((completion.wr_id as usize, len));
-                }
-                returns.count(Queue::Receive, completion.status);
-            }
+            let sends = self
+                .reap(Queue::Send, |connection, completion| {
+                    connection.send_returned(completion);
+                    returns.count(Queue::Send, completion.status);
+                    ControlFlow::Continue(())
+                })
+                .unwrap_or(0);
+            let receives = self
+                .reap(Queue::Receive, |connection, completion| {
+                    if completion.status == ibv_wc_status::IBV_WC_SUCCESS {
+                        let len = (completion.byte_len as usize).min(connection.options.message_size);
+                        connection.salvaged.push((completion.wr_id as usize, len));
+                    }
+                    returns.count(Queue::Receive, completion.status);
+                    ControlFlow::Continue(())
+                })
+                .unwrap_or(0);
             if Instant::now() >= deadline {
                 returns.missing(self.posted_sends + self.posted_receives, RETURN_WAIT);
                 return;
@@ -501,27 +509,57 @@ impl Connection {
         self.break_down(why, returns, departure == Some(PEER_DISCONNECTED))
     }
 
+    /// Takes the completions of `queue` there are, a batch at a time, handing each to
+    /// `take` (which counts it out of the posted requests), until a batch comes back
+    /// short, or `take` breaks: then the rest of that batch still goes to `take`, since
+    /// the queue has given it up, and no more is polled. The count taken.
+    fn reap(
+        &mut self,
+        queue: Queue,
+        mut take: impl FnMut(&mut Connection, &ibv_wc) -> ControlFlow<()>,
+    ) -> io::Result<usize> {
+        let mut completions = completion_batch();
+        let mut total = 0;
+        loop {
+            let (cq, what) = match queue {
+                Queue::Send => (&self.send_cq, "polling the send completions"),
+                Queue::Receive => (&self.recv_cq, "polling the receive completions"),
+            };
+            let count = cq.poll(&mut completions, what)?;
+            let mut stop = false;
+            for completion in &completions[..count] {
+                match queue {
+                    Queue::Send => self.posted_sends = self.posted_sends.saturating_sub(1),
+                    Queue::Receive => self.posted_receives = self.posted_receives.saturating_sub(1),
+                }
+                stop |= take(self, completion).is_break();
+            }
+            total += count;
+            if stop || count < POLL_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// A send came back: its buffer is free again.
+    fn send_returned(&mut self, completion: &ibv_wc) {
+        self.free_sends.push(completion.wr_id as usize);
+    }
+
     /// Takes the send completions there are, freeing their buffers; the first failed
     /// one breaks the connection, once all are taken.
     fn reap_sends(&mut self) -> io::Result<()> {
-        let mut completions = completion_batch();
         let mut failure: Option<(ibv_wc_status::Type, Returns)> = None;
-        loop {
-            let count = self.send_cq.poll(&mut completions, "polling the send completions")?;
-            for completion in &completions[..count] {
-                self.free_sends.push(completion.wr_id as usize);
-                self.posted_sends = self.posted_sends.saturating_sub(1);
-                if completion.status != ibv_wc_status::IBV_WC_SUCCESS && failure.is_none() {
-                    failure = Some((completion.status, Returns::default()));
-                }
-                if let Some((_, returns)) = &mut failure {
-                    returns.count(Queue::Send, completion.status);
-                }
+        self.reap(Queue::Send, |connection, completion| {
+            connection.send_returned(completion);
+            if completion.status != ibv_wc_status::IBV_WC_SUCCESS && failure.is_none() {
+                failure = Some((completion.status, Returns::default()));
             }
-            if count < POLL_BATCH {
-                break;
+            if let Some((_, returns)) = &mut failure {
+                returns.count(Queue::Send, completion.status);
             }
-        }
+            ControlFlow::Continue(())
+        })?;
         match failure {
             Some((status, returns)) => Err(self.failed_completion(status, returns)),
             None => Ok(()),
@@ -550,34 +588,51 @@ impl Connection {
     fn take_receives(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         self.check_broken()?;
         self.reap_sends()?;
-        let mut completions = completion_batch();
         let mut total = 0;
-        loop {
-            let count = self.recv_cq.poll(&mut completions, "polling the receive completions")?;
-            for (taken, completion) in completions[..count].iter().enumerate() {
-                self.posted_receives = self.posted_receives.saturating_sub(1);
-                if completion.status != ibv_wc_status::IBV_WC_SUCCESS {
-                    // The queue pair is in error now: the rest of the batch was flushed.
-                    let mut returns = Returns::default();
-                    for flushed in &completions[taken..count] {
-                        returns.count(Queue::Receive, flushed.status);
-                    }
-                    self.posted_receives = self.posted_receives.saturating_sub(count - taken - 1);
-                    let error = self.failed_completion(completion.status, returns);
-                    return if total > 0 { Ok(total) } else { Err(error) };
+        let mut failure: Option<(ibv_wc_status::Type, Returns)> = None;
+        let mut repost_failed = None;
+        self.reap(Queue::Receive, |connection, completion| {
+            if let Some((_, returns)) = &mut failure {
+                // The queue pair is in error now: the rest of the batch was flushed.
+                returns.count(Queue::Receive, completion.status);
+                return ControlFlow::Break(());
+            }
+            if completion.status != ibv_wc_status::IBV_WC_SUCCESS {
+                let mut returns = Returns::default();
+                returns.count(Queue::Receive, completion.status);
+                failure = Some((completion.status, returns));
+                return ControlFlow::Break(());
+            }
+            debug_assert_eq!(completion.opcode, ibv_wc_opcode::IBV_WC_RECV);
+            let index = completion.wr_id as usize;
+            let len = (completion.byte_len as usize).min(connection.options.message_size);
+            // SAFETY: the device has finished with this receive buffer (its completion
+            // is here) and it is posted again only after `sink` returns.
+            sink(unsafe { connection.region.bytes(connection.buffer_start(index), len) });
+            total += 1;
+            // The batch's other messages are handed over all the same: the queue has given
+            // them up.
+            if repost_failed.is_none() {
+                repost_failed = connection.post_receive(index).err();
+            }
+            match repost_failed {
+                Some(_) => ControlFlow::Break(()),
+                None => ControlFlow::Continue(()),
+            }
+        })?;
+        if let Some(error) = repost_failed {
+            return Err(error);
+        }
+        match failure {
+            Some((status, returns)) => {
+                let error = self.failed_completion(status, returns);
+                if total > 0 {
+                    Ok(total)
+                } else {
+                    Err(error)
                 }
-                debug_assert_eq!(completion.opcode, ibv_wc_opcode::IBV_WC_RECV);
-                let index = completion.wr_id as usize;
-                let len = (completion.byte_len as usize).min(self.options.message_size);
-                // SAFETY: the device has finished with this receive buffer (its completion
-                // is here) and it is posted again only after `sink` returns.
-                sink(unsafe { self.region.bytes(self.buffer_start(index), len) });
-                total += 1;
-                self.post_receive(index)?;
             }
-            if count < POLL_BATCH {
-                return Ok(total);
-            }
+            None => Ok(total),
         }
     }
 

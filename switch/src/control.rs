@@ -135,7 +135,11 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// The longest a registration waits for the end of its rank's last connection, closed by
 /// its client, to be handled: that connection's thread has only to be scheduled, and a
-/// registration refused meanwhile fails its whole run.
+/// registration refused meanwhile fails its whole run. A client of this version waits
+/// for the switch to close the connection after its leave, so its next process finds no
+/// holder; the wait remains for a client killed or crashed (the kernel closes its
+/// connection, with no leave, as the next process may already register) and for clients
+/// of earlier versions, which close right after their leave.
 const HOLDER_END_WAIT: Duration = Duration::from_secs(5);
 
 impl ControlPlane {

@@ -3,7 +3,8 @@
 //!
 //! For every worker count, link rate, delay, loss and late rank asked, it runs netagg's
 //! protocol cores through one switch and the ring's discrete model on the same simulated
-//! links (`netagg_benches::predict`), and prints a Markdown table: the time of each, the
+//! links (`netagg_benches::predict`: links without `tbf`'s token bucket, unless `--burst`
+//! gives them one, as netagg-run's have), and prints a Markdown table: the time of each, the
 //! model's, their ratios, netagg / ring, and how long each took to simulate. On a network
 //! of racks (`--racks R` or `--rack-workers W`, with `--uplink rate=...` or
 //! `--oversubscription X`, as `netagg-run --racks R --uplink ...` builds one) netagg runs
@@ -45,6 +46,12 @@ struct Options {
     /// Bytes of the tensor.
     #[arg(long, default_value = "1Mi", value_parser = netagg_benches::parse_count)]
     tensor_bytes: usize,
+    /// Bytes of each link's token bucket, which lets that many through at once after an
+    /// idle spell, as `tbf` on netagg-run's links does (64Ki); 0: a link that sends every
+    /// byte at its rate, as the model and the ring's simulation take it. A bucket holding
+    /// a whole small job makes it take a round trip alone.
+    #[arg(long, default_value = "0", value_parser = netagg_benches::parse_count)]
+    burst: usize,
     /// Timed jobs, after one warm-up job.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
@@ -120,20 +127,20 @@ impl Options {
         }
         let largest = workers.div_ceil(count);
         let uplink_bits_per_second = match self.oversubscription {
-            Some(ratio) => Some((f64::from(largest) * rate as f64 / ratio) as u64),
+            Some(ratio) => match (f64::from(largest) * rate as f64 / ratio) as u64 {
+                0 => {
+                    return Err(format!(
+                        "--oversubscription: racks of {largest} at {} leave an uplink under 1 bit/s; \
+                         give at most {}",
+                        rate_name(rate),
+                        u64::from(largest) * rate
+                    ))
+                }
+                uplink => Some(uplink),
+            },
+            // The parser refuses rates under 1 bit/s.
             None => self.uplink.and_then(|uplink| uplink.rate),
         };
-        if uplink_bits_per_second == Some(0) {
-            return Err(match self.oversubscription {
-                Some(_) => format!(
-                    "--oversubscription: racks of {largest} at {} leave an uplink under 1 bit/s; give \
-                     at most {}",
-                    rate_name(rate),
-                    u64::from(largest) * rate
-                ),
-                None => "--uplink: a rate under 1 bit/s".into(),
-            });
-        }
         let uplink_delay = self.uplink.and_then(|uplink| uplink.delay).unwrap_or_default();
         Ok(Some(RackSetup { count, uplink_bits_per_second, uplink_delay, tree: !self.flat }))
     }
@@ -228,6 +235,7 @@ fn predict(options: &Options) -> Result<(), String> {
                 for &workers in &options.workers {
                     let mut setup = Setup::new(workers, rate, delay, options.tensor_bytes as u64);
                     setup.loss = loss;
+                    setup.burst_bytes = options.burst as u64;
                     setup.jobs = options.jobs;
                     setup.late = options.late.map(|late| (workers - 1, late));
                     setup.racks = options.racks(workers, rate)?;

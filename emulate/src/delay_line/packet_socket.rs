@@ -41,13 +41,18 @@ pub(super) struct Received {
     pub stamp: Option<SystemTime>,
 }
 
-/// Buffers for reading up to `capacity` frames with one `recvmmsg`, reused call after call.
+/// Buffers for reading up to `capacity` frames with one `recvmmsg`, reused call after call:
+/// the frames, and the descriptors the call takes, so that a call allocates nothing.
 pub(super) struct ReceiveBatch {
     frames: Vec<Vec<u8>>,
     /// One control buffer per frame, with room for a timestamp message (u64s: aligned as
     /// cmsghdr wants).
     controls: Vec<[u64; 8]>,
     senders: Vec<libc::sockaddr_ll>,
+    /// One per frame; their pointers are written afresh by each call, from that call's
+    /// borrows of the buffers above, and mean nothing between calls.
+    iovecs: Vec<libc::iovec>,
+    messages: Vec<libc::mmsghdr>,
     received: Vec<Received>,
 }
 
@@ -55,10 +60,15 @@ impl ReceiveBatch {
     pub fn new(capacity: usize, frame_bytes: usize) -> Self {
         // SAFETY: sockaddr_ll is a plain C struct for which all zeroes is valid.
         let no_sender: libc::sockaddr_ll = unsafe { mem::zeroed() };
+        let no_buffer = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        // SAFETY: mmsghdr is a plain C struct for which all zeroes (null pointers) is valid.
+        let no_message: libc::mmsghdr = unsafe { mem::zeroed() };
         ReceiveBatch {
             frames: vec![vec![0; frame_bytes]; capacity],
             controls: vec![[0; 8]; capacity],
             senders: vec![no_sender; capacity],
+            iovecs: vec![no_buffer; capacity],
+            messages: vec![no_message; capacity],
             received: Vec::with_capacity(capacity),
         }
     }
@@ -155,31 +165,30 @@ impl PacketSocket {
     /// Reads every frame waiting, up to the batch's capacity, with one system call and
     /// without blocking; the count read, 0 when none was waiting.
     pub fn receive_batch(&self, batch: &mut ReceiveBatch) -> io::Result<usize> {
-        let ReceiveBatch { frames, controls, senders, received } = batch;
+        let ReceiveBatch { frames, controls, senders, iovecs, messages, received } = batch;
         received.clear();
-        let mut iovecs: Vec<libc::iovec> = frames
+        // Every field the kernel reads is set, and those it writes back (the lengths) reset.
+        for ((((message, iovec), frame), control), sender) in messages
             .iter_mut()
-            .map(|frame| libc::iovec { iov_base: frame.as_mut_ptr().cast(), iov_len: frame.len() })
-            .collect();
-        let mut messages: Vec<libc::mmsghdr> = iovecs
-            .iter_mut()
+            .zip(iovecs.iter_mut())
+            .zip(frames.iter_mut())
             .zip(controls.iter_mut())
             .zip(senders.iter_mut())
-            .map(|((iovec, control), sender)| {
-                // SAFETY: msghdr is a plain C struct for which all zeroes is valid.
-                let mut header: libc::msghdr = unsafe { mem::zeroed() };
-                header.msg_name = (sender as *mut libc::sockaddr_ll).cast();
-                header.msg_namelen = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-                header.msg_iov = iovec;
-                header.msg_iovlen = 1;
-                header.msg_control = control.as_mut_ptr().cast();
-                header.msg_controllen = mem::size_of_val(control);
-                libc::mmsghdr { msg_hdr: header, msg_len: 0 }
-            })
-            .collect();
-        // SAFETY: every pointer in `messages` is to a buffer of `batch` or `iovecs`, alive and
-        // borrowed mutably for the call, with its true length; the kernel writes within those
-        // lengths and into at most messages.len() entries.
+        {
+            *iovec = libc::iovec { iov_base: frame.as_mut_ptr().cast(), iov_len: frame.len() };
+            let header = &mut message.msg_hdr;
+            header.msg_name = (sender as *mut libc::sockaddr_ll).cast();
+            header.msg_namelen = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            header.msg_iov = iovec;
+            header.msg_iovlen = 1;
+            header.msg_control = control.as_mut_ptr().cast();
+            header.msg_controllen = mem::size_of_val(control);
+            header.msg_flags = 0;
+            message.msg_len = 0;
+        }
+        // SAFETY: every pointer in `messages` was just taken from a buffer of `batch`, alive
+        // and borrowed mutably for the call, with its true length; the kernel writes within
+        // those lengths and into at most messages.len() entries.
         let count = unsafe {
             libc::recvmmsg(
                 self.fd.as_raw_fd(),
