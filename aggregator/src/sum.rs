@@ -98,6 +98,21 @@ pub fn add_f32_with(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) {
     }
 }
 
+/// `out[i] = src[i] · factor`, wrapping, for the int32 elements both hold, in the vectors
+/// of `set`: the sum of `factor` copies of `src` in one pass, equal to `factor` wrapping
+/// additions (the integers modulo 2³² are a ring), where the additions take one pass
+/// each. For the dummy backend, which sums one worker's data as if every worker had sent
+/// it; float32 sums round at every addition, and have no such shortcut.
+#[inline]
+pub fn multiply_i32_with(set: InstructionSet, out: &mut [u8], src: &[u8], factor: i32) {
+    if !netagg_simd::multiply_i32(set, out, src, factor) {
+        for (out, src) in out.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+            let element = i32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+            out.copy_from_slice(&element.wrapping_mul(factor).to_le_bytes());
+        }
+    }
+}
+
 /// The wrapping sum of two little-endian int32 elements. Always inlined: a call out of
 /// the loops above would keep the compiler from vectorising them for baseline x86-64.
 #[inline(always)]
@@ -217,6 +232,37 @@ mod tests {
                 add_f32_with(set, &mut got, &acc, &src);
                 prop_assert!(same_floats(&got, &expected), "add_f32, {}", set);
             }
+        }
+
+        #[test]
+        fn every_instruction_set_multiplies_as_the_portable_loop(
+            src in prop::collection::vec(element(), 0..100),
+            factor in any::<i32>(),
+        ) {
+            let src = bytes(&src);
+            let mut expected = vec![0x55; src.len() + 4];
+            multiply_i32_with(InstructionSet::PORTABLE, &mut expected, &src, factor);
+            for set in InstructionSet::supported() {
+                let mut got = vec![0x55; src.len() + 4];
+                multiply_i32_with(set, &mut got, &src, factor);
+                prop_assert_eq!(&got, &expected, "times {}, {}", factor, set);
+            }
+            prop_assert_eq!(&expected[src.len()..], &[0x55; 4][..], "beyond the source");
+        }
+
+        #[test]
+        fn a_product_is_the_wrapping_sum_of_as_many_copies(
+            src in prop::collection::vec(element(), 0..100),
+            factor in 0..40i32,
+        ) {
+            let src = bytes(&src);
+            let mut sum = vec![0; src.len()];
+            for _ in 0..factor {
+                add_assign_i32_with(InstructionSet::PORTABLE, &mut sum, &src);
+            }
+            let mut product = vec![0x55; src.len()];
+            multiply_i32_with(InstructionSet::PORTABLE, &mut product, &src, factor);
+            prop_assert_eq!(product, sum, "{} copies", factor);
         }
     }
 

@@ -150,6 +150,14 @@ pub fn add_f32(set: InstructionSet, out: &mut [u8], a: &[u8], b: &[u8]) -> bool 
     dispatch!(set, add_f32(out, a, b)).is_some()
 }
 
+/// `out[i] = src[i] · factor`, wrapping int32, for the elements both hold: the sum of
+/// `factor` copies of `src` in one pass; `false` for the portable set, which leaves it to
+/// the caller.
+#[inline]
+pub fn multiply_i32(set: InstructionSet, out: &mut [u8], src: &[u8], factor: i32) -> bool {
+    dispatch!(set, multiply_i32(out, src, factor)).is_some()
+}
+
 /// The largest of `bits & 0x7FFF_FFFF` over the elements of `bytes` (0 if none): a
 /// float32 block's largest magnitude, ordered as unsigned integers (infinities and NaN
 /// above all finite values); `None` for the portable set.
@@ -208,6 +216,13 @@ mod tests {
                     assert_eq!(acc[..src.len()], src, "{set}, {elements} elements");
                 }
                 assert_eq!(acc[src.len()..], [0; 4], "{set}: beyond the source");
+                let mut product = vec![0u8; src.len() + 4];
+                assert_eq!(multiply_i32(set, &mut product, &src, -3), did, "{set}");
+                if did {
+                    let expected: Vec<u8> = (1..=elements).flat_map(|i| (-3i32 * i).to_le_bytes()).collect();
+                    assert_eq!(product[..src.len()], expected, "{set}, {elements} elements");
+                }
+                assert_eq!(product[src.len()..], [0; 4], "{set}: beyond the source");
                 // A byte beyond the last element is no element.
                 let mut ragged = src.clone();
                 ragged.push(0xFF);

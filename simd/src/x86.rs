@@ -26,6 +26,8 @@ trait Lanes {
     unsafe fn as_f32(value: Self::Int) -> Self::Float;
     unsafe fn as_i32(value: Self::Float) -> Self::Int;
     unsafe fn add_i32(a: Self::Int, b: Self::Int) -> Self::Int;
+    /// The low 32 bits of each lane's product: wrapping int32 multiplication.
+    unsafe fn mul_i32(a: Self::Int, b: Self::Int) -> Self::Int;
     unsafe fn and(a: Self::Int, b: Self::Int) -> Self::Int;
     unsafe fn max_u32(a: Self::Int, b: Self::Int) -> Self::Int;
     unsafe fn reduce_max_u32(value: Self::Int) -> u32;
@@ -160,6 +162,19 @@ unsafe fn add_f32<V: Lanes>(out: &mut [u8], a: &[u8], b: &[u8]) {
             step.store::<V>(out, V::as_i32(sum));
         }
     });
+}
+
+#[inline(always)]
+unsafe fn multiply_i32<V: Lanes>(out: &mut [u8], src: &[u8], factor: i32) {
+    let len = out.len().min(src.len());
+    let (out, src) = (out.as_mut_ptr(), src.as_ptr());
+    // SAFETY: see above.
+    unsafe {
+        let factor = V::splat(factor as u32);
+        each_step!(V, len, |step| {
+            step.store::<V>(out, V::mul_i32(step.load::<V>(src), factor));
+        });
+    }
 }
 
 #[inline(always)]
@@ -307,6 +322,11 @@ impl Lanes for Avx2 {
         unsafe { _mm256_add_epi32(a, b) }
     }
     #[inline(always)]
+    unsafe fn mul_i32(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm256_mullo_epi32(a, b) }
+    }
+    #[inline(always)]
     unsafe fn and(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: as the trait requires of the caller.
         unsafe { _mm256_and_si256(a, b) }
@@ -417,6 +437,11 @@ impl Lanes for Avx512 {
         unsafe { _mm512_add_epi32(a, b) }
     }
     #[inline(always)]
+    unsafe fn mul_i32(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm512_mullo_epi32(a, b) }
+    }
+    #[inline(always)]
     unsafe fn and(a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: as the trait requires of the caller.
         unsafe { _mm512_and_si512(a, b) }
@@ -501,6 +526,12 @@ macro_rules! instruction_set {
             pub(crate) unsafe fn add_f32(out: &mut [u8], a: &[u8], b: &[u8]) {
                 // SAFETY: as this module requires of the caller.
                 unsafe { super::add_f32::<$lanes>(out, a, b) }
+            }
+
+            #[target_feature(enable = $feature)]
+            pub(crate) unsafe fn multiply_i32(out: &mut [u8], src: &[u8], factor: i32) {
+                // SAFETY: as this module requires of the caller.
+                unsafe { super::multiply_i32::<$lanes>(out, src, factor) }
             }
 
             #[target_feature(enable = $feature)]

@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use netagg_wire::packet::MAX_ELEMENTS;
-use netagg_wire::{Integrity, Packet, PacketRepr, WireError};
+use netagg_wire::{Integrity, PacketRepr, WireError};
 
 mod answer;
 mod departures;
@@ -388,31 +388,37 @@ impl Engine {
                 return Verdict::Dropped(DropReason::Malformed(error));
             }
         };
-        self.handle_packet_from(now, &packet, out, from_its_rank)
+        self.handle_repr(now, PacketRepr::parse(&packet), packet.payload(), out, from_its_rank)
     }
 
-    /// [`Engine::handle_datagram`] for a packet that needs no checks: one a caller in this
-    /// process built from a datagram that passed them ([`Packet::new_checked`]), as the
-    /// dummy backend builds the n-fold sum of a worker's packet. Its checksum is not
-    /// read, so a caller that changes a checked packet need not seal it again.
+    /// [`Engine::handle_datagram`] for a packet that needs no checks, given as its header
+    /// and payload: one a caller in this process made from a datagram that passed them
+    /// ([`netagg_wire::Packet::new_checked`]), as the dummy backend makes the n-fold sum of
+    /// a worker's packet. It is neither parsed again nor its checksum read.
     ///
     /// # Panics
-    /// On a packet [`Packet::new_checked`] would refuse: as its accessors do.
-    pub fn handle_packet(&mut self, now: Instant, packet: &Packet<&[u8]>, out: &mut [u8]) -> Verdict {
-        self.counters.datagrams += 1;
-        self.handle_packet_from(now, packet, out, |_, _, _| true)
-    }
-
-    fn handle_packet_from(
+    /// If `payload` is shorter than `repr` says, as a packet's accessors would.
+    pub fn handle_parsed(
         &mut self,
         now: Instant,
-        packet: &Packet<&[u8]>,
+        repr: PacketRepr,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Verdict {
+        self.counters.datagrams += 1;
+        self.handle_repr(now, repr, payload, out, |_, _, _| true)
+    }
+
+    fn handle_repr(
+        &mut self,
+        now: Instant,
+        mut repr: PacketRepr,
+        payload: &[u8],
         out: &mut [u8],
         from_its_rank: impl FnOnce(SessionId, u16, u16) -> bool,
     ) -> Verdict {
-        let mut repr = PacketRepr::parse(packet);
         if self.uplinked > 0 && uplink::is_from_switch(repr.message_type) {
-            return self.handle_from_upstream(now, &repr, packet.payload(), out, from_its_rank);
+            return self.handle_from_upstream(now, &repr, payload, out, from_its_rank);
         }
         let Some(session) = self.session_mut(SessionId(repr.session)) else {
             self.counters.unknown_session += 1;
@@ -420,7 +426,7 @@ impl Engine {
         };
         // A lower switch's workers send their ranks in the whole tree; 0 elsewhere.
         repr.rank = repr.rank.wrapping_sub(session.rank_base);
-        let verdict = session.handle(now, &repr, packet.payload(), out, from_its_rank);
+        let verdict = session.handle(now, &repr, payload, out, from_its_rank);
         if let Verdict::Dropped(DropReason::Departed(rank)) = verdict {
             self.orphan(SessionId(repr.session), rank);
         }
@@ -454,6 +460,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use netagg_wire::packet::HEADER_LEN;
+    use netagg_wire::Packet;
 
     use super::testing::{contribution, one_slot};
     use super::*;
@@ -472,7 +479,8 @@ mod tests {
         assert_eq!(engine.session(session).unwrap().1.packets_in, 0, "no session saw it");
         // The same bytes as a packet made in this process from a checked one: taken, its
         // checksum not read.
-        let verdict = engine.handle_packet(now, &Packet::new_unchecked(&corrupted[..]), &mut out);
+        let packet = Packet::new_unchecked(&corrupted[..]);
+        let verdict = engine.handle_parsed(now, PacketRepr::parse(&packet), packet.payload(), &mut out);
         assert_eq!(verdict, Verdict::Consumed);
         assert_eq!(engine.session(session).unwrap().1.contributions, 1);
     }

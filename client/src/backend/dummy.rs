@@ -8,7 +8,8 @@
 //! worker held this worker's tensor, bit for bit, and the engine retains and resends it
 //! as the switch does: dense and sparse jobs and the whole worker-side protocol run as
 //! they would over a network, at the cost of one engine pass per packet whatever the
-//! number of ranks (SwitchML's dummy multiplies instead, and keeps no state).
+//! number of ranks (SwitchML's dummy keeps no state). An int32 sum is made as a product,
+//! as SwitchML's dummy makes it; a float32 one by additions, which round as the switch's do.
 //!
 //! Checksums: the link is this process's memory, which nothing can alter on the way
 //! unless the fault injector corrupts datagrams (`send_corrupt` or `receive_corrupt` above
@@ -22,12 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netagg_aggregator::sum::{add_assign_with, add_with, InstructionSet};
+use netagg_aggregator::sum::{add_assign_with, add_with, multiply_i32_with, InstructionSet};
 use netagg_aggregator::sum16;
 use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Verdict};
 use netagg_config::Config;
-use netagg_wire::packet::{datagram_len, BROADCAST_RANK, HEADER_LEN};
-use netagg_wire::{Integrity, MessageType, Packet, MAX_DATAGRAM_LEN};
+use netagg_wire::packet::{datagram_len, BROADCAST_RANK};
+use netagg_wire::{ElementType, Integrity, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
 
 use super::{Links, Transport};
 use crate::Error;
@@ -96,7 +97,7 @@ pub struct DummyTransport {
     engine: Engine,
     workers: u16,
     process_packets: bool,
-    /// The sum kernels' vectors, chosen once: the sums run three times a packet.
+    /// The sum kernels' vectors, chosen once rather than per packet.
     instruction_set: InstructionSet,
     /// Whether packets are sealed and checked (see the module's docs).
     integrity: Integrity,
@@ -112,8 +113,8 @@ pub struct DummyTransport {
     max_result_len: usize,
     /// Where the worker writes the datagram it sends.
     outgoing: Vec<u8>,
-    /// The datagram being sent as the engine's one worker sees it: rank 0, and the
-    /// payload summed once per rank.
+    /// The payload of the datagram being sent as the engine's one worker sees it: summed
+    /// once per rank.
     scratch: Vec<u8>,
 }
 
@@ -201,32 +202,35 @@ impl Transport for DummyTransport {
             }
             return Ok(());
         }
-        let len = datagram.len();
-        let own_rank = packet.rank();
-        let (element_type, payload) = (packet.element_type(), packet.payload());
-        self.scratch[..HEADER_LEN].copy_from_slice(&datagram[..HEADER_LEN]);
-        let mut contribution = Packet::new_unchecked(&mut self.scratch[..len]);
-        contribution.set_rank(0);
-        // As a switch adds: the first contribution copied, each further one added to it
-        // (the first addition fused with the copy).
-        let sum = contribution.payload_mut();
-        if element_type.is_16_bit() {
-            // A 16-bit payload cannot carry float32 partial sums: the n-fold sum is made
-            // at once and rounded once, as the engine rounds its float32 sum.
-            sum16::scale(element_type, sum, payload, self.workers);
-        } else if self.workers == 1 {
-            sum.copy_from_slice(payload);
-        } else {
-            add_with(self.instruction_set, element_type, sum, payload, payload);
-            for _ in 2..self.workers {
-                add_assign_with(self.instruction_set, element_type, sum, payload);
+        let payload = packet.payload();
+        let mut repr = PacketRepr::parse(&packet);
+        let own_rank = repr.rank;
+        // The engine's session has one worker.
+        repr.rank = 0;
+        let sum = &mut self.scratch[..payload.len()];
+        match repr.element_type {
+            // The n-fold wrapping sum is the product, in one pass rather than n.
+            ElementType::Int32 => multiply_i32_with(self.instruction_set, sum, payload, self.workers.into()),
+            // A float32 sum rounds at every addition, so it is made as a switch adds: the
+            // first contribution copied, each further one added to it (the first addition
+            // fused with the copy).
+            ElementType::Float32 if self.workers == 1 => sum.copy_from_slice(payload),
+            ElementType::Float32 => {
+                add_with(self.instruction_set, repr.element_type, sum, payload, payload);
+                for _ in 2..self.workers {
+                    add_assign_with(self.instruction_set, repr.element_type, sum, payload);
+                }
+            }
+            // A 16-bit payload cannot carry float32 partial sums: the n-fold sum is made at
+            // once and rounded once, as the engine rounds its float32 sum.
+            ElementType::Float16 | ElementType::BFloat16 => {
+                sum16::scale(repr.element_type, sum, payload, self.workers)
             }
         }
         let out = self.results.room(self.max_result_len);
-        // Made here from a checked packet: the engine need not check it again, nor its
-        // checksum be written.
-        let contribution = Packet::new_unchecked(&self.scratch[..len]);
-        if let Verdict::Send(transmit) = self.engine.handle_packet(self.engine_now, &contribution, out) {
+        // Parsed here from a checked packet: the engine neither checks nor parses it again.
+        let sum = &self.scratch[..payload.len()];
+        if let Verdict::Send(transmit) = self.engine.handle_parsed(self.engine_now, repr, sum, out) {
             let mut result = Packet::new_unchecked(&mut out[..transmit.len]);
             if result.rank() != BROADCAST_RANK {
                 result.set_rank(own_rank);
@@ -303,7 +307,8 @@ impl PendingResults {
 
 #[cfg(test)]
 mod tests {
-    use netagg_wire::{ElementType, PacketRepr, WireError};
+    use netagg_wire::packet::HEADER_LEN;
+    use netagg_wire::WireError;
 
     use super::*;
 
