@@ -2,11 +2,12 @@
 //!
 //! On one machine the kernel's cost per datagram, not summing, bounds UDP throughput, so
 //! the endpoint receives with recvmmsg and GRO (many datagrams per call) and sends
-//! equal-sized datagrams to one destination as one GSO [`SegmentBatch`]. The socket is
-//! non-blocking, because recvmmsg on a blocking socket waits to fill every buffer; a
-//! `poll(2)` with a timeout does the waiting instead.
+//! equal-sized datagrams to one destination as one GSO [`SegmentBatch`], queued in an
+//! [`Outbox`]. The socket is non-blocking, because recvmmsg on a blocking socket waits to
+//! fill every buffer; a `poll(2)` with a timeout does the waiting instead.
 
 pub mod batch;
+pub mod outbox;
 
 use std::io::{self, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
@@ -18,6 +19,7 @@ use netagg_wire::MAX_DATAGRAM_LEN;
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 
 pub use batch::SegmentBatch;
+pub use outbox::Outbox;
 
 /// Receive buffers per call; each holds one datagram or a GRO batch of up to 64 KiB.
 const RECV_BUFFERS: usize = 16;
