@@ -8,7 +8,7 @@
 //!
 //! A lane hands each datagram its port receives to the engine, which writes each result
 //! straight into the batch it leaves in ([`Outbox`]), and gives the batches to the port
-//! once the receive call returns (the UDP port: one GSO send per worker thread). The
+//! once the receive call returns (the UDP port: one sendmmsg call for them all). The
 //! control plane talks to it through a channel of [`Command`]s, which it drains between
 //! receive calls; the receive timeout bounds how long that can wait, and keeps an idle
 //! switch asleep instead of spinning.
@@ -289,9 +289,7 @@ impl<P: DataPort> DataPath<P> {
 
     /// Hands the port every result queued, and has it send them.
     fn send_results(&mut self) {
-        for (destinations, batch) in self.board.results.batches() {
-            self.port.send_batch(destinations, batch);
-        }
+        self.port.send_batches(self.board.results.batches());
         self.board.results.clear();
         self.port.flush();
     }

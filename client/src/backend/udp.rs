@@ -3,7 +3,7 @@
 //! A worker thread's packets are written straight into GSO batches of an [`Outbox`], one
 //! group per switch endpoint, and leave together at the thread's flush; its results
 //! arrive through recvmmsg and GRO ([`netagg_udp::BatchSocket`]), so a window of packets
-//! costs a few system calls rather than one each. A sparse job's answers mix data packets
+//! costs a system call or two each way rather than one a datagram. A sparse job's answers mix data packets
 //! with header-only acks and empty contributions; the outbox keeps a batch for each size
 //! rather than one that would leave at every change of size (about 4 datagrams a call,
 //! against 46 in a dense job). The switches' slot split gives a thread's contiguous slots
@@ -75,12 +75,9 @@ impl Transport for UdpTransport {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let mut result = Ok(());
-        for (destinations, batch) in self.outbox.batches() {
-            for &destination in destinations {
-                result = result.and(self.socket.send(destination, batch));
-            }
-        }
+        let batches = self.outbox.batches();
+        let result =
+            self.socket.send_all(batches.flat_map(|(to, batch)| to.iter().map(move |&to| (to, batch))));
         self.outbox.clear();
         result
     }
