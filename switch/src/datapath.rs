@@ -8,7 +8,7 @@
 //!
 //! A lane hands each datagram its port receives to the engine, which writes each result
 //! straight into the batch it leaves in ([`Outbox`]), and gives the batches to the port
-//! once the receive call returns (the UDP port: one GSO send per worker thread). The
+//! once the receive call returns (the UDP port: one sendmmsg call for them all). The
 //! control plane talks to it through a channel of [`Command`]s, which it drains between
 //! receive calls; the receive timeout bounds how long that can wait, and keeps an idle
 //! switch asleep instead of spinning.
@@ -25,11 +25,12 @@ use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::engine::{UplinkCounters, Upstream, UPSTREAM_RANK};
 use netagg_aggregator::faults::FaultCounters;
 use netagg_aggregator::{Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
+use netagg_udp::outbox::Lent;
+use netagg_udp::Outbox;
 use netagg_wire::packet::HEADER_LEN;
 use netagg_wire::{packet, Endpoint, Packet, SlotSplit};
 use rustc_hash::FxHashMap;
 
-use crate::outbox::{GroupKey, Outbox};
 use crate::port::{ConnectionEnd, DataPort, ThreadLink};
 
 /// How long the data thread sleeps in `recv` before it looks at commands and timers.
@@ -126,6 +127,16 @@ impl<A: Copy> Peers<A> {
     }
 }
 
+/// Who a group of results goes to: a session's worker thread `thread`, of every rank
+/// (`rank` none) or of one (or the upper switch's endpoint `thread`, as
+/// [`UPSTREAM_RANK`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct GroupKey {
+    session: SessionId,
+    thread: u16,
+    rank: Option<u16>,
+}
+
 /// Requests from the control plane.
 pub enum Command {
     /// Opens a session under `id`, or under an id of the engine's choosing (the first
@@ -216,7 +227,7 @@ pub struct DataPath<P: DataPort> {
 struct Switchboard<A> {
     engine: Engine,
     peers: FxHashMap<SessionId, Peers<A>>,
-    results: Outbox<A>,
+    results: Outbox<GroupKey, A>,
 }
 
 impl<P: DataPort> DataPath<P> {
@@ -252,8 +263,7 @@ impl<P: DataPort> DataPath<P> {
             if let Some(now) = arrived {
                 self.board.poll_upstream(now);
             }
-            self.board.results.send(&mut self.port);
-            self.port.flush();
+            self.send_results();
             for (address, end) in self.port.take_failed() {
                 self.connection_ended(address, end);
             }
@@ -265,8 +275,7 @@ impl<P: DataPort> DataPath<P> {
             let now = Instant::now();
             if now >= next_timer_check {
                 self.board.poll_upstream(now);
-                self.board.results.send(&mut self.port);
-                self.port.flush();
+                self.send_results();
                 self.share_activity();
                 for id in self.board.engine.handle_timeout(now) {
                     self.forget(id);
@@ -276,6 +285,13 @@ impl<P: DataPort> DataPath<P> {
                 next_timer_check = now + IDLE_WAKEUP;
             }
         }
+    }
+
+    /// Hands the port every result queued, and has it send them.
+    fn send_results(&mut self) {
+        self.port.send_batches(self.board.results.batches());
+        self.board.results.clear();
+        self.port.flush();
     }
 
     /// Applies pending commands; false when the data path must stop.
@@ -441,7 +457,7 @@ impl<P: DataPort> DataPath<P> {
     /// Drops a closed session's addresses and whatever the port keeps for them.
     fn forget(&mut self, id: SessionId) {
         self.lost.retain(|&(session, _), _| session != id);
-        self.board.results.forget(id);
+        self.board.results.retain(|group| group.session != id);
         if let Some(peers) = self.board.peers.remove(&id) {
             peers.all().for_each(|address| self.port.forget(address));
         }
@@ -508,8 +524,8 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
 /// Keeps a packet the engine wrote for `slot` of a session in the batch of its recipients:
 /// a worker thread of every rank or of one, or the upper switch's endpoint owning the slot.
 fn commit<A: Copy + Eq + std::hash::Hash>(
-    results: &mut Outbox<A>,
-    lent: crate::outbox::Lent,
+    results: &mut Outbox<GroupKey, A>,
+    lent: Lent<GroupKey>,
     session_peers: &Peers<A>,
     transmit: netagg_aggregator::Transmit,
     slot: u16,

@@ -21,7 +21,6 @@ mod control;
 mod datapath;
 mod lanes;
 mod metrics;
-mod outbox;
 pub mod port;
 mod tree;
 

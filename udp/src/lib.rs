@@ -2,11 +2,13 @@
 //!
 //! On one machine the kernel's cost per datagram, not summing, bounds UDP throughput, so
 //! the endpoint receives with recvmmsg and GRO (many datagrams per call) and sends
-//! equal-sized datagrams to one destination as one GSO [`SegmentBatch`]. The socket is
-//! non-blocking, because recvmmsg on a blocking socket waits to fill every buffer; a
-//! `poll(2)` with a timeout does the waiting instead.
+//! equal-sized datagrams to one destination as one GSO [`SegmentBatch`], and batches of
+//! any sizes and destinations together through sendmmsg, queued in an [`Outbox`]. The
+//! socket is non-blocking, because recvmmsg on a blocking socket waits to fill every
+//! buffer; a `poll(2)` with a timeout does the waiting instead.
 
 pub mod batch;
+pub mod outbox;
 
 use std::io::{self, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
@@ -18,11 +20,18 @@ use netagg_wire::MAX_DATAGRAM_LEN;
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 
 pub use batch::SegmentBatch;
+pub use outbox::Outbox;
 
 /// Receive buffers per call; each holds one datagram or a GRO batch of up to 64 KiB.
 const RECV_BUFFERS: usize = 16;
 /// Tries of a send that finds the socket's buffer full, 10 ms apart.
 const SEND_ATTEMPTS: usize = 10;
+/// Batches per sendmmsg call, whose headers are built on the stack.
+const BATCHES_PER_CALL: usize = 64;
+/// Bytes of a message's control data: one UDP_SEGMENT option, a `u16`.
+// SAFETY: CMSG_SPACE only computes a length.
+const SEGMENT_CONTROL_LEN: usize =
+    unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as libc::c_uint) } as usize;
 
 /// Lets the kernel fragment datagrams larger than the path MTU. quinn-udp forbids it for
 /// QUIC's path-MTU probing; netagg's packets may be up to 64 KiB on any link.
@@ -165,6 +174,103 @@ impl BatchSocket {
         }
     }
 
+    /// Sends each batch to its destination, as many batches as one sendmmsg call takes
+    /// (each one message, segmented by the kernel if it holds several datagrams): batches
+    /// of several sizes and destinations cost one system call together, not one each.
+    /// On an error the other batches still go; the first error is returned.
+    pub fn send_all<'a>(
+        &self,
+        batches: impl IntoIterator<Item = (SocketAddr, &'a SegmentBatch)>,
+    ) -> io::Result<()> {
+        let mut batches = batches.into_iter().filter(|(_, batch)| !batch.is_empty()).peekable();
+        let mut result = Ok(());
+        while batches.peek().is_some() {
+            let mut call = [None; BATCHES_PER_CALL];
+            let count = call.iter_mut().zip(&mut batches).map(|(slot, batch)| *slot = Some(batch)).count();
+            let sent = self.send_many(&call[..count]);
+            result = result.and(sent);
+        }
+        result
+    }
+
+    /// One sendmmsg call's worth of [`BatchSocket::send_all`] (every entry `Some`), repeated
+    /// for those the kernel did not take at once.
+    fn send_many(&self, batches: &[Option<(SocketAddr, &SegmentBatch)>]) -> io::Result<()> {
+        let coalesce = self.coalesce.load(Ordering::Relaxed);
+        // SAFETY: plain C structs, for which all zeroes are valid (null pointers, zero
+        // lengths).
+        let mut names = [unsafe { std::mem::zeroed::<libc::sockaddr_storage>() }; BATCHES_PER_CALL];
+        let mut iovecs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCHES_PER_CALL];
+        // u64s: aligned as a cmsghdr must be.
+        let mut controls = [[0u64; SEGMENT_CONTROL_LEN.div_ceil(8)]; BATCHES_PER_CALL];
+        // SAFETY: as above.
+        let mut headers = [unsafe { std::mem::zeroed::<libc::mmsghdr>() }; BATCHES_PER_CALL];
+        for (index, (destination, batch)) in batches.iter().flatten().enumerate() {
+            let contents = batch.contents();
+            iovecs[index] =
+                libc::iovec { iov_base: contents.as_ptr() as *mut libc::c_void, iov_len: contents.len() };
+            let header = &mut headers[index].msg_hdr;
+            header.msg_namelen = write_address(*destination, &mut names[index]);
+            header.msg_name = std::ptr::from_mut(&mut names[index]).cast();
+            header.msg_iov = &mut iovecs[index];
+            header.msg_iovlen = 1;
+            let Some(segment) = batch.segment_size().filter(|_| coalesce) else { continue };
+            header.msg_control = controls[index].as_mut_ptr().cast();
+            header.msg_controllen = SEGMENT_CONTROL_LEN as _;
+            // SAFETY: `header` has a control buffer of SEGMENT_CONTROL_LEN bytes, aligned,
+            // room for one option of a u16, whose header and data CMSG_FIRSTHDR and
+            // CMSG_DATA find inside it.
+            unsafe {
+                let option = libc::CMSG_FIRSTHDR(header);
+                (*option).cmsg_level = libc::SOL_UDP;
+                (*option).cmsg_type = libc::UDP_SEGMENT;
+                (*option).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as libc::c_uint) as _;
+                libc::CMSG_DATA(option).cast::<u16>().write_unaligned(segment as u16);
+            }
+        }
+        let mut result = Ok(());
+        let (mut next, mut tries) = (0, 0);
+        while next < batches.len() {
+            let waiting = &mut headers[next..batches.len()];
+            // SAFETY: a valid descriptor, and `waiting.len()` headers whose pointers lead to
+            // the names, iovecs and control buffers above and to the batches' bytes, all
+            // alive and unmoved during the call.
+            let sent = unsafe {
+                libc::sendmmsg(
+                    self.socket.as_raw_fd(),
+                    waiting.as_mut_ptr(),
+                    waiting.len() as libc::c_uint,
+                    0,
+                )
+            };
+            if sent > 0 {
+                (next, tries) = (next + sent as usize, 0);
+                continue;
+            }
+            let error = io::Error::last_os_error();
+            match error.kind() {
+                io::ErrorKind::Interrupted => continue,
+                // A full send buffer, as in `send_one`: wait a little, but never long.
+                io::ErrorKind::WouldBlock if tries + 1 < SEND_ATTEMPTS => {
+                    tries += 1;
+                    wait_writable(&self.socket, Duration::from_millis(10))?;
+                    continue;
+                }
+                // Lost, as a send to a gone peer or into a full buffer is.
+                io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionRefused => {}
+                // Segmentation refused: `send` finds out why and sends one by one.
+                _ if matches!(error.raw_os_error(), Some(libc::EMSGSIZE | libc::EIO)) => {
+                    let fallback =
+                        batches[next].map_or(Ok(()), |(destination, batch)| self.send(destination, batch));
+                    result = result.and(fallback);
+                }
+                _ => result = result.and(Err(error)),
+            }
+            (next, tries) = (next + 1, 0);
+        }
+        result
+    }
+
     fn send_one(
         &self,
         destination: SocketAddr,
@@ -185,6 +291,35 @@ impl BatchSocket {
             }
         }
         Ok(())
+    }
+}
+
+/// Writes `address` as the kernel takes it into `name`; returns its length.
+fn write_address(address: SocketAddr, name: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    match address {
+        SocketAddr::V4(address) => {
+            let v4 = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: address.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*address.ip()).to_be() },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a sockaddr_storage is large and aligned enough for any address.
+            unsafe { std::ptr::from_mut(name).cast::<libc::sockaddr_in>().write(v4) };
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        SocketAddr::V6(address) => {
+            let v6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: address.port().to_be(),
+                sin6_flowinfo: address.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: address.ip().octets() },
+                sin6_scope_id: address.scope_id(),
+            };
+            // SAFETY: as above.
+            unsafe { std::ptr::from_mut(name).cast::<libc::sockaddr_in6>().write(v6) };
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
     }
 }
 
@@ -258,5 +393,48 @@ mod tests {
         assert_eq!(receiver.recv(Duration::from_millis(30), |_, _| panic!("nothing was sent")).unwrap(), 0);
         let waited = started.elapsed();
         assert!(waited >= Duration::from_millis(29), "returned after {waited:?}");
+    }
+
+    #[test]
+    fn batches_of_mixed_sizes_and_destinations_arrive_exactly() {
+        let receivers: Vec<BatchSocket> =
+            (0..2).map(|_| BatchSocket::bind("127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap()).collect();
+        let sender = BatchSocket::bind("127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap();
+        // A sparse job's kinds: full data packets with a shorter last one, header-only
+        // acks, a single datagram of another size; more batches than one call takes.
+        let mut batches = Vec::new();
+        for round in 0..100u8 {
+            let sizes: &[usize] = match round % 4 {
+                0 => &[1072, 1072, 1072, 600],
+                1 => &[48; 5],
+                2 => &[300],
+                _ => &[1072; 2],
+            };
+            let mut batch = SegmentBatch::new(sender.max_segments());
+            for (index, &len) in sizes.iter().enumerate() {
+                batch.push(&vec![round.wrapping_mul(7).wrapping_add(index as u8); len]);
+            }
+            batches.push((receivers[usize::from(round % 2)].local_addr().unwrap(), batch));
+        }
+        batches.push((receivers[0].local_addr().unwrap(), SegmentBatch::new(4)));
+        sender.send_all(batches.iter().map(|(destination, batch)| (*destination, batch))).unwrap();
+
+        for (index, receiver) in receivers.into_iter().enumerate() {
+            let mut receiver = receiver;
+            let expected: Vec<Vec<u8>> = batches
+                .iter()
+                .filter(|(destination, _)| *destination == receiver.local_addr().unwrap())
+                .flat_map(|(_, batch)| batch.datagrams().map(<[u8]>::to_vec))
+                .collect();
+            let mut received = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while received.len() < expected.len() && Instant::now() < deadline {
+                receiver
+                    .recv(Duration::from_millis(100), |_, datagram| received.push(datagram.to_vec()))
+                    .unwrap();
+            }
+            assert_eq!(received.len(), expected.len(), "receiver {index}");
+            assert!(received == expected, "receiver {index}: every datagram, in order, byte for byte");
+        }
     }
 }

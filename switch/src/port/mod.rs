@@ -82,17 +82,19 @@ pub trait DataPort: Send + 'static {
         }
     }
 
-    /// Queues every datagram of `batch` for each of `destinations`. The data path writes
-    /// results straight into such batches, one per group of recipients: a port that sends
-    /// a batch as it is (UDP, with segmentation offload) overrides this to take it without
-    /// a copy.
-    fn send_batch(&mut self, destinations: &[Self::Address], batch: &SegmentBatch) {
-        for datagram in batch.datagrams() {
-            self.broadcast(destinations, datagram);
+    /// Queues every datagram of each batch for each of its destinations. The data path
+    /// writes results straight into such batches, one list per group of recipients: a
+    /// port that sends a batch as it is (UDP, with segmentation offload, all of them in
+    /// one system call) overrides this to take them without a copy.
+    fn send_batches<'b>(&mut self, batches: impl Iterator<Item = (&'b [Self::Address], &'b SegmentBatch)>) {
+        for (destinations, batch) in batches {
+            for datagram in batch.datagrams() {
+                self.broadcast(destinations, datagram);
+            }
         }
     }
 
-    /// Most datagrams a batch for [`DataPort::send_batch`] should hold.
+    /// Most datagrams a batch for [`DataPort::send_batches`] should hold.
     fn batch_segments(&self) -> usize {
         64
     }

@@ -1,9 +1,9 @@
 //! The kernel UDP port: one socket, batched system calls.
 //!
 //! Datagrams arrive through recvmmsg, with GRO where the kernel coalesces them. The data
-//! path's results come in batches it wrote them into ([`DataPort::send_batch`]), each
-//! sent as it is, one GSO send per recipient, so that a receive call's worth of results
-//! costs a system call per worker thread rather than one per datagram. Results sent one
+//! path's results come in batches it wrote them into ([`DataPort::send_batches`]), each
+//! sent as it is, one GSO message per batch and recipient, all of a receive call's worth
+//! in one sendmmsg call (or a few), whatever their sizes. Results sent one
 //! by one (through a [`super::FaultyPort`]) wait in one [`SegmentBatch`] per group of
 //! destinations and leave together at [`DataPort::flush`]; a result for every rank is
 //! written once, into a batch shared by its destinations and sent to each.
@@ -101,11 +101,10 @@ impl DataPort for UdpPort {
         queue.batch.push(datagram);
     }
 
-    fn send_batch(&mut self, destinations: &[SocketAddr], batch: &SegmentBatch) {
-        for &destination in destinations {
-            if let Err(error) = self.socket.send(destination, batch) {
-                tracing::debug!(%error, %destination, "send failed");
-            }
+    fn send_batches<'b>(&mut self, batches: impl Iterator<Item = (&'b [SocketAddr], &'b SegmentBatch)>) {
+        let each = batches.flat_map(|(destinations, batch)| destinations.iter().map(move |&to| (to, batch)));
+        if let Err(error) = self.socket.send_all(each) {
+            tracing::debug!(%error, "send failed");
         }
     }
 
