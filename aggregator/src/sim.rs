@@ -35,7 +35,7 @@ mod open;
 mod ring;
 mod wire;
 
-pub use ring::{Ring, RingReport, TcpSegments};
+pub use ring::{Congestion, Ring, RingReport, TcpSegments};
 
 use open::Switch;
 use wire::{Node, Wire};
