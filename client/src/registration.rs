@@ -244,7 +244,10 @@ pub(crate) fn watch_session(
 pub(crate) fn leave(mut switches: Vec<SwitchSession>, rank: u16) {
     for switch in &mut switches {
         let leave = ControlMessage::Leave { session: switch.session, rank };
-        if leave.write_to(0, &mut switch.control).is_err() {
+        // A switch that reads nothing (frozen, its receive window closed) must not hold
+        // the leave up for longer than the wait.
+        let bounded = switch.control.set_write_timeout(Some(LEAVE_WAIT));
+        if bounded.is_err() || leave.write_to(0, &mut switch.control).is_err() {
             // Already closed: nothing to wait for.
             switch.watch_ended = None;
         }

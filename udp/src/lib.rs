@@ -161,9 +161,7 @@ impl BatchSocket {
                 .try_for_each(|datagram| self.send_one(destination, datagram, None));
         };
         match self.send_one(destination, batch.contents(), Some(segment)) {
-            // Segments larger than the path MTU (EMSGSIZE), or a device without checksum
-            // offload, where the kernel cannot segment at all (EIO; a VM's virtio NIC).
-            Err(error) if matches!(error.raw_os_error(), Some(libc::EMSGSIZE | libc::EIO)) => {
+            Err(error) if segmentation_refused(&error) => {
                 self.coalesce.store(false, Ordering::Relaxed);
                 batch
                     .contents()
@@ -177,7 +175,9 @@ impl BatchSocket {
     /// Sends each batch to its destination, as many batches as one sendmmsg call takes
     /// (each one message, segmented by the kernel if it holds several datagrams): batches
     /// of several sizes and destinations cost one system call together, not one each.
-    /// On an error the other batches still go; the first error is returned.
+    /// On an error the other batches still go, but for a send buffer that stays full,
+    /// which loses the rest of that call's batches (retransmission repairs them); the
+    /// first error is returned.
     pub fn send_all<'a>(
         &self,
         batches: impl IntoIterator<Item = (SocketAddr, &'a SegmentBatch)>,
@@ -197,6 +197,15 @@ impl BatchSocket {
     /// for those the kernel did not take at once.
     fn send_many(&self, batches: &[Option<(SocketAddr, &SegmentBatch)>]) -> io::Result<()> {
         let coalesce = self.coalesce.load(Ordering::Relaxed);
+        if !coalesce {
+            // Without segmentation a message is one datagram: a batch of several goes as
+            // `send` splits it, one datagram at a time.
+            let mut result = Ok(());
+            for (destination, batch) in batches.iter().flatten() {
+                result = result.and(self.send(*destination, batch));
+            }
+            return result;
+        }
         // SAFETY: plain C structs, for which all zeroes are valid (null pointers, zero
         // lengths).
         let mut names = [unsafe { std::mem::zeroed::<libc::sockaddr_storage>() }; BATCHES_PER_CALL];
@@ -229,7 +238,7 @@ impl BatchSocket {
             }
         }
         let mut result = Ok(());
-        let (mut next, mut tries) = (0, 0);
+        let (mut next, mut tries, mut refused) = (0, 0, false);
         while next < batches.len() {
             let waiting = &mut headers[next..batches.len()];
             // SAFETY: a valid descriptor, and `waiting.len()` headers whose pointers lead to
@@ -244,7 +253,7 @@ impl BatchSocket {
                 )
             };
             if sent > 0 {
-                (next, tries) = (next + sent as usize, 0);
+                (next, tries, refused) = (next + sent as usize, 0, false);
                 continue;
             }
             let error = io::Error::last_os_error();
@@ -253,20 +262,32 @@ impl BatchSocket {
                 // A full send buffer, as in `send_one`: wait a little, but never long.
                 io::ErrorKind::WouldBlock if tries + 1 < SEND_ATTEMPTS => {
                     tries += 1;
-                    wait_writable(&self.socket, Duration::from_millis(10))?;
+                    if let Err(error) = wait_writable(&self.socket, Duration::from_millis(10)) {
+                        return result.and(Err(error));
+                    }
                     continue;
                 }
-                // Lost, as a send to a gone peer or into a full buffer is.
-                io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionRefused => {}
+                // Still full: the buffer is the socket's, shared by every destination, so
+                // the rest of this call is lost as the first message is (retransmission
+                // repairs it) rather than each waiting its own turn.
+                io::ErrorKind::WouldBlock => return result,
+                // A connected socket reports an earlier datagram's ICMP error on this
+                // send, which the kernel did not make: try it once more.
+                io::ErrorKind::ConnectionRefused if !refused => {
+                    refused = true;
+                    continue;
+                }
+                // Lost, as a send to a gone peer is.
+                io::ErrorKind::ConnectionRefused => {}
                 // Segmentation refused: `send` finds out why and sends one by one.
-                _ if matches!(error.raw_os_error(), Some(libc::EMSGSIZE | libc::EIO)) => {
+                _ if segmentation_refused(&error) => {
                     let fallback =
                         batches[next].map_or(Ok(()), |(destination, batch)| self.send(destination, batch));
                     result = result.and(fallback);
                 }
                 _ => result = result.and(Err(error)),
             }
-            (next, tries) = (next + 1, 0);
+            (next, tries, refused) = (next + 1, 0, false);
         }
         result
     }
@@ -292,6 +313,14 @@ impl BatchSocket {
         }
         Ok(())
     }
+}
+
+/// Whether a send that asked the kernel to segment (UDP_SEGMENT) failed for that alone:
+/// segments larger than the path MTU (EMSGSIZE, or EINVAL on older kernels), or
+/// a device without checksum offload, where the kernel cannot segment at all (EIO; a VM's
+/// virtio NIC).
+fn segmentation_refused(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMSGSIZE | libc::EIO | libc::EINVAL))
 }
 
 /// Writes `address` as the kernel takes it into `name`; returns its length.
@@ -397,6 +426,17 @@ mod tests {
 
     #[test]
     fn batches_of_mixed_sizes_and_destinations_arrive_exactly() {
+        send_mixed_batches(true);
+    }
+
+    /// Batches made while the kernel segmented, sent once it refuses to (a device without
+    /// checksum offload found on an earlier send): each datagram still arrives on its own.
+    #[test]
+    fn batches_of_several_datagrams_arrive_exactly_once_segmentation_is_refused() {
+        send_mixed_batches(false);
+    }
+
+    fn send_mixed_batches(coalesce: bool) {
         let receivers: Vec<BatchSocket> =
             (0..2).map(|_| BatchSocket::bind("127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap()).collect();
         let sender = BatchSocket::bind("127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap();
@@ -417,6 +457,7 @@ mod tests {
             batches.push((receivers[usize::from(round % 2)].local_addr().unwrap(), batch));
         }
         batches.push((receivers[0].local_addr().unwrap(), SegmentBatch::new(4)));
+        sender.coalesce.store(coalesce, Ordering::Relaxed);
         sender.send_all(batches.iter().map(|(destination, batch)| (*destination, batch))).unwrap();
 
         for (index, receiver) in receivers.into_iter().enumerate() {

@@ -223,8 +223,9 @@ impl Pacer {
         true
     }
 
-    /// Paces at the delivery rate measured from now on, starting up from `seed` (or from
-    /// the rate an earlier spell measured, if higher).
+    /// Paces at the delivery rate measured from now on, starting up from `seed`; what an
+    /// earlier spell measured is forgotten (the path may have changed), but for the floor
+    /// `set_rate` keeps at half the capacity.
     fn measure(&mut self, seed: f64) {
         self.measured = true;
         self.delivery.start(seed);

@@ -71,11 +71,11 @@ impl WorkerProtocol {
         None
     }
 
-    /// The bytes the pacer books for every data packet sent and every result received: a
-    /// full packet's, whatever the packet holds. A sparse stream's contribution may be a
-    /// bare header while its result, the union of every worker's blocks, is full: booked
-    /// at its own size, a paced rate would let results through faster than it, and
-    /// overflow the path down. One sending draws at most one full result.
+    /// A full packet's bytes: what the pacer books for a data packet sent until results
+    /// have come (then it books the mean result's size, `LinkPacer::result_len`), since a
+    /// sparse stream's contribution may be a bare header while its result, the union of
+    /// every worker's blocks, is full: booked at its own size, a paced rate would let
+    /// results through faster than it, and overflow the path down.
     pub(super) fn paced_len(&self) -> usize {
         datagram_len(self.config.packet_elements as usize)
     }
