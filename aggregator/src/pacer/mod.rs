@@ -62,9 +62,9 @@
 //!   delivered loses only at random, and the worker's recovery repairs that; a rate
 //!   above it delivers no more than the path carries, which the next rate follows;
 //! - a worker the standing delay paced that finds more than [`LOSS_TOLERANCE`] of its
-//!   data sendings lost paces below the share the path carried, as before; one whose
-//!   share lost stays as high after two such cuts in a row is losing at random, at any
-//!   rate, and is unpaced again. A capacity so measured on a path that never showed a
+//!   data sendings lost paces below the share the path carried, as before; one that
+//!   still loses more after [`LOSSY_PATH_CUTS`] such cuts in a row is losing at random,
+//!   at any rate, and is unpaced again. A capacity so measured on a path that never showed a
 //!   standing queue caps the rate's raises just below it (a raise past it would go
 //!   unseen until its losses), creeping up by [`LOSSY_CREEP`] while the rate presses
 //!   against it. Nor does it become a measured rate, which has no way
@@ -173,6 +173,12 @@ const LOSS_TOLERANCE: f64 = 0.125;
 /// Data sendings a paced worker counts before it judges their share lost: fewer, and a
 /// loss or two decides.
 const LOSS_SAMPLE: u32 = 64;
+
+/// Cuts in a row for a share lost above [`LOSS_TOLERANCE`] after which a loss still above
+/// it is taken as the path's, at any rate: a cut paces below what the path carried, which
+/// ends a queue's overflow at once, or within a cut or two where the rate it cut did not
+/// limit the worker (and overstated what the path carried).
+const LOSSY_PATH_CUTS: u32 = 3;
 
 /// How a worker paces its data packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
