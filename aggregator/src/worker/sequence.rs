@@ -133,6 +133,12 @@ impl WorkerProtocol {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
+    use netagg_wire::{Flags, MessageType, Packet};
+
+    use super::super::testing::{parsed, result_of, running, sent, Numbers};
+    use super::super::Delivery;
     use super::*;
 
     fn taken(numbers: &[u8]) -> Vec<u32> {
@@ -168,5 +174,51 @@ mod tests {
         gaps.settle();
         assert_eq!([8, 9, 10].map(|n| gaps.lost_at(n)), [0, 0, 0]);
         assert_eq!(gaps.unasked, 0);
+    }
+
+    /// The switch's broadcast of `packet`'s round, numbered `number`.
+    fn numbered(packet: &[u8], number: u8) -> Vec<u8> {
+        let mut result = result_of(packet);
+        let mut view = Packet::new_unchecked(&mut result[..]);
+        view.set_sequence(number);
+        view.seal();
+        result
+    }
+
+    /// What a thread of 8 slots sends at `now` after the broadcasts of its first window's
+    /// slots `slots`, numbered `numbers`: (message type, slot, flags) of each packet.
+    fn after(slots: &[usize], numbers: &[u8]) -> (WorkerProtocol, Vec<(MessageType, u16, Flags)>) {
+        let start = Instant::now();
+        let mut protocol = running(start, 8, 16, Duration::from_millis(10));
+        let first = sent(&mut protocol, start);
+        assert_eq!(first.len(), 8);
+        for (&slot, &number) in slots.iter().zip(numbers) {
+            let delivery = protocol.handle_datagram(start, &numbered(&first[slot], number), &mut Numbers);
+            assert_eq!(delivery, Delivery::Accepted);
+        }
+        let packets = sent(&mut protocol, start);
+        (protocol, packets.iter().map(|p| parsed(p)).map(|p| (p.message_type, p.slot, p.flags)).collect())
+    }
+
+    #[test]
+    fn a_result_missing_three_numbers_back_is_asked_for_at_once_by_the_oldest_overtaken_slot() {
+        // Slot 1's result, number 11, is lost: once number 13 has come, slot 1 asks.
+        let (protocol, packets) = after(&[0, 2, 3], &[10, 12, 13]);
+        let requests: Vec<_> = packets.iter().filter(|p| p.0 == MessageType::Ack).collect();
+        assert!(requests.is_empty(), "{packets:?}");
+        assert_eq!(protocol.counters().gap_requests, 0);
+        let (protocol, packets) = after(&[0, 2, 3, 4], &[10, 12, 13, 14]);
+        let requests: Vec<_> = packets.iter().filter(|p| p.0 == MessageType::Ack).collect();
+        assert_eq!(requests, [&(MessageType::Ack, 1, Flags::WANT_RESULT)], "{packets:?}");
+        assert_eq!((protocol.counters().gap_requests, protocol.counters().timeouts), (1, 0));
+        // The next blocks of the four slots answered, and nothing sent again.
+        assert_eq!(packets.iter().filter(|p| p.0 == MessageType::Data && p.2 == Flags::NONE).count(), 4);
+    }
+
+    #[test]
+    fn a_result_reordered_within_three_numbers_is_not_asked_for() {
+        let (protocol, packets) = after(&[0, 2, 3, 1, 4, 5], &[10, 12, 13, 11, 14, 15]);
+        assert!(packets.iter().all(|p| p.0 == MessageType::Data && p.2 == Flags::NONE), "{packets:?}");
+        assert_eq!(protocol.counters().gap_requests, 0);
     }
 }
