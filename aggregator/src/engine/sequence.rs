@@ -42,7 +42,37 @@ impl BroadcastNumbers {
 
 #[cfg(test)]
 mod tests {
+    use netagg_wire::Packet;
+
+    use super::super::testing::{ask, contribution, one_slot};
+    use super::super::{Recipient, Transmit, Verdict};
     use super::*;
+
+    #[test]
+    fn broadcasts_carry_consecutive_numbers_and_an_answer_to_one_worker_none() {
+        let (mut engine, session, now, mut out) = one_slot(2);
+        let mut numbers = Vec::new();
+        for round in 0..3 {
+            engine.handle_datagram(now, &contribution(session, 0, round, round.wrapping_sub(1)), &mut out);
+            let verdict = engine.handle_datagram(
+                now,
+                &contribution(session, 1, round, round.wrapping_sub(1)),
+                &mut out,
+            );
+            let Verdict::Send(Transmit { recipient: Recipient::All, len, .. }) = verdict else {
+                panic!("{verdict:?}")
+            };
+            numbers.push(Packet::new_checked(&out[..len]).unwrap().sequence());
+            // Rank 0 asks for the result again: the answer goes to it alone, unnumbered.
+            let verdict = engine.handle_datagram(now, &ask(session, 0, round, false), &mut out);
+            let Verdict::Send(Transmit { recipient: Recipient::Worker(0), len, .. }) = verdict else {
+                panic!("{verdict:?}")
+            };
+            assert_eq!(out[23], 0, "byte 23 of an answer");
+            assert_eq!(Packet::new_checked(&out[..len]).unwrap().round(), round);
+        }
+        assert_eq!(numbers, [1, 2, 3]);
+    }
 
     #[test]
     fn each_threads_broadcasts_count_on_their_own_and_wrap() {

@@ -29,7 +29,8 @@ pub(super) const REORDER_PACKETS: u32 = 3;
 pub(super) struct BroadcastGaps {
     /// The number the next broadcast should carry, once one has come.
     next: Option<u8>,
-    /// Bit `i`: number `next - 1 - i` has not come (bit 0, the latest, always has).
+    /// Bit `i`, below [`REORDER_PACKETS`]: number `next - 1 - i` has not come (bit 0,
+    /// the latest, always has); those further back are lost already.
     missing: u64,
     /// Numbers taken as lost that no slot has asked after yet.
     unasked: u32,
@@ -55,18 +56,26 @@ impl BroadcastGaps {
         if skipped >= 128 {
             // Behind `next`: a number reordered into its gap, or a duplicate.
             let behind = u32::from(next.wrapping_sub(1).wrapping_sub(sequence));
-            if behind < 64 {
+            if behind < REORDER_PACKETS {
                 self.missing &= !(1 << behind);
             }
             return 0;
         }
+        // Numbers past `next` skipped, and the ones already missing, move `skipped + 1`
+        // places back: each that reaches the allowance is lost, the others still missing.
         let skipped = u32::from(skipped);
         self.next = Some(sequence.wrapping_add(1));
-        let gap = ((1u64 << skipped) - 1) << 1;
-        self.missing = self.missing.checked_shl(skipped + 1).unwrap_or(0) | gap;
-        let lost = self.missing >> REORDER_PACKETS;
-        self.missing &= (1 << REORDER_PACKETS) - 1;
-        lost.count_ones()
+        let moved = skipped + 1;
+        let window = (1u64 << REORDER_PACKETS) - 1;
+        let (old_lost, old_kept) = if moved >= REORDER_PACKETS {
+            (self.missing.count_ones(), 0)
+        } else {
+            ((self.missing >> (REORDER_PACKETS - moved)).count_ones(), self.missing << moved & window)
+        };
+        let new_lost = skipped.saturating_sub(REORDER_PACKETS - 1);
+        let new_kept = ((1u64 << skipped.min(REORDER_PACKETS - 1)) - 1) << 1;
+        self.missing = old_kept | new_kept;
+        old_lost + new_lost
     }
 
     /// Forgets the numbers still missing, keeping the count: at a job's start, when every
@@ -153,6 +162,8 @@ mod tests {
         // past the allowance loses all but the last two at once.
         assert_eq!(taken(&[1, 4, 5, 6, 7]), [0, 0, 1, 1, 0]);
         assert_eq!(taken(&[1, 9]), [0, 5]);
+        // The largest jump a byte tells from a late number, 127 skipped.
+        assert_eq!(taken(&[1, 129, 130]), [0, 125, 1]);
     }
 
     #[test]
