@@ -62,13 +62,17 @@ fn ratios_to_the_model(config: ClusterConfig, jobs: usize) -> Vec<f64> {
 }
 
 /// 1.34 of the model, median, before losses were found in round trips of the path
-/// (`worker/early_loss.rs`); 1.13 after. The goal, 1.1, is not met yet.
+/// (`worker/early_loss.rs`); 1.134 after (1.104-1.361). With lost results found as gaps
+/// in the switch's numbering of its broadcasts (`worker/sequence.rs`), 1.120
+/// (1.090-1.249): both bounds below fail without it. The goal, 1.1, is not met
+/// yet: most of what is left is lost contributions, which no result reveals sooner.
 #[test]
-fn one_percent_loss_each_way_stays_within_a_fifth_of_the_link_rate_model() {
+fn one_percent_loss_each_way_stays_within_1_13_times_the_link_rate_model() {
     let mut ratios: Vec<f64> =
         (1..=8).flat_map(|seed| ratios_to_the_model(lossy_row(0.01, seed), 2)).collect();
     ratios.sort_by(f64::total_cmp);
     let median = (ratios[7] + ratios[8]) / 2.0;
     eprintln!("1 % loss, jobs over the model: median {median:.3}, all {ratios:.3?}");
-    assert!(median < 1.2, "median {median:.3} of the model: {ratios:.3?}");
+    assert!(median < 1.13, "median {median:.3} of the model: {ratios:.3?}");
+    assert!(ratios[15] < 1.3, "slowest job {:.3} of the model: {ratios:.3?}", ratios[15]);
 }

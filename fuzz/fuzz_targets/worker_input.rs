@@ -152,6 +152,9 @@ struct Answer {
     next_block: Option<u8>,
     /// Seed of the element values.
     value: i32,
+    /// A broadcast's number among the switch's broadcasts to this thread: in or out of
+    /// order, repeated or skipped, as the fuzzer picks.
+    sequence: u8,
 }
 
 /// The job's tensors: `load` reads `input`, `store` writes `output`.
@@ -334,6 +337,7 @@ impl Harness {
             message_type: MessageType::Result,
             flags: if sent.flags.contains(Flags::SPARSE) { Flags::SPARSE } else { Flags::NONE },
             rank: if answer.broadcast { BROADCAST_RANK } else { sent.rank },
+            sequence: if answer.broadcast { answer.sequence } else { 0 },
             element_count: if answer.empty { 0 } else { sent.element_count },
             next_block: if answer.own_next {
                 sent.next_block

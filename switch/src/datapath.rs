@@ -391,6 +391,8 @@ impl<P: DataPort> DataPath<P> {
         });
         match attached {
             Ok(id) => {
+                // Each rank's thread of one index sees only its slots' broadcasts.
+                self.board.engine.number_per_thread(id, spec.slots / threads as u16);
                 self.board.peers.insert(id, peers);
                 Ok(id)
             }

@@ -45,6 +45,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut result = PacketRepr {
         packet_id: 3,
         rank: netagg_wire::packet::BROADCAST_RANK,
+        // The switch's 200th broadcast to this worker thread.
+        sequence: 200,
         round: 5,
         block: 3,
         next_block: netagg_wire::packet::END_OF_STREAM,

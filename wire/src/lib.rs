@@ -39,9 +39,11 @@ pub use packet::{ElementType, Flags, Integrity, MessageType, Packet, PacketRepr}
 /// answers a request or a repeated contribution for a round still aggregating; 5: the
 /// *probe* and its *progress* report, which carries the map of contributions a pending
 /// notice no longer does; 6: a CRC32C trailer over header and payload, so that a
-/// corrupted datagram is dropped rather than summed). The control protocol has its own,
+/// corrupted datagram is dropped rather than summed; 7: a result's *sequence* byte, the
+/// switch's count of broadcasts to the recipient's worker thread, so that a lost result
+/// shows as a gap at the next one). The control protocol has its own,
 /// [`CONTROL_VERSION`].
-pub const PACKET_VERSION: u8 = 6;
+pub const PACKET_VERSION: u8 = 7;
 
 /// The largest UDP payload over IPv4: the bound on any netagg datagram.
 pub const MAX_DATAGRAM_LEN: usize = 65_507;

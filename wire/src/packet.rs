@@ -18,7 +18,7 @@
 //! | 18     | 2    | element count  | elements in the payload |
 //! | 20     | 2    | slot           | aggregation slot within the session |
 //! | 22     | 1    | exponent       | block-floating-point exponent (i8), max-reduced |
-//! | 23     | 1    | reserved       | zero |
+//! | 23     | 1    | sequence       | result: the switch's count of broadcasts to this worker thread, mod 256; zero otherwise |
 //! | 24     | 4    | round          | use number of the slot |
 //! | 28     | 4    | block          | block index carried (sparse) or packet index (dense) |
 //! | 32     | 4    | next block     | sparse: sender's next non-zero block; result: everyone's next |
@@ -150,7 +150,7 @@ mod field {
     pub const ELEMENT_COUNT: Range<usize> = 18..20;
     pub const SLOT: Range<usize> = 20..22;
     pub const EXPONENT: usize = 22;
-    pub const RESERVED: usize = 23;
+    pub const SEQUENCE: usize = 23;
     pub const ROUND: Range<usize> = 24..28;
     pub const BLOCK: Range<usize> = 28..32;
     pub const NEXT_BLOCK: Range<usize> = 32..36;
@@ -196,6 +196,10 @@ const HEADER_ONLY: WireError = WireError::InvalidField {
     field: "element count",
     reason: "acks, pending notices and probes carry no payload",
 };
+
+/// A sequence number on a message other than a result.
+const NOT_SEQUENCED: WireError =
+    WireError::InvalidField { field: "sequence", reason: "only results are numbered; must be zero" };
 
 /// A progress report over more slots than its map covers.
 const PROGRESS_TOO_LONG: WireError =
@@ -373,8 +377,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let message_type = MessageType::try_from(data[field::MESSAGE_TYPE])?;
         let element_type = ElementType::try_from(data[field::ELEMENT_TYPE])?;
         Flags::from_bits(data[field::FLAGS])?;
-        if data[field::RESERVED] != 0 {
-            return Err(WireError::InvalidField { field: "reserved", reason: "must be zero" });
+        if message_type != MessageType::Result && data[field::SEQUENCE] != 0 {
+            return Err(NOT_SEQUENCED);
         }
         let count = self.element_count() as usize;
         if message_type.is_header_only() && count != 0 {
@@ -452,6 +456,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
     pub fn exponent(&self) -> i8 {
         self.buffer.as_ref()[field::EXPONENT] as i8
+    }
+    /// On a result: its number among the switch's broadcasts to the recipient's worker
+    /// thread, modulo 256 ([`PacketRepr::sequence`]).
+    pub fn sequence(&self) -> u8 {
+        self.buffer.as_ref()[field::SEQUENCE]
     }
     pub fn round(&self) -> u32 {
         self.u32_at(field::ROUND)
@@ -533,6 +542,9 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_exponent(&mut self, value: i8) {
         self.buffer.as_mut()[field::EXPONENT] = value as u8;
     }
+    pub fn set_sequence(&mut self, value: u8) {
+        self.buffer.as_mut()[field::SEQUENCE] = value;
+    }
     pub fn set_round(&mut self, value: u32) {
         self.set_u32_at(field::ROUND, value);
     }
@@ -582,6 +594,11 @@ pub struct PacketRepr {
     pub element_count: u16,
     pub slot: u16,
     pub exponent: i8,
+    /// On a result broadcast to every worker: the switch numbers its broadcasts to each
+    /// worker thread in one sequence, modulo 256, so that a thread sees a lost result as
+    /// a gap the moment a later one arrives, whatever order the rounds complete in. 0 on
+    /// a result to one worker (an answer) and on every other message.
+    pub sequence: u8,
     pub round: u32,
     pub block: u32,
     pub next_block: u32,
@@ -641,6 +658,7 @@ impl PacketRepr {
             element_count,
             slot: 0,
             exponent: 0,
+            sequence: 0,
             round: 0,
             block: 0,
             next_block: 0,
@@ -667,6 +685,7 @@ impl PacketRepr {
             element_count: packet.element_count(),
             slot: packet.slot(),
             exponent: packet.exponent(),
+            sequence: packet.sequence(),
             round: packet.round(),
             block: packet.block(),
             next_block: packet.next_block(),
@@ -690,6 +709,9 @@ impl PacketRepr {
         }
         if self.message_type.is_header_only() && self.element_count != 0 {
             return Err(HEADER_ONLY);
+        }
+        if self.message_type != MessageType::Result && self.sequence != 0 {
+            return Err(NOT_SEQUENCED);
         }
         if self.message_type == MessageType::Progress {
             if self.element_count as usize > PROGRESS_SLOTS {
@@ -715,7 +737,7 @@ impl PacketRepr {
         packet.set_element_count(self.element_count);
         packet.set_slot(self.slot);
         packet.set_exponent(self.exponent);
-        packet.buffer[field::RESERVED] = 0;
+        packet.set_sequence(self.sequence);
         packet.set_round(self.round);
         packet.set_block(self.block);
         packet.set_next_block(self.next_block);
@@ -741,6 +763,7 @@ mod tests {
             element_count: 2,
             slot: 0x1234,
             exponent: -5,
+            sequence: 0,
             round: 0x0506_0708,
             block: 42,
             next_block: END_OF_STREAM,
@@ -751,12 +774,12 @@ mod tests {
 
     #[rustfmt::skip]
     const SAMPLE_BYTES: [u8; 60] = [
-        0x06, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
+        0x07, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
         0x04, 0x03, 0x02, 0x01,             // session
         0x07, 0x00, 0x00, 0x00,             // job
         0xDD, 0xCC, 0xBB, 0xAA,             // packet id
         0x03, 0x00, 0x02, 0x00,             // rank, element count
-        0x34, 0x12, 0xFB, 0x00,             // slot, exponent -5, reserved
+        0x34, 0x12, 0xFB, 0x00,             // slot, exponent -5, sequence (a result's only)
         0x08, 0x07, 0x06, 0x05,             // round
         0x2A, 0x00, 0x00, 0x00,             // block
         0xFF, 0xFF, 0xFF, 0xFF,             // next block: end of stream
@@ -765,7 +788,7 @@ mod tests {
         0x44, 0x33, 0x22, 0x11,             // token, high half
         0x01, 0x00, 0x00, 0x00,             // element 0: 1
         0xFF, 0xFF, 0xFF, 0xFF,             // element 1: -1
-        0x7D, 0x8C, 0x53, 0xC9,             // CRC32C of the 56 bytes above (as crcmod computes it)
+        0x85, 0x51, 0x19, 0x57,             // CRC32C of the 56 bytes above (as crcmod computes it)
     ];
 
     /// `bytes` with their checksum written again, after a test changed them.
@@ -790,7 +813,7 @@ mod tests {
         let packet = Packet::new_checked(&SAMPLE_BYTES[..]).unwrap();
         assert_eq!(PacketRepr::parse(&packet), sample());
         assert_eq!(packet.payload(), &SAMPLE_BYTES[48..56]);
-        assert_eq!(packet.checksum(), 0xC953_8C7D);
+        assert_eq!(packet.checksum(), 0x5719_5185);
         assert_eq!(HEADER_LEN % 8, 0, "the header keeps payloads 8-byte aligned");
     }
 
@@ -883,6 +906,26 @@ mod tests {
     }
 
     #[test]
+    fn a_result_carries_its_sequence_number_and_no_other_message_does() {
+        let result = PacketRepr { message_type: MessageType::Result, sequence: 0xA5, ..sample() };
+        let mut buffer = [0u8; 60];
+        result.emit(&mut buffer).unwrap().seal();
+        assert_eq!(buffer[..4], [PACKET_VERSION, 2, 1, 3]);
+        assert_eq!(buffer[20..24], [0x34, 0x12, 0xFB, 0xA5], "slot, exponent, sequence");
+        let parsed = Packet::new_checked(&buffer[..]).unwrap();
+        assert_eq!((parsed.sequence(), PacketRepr::parse(&parsed)), (0xA5, result));
+        // A data packet with a number is refused, built or received.
+        let data = PacketRepr { sequence: 1, ..sample() };
+        assert!(matches!(data.emit(&mut [0u8; 60]), Err(WireError::InvalidField { field: "sequence", .. })));
+        let mut bytes = buffer;
+        bytes[1] = MessageType::Data as u8;
+        assert!(matches!(
+            Packet::new_checked(resealed(bytes)).unwrap_err(),
+            WireError::InvalidField { field: "sequence", .. }
+        ));
+    }
+
+    #[test]
     fn wrong_version_unknown_types_and_flags_are_rejected() {
         let with = |offset: usize, value: u8| {
             let mut bytes = SAMPLE_BYTES;
@@ -895,7 +938,7 @@ mod tests {
         assert_eq!(with(1, 7), WireError::UnknownMessageType(7));
         assert_eq!(with(2, 5), WireError::UnknownElementType(5));
         assert_eq!(with(3, 0x83), WireError::UnknownFlags(0x80));
-        assert!(matches!(with(23, 1), WireError::InvalidField { field: "reserved", .. }));
+        assert!(matches!(with(23, 1), WireError::InvalidField { field: "sequence", .. }));
     }
 
     #[test]
@@ -1039,11 +1082,11 @@ mod tests {
         let mut bytes = SAMPLE_BYTES;
         bytes[50] ^= 0x10;
         let error = Packet::new_checked(bytes).unwrap_err();
-        let WireError::Checksum { found: 0xC953_8C7D, computed } = error else { panic!("{error:?}") };
+        let WireError::Checksum { found: 0x5719_5185, computed } = error else { panic!("{error:?}") };
         assert_eq!(
             error.to_string(),
             format!(
-                "checksum 0xc9538c7d does not match {computed:#010x}, the CRC32C of the bytes it covers: \
+                "checksum 0x57195185 does not match {computed:#010x}, the CRC32C of the bytes it covers: \
                  the datagram was corrupted on its way"
             )
         );

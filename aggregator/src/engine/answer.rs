@@ -171,6 +171,7 @@ impl Session {
             element_count: set.element_count,
             slot,
             exponent: set.exponent,
+            sequence: 0,
             round: set.round,
             block: set.block,
             next_block: set.next_block,
@@ -178,6 +179,9 @@ impl Session {
             token: self.token,
         };
         repr.set_completed_by(set.completed_by.map(|rank| rank.wrapping_add(self.rank_base)));
+        if recipient == Recipient::All {
+            repr.sequence = self.broadcasts.number(slot);
+        }
         // `handle` checked that `out` holds a full packet of the session.
         match repr.emit(out) {
             Ok(mut packet) => {

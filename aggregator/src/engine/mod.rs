@@ -11,6 +11,7 @@
 //! - `slot`: slots, their rounds, and the sets that aggregate and retain them.
 //! - `stream`: which workers a slot's next round expects, dense or sparse.
 //! - `answer`: results and pending notices, written into the caller's buffer.
+//! - `sequence`: the numbers of each worker thread's broadcast results.
 //! - `departures`: ranks that leave a session, and the rounds that then cannot complete.
 //! - `uplink`: a session of a lower switch in an aggregation tree, whose rounds complete
 //!   at the upper switch it takes part in as one member.
@@ -22,6 +23,7 @@ use netagg_wire::{Integrity, PacketRepr, WireError};
 
 mod answer;
 mod departures;
+mod sequence;
 mod session;
 mod slot;
 mod stream;
@@ -348,6 +350,16 @@ impl Engine {
     pub fn note_activity(&mut self, id: SessionId, at: Instant) {
         if let Some(session) = self.session_mut(id) {
             session.last_activity = session.last_activity.max(at);
+        }
+    }
+
+    /// Numbers session `id`'s broadcast results in one sequence per worker thread of
+    /// `slots_per_thread` slots, as its workers registered them: each thread sees only its
+    /// slots' results, so a count over all of them would show it gaps that are not losses.
+    /// Until told, a session numbers all its broadcasts in one sequence (one thread a rank).
+    pub fn number_per_thread(&mut self, id: SessionId, slots_per_thread: u16) {
+        if let Some(session) = self.session_mut(id) {
+            session.broadcasts.split(session.spec.slots, slots_per_thread);
         }
     }
 

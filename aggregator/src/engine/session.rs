@@ -6,6 +6,7 @@ use std::time::Instant;
 use netagg_wire::packet::{datagram_len, progress_slots, ELEMENT_LEN};
 use netagg_wire::{ElementType, Flags, Integrity, MessageType, PacketRepr};
 
+use super::sequence::BroadcastNumbers;
 use super::slot::{Set, Slot};
 use super::uplink::Uplink;
 use super::{DropReason, Verdict};
@@ -137,6 +138,8 @@ pub(super) struct Session {
     pub(super) integrity: Integrity,
     /// The sum kernels' vectors, chosen once rather than looked up per contribution.
     pub(super) instruction_set: InstructionSet,
+    /// The numbers of the broadcasts to each worker thread.
+    pub(super) broadcasts: BroadcastNumbers,
 }
 
 impl Session {
@@ -166,6 +169,7 @@ impl Session {
             uplink: None,
             integrity,
             instruction_set: InstructionSet::best(),
+            broadcasts: BroadcastNumbers::new(spec.slots),
         }
     }
 

@@ -90,6 +90,7 @@ impl WorkerProtocol {
         self.latest_answered = None;
         self.probe = None;
         self.first_sendings.clear();
+        self.gaps.iter_mut().for_each(|gaps| gaps.settle());
         self.pacer.job_started(now, &mut self.delivered);
         self.start_streams(&spec, active_slots);
         self.job = Some(Job { spec, blocks });

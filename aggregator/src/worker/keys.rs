@@ -45,15 +45,21 @@ impl SessionKeys {
 
     /// The key of `slot`'s owner.
     pub fn key(&self, slot: u16) -> SessionKey {
-        self.ranges[self.range(slot)].1
+        self.ranges[self.owner(slot)].1
     }
 
     /// The first slot past `slot` that another endpoint owns (65 536 where none does).
     pub fn owner_end(&self, slot: u16) -> usize {
-        self.ranges.get(self.range(slot) + 1).map_or(1 << 16, |&(first, _)| usize::from(first))
+        self.ranges.get(self.owner(slot) + 1).map_or(1 << 16, |&(first, _)| usize::from(first))
     }
 
-    fn range(&self, slot: u16) -> usize {
+    /// How many endpoints own the session's slots: one per range.
+    pub(super) fn endpoints(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// The index, among [`SessionKeys::endpoints`], of the endpoint that owns `slot`.
+    pub(super) fn owner(&self, slot: u16) -> usize {
         // The first range starts at 0, so the partition point is at least 1.
         self.ranges.partition_point(|&(first, _)| first <= slot) - 1
     }

@@ -18,6 +18,8 @@
 //! - `timers`: the slots' retransmission timers, and the round-trip time they follow.
 //! - `recovery`: what a slot whose timer fires does: loss detection, resends, requests
 //!   and probes, and what the switch's answers to them tell it.
+//! - `sequence`: lost results found as gaps in the switch's numbering of its
+//!   broadcasts, in a few packets.
 //! - `early_loss`: loss found and repaired in round trips of the path, not timeouts:
 //!   a slot overtaken by later results, or whose recovery goes unanswered.
 
@@ -38,6 +40,7 @@ mod keys;
 mod receive;
 mod recovery;
 mod send;
+mod sequence;
 mod streams;
 #[cfg(test)]
 mod testing;
@@ -167,6 +170,9 @@ counters! {
         pub pending: u64,
         /// Progress reports received, each answering a probe.
         pub progress_reports: u64,
+        /// Requests for a result sent because a gap in the switch's numbering of its
+        /// broadcasts showed one lost.
+        pub gap_requests: u64,
         /// Slot timers that fired and sent a retransmission, a request or a probe (timers
         /// that fired while a probe was out send nothing and are not counted).
         pub timeouts: u64,
@@ -251,6 +257,9 @@ struct SlotState {
     /// When the slot last sent a request or a retransmission that the switch has not
     /// answered yet.
     recovery_sent: Option<Instant>,
+    /// The wait (its `waiting_since`) in which a gap in the broadcasts' numbers had this
+    /// slot ask for its result: asked once a wait, so the next gap guesses another slot.
+    gap_asked: Option<u64>,
     /// The session as this slot's switch knows it.
     key: SessionKey,
     /// When this slot's retransmission timer fires; re-armed at every send.
@@ -337,6 +346,9 @@ pub struct WorkerProtocol {
     answer_rtt: Option<RttEstimate>,
     /// The latest result's round was completed by another worker's contribution.
     peers_complete: bool,
+    /// What the thread has seen of each switch endpoint's numbering of its broadcasts,
+    /// one per range of [`WorkerConfig::keys`].
+    gaps: Vec<sequence::BroadcastGaps>,
     counters: WorkerCounters,
 }
 
@@ -372,10 +384,12 @@ impl WorkerProtocol {
                 first_sending: 0,
                 backoff: 0,
                 recovery_sent: None,
+                gap_asked: None,
                 deadline: None,
                 queued: None,
             })
             .collect();
+        let gaps = vec![sequence::BroadcastGaps::default(); config.keys.endpoints()];
         WorkerProtocol {
             base_timeout: config.retransmit_timeout,
             pacer,
@@ -399,6 +413,7 @@ impl WorkerProtocol {
             first_sendings: Sendings::new(),
             answer_rtt: None,
             peers_complete: false,
+            gaps,
             counters: WorkerCounters::default(),
         }
     }

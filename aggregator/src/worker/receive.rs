@@ -62,6 +62,10 @@ impl WorkerProtocol {
         })?;
         let repr = PacketRepr::parse(&packet);
         let index = self.addressed_slot(&repr)?;
+        if repr.rank == BROADCAST_RANK {
+            // Numbered whatever its job: a late one still fills its gap.
+            self.take_sequence(index, repr.sequence);
+        }
         let Some(job) = self.running_job(index, &repr) else {
             return Ok(Delivery::Stale);
         };
@@ -98,6 +102,9 @@ impl WorkerProtocol {
         } else {
             self.await_next(now, index, queued_before);
         }
+        // After the result is taken, which may be the evidence that overtakes the
+        // contributions to ask after.
+        self.ask_after_gaps(index);
         Ok(Delivery::Accepted)
     }
 

@@ -176,6 +176,7 @@ impl WorkerProtocol {
             element_count: 0,
             slot: self.config.slot_base + index,
             exponent: 0,
+            sequence: 0,
             round: slot.have.wrapping_add(1),
             block: 0,
             next_block: 0,
