@@ -1,9 +1,8 @@
 //! Sparse jobs at N = 4 with one peer behind a slower link (issue 29, item 3): a sparse
 //! round waits for the peers holding its block, so rounds without the slow peer complete
-//! while the ones with it wait. The other workers' ordering rule takes some of those
-//! they contribute to for lost; the ones they are silent in it no longer judges. The time
-//! is bound by the results the slow peer's link carries down, whose queue also overflows
-//! now and then.
+//! while the ones with it wait, and the other workers' ordering rule takes many of those
+//! for lost. The time is bound by the results the slow peer's link carries down, whose
+//! queue also overflows now and then.
 
 use std::time::Duration;
 
@@ -55,13 +54,11 @@ fn slow_peer_network() -> ClusterConfig {
 }
 
 /// Two sparse jobs of 2 Mi int32 at density 0.1 end exact, within 1.5 times the slow
-/// link's time for the results it carries (measured 1.28 and 1.33), and each fast
-/// worker's timers fire fewer times than 0.15 of the job's rounds (measured 0.09-0.13,
-/// for 362 and 462 packets the queues dropped, where silent slots judged by later
-/// results fired 0.30-0.39: mostly rounds that only waited for the slow peer, each a
-/// timer, a request and a pending notice; benches/RESULTS.md, "False losses behind a
-/// slow peer, and where the 1 % row's time goes", and "Sparse time follows bytes: silent
-/// slots judged by gaps").
+/// link's time for the results it carries (measured 1.12 and 1.19), and each fast
+/// worker's timers fire fewer times than 0.45 of the job's rounds (measured 0.31-0.37,
+/// for 283-383 packets its queue dropped: mostly rounds that only waited for the slow
+/// peer, each a timer, a request and a pending notice; benches/RESULTS.md, "False
+/// losses behind a slow peer, and where the 1 % row's time goes").
 #[test]
 fn sparse_jobs_behind_a_slow_peer_follow_its_link_and_bound_their_false_losses() {
     let len = 2 << 20;
@@ -83,7 +80,7 @@ fn sparse_jobs_behind_a_slow_peer_follow_its_link_and_bound_their_false_losses()
         assert!(ratio < 1.5, "job {job}: {ratio:.3} of the slow link's time");
         for (rank, &fired) in timeouts.iter().enumerate().filter(|&(rank, _)| rank != SLOW_RANK as usize) {
             assert!(
-                (fired as f64) < 0.15 * rounds as f64,
+                (fired as f64) < 0.45 * rounds as f64,
                 "job {job}, rank {rank}: {fired} false losses in {rounds} rounds"
             );
         }
