@@ -65,21 +65,6 @@ impl WorkerProtocol {
         }
     }
 
-    /// Whether something points to a loss in slot `index`'s wait: a gap in its results,
-    /// or, while it waits for the result of its own contribution, a result of a packet
-    /// sent after that one (the switch moved on without it, as RACK reasons).
-    ///
-    /// A silent slot (nothing of its own outstanding) waits for its peers' contributions,
-    /// whose rounds complete in no relation to this thread's sendings: behind a slow peer,
-    /// later results come while it only waits, and taking that for a loss cost a request
-    /// and a pending notice per round. Its lost result shows in the switch's numbering of
-    /// its broadcasts instead (`sequence`).
-    pub(super) fn loss_evident(&self, index: u16) -> bool {
-        let slot = &self.slots[index as usize];
-        let overtaken = || self.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
-        slot.ahead != 0 || (slot.outstanding.is_some() && overtaken())
-    }
-
     /// Slot `index` sent a request or a retransmission at `now`: its timer fires when
     /// the answer is overdue, if that is sooner, for the first recoveries of a wait.
     pub(super) fn recovery_sent(&mut self, now: Instant, index: u16) {
@@ -111,9 +96,7 @@ mod tests {
 
     use netagg_wire::{Flags, MessageType};
 
-    use super::super::testing::{
-        parsed, pending_of, result_of, running, running_sparse, sent, sparse_result, Numbers,
-    };
+    use super::super::testing::{parsed, pending_of, result_of, running, sent, Numbers};
     use super::super::{Delivery, JobStatus};
     use super::*;
 
@@ -195,34 +178,6 @@ mod tests {
             .iter()
             .all(|p| parsed(p).message_type == MessageType::Data && parsed(p).flags == Flags::NONE));
         assert_eq!((protocol.counters().timeouts, protocol.counters().acks_sent), (0, 0));
-    }
-
-    /// Slot 0 of a sparse thread is silent in round 1 (a peer's block 2) while slot 1's
-    /// contribution to round 1, sent after slot 0's wait began, is answered: a later
-    /// sending's result, which says nothing of a round slot 0 only waits for. Its timer
-    /// does not take the round as lost; once no result has come for a timeout, the thread
-    /// probes.
-    #[test]
-    fn a_silent_slot_overtaken_by_a_later_sendings_result_does_not_take_its_round_as_lost() {
-        let start = Instant::now();
-        let mut protocol = running_sparse(start, FLOOR);
-        protocol.handle_datagram(start + MS, &sparse_result(0, 0, 0, 2, 0), &mut Numbers);
-        protocol.handle_datagram(start + MS, &sparse_result(1, 0, 1, 3, 0), &mut Numbers);
-        let answers: Vec<_> = sent(&mut protocol, start + MS)
-            .iter()
-            .map(|p| (parsed(p).message_type, parsed(p).slot))
-            .collect();
-        assert_eq!(answers, [(MessageType::Ack, 0), (MessageType::Data, 1)]);
-        protocol.handle_datagram(start + 2 * MS, &sparse_result(1, 1, 3, 5, 1), &mut Numbers);
-        assert_eq!(sent(&mut protocol, start + 2 * MS).len(), 1, "slot 1's block 5");
-        // Slot 0's timer, due at 11 ms, runs on from the latest result.
-        protocol.handle_timeout(start + 11 * MS);
-        assert!(sent(&mut protocol, start + 11 * MS).is_empty());
-        protocol.handle_timeout(start + 12 * MS);
-        let probes: Vec<_> =
-            sent(&mut protocol, start + 12 * MS).iter().map(|p| parsed(p).message_type).collect();
-        assert!(!probes.is_empty() && probes.iter().all(|&t| t == MessageType::Probe), "{probes:?}");
-        assert_eq!((protocol.counters().timeouts, protocol.counters().acks_sent), (1, 1));
     }
 
     #[test]

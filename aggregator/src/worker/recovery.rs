@@ -60,8 +60,10 @@ impl WorkerProtocol {
             // Its contribution was never sent: the pacer sends it, and arms the timer.
             return;
         }
-        let loss_evident = self.loss_evident(index);
-        let slot = &mut self.slots[index as usize];
+        // RACK's reasoning: a result for something sent after this slot's packet means
+        // the switch moved on without it; so does a gap in its results.
+        let loss_evident =
+            slot.ahead != 0 || self.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
         if !loss_evident && self.probe.is_some_and(|probe| probe.slot != index) {
             // The probe's answer speaks for this slot too: wait for it.
             slot.deferred = true;

@@ -9,15 +9,14 @@
 //! on a path that reorders or loses; it counts as lost once a number [`REORDER_PACKETS`]
 //! past it has come, as TCP waits for three duplicate acknowledgements.
 //!
-//! The gap does not say which slot's result it held. It was a round of one of this
-//! thread's slots that completed before the later numbers' rounds: every rank sends each
+//! The gap does not say which slot's result it held. It was a round this thread
+//! contributed to that completed before the later numbers' rounds: every rank sends each
 //! slot's next block when the slot's result comes, and results come to every rank in the
 //! switch's one order, so the rounds complete about in the order this thread's oldest
-//! waits began. The thread asks after its oldest waits, one per lost result, whether the
-//! slot contributed to the round or is silent in it (a sparse stream's round without
-//! this worker's block): the switch answers a right guess with the result and a wrong one
-//! with a pending notice, which costs a header each way and tells a contributing slot
-//! whether its own contribution is in.
+//! waits began. The thread asks after its oldest waiting contributions, one per lost
+//! result: the switch answers a right guess with the result and a wrong one with a
+//! pending notice, which costs a header each way and tells the slot whether its own
+//! contribution is in.
 
 use super::{Send, WorkerProtocol};
 
@@ -96,9 +95,9 @@ impl WorkerProtocol {
         self.gaps[endpoint].take(sequence);
     }
 
-    /// For each result slot `index`'s switch's numbers showed lost, the oldest wait of that
-    /// switch's slots that a later result overtook asks for its round's result, at once:
-    /// a silent slot's lost result is found only so, or by a probe (see `early_loss`).
+    /// For each result slot `index`'s switch's numbers showed lost, the oldest waiting
+    /// contribution of that switch's slots that a later result overtook asks for its
+    /// round's result, at once.
     ///
     /// A thread that loses results in a burst has the same oldest slots asked by each
     /// gap; one asked in its current wait is not asked again, so that the next gap's guess
@@ -112,9 +111,9 @@ impl WorkerProtocol {
         }
     }
 
-    /// Asks after the `count` oldest waits of endpoint `endpoint`'s slots for the result
-    /// of their next round, with or without a contribution of their own, that a result of
-    /// a later sending overtook, with no recovery out.
+    /// Asks after the `count` oldest contributions of endpoint `endpoint`'s slots that
+    /// wait for their result with evidence of a loss (a result of a later sending has
+    /// come) and no recovery out.
     fn ask_oldest(&mut self, endpoint: usize, count: u32) {
         let Some(latest_answered) = self.latest_answered else { return };
         for _ in 0..count {
@@ -127,7 +126,7 @@ impl WorkerProtocol {
                         && slot.gap_asked != Some(slot.waiting_since)
                         && slot.recovery_sent.is_none()
                         && slot.waiting_since < latest_answered
-                        && slot.outstanding.is_none_or(|c| c.round == slot.have.wrapping_add(1))
+                        && slot.outstanding.is_some_and(|c| c.round == slot.have.wrapping_add(1))
                         && self.config.keys.owner(base.wrapping_add(at as u16)) == endpoint
                 })
                 .min_by_key(|&at| self.slots[at].waiting_since);
@@ -147,7 +146,7 @@ mod tests {
 
     use netagg_wire::{Flags, MessageType, Packet};
 
-    use super::super::testing::{parsed, result_of, running, running_sparse, sent, sparse_result, Numbers};
+    use super::super::testing::{parsed, result_of, running, sent, Numbers};
     use super::super::Delivery;
     use super::*;
 
@@ -188,8 +187,9 @@ mod tests {
         assert_eq!(gaps.unasked, 0);
     }
 
-    /// The switch's broadcast `result`, numbered `number`.
-    fn numbered(mut result: Vec<u8>, number: u8) -> Vec<u8> {
+    /// The switch's broadcast of `packet`'s round, numbered `number`.
+    fn numbered(packet: &[u8], number: u8) -> Vec<u8> {
+        let mut result = result_of(packet);
         let mut view = Packet::new_unchecked(&mut result[..]);
         view.set_sequence(number);
         view.seal();
@@ -204,8 +204,7 @@ mod tests {
         let first = sent(&mut protocol, start);
         assert_eq!(first.len(), 8);
         for (&slot, &number) in slots.iter().zip(numbers) {
-            let delivery =
-                protocol.handle_datagram(start, &numbered(result_of(&first[slot]), number), &mut Numbers);
+            let delivery = protocol.handle_datagram(start, &numbered(&first[slot], number), &mut Numbers);
             assert_eq!(delivery, Delivery::Accepted);
         }
         let packets = sent(&mut protocol, start);
@@ -232,37 +231,5 @@ mod tests {
         let (protocol, packets) = after(&[0, 2, 3, 1, 4, 5], &[10, 12, 13, 11, 14, 15]);
         assert!(packets.iter().all(|p| p.0 == MessageType::Data && p.2 == Flags::NONE), "{packets:?}");
         assert_eq!(protocol.counters().gap_requests, 0);
-    }
-
-    /// Slot 0 of a sparse thread is silent in round 1 (a peer's block 2), whose result,
-    /// number 12, is lost; slot 1 contributes to rounds 1 to 3. Once number 15 has come,
-    /// slot 0, the oldest wait a later result overtook, asks for round 1.
-    #[test]
-    fn a_silent_slots_lost_result_is_asked_for_at_the_gap() {
-        let start = Instant::now();
-        let mut protocol = running_sparse(start, Duration::from_millis(10));
-        let results = [
-            (sparse_result(0, 0, 0, 2, 0), 10),
-            (sparse_result(1, 0, 1, 3, 0), 11),
-            (sparse_result(1, 1, 3, 5, 1), 13),
-            (sparse_result(1, 2, 5, 7, 1), 14),
-        ];
-        for (result, number) in results {
-            assert_eq!(
-                protocol.handle_datagram(start, &numbered(result, number), &mut Numbers),
-                Delivery::Accepted
-            );
-            assert!(sent(&mut protocol, start).iter().all(|p| !parsed(p).flags.contains(Flags::WANT_RESULT)));
-        }
-        let last = numbered(sparse_result(1, 3, 7, 9, 1), 15);
-        assert_eq!(protocol.handle_datagram(start, &last, &mut Numbers), Delivery::Accepted);
-        let packets: Vec<_> = sent(&mut protocol, start).iter().map(|p| parsed(p)).collect();
-        let requests: Vec<_> = packets
-            .iter()
-            .filter(|p| p.flags.contains(Flags::WANT_RESULT))
-            .map(|p| (p.message_type, p.slot, p.round))
-            .collect();
-        assert_eq!(requests, [(MessageType::Ack, 0, 1)], "{packets:?}");
-        assert_eq!(protocol.counters().gap_requests, 1);
     }
 }
