@@ -127,7 +127,11 @@ fn a_fixed_window_stands_in_the_queue_of_a_slower_link() {
 
 /// Links behind queues of 5 ms, shorter than the window, with tbf's default bucket of
 /// 64 KiB: a fixed window overflows them at every job. Paced, from the second job on,
-/// the links set the time within 10 %, and nothing reaches the switch twice (< 1 %).
+/// the links set the time within 10 %, and little reaches the switch twice (< 1.5 %:
+/// up to 0.65 % while overflows whose losses came to light out of order went unseen, and
+/// the delay rule paced every worker; up to 1.01 % since the first job's overflow gives
+/// some workers a measured rate, whose jobs take 1.01-1.03 of the model against
+/// 1.01-1.02).
 #[test]
 fn shallow_queues_lose_little_once_paced() {
     for rate in [200_000_000, 50_000_000] {
@@ -147,7 +151,7 @@ fn shallow_queues_lose_little_once_paced() {
             );
             if job > 0 {
                 assert!(ratio < 1.10, "{case}");
-                assert!(report.switch.duplicates * 100 < report.switch.contributions, "{case}");
+                assert!(report.switch.duplicates * 1000 < report.switch.contributions * 15, "{case}");
             }
         }
     }

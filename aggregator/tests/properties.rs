@@ -92,7 +92,9 @@ fn run_twice(case: &Case) -> Result<Vec<RunReport>, TestCaseError> {
 /// for the share of sendings lost judgment after judgment, down to the floor of 8 kB/s,
 /// since the share, sampled over 64 sendings, seldom failed to fall twice in a row; the
 /// second job took 11.8 s of virtual time (0.7 s unpaced) and ran out of its 2 million
-/// steps. Unpaced after three cuts in a row, it takes 1.5 s.
+/// steps. Unpaced after three cuts in a row, it took 1.5 s, and later 6.5 s: the rounds'
+/// waits on the peers' loss recovery engaged it again and again. An unpaced worker that
+/// loses more than the pacer tolerates is not engaged by its peers' waits: 0.77 and 0.78 s.
 #[test]
 fn random_loss_does_not_pace_a_sparse_cluster_down_to_the_floor_rate() {
     let case = Case {
@@ -108,7 +110,7 @@ fn random_loss_does_not_pace_a_sparse_cluster_down_to_the_floor_rate() {
     };
     let reports = run_twice(&case).unwrap();
     let elapsed: Vec<_> = reports.iter().map(|report| report.elapsed).collect();
-    assert!(elapsed.iter().all(|&elapsed| elapsed < Duration::from_secs(4)), "{elapsed:?}");
+    assert!(elapsed.iter().all(|&elapsed| elapsed < Duration::from_secs(1)), "{elapsed:?}");
 }
 
 proptest! {

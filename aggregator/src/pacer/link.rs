@@ -4,6 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
+
+use super::rules::Delivered;
 use super::{LossRuns, Pacer, PacingConfig};
 
 /// The pacer of one worker's path, shared by the worker's threads: they send over the
@@ -13,7 +16,9 @@ use super::{LossRuns, Pacer, PacingConfig};
 #[derive(Debug)]
 pub struct LinkPacer {
     /// The rate in bytes per second, 0 while unpaced: read on every send without the lock.
-    pub(super) rate: AtomicU64,
+    /// A line of its own: the counts below change with every batch of results a thread
+    /// hands in, and sharing their line would cost every other thread's send a miss.
+    pub(super) rate: CachePadded<AtomicU64>,
     /// Bytes of results the threads received, and how many results.
     pub(super) delivered: AtomicU64,
     results: AtomicU64,
@@ -27,7 +32,7 @@ pub struct LinkPacer {
 impl LinkPacer {
     pub fn new(config: PacingConfig) -> Arc<LinkPacer> {
         Arc::new(LinkPacer {
-            rate: AtomicU64::new(0),
+            rate: CachePadded::new(AtomicU64::new(0)),
             delivered: AtomicU64::new(0),
             results: AtomicU64::new(0),
             latest_result: AtomicU64::new(0),
@@ -64,7 +69,7 @@ impl LinkPacer {
             let mut pacer = self.state();
             pacer.sent(now, booked);
             if pacer.measured {
-                pacer.end_period(now, self.delivered.load(Ordering::Relaxed));
+                pacer.end_period(now, self.delivered());
                 self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
             }
         }
@@ -89,7 +94,7 @@ impl LinkPacer {
     /// A thread starts its slice of a job, with the results it has not yet counted.
     pub(crate) fn job_started(&self, now: Instant, batch: &mut DeliveryBatch) {
         batch.hand_in(self);
-        self.state().job_started(now, self.delivered.load(Ordering::Relaxed));
+        self.state().job_started(now, self.delivered());
     }
 
     /// Notes that a thread found its first sending `number` (of `runs`) lost, at `now`:
@@ -107,16 +112,17 @@ impl LinkPacer {
             return;
         }
         pacer.period.lost += 1;
-        if runs.lost(number)
-            && pacer.overflowed(
-                now,
-                self.delivered.load(Ordering::Relaxed),
-                self.latest_result(),
-                packet_bytes,
-            )
-        {
+        if runs.lost(number) && pacer.overflowed(now, self.delivered(), self.latest_result(), packet_bytes) {
             runs.overflow_taken();
             self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
+        }
+    }
+
+    /// The results handed in so far.
+    fn delivered(&self) -> Delivered {
+        Delivered {
+            bytes: self.delivered.load(Ordering::Relaxed),
+            results: self.results.load(Ordering::Relaxed),
         }
     }
 
@@ -136,7 +142,7 @@ impl LinkPacer {
     ) {
         batch.hand_in(self);
         let mut pacer = self.state();
-        pacer.sample(now, rtt, self.delivered.load(Ordering::Relaxed), completed_here);
+        pacer.sample(now, rtt, self.delivered(), completed_here);
         self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
     }
 }

@@ -33,7 +33,9 @@
 //! - a standing delay on a peer's path (rounds that waited for others) caps the rate at
 //!   the rate the rounds completed, and no lower: sending faster would only queue this
 //!   worker's packets on its own link, and slowing below would make it the one that holds
-//!   the rounds up;
+//!   the rounds up; an unpaced worker that lost more than [`LOSS_TOLERANCE`] of the
+//!   results the period brought is losing at random, which delays its peers' rounds as
+//!   its own, and stays unpaced;
 //! - no standing delay on its own path raises a rate that held sends back, by up to an
 //!   eighth, the less the closer the delay is to the target, never far beyond the rate
 //!   delivered or measured.
@@ -43,9 +45,9 @@
 //! leave the link idle, a collapse. There loss engages the pacer, and from then on the
 //! rate follows the rate the path delivers, as a model-based congestion controller
 //! (BBR) paces, not the losses:
-//! - a run of [`OVERFLOW_RUN`] of a thread's first sendings lost in a row ([`LossRuns`])
-//!   is a queue's overflow, which drops the tail of a burst; random loss drops packets
-//!   apart;
+//! - a run of [`OVERFLOW_RUN`] of a thread's first sendings lost in a row ([`LossRuns`]),
+//!   in whatever order their losses come to light, is a queue's overflow, which drops the
+//!   tail of a burst; random loss drops packets apart;
 //! - an unpaced worker then paces at the most its path delivered in any of the latest
 //!   [`DELIVERY_WINDOW`] periods of [`MEASURE_SENDINGS`] sendings ([`rules::Delivery`]):
 //!   a period can deliver less than the path (a stall, a peer's recovery, nothing left

@@ -9,13 +9,20 @@ use super::{
     STARTUP_GAIN, STARTUP_GROWTH,
 };
 
+/// The results a worker's threads received so far: their bytes, and how many.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Delivered {
+    pub(crate) bytes: u64,
+    pub(crate) results: u64,
+}
+
 /// The round trips since the last decision.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Period {
     /// When it began; `None` before the first sample of a session.
     pub(super) began: Option<Instant>,
-    /// Bytes of results received when it began.
-    pub(super) delivered: u64,
+    /// Results received when it began.
+    pub(super) delivered: Delivered,
     pub(super) samples: u32,
     /// The least round trip in it.
     pub(super) least: Option<Duration>,
@@ -102,8 +109,8 @@ pub(crate) struct Pacer {
     pub(super) period: Period,
     /// The path's rate as last measured with a queue standing on it, in bytes per second.
     pub(super) capacity: Option<f64>,
-    /// When the current job began, and the bytes of results received by then.
-    pub(super) job: Option<(Instant, u64)>,
+    /// When the current job began, and the results received by then.
+    pub(super) job: Option<(Instant, Delivered)>,
     pub(super) last_sample: Option<Instant>,
     /// A data packet waited for the pacer since the last decision: the rate, not the
     /// window or the peers, limited the worker, so it may grow.
@@ -193,7 +200,7 @@ impl Pacer {
     pub(crate) fn overflowed(
         &mut self,
         now: Instant,
-        delivered: u64,
+        delivered: Delivered,
         latest_result: Option<Instant>,
         packet_bytes: usize,
     ) -> bool {
@@ -238,9 +245,15 @@ impl Pacer {
     /// [`DeliveryBatch`](super::DeliveryBatch), and survivors a shaper's bucket let
     /// through faster than its link), so the span is taken as [`MIN_PERIOD`] at least:
     /// the start-up finds the rest, and the guess leaves the measures a window later.
-    fn seed(&self, now: Instant, delivered: u64, latest_result: Option<Instant>, packet_bytes: usize) -> f64 {
+    fn seed(
+        &self,
+        now: Instant,
+        delivered: Delivered,
+        latest_result: Option<Instant>,
+        packet_bytes: usize,
+    ) -> f64 {
         let began = self.period.began.unwrap_or(now);
-        let bytes = delivered.saturating_sub(self.period.delivered).max(packet_bytes as u64);
+        let bytes = delivered.bytes.saturating_sub(self.period.delivered.bytes).max(packet_bytes as u64);
         let span =
             latest_result.filter(|&latest| latest > began).unwrap_or(now).saturating_duration_since(began);
         bytes as f64 / span.max(MIN_PERIOD).as_secs_f64()
@@ -250,7 +263,7 @@ impl Pacer {
     /// results received so far: a period that spans the idle time between jobs would
     /// measure the caller's pause, not the path. The worker's threads start their slices
     /// one after another: a period a thread's round trip fed lately goes on.
-    pub(crate) fn job_started(&mut self, now: Instant, delivered: u64) {
+    pub(crate) fn job_started(&mut self, now: Instant, delivered: Delivered) {
         if self.last_sample.is_some_and(|last| now.saturating_duration_since(last) < MIN_PERIOD) {
             return;
         }
@@ -262,7 +275,7 @@ impl Pacer {
     /// Takes a round trip measured at `now` on a packet sent once, with `delivered` bytes
     /// of results received so far; `completed_here` if this worker's contribution was the
     /// last the round waited for.
-    pub(crate) fn sample(&mut self, now: Instant, rtt: Duration, delivered: u64, completed_here: bool) {
+    pub(crate) fn sample(&mut self, now: Instant, rtt: Duration, delivered: Delivered, completed_here: bool) {
         if !self.config.enabled {
             return;
         }
@@ -282,7 +295,7 @@ impl Pacer {
     /// far, if it is due: [`MIN_PERIOD`] long, and with [`SAMPLES`] round trips unless
     /// the rate probes upwards, which goes by the delivery rate alone (a collapse times
     /// few round trips).
-    pub(crate) fn end_period(&mut self, now: Instant, delivered: u64) {
+    pub(crate) fn end_period(&mut self, now: Instant, delivered: Delivered) {
         let period = &mut self.period;
         let began = *period.began.get_or_insert(now);
         let elapsed = now.saturating_duration_since(began);
@@ -294,7 +307,7 @@ impl Pacer {
         let ended =
             std::mem::replace(&mut self.period, Period { began: Some(now), delivered, ..Period::default() });
         let limited = std::mem::take(&mut self.limited);
-        let delivery = delivered.saturating_sub(ended.delivered) as f64 / elapsed.as_secs_f64();
+        let delivery = delivered.bytes.saturating_sub(ended.delivered.bytes) as f64 / elapsed.as_secs_f64();
         // A zero target (set through the library, which the config refuses) is a tiny one.
         let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
@@ -413,10 +426,18 @@ impl Pacer {
                 let waited = ended.least.map_or(0.0, standing);
                 let this_job = self.job.map_or(0.0, |(began, before)| {
                     let elapsed = now.saturating_duration_since(began).as_secs_f64().max(1e-9);
-                    delivered.saturating_sub(before) as f64 / elapsed
+                    delivered.bytes.saturating_sub(before.bytes) as f64 / elapsed
                 });
                 let ceiling = delivery.max(this_job).max(self.capacity.unwrap_or(0.0));
-                if waited > target && self.rate.is_none_or(|rate| rate as f64 > ceiling) {
+                // An unpaced worker that lost more than the tolerance of what the period
+                // brought is losing at random: its peers' rounds waited on loss recovery
+                // as its own did, and no queue of theirs makes it lose. Paced at the rounds'
+                // stalls, it was paced down cut after cut (15 % loss each way, 6 workers
+                // and no queue: 6.5 s for a job that takes 0.78 s unpaced).
+                let results = delivered.results.saturating_sub(ended.delivered.results).max(1);
+                let random_loss = ended.lost as f64 / results as f64 > LOSS_TOLERANCE;
+                let engages = self.rate.map_or(!random_loss, |rate| rate as f64 > ceiling);
+                if waited > target && engages {
                     self.set_rate(ceiling.max(self.rate.map_or(0.0, |rate| rate as f64 / 2.0)));
                 }
             }

@@ -2,6 +2,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::link::DELIVERY_LAG;
+use super::rules::Delivered;
 use super::*;
 
 const MS: Duration = Duration::from_millis(1);
@@ -11,6 +12,11 @@ const CONFIG: PacingConfig = PacingConfig { enabled: true, target: MS };
 
 /// The bytes a data packet and its result are booked as.
 const PACKET: usize = 100;
+
+/// `bytes` of results, each of a packet's bytes.
+fn results(bytes: u64) -> Delivered {
+    Delivered { bytes, results: bytes / PACKET as u64 }
+}
 
 /// A path as a pacer sees it: a clock, and the results delivered so far.
 struct Path {
@@ -25,7 +31,7 @@ impl Path {
     fn new(config: PacingConfig) -> Path {
         let now = Instant::now();
         let mut pacer = Pacer::new(config);
-        pacer.job_started(now, 0);
+        pacer.job_started(now, Delivered::default());
         Path { pacer, now, delivered: 0, completing: true }
     }
 
@@ -35,7 +41,7 @@ impl Path {
         for &rtt in rtts {
             self.now += rtt;
             self.delivered += (rate as f64 * rtt.as_secs_f64()) as u64;
-            self.pacer.sample(self.now, rtt, self.delivered, self.completing);
+            self.pacer.sample(self.now, rtt, results(self.delivered), self.completing);
         }
         self
     }
@@ -190,6 +196,24 @@ fn a_queue_on_a_peer_s_path_caps_the_rate_at_the_rounds_and_no_lower() {
     assert!(path.rate().is_some_and(|rate| rate >= 5_000_000), "{:?}", path.rate());
 }
 
+/// Rounds that wait on peers' loss recovery, while this worker loses more than the
+/// tolerance of what it receives, show random loss, not a peer's queue: unpaced it stays.
+#[test]
+fn random_loss_delaying_the_peers_rounds_does_not_engage_the_pacer() {
+    let mut path = Path::new(CONFIG);
+    path.completing = false;
+    path.period(MS / 10, 4_000_000);
+    // Periods of four 5.1 ms round trips at 4 MB/s bring 816 results of PACKET bytes.
+    let lose = |path: &mut Path, lost: u32| {
+        path.pacer.period.lost = lost;
+        path.period(MS * 51 / 10, 4_000_000);
+    };
+    lose(&mut path, 200);
+    assert_eq!(path.rate(), None, "a quarter of the results' sendings lost");
+    lose(&mut path, 40);
+    assert!(near(path.rate(), 4e6), "a twentieth lost: {:?}", path.rate());
+}
+
 #[test]
 fn sends_are_spaced_at_the_rate_in_quanta_with_a_bounded_burst() {
     let mut path = Path::new(CONFIG);
@@ -257,6 +281,24 @@ fn only_a_run_of_first_sendings_lost_in_a_row_shows_an_overflow() {
     assert!(runs.lost(400 + run));
 }
 
+/// Behind a shaper's bucket the survivors' next blocks are found lost before the tail
+/// of the burst that went ahead of them: the run shows whatever order its losses come to
+/// light in, and losses too far behind the latest found are forgotten.
+#[test]
+fn a_run_found_out_of_order_shows_an_overflow() {
+    let mut runs = LossRuns::default();
+    let run = OVERFLOW_RUN as u64;
+    // The burst's survivors' next blocks, 129-142, then its tail from 18 up.
+    assert!(!(129..143).any(|number| runs.lost(number)));
+    assert!(!(18..18 + run - 1).any(|number| runs.lost(number)));
+    assert!(runs.lost(18 + run - 1), "{run} in a row, found in two pieces");
+    runs.overflow_taken();
+    // A run whose first half lies more than LOST_SPAN behind its second is no run.
+    assert!(!(1000..1000 + run / 2).any(|number| runs.lost(number)));
+    assert!(!(1300..1300 + run / 2).any(|number| runs.lost(number)));
+    assert!(!(1000 + run / 2..1000 + run).any(|number| runs.lost(number)), "forgotten");
+}
+
 /// One measured period of [`MEASURE_SENDINGS`] sendings held back by the rate, over
 /// [`MIN_PERIOD`], `lost` of them lost, delivering at `rate`.
 fn measured_period(path: &mut Path, lost: u32, rate: f64) {
@@ -265,7 +307,7 @@ fn measured_period(path: &mut Path, lost: u32, rate: f64) {
     path.pacer.period.lost = lost;
     path.now += MIN_PERIOD;
     path.delivered += (rate * MIN_PERIOD.as_secs_f64()) as u64;
-    path.pacer.end_period(path.now, path.delivered);
+    path.pacer.end_period(path.now, results(path.delivered));
 }
 
 /// Engages a fresh path's pacer by an overflow whose burst delivered `bytes` over
@@ -275,7 +317,7 @@ fn overflowed(span: Duration, bytes: u64) -> Path {
     let began = path.now;
     path.now += MS * 20;
     path.delivered += bytes;
-    assert!(path.pacer.overflowed(path.now, path.delivered, Some(began + span), PACKET));
+    assert!(path.pacer.overflowed(path.now, results(path.delivered), Some(began + span), PACKET));
     assert!(path.pacer.measured);
     path
 }
@@ -292,7 +334,7 @@ fn an_overflow_starts_up_from_the_rate_its_burst_was_delivered_at() {
     let mut path = Path::new(CONFIG);
     path.now += MS * 10;
     path.delivered += 2_000;
-    path.pacer.overflowed(path.now, path.delivered, Some(path.now - MS * 20), PACKET);
+    path.pacer.overflowed(path.now, results(path.delivered), Some(path.now - MS * 20), PACKET);
     assert!(near(path.rate(), 2e5 * STARTUP_GAIN), "{:?}", path.rate());
 }
 
@@ -353,7 +395,7 @@ fn a_measured_rate_keeps_the_most_delivered_over_its_window_whatever_is_lost() {
     // A further overflow changes nothing: loss is no signal to a measured rate.
     let rate = lossy.rate();
     lossy.now += MS * 100;
-    assert!(!lossy.pacer.overflowed(lossy.now, lossy.delivered, None, PACKET));
+    assert!(!lossy.pacer.overflowed(lossy.now, results(lossy.delivered), None, PACKET));
     assert_eq!(lossy.rate(), rate);
 }
 
@@ -434,7 +476,7 @@ fn an_overflow_halves_a_rate_the_standing_delay_set() {
     path.queue(MS * 10, 1_000_000);
     let paced = path.rate().unwrap() as f64;
     path.now += MS * 100;
-    assert!(path.pacer.overflowed(path.now, path.delivered, None, PACKET));
+    assert!(path.pacer.overflowed(path.now, results(path.delivered), None, PACKET));
     assert!(!path.pacer.measured);
     // Never below half the path's measured rate.
     let floor = path.pacer.capacity.unwrap() / 2.0;
