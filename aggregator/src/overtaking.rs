@@ -46,6 +46,12 @@ impl<T: Ord + Copy, Tag: Copy> Sendings<T, Tag> {
         self.queue.clear();
     }
 
+    /// The oldest sending not yet judged.
+    #[inline]
+    pub(crate) fn oldest(&self) -> Option<&Sending<T, Tag>> {
+        self.queue.front()
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.queue.len()

@@ -212,7 +212,7 @@ impl WorkerProtocol {
         self.latest_answered = self.latest_answered.max(Some(waited_since));
         if result.answered.is_some() {
             self.time_round_trip(now, index, repr);
-            self.overtaken_by(now, waited_since);
+            self.overtaken_by(now, index, waited_since);
         }
     }
 
