@@ -91,7 +91,7 @@ impl WorkerProtocol {
     /// lost.
     #[inline]
     pub(super) fn take_sequence(&mut self, index: u16, sequence: u8) {
-        let endpoint = self.config.keys.owner(self.config.slot_base.wrapping_add(index));
+        let endpoint = self.slots[index as usize].endpoint;
         self.gaps[endpoint].take(sequence);
     }
 
@@ -104,7 +104,7 @@ impl WorkerProtocol {
     /// is the next oldest.
     #[inline]
     pub(super) fn ask_after_gaps(&mut self, index: u16) {
-        let endpoint = self.config.keys.owner(self.config.slot_base.wrapping_add(index));
+        let endpoint = self.slots[index as usize].endpoint;
         let lost = std::mem::take(&mut self.gaps[endpoint].unasked);
         if lost > 0 {
             self.ask_oldest(endpoint, lost);
@@ -117,7 +117,6 @@ impl WorkerProtocol {
     fn ask_oldest(&mut self, endpoint: usize, count: u32) {
         let Some(latest_answered) = self.latest_answered else { return };
         for _ in 0..count {
-            let base = self.config.slot_base;
             let oldest = (0..self.slots.len())
                 .filter(|&at| {
                     let slot = &self.slots[at];
@@ -127,7 +126,7 @@ impl WorkerProtocol {
                         && slot.recovery_sent.is_none()
                         && slot.waiting_since < latest_answered
                         && slot.outstanding.is_some_and(|c| c.round == slot.have.wrapping_add(1))
-                        && self.config.keys.owner(base.wrapping_add(at as u16)) == endpoint
+                        && slot.endpoint == endpoint
                 })
                 .min_by_key(|&at| self.slots[at].waiting_since);
             let Some(at) = oldest else { return };
