@@ -52,6 +52,12 @@ impl<T: Ord + Copy, Tag: Copy> Sendings<T, Tag> {
         self.queue.front()
     }
 
+    /// Drops the oldest sending, which the caller knows no slot waits on.
+    #[inline]
+    pub(crate) fn forget_oldest(&mut self) {
+        self.queue.pop_front();
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.queue.len()
