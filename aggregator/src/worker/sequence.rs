@@ -48,6 +48,11 @@ impl BroadcastGaps {
     /// How many numbers broadcast `sequence` shows lost.
     #[inline]
     fn lost_at(&mut self, sequence: u8) -> u32 {
+        if self.next == Some(sequence) && self.missing == 0 {
+            // The next number, with none missing: the common case, without the shifts.
+            self.next = Some(sequence.wrapping_add(1));
+            return 0;
+        }
         let Some(next) = self.next else {
             self.next = Some(sequence.wrapping_add(1));
             return 0;
