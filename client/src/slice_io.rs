@@ -137,6 +137,7 @@ impl SliceIo<'_> {
 compile_error!("netagg's wire format is little-endian; big-endian hosts need a byte-swapping codec");
 
 impl BlockIo for SliceIo<'_> {
+    #[inline]
     fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>) {
         let elements = self.input(block, self.memory_len(payload.len()));
         let len = self.payload_len(elements.len());
@@ -150,6 +151,7 @@ impl BlockIo for SliceIo<'_> {
         }
     }
 
+    #[inline]
     fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>) {
         let len = if payload.is_empty() { self.block_bytes } else { self.memory_len(payload.len()) };
         let range = self.range(block, len);
