@@ -57,6 +57,7 @@ impl WorkerSet {
     /// Makes the set hold exactly the ranks `0..capacity`. The first word on its own, with
     /// no iterator chained over the others: this runs every round, and through
     /// `once(..).chain(..)` took 45 instructions a packet of the dummy client path.
+    #[inline]
     pub fn fill(&mut self, capacity: u16) {
         let capacity = capacity as usize;
         let word = |low: usize| match capacity.saturating_sub(low) {

@@ -633,6 +633,7 @@ impl PacketRepr {
     }
 
     /// Sets what [`PacketRepr::completed_by`] reads.
+    #[inline]
     pub fn set_completed_by(&mut self, rank: Option<u16>) {
         self.ack_round = rank.map_or(0, |rank| rank as u32 + 1);
     }

@@ -25,6 +25,7 @@ impl Slot {
     /// the smallest next block its workers named, with the workers that named it;
     /// otherwise the next round is a start round. Returns the block the stream goes on
     /// at, [`END_OF_STREAM`] if none: the completed round's result names it.
+    #[inline]
     pub(super) fn schedule_next_round(&mut self, sparse: bool) -> u32 {
         if !sparse {
             self.continuation = None;

@@ -131,6 +131,7 @@ impl WorkerProtocol {
 }
 
 /// Elements in block `block` of a job: a full packet of its element type, or the tail.
+#[inline]
 pub(super) fn block_len(spec: &JobSpec, block: u32, packet_elements: u16) -> u16 {
     let full = spec.element_type.per_packet(packet_elements) as u64;
     spec.elements.saturating_sub(block as u64 * full).min(full) as u16

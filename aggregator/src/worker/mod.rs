@@ -262,6 +262,9 @@ struct SlotState {
     gap_asked: Option<u64>,
     /// The session as this slot's switch knows it.
     key: SessionKey,
+    /// The index of this slot's owner among the session's endpoints
+    /// ([`SessionKeys::owner`]), looked up once rather than at every result.
+    endpoint: usize,
     /// When this slot's retransmission timer fires; re-armed at every send.
     deadline: Option<Instant>,
     /// The deadline of this slot's live entry in `timers`. Re-arming to a later deadline
@@ -369,6 +372,7 @@ impl WorkerProtocol {
         let slots = (0..config.slots)
             .map(|index| SlotState {
                 key: config.keys.key(config.slot_base.wrapping_add(index)),
+                endpoint: config.keys.owner(config.slot_base.wrapping_add(index)),
                 next_round: 0,
                 active: false,
                 have: u32::MAX,
