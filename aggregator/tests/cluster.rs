@@ -474,6 +474,39 @@ fn results_lost_at_a_jobs_end_cost_one_timeout_and_two_round_trips_not_a_timeout
 }
 
 #[test]
+fn one_element_slots_probe_eight_a_timeout_and_still_recover_a_lost_tail_in_one() {
+    // A report covers one slot of one element: a probe per stretch was a probe per slot.
+    let (workers, slots) = (4u16, 128u16);
+    let config = ClusterConfig::new(workers, slots, 1);
+    // Rank 0 silent (all zero, sparse), rank 3 late by 50 ms: the others wait as a whole,
+    // probing at each doubling timeout.
+    let mut inputs = sparse_inputs(workers, 20_000, 1, 1.0, 7);
+    inputs[0] = Tensor::Int32(vec![0; 20_000]);
+    let mut delays = vec![Duration::ZERO; workers as usize];
+    delays[3] = Duration::from_millis(50);
+    let late = ClusterConfig { start_delays: delays, ..config.clone() };
+    let report = Cluster::new(late).unwrap().allreduce(&inputs, true).unwrap();
+    assert_int32_results(&report.outputs, &inputs);
+    for (rank, counters) in report.workers.iter().enumerate().take(3) {
+        // 13 probing timeouts (1664 probes before, one per slot).
+        let (probes, timeouts) = (counters.probes, counters.timeouts);
+        assert!(
+            timeouts > 0 && probes <= 8 * timeouts,
+            "rank {rank}: {probes} probes in {timeouts} timeouts"
+        );
+    }
+    // The results of the last window lost on their way to rank 0: the first probes go to
+    // the slot sent last, whose recovered result shows the others lost.
+    let round_trip = config.uplink.latency + config.downlink.latency;
+    let inputs = int32_inputs(workers, 1280, 3);
+    for lost in [40, 128] {
+        let (extra, probes) = tail_loss_cost(config.clone(), &inputs, false, lost);
+        assert!(extra <= config.retransmit_timeout + 4 * round_trip, "{lost} results lost: {extra:?} more");
+        assert!(probes <= 8, "{lost} results lost: {probes} probes");
+    }
+}
+
+#[test]
 fn a_cluster_opens_its_session_through_the_control_registry_which_says_why_it_refuses_one() {
     // The registry's own check, then the engine's, passed on by the registry.
     let no_slots = ClusterConfig::new(2, 0, 4);

@@ -379,10 +379,10 @@ mod tests {
     fn a_link_bound_run_lands_on_the_model() {
         let setup = Setup { jobs: 1, ..Setup::new(2, 100_000_000, Duration::from_millis(1), 1 << 20) };
         let netagg = setup.netagg().unwrap().time.as_secs_f64();
-        let model = setup.scenario().netagg().time.as_secs_f64();
+        let model = setup.scenario().netagg().unwrap().time.as_secs_f64();
         assert!((netagg / model - 1.0).abs() < 0.03, "{netagg} against {model}");
         let ring = setup.ring().time.as_secs_f64();
-        let ring_model = setup.scenario().ring().as_secs_f64();
+        let ring_model = setup.scenario().ring().unwrap().as_secs_f64();
         assert!((ring / ring_model - 1.0).abs() < 0.02, "{ring} against {ring_model}");
     }
 
@@ -397,7 +397,7 @@ mod tests {
             for workers in [2, 16] {
                 let setup = Setup { jobs: 1, burst_bytes: 0, ..Setup::new(workers, rate, delay, 4096) };
                 let netagg = setup.netagg().unwrap().time.as_secs_f64();
-                let model = setup.scenario().netagg().time.as_secs_f64();
+                let model = setup.scenario().netagg().unwrap().time.as_secs_f64();
                 assert!((netagg / model - 1.0).abs() < 0.05, "{setup}: {netagg} against {model}");
             }
         }

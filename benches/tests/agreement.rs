@@ -89,7 +89,7 @@ fn a_tree_on_uplinks_of_the_workers_rate_lands_on_its_model() {
     };
     let setup = Setup { racks: Some(racks), jobs: 1, ..Setup::new(8, 30_000_000, Duration::ZERO, 1 << 20) };
     let simulated = setup.netagg().unwrap().time.as_secs_f64();
-    let model = setup.scenario().netagg().time.as_secs_f64();
+    let model = setup.scenario().netagg().unwrap().time.as_secs_f64();
     assert!(
         (simulated / model - 1.0).abs() < 0.05,
         "{setup}: simulated {simulated:.3} s, model {model:.3} s"

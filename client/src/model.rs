@@ -1,7 +1,8 @@
 //! What an allreduce should take on given links: netagg through its switch, and the ring
 //! that MPI and NCCL run, so that a time measured on emulated links can be read against
 //! what the links allow. The benchmarks print it beside their measurements, and the
-//! Python module (`netagg.model`) gives it to training scripts.
+//! Python module (`netagg.model`) gives it to training scripts. What it cannot model (a
+//! rate below 1 bit/s, a time past what a `Duration` holds) is a [`ModelError`].
 //!
 //! Each worker has a link of its own to the fabric, full duplex, at some rate each way
 //! and with some one-way delay. Where the sums are made is [`Aggregators`]: a switch that
@@ -37,6 +38,7 @@
 //!   to the next rack's first, and into its first rank), so a slower uplink sets the
 //!   steps' pace as a slow worker link does.
 
+use std::fmt;
 use std::time::Duration;
 
 /// Bytes Ethernet (14), IPv4 (20) and UDP (8) add to every netagg datagram, as a
@@ -113,6 +115,41 @@ pub enum Bound {
     Window,
 }
 
+/// Why the model cannot predict a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum ModelError {
+    /// A link's rate is below 1 bit/s, or not a number (infinite is an unlimited link).
+    #[error("{link}: {bits_per_second} bit/s is not a rate of at least 1 bit/s")]
+    Rate { link: LinkRole, bits_per_second: f64 },
+    /// The predicted time does not fit a [`Duration`] (about 585 billion years).
+    #[error(
+        "{allreduce} of {tensor_bytes} bytes would take {seconds:e} s on these links, more than \
+         a Duration holds: give a smaller tensor or faster links"
+    )]
+    TooLong { allreduce: &'static str, tensor_bytes: u64, seconds: f64 },
+}
+
+/// Which link of a [`Scenario`] an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkRole {
+    /// The link of the worker of this rank.
+    Worker(usize),
+    /// The link of a switch host ([`Aggregators::Dedicated`] or [`Aggregators::Tree`]).
+    Switch,
+    /// The racks' uplink ([`RackNetwork`]).
+    Uplink,
+}
+
+impl fmt::Display for LinkRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkRole::Worker(rank) => write!(f, "rank {rank}'s link"),
+            LinkRole::Switch => f.write_str("the switch hosts' link"),
+            LinkRole::Uplink => f.write_str("the racks' uplink"),
+        }
+    }
+}
+
 /// A predicted time, and what set it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Prediction {
@@ -147,11 +184,39 @@ impl Scenario {
         self.links.iter().map(|link| link.delay).max().unwrap_or_default()
     }
 
+    /// Every link's rate is one the model can divide by: at least 1 bit/s, or infinite.
+    fn check_rates(&self) -> Result<(), ModelError> {
+        let workers = self.links.iter().enumerate().map(|(rank, link)| (LinkRole::Worker(rank), link));
+        let switch = match &self.aggregators {
+            Aggregators::Dedicated { link, .. } | Aggregators::Tree { switch_link: Some(link) } => Some(link),
+            _ => None,
+        };
+        let uplink = self.racks.as_ref().map(|racks| (LinkRole::Uplink, &racks.uplink));
+        let mut links = workers.chain(switch.map(|link| (LinkRole::Switch, link))).chain(uplink);
+        match links.find(|(_, link)| link.bits_per_second.is_nan() || link.bits_per_second < 1.0) {
+            Some((role, link)) => Err(ModelError::Rate { link: role, bits_per_second: link.bits_per_second }),
+            None => Ok(()),
+        }
+    }
+
+    /// `seconds` of `allreduce` as a [`Duration`], or the error saying it does not fit.
+    fn duration(&self, allreduce: &'static str, seconds: f64) -> Result<Duration, ModelError> {
+        Duration::try_from_secs_f64(seconds).map_err(|_| ModelError::TooLong {
+            allreduce,
+            tensor_bytes: self.tensor_bytes,
+            seconds,
+        })
+    }
+
     /// netagg through its switch, or its switches.
-    pub fn netagg(&self) -> Prediction {
+    pub fn netagg(&self) -> Result<Prediction, ModelError> {
+        self.check_rates()?;
         let packets = self.tensor_bytes.div_ceil(self.packet_payload_bytes.max(1));
-        let packet_bytes = (self.packet_payload_bytes + NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES) as f64;
-        let wire_bytes = (self.tensor_bytes + packets * (NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES)) as f64;
+        // Byte counts in floating point: a tensor near u64's range overflows it with its
+        // headers, and the model's figures need no more than f64's precision.
+        let overhead = (NETAGG_HEADER_BYTES + UDP_OVERHEAD_BYTES) as f64;
+        let packet_bytes = self.packet_payload_bytes as f64 + overhead;
+        let wire_bytes = self.tensor_bytes as f64 + packets as f64 * overhead;
         let slowest = Link { bits_per_second: self.slowest_rate(), delay: self.longest_delay() };
         let workers = self.links.len() as f64;
         // The links a packet's round trip crosses (up and down each, with its delay and
@@ -211,7 +276,7 @@ impl Scenario {
         } else {
             (at_link_rate, Bound::LinkRate)
         };
-        Prediction { time: Duration::from_secs_f64(seconds), bound }
+        Ok(Prediction { time: self.duration("netagg's allreduce", seconds)?, bound })
     }
 
     /// The most workers a rack holds: racks of contiguous ranks split as evenly as may be.
@@ -221,14 +286,15 @@ impl Scenario {
     }
 
     /// A bandwidth-optimal ring over TCP.
-    pub fn ring(&self) -> Duration {
+    pub fn ring(&self) -> Result<Duration, ModelError> {
+        self.check_rates()?;
         let workers = self.links.len() as u64;
         if workers < 2 {
-            return Duration::ZERO;
+            return Ok(Duration::ZERO);
         }
         let chunk = self.tensor_bytes.div_ceil(workers);
         let segments = chunk.div_ceil(TCP_SEGMENT_BYTES);
-        let chunk_wire_bytes = (chunk + segments * TCP_OVERHEAD_BYTES) as f64;
+        let chunk_wire_bytes = chunk as f64 + (segments * TCP_OVERHEAD_BYTES) as f64;
         let slowest = Link { bits_per_second: self.slowest_rate(), delay: self.longest_delay() };
         let mut step = slowest.seconds_for(chunk_wire_bytes) + 2.0 * slowest.delay.as_secs_f64();
         // Between racks a step's chunk also crosses an uplink up and another down.
@@ -237,7 +303,7 @@ impl Scenario {
                 racks.uplink.seconds_for(chunk_wire_bytes) + 2.0 * racks.uplink.delay.as_secs_f64();
             step = step.max(crossing + 2.0 * slowest.delay.as_secs_f64());
         }
-        Duration::from_secs_f64(2.0 * (workers - 1) as f64 * step)
+        self.duration("the ring's allreduce", 2.0 * (workers - 1) as f64 * step)
     }
 }
 
@@ -258,7 +324,7 @@ mod tests {
         // 16 MiB in 1 KiB packets at 200 Mbit/s, no delay, a window that never binds:
         // 16384 packets of 1024 + 52 + 42 bytes up, then the last one's sum down.
         let scenario = Scenario::uniform(4, link(200.0, 0), 16 << 20, 1024, 1 << 20);
-        let prediction = scenario.netagg();
+        let prediction = scenario.netagg().unwrap();
         let packet = 1024.0 + 94.0;
         let expected = 16384.0 * packet * 8.0 / 200e6 + packet * 8.0 / 200e6;
         assert_eq!(prediction.bound, Bound::LinkRate);
@@ -270,7 +336,7 @@ mod tests {
         // 256 packets in flight, 10 ms each way: at most 256 packets per 20 ms round
         // trip, about 110 Mbit/s of 1 KiB packets, below the 1 Gbit/s link.
         let scenario = Scenario::uniform(4, link(1000.0, 10), 16 << 20, 1024, 256);
-        let prediction = scenario.netagg();
+        let prediction = scenario.netagg().unwrap();
         assert_eq!(prediction.bound, Bound::Window);
         let round_trip = 0.020 + 2.0 * 1118.0 * 8.0 / 1e9;
         assert!(close(prediction.time, 64.0 * round_trip), "{:?}", prediction.time);
@@ -282,8 +348,8 @@ mod tests {
         // worker link; one switch host on a link of the same rate carries 4 tensors each
         // way, 2 hosts 2, 4 hosts 1 (the workers' links bind as much).
         let ideal = Scenario::uniform(4, link(200.0, 0), 16 << 20, 1024, 1 << 20);
-        let with = |aggregators| Scenario { aggregators, ..ideal.clone() }.netagg();
-        let one_tensor = ideal.netagg().time.as_secs_f64();
+        let with = |aggregators| Scenario { aggregators, ..ideal.clone() }.netagg().unwrap();
+        let one_tensor = ideal.netagg().unwrap().time.as_secs_f64();
         for (count, tensors) in [(1, 4.0), (2, 2.0), (4, 1.0), (8, 1.0)] {
             let prediction = with(Aggregators::Dedicated { count, link: link(200.0, 0) });
             let ratio = prediction.time.as_secs_f64() / one_tensor;
@@ -301,14 +367,18 @@ mod tests {
         let ideal = Scenario::uniform(4, link(200.0, 5), 16 << 20, 1024, 1 << 20);
         let colocated = Scenario { aggregators: Aggregators::Colocated, ..ideal.clone() };
         let packet_bits = 1118.0 * 8.0;
-        let one_tensor = ideal.netagg().time.as_secs_f64() - (0.010 + packet_bits / 200e6);
+        let one_tensor = ideal.netagg().unwrap().time.as_secs_f64() - (0.010 + packet_bits / 200e6);
         let round_trip = 2.0 * (0.010 + 2.0 * packet_bits / 200e6);
         let expected = 1.5 * one_tensor + round_trip - packet_bits / 200e6;
-        assert!(close(colocated.netagg().time, expected), "{:?} against {expected}", colocated.netagg().time);
+        assert!(
+            close(colocated.netagg().unwrap().time, expected),
+            "{:?} against {expected}",
+            colocated.netagg().unwrap().time
+        );
         // A small window on the longer round trip binds sooner than with one switch.
         let windowed = Scenario { window_packets: 256, ..colocated.clone() };
-        assert_eq!(windowed.netagg().bound, Bound::Window);
-        assert_eq!(Scenario { window_packets: 256, ..ideal }.netagg().bound, Bound::LinkRate);
+        assert_eq!(windowed.netagg().unwrap().bound, Bound::Window);
+        assert_eq!(Scenario { window_packets: 256, ..ideal }.netagg().unwrap().bound, Bound::LinkRate);
     }
 
     #[test]
@@ -319,7 +389,7 @@ mod tests {
         let flat =
             Scenario { racks: Some(racks), ..Scenario::uniform(4, link(40.0, 0), 16 << 20, 1024, 1 << 20) };
         let tree = |switch_link| {
-            Scenario { aggregators: Aggregators::Tree { switch_link }, ..flat.clone() }.netagg()
+            Scenario { aggregators: Aggregators::Tree { switch_link }, ..flat.clone() }.netagg().unwrap()
         };
         let one_tensor = 3.6634624;
         let (worker_hop, uplink_hop) = (2.0 * 1118.0 * 8.0 / 40e6, 2.0 * 1118.0 * 8.0 / 20e6);
@@ -330,7 +400,7 @@ mod tests {
         assert!(close(ideal_tree.time, expected), "{:?} against {expected}", ideal_tree.time);
         assert_eq!(ideal_tree.bound, Bound::LinkRate);
         // One switch at the core: both of a rack's tensors through its uplink.
-        let core = flat.netagg().time;
+        let core = flat.netagg().unwrap().time;
         assert!(close(core, 4.0 * one_tensor + worker_hop + uplink_hop / 2.0), "{core:?}");
         // Switches on servers at the workers' rate: a rack's switch carries its 2
         // workers' tensors and the upper switch's result each way, 3 tensors; a packet
@@ -341,19 +411,70 @@ mod tests {
         assert!(close(server_tree.time, expected), "{:?} against {expected}", server_tree.time);
         // The ring: 6 steps of a 4 MiB chunk in 2897 segments, each crossing an uplink.
         let ring_step = ((4u64 << 20) as f64 + 2897.0 * 66.0) * 8.0 / 20e6;
-        assert!(close(flat.ring(), 6.0 * ring_step), "{:?} against {}", flat.ring(), 6.0 * ring_step);
+        assert!(
+            close(flat.ring().unwrap(), 6.0 * ring_step),
+            "{:?} against {}",
+            flat.ring().unwrap(),
+            6.0 * ring_step
+        );
         // One rack is a flat network: its uplink carries nothing of the ring's.
         let one_rack = Scenario { racks: Some(RackNetwork { count: 1, ..racks }), ..flat.clone() };
         let no_racks = Scenario { racks: None, ..flat.clone() };
-        assert_eq!(one_rack.ring(), no_racks.ring());
+        assert_eq!(one_rack.ring().unwrap(), no_racks.ring().unwrap());
+    }
+
+    #[test]
+    fn a_tensor_near_u64s_range_is_modelled_or_refused_naming_it() {
+        // Its headers took the wire bytes past u64 (a panic in debug builds); at 1 Tbit/s
+        // it takes about five years, at 1 bit/s more than a Duration holds.
+        let fast = Scenario::uniform(4, link(1e6, 0), u64::MAX, 1024, 1 << 20);
+        let expected = u64::MAX as f64 * 1118.0 / 1024.0 * 8.0 / 1e12;
+        let time = fast.netagg().unwrap().time.as_secs_f64();
+        assert!((time / expected - 1.0).abs() < 1e-9, "{time} against {expected}");
+        assert!(fast.ring().unwrap() > fast.netagg().unwrap().time);
+        let slow = Scenario::uniform(4, link(1e-6, 0), u64::MAX, 1024, 1 << 20);
+        let error = slow.netagg().unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ModelError::TooLong { allreduce: "netagg's allreduce", tensor_bytes: u64::MAX, .. }
+            ),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().starts_with("netagg's allreduce of 18446744073709551615 bytes would take 1.6"),
+            "{error}"
+        );
+        let error = slow.ring().unwrap_err().to_string();
+        assert!(error.starts_with("the ring's allreduce of 18446744073709551615 bytes"), "{error}");
+    }
+
+    #[test]
+    fn a_rate_below_one_bit_per_second_is_refused_naming_its_link() {
+        let mut scenario = Scenario::uniform(4, link(200.0, 1), 16 << 20, 1024, 256);
+        scenario.links[2].bits_per_second = 0.0;
+        let error = scenario.netagg().unwrap_err();
+        assert_eq!(error.to_string(), "rank 2's link: 0 bit/s is not a rate of at least 1 bit/s");
+        assert_eq!(scenario.ring().unwrap_err(), error);
+        scenario.links[2].bits_per_second = 200e6;
+        scenario.aggregators = Aggregators::Dedicated { count: 2, link: link(f64::NAN, 0) };
+        let error = scenario.netagg().unwrap_err().to_string();
+        assert_eq!(error, "the switch hosts' link: NaN bit/s is not a rate of at least 1 bit/s");
+        // An unlimited uplink is an infinite rate; a negative one is none.
+        scenario.aggregators = Aggregators::Ideal;
+        scenario.racks = Some(RackNetwork { count: 2, uplink: link(f64::INFINITY, 0) });
+        assert!(scenario.netagg().is_ok());
+        scenario.racks = Some(RackNetwork { count: 2, uplink: link(-5.0, 0) });
+        let error = scenario.ring().unwrap_err().to_string();
+        assert_eq!(error, "the racks' uplink: -5000000 bit/s is not a rate of at least 1 bit/s");
     }
 
     #[test]
     fn the_slowest_link_sets_both_paces() {
         let mut scenario = Scenario::uniform(4, link(200.0, 1), 16 << 20, 1024, 1 << 20);
-        let even = (scenario.netagg().time, scenario.ring());
+        let even = (scenario.netagg().unwrap().time, scenario.ring().unwrap());
         scenario.links[3] = link(20.0, 1);
-        let uneven = (scenario.netagg().time, scenario.ring());
+        let uneven = (scenario.netagg().unwrap().time, scenario.ring().unwrap());
         assert!(uneven.0.as_secs_f64() > 9.0 * even.0.as_secs_f64());
         assert!(uneven.1.as_secs_f64() > 9.0 * even.1.as_secs_f64());
     }
@@ -365,12 +486,16 @@ mod tests {
         let scenario = Scenario::uniform(4, link(200.0, 1), 16 << 20, 1024, 256);
         let chunk_bytes = (4u64 << 20) as f64 + 2897.0 * 66.0;
         let expected = 6.0 * (chunk_bytes * 8.0 / 200e6 + 0.002);
-        assert!(close(scenario.ring(), expected), "{:?} against {expected}", scenario.ring());
+        assert!(
+            close(scenario.ring().unwrap(), expected),
+            "{:?} against {expected}",
+            scenario.ring().unwrap()
+        );
         // Against netagg on the same links, without delay: 2(N-1)/N = 1.5 times the
         // bytes per worker, less the difference in headers.
         let no_delay = Scenario::uniform(4, link(200.0, 0), 16 << 20, 1024, 1 << 20);
-        let ratio = no_delay.ring().as_secs_f64() / no_delay.netagg().time.as_secs_f64();
+        let ratio = no_delay.ring().unwrap().as_secs_f64() / no_delay.netagg().unwrap().time.as_secs_f64();
         assert!((1.4..1.5).contains(&ratio), "{ratio}");
-        assert_eq!(Scenario::uniform(1, link(200.0, 1), 1 << 20, 1024, 256).ring(), Duration::ZERO);
+        assert_eq!(Scenario::uniform(1, link(200.0, 1), 1 << 20, 1024, 256).ring().unwrap(), Duration::ZERO);
     }
 }

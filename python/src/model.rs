@@ -5,34 +5,40 @@
 
 use std::time::Duration;
 
-use netagg::model::{Bound, Link, Scenario};
+use netagg::model::{Bound, Link, ModelError, Scenario};
 use netagg::Config;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// One ideal switch's scenario: every worker's link at its rate (bits per second), all
-/// with the longest one-way delay (seconds); each value checked, and named if refused.
+/// with the longest one-way delay (seconds). The model checks the rates.
 fn scenario(
     rates: &[f64],
     delay: f64,
     tensor_bytes: u64,
-    packet_numel: Option<u16>,
-    window_packets: Option<u16>,
+    packet_numel: Option<i64>,
+    window_packets: Option<i64>,
 ) -> PyResult<Scenario> {
     if rates.is_empty() {
         return Err(PyValueError::new_err("rates: give one rate (bits per second) per worker"));
     }
-    if let Some(rate) = rates.iter().find(|rate| !(rate.is_finite() && **rate >= 1.0)) {
-        return Err(PyValueError::new_err(format!("rates: {rate} bit/s is not a rate of at least 1 bit/s")));
-    }
     let delay = Duration::try_from_secs_f64(delay)
         .map_err(|_| PyValueError::new_err(format!("delay: {delay} s is not a delay in seconds")))?;
-    let defaults = Config::default().general;
-    let packet_numel = packet_numel.unwrap_or(defaults.packet_numel);
-    let window_packets = window_packets.unwrap_or(defaults.max_outstanding_packets);
-    if packet_numel == 0 || window_packets == 0 {
-        return Err(PyValueError::new_err("packet_numel and window_packets: give at least 1"));
+    // The library's own checks of the keys these arguments stand for, and its defaults.
+    let mut config = Config::default();
+    let arguments = [
+        ("packet_numel", "general.packet_numel", packet_numel),
+        ("window_packets", "general.max_outstanding_packets", window_packets),
+    ];
+    for (argument, key, value) in arguments {
+        if let Some(value) = value {
+            config
+                .set(key, &value.to_string())
+                .map_err(|error| PyValueError::new_err(format!("{argument}: {error}")))?;
+        }
     }
+    let (packet_numel, window_packets) =
+        (config.general.packet_numel, config.general.max_outstanding_packets);
     let mut scenario = Scenario::uniform(
         rates.len(),
         Link { bits_per_second: rates[0], delay },
@@ -56,10 +62,11 @@ pub fn netagg_seconds(
     rates: Vec<f64>,
     delay: f64,
     tensor_bytes: u64,
-    packet_numel: Option<u16>,
-    window_packets: Option<u16>,
+    packet_numel: Option<i64>,
+    window_packets: Option<i64>,
 ) -> PyResult<(f64, &'static str)> {
-    let prediction = scenario(&rates, delay, tensor_bytes, packet_numel, window_packets)?.netagg();
+    let prediction =
+        scenario(&rates, delay, tensor_bytes, packet_numel, window_packets)?.netagg().map_err(refused)?;
     let bound = match prediction.bound {
         Bound::LinkRate => "link rate",
         Bound::Window => "window",
@@ -70,5 +77,10 @@ pub fn netagg_seconds(
 /// A bandwidth-optimal ring's allreduce of `tensor_bytes` over TCP, in seconds.
 #[pyfunction]
 pub fn ring_seconds(rates: Vec<f64>, delay: f64, tensor_bytes: u64) -> PyResult<f64> {
-    Ok(scenario(&rates, delay, tensor_bytes, None, None)?.ring().as_secs_f64())
+    Ok(scenario(&rates, delay, tensor_bytes, None, None)?.ring().map_err(refused)?.as_secs_f64())
+}
+
+/// The model's refusal of a link or a tensor, as the argument error it is.
+fn refused(error: ModelError) -> PyErr {
+    PyValueError::new_err(error.to_string())
 }

@@ -69,10 +69,28 @@ def test_the_module_gives_the_figures_simulate_prints(bin_dir, tensor_bytes, del
 def test_the_module_refuses_links_it_cannot_model_naming_the_value():
     with pytest.raises(ValueError, match="rates: give one rate"):
         netagg.model.netagg_seconds([], 0.001, 1 << 20)
-    with pytest.raises(ValueError, match="rates: 0.5 bit/s is not a rate of at least 1 bit/s"):
+    with pytest.raises(ValueError, match="rank 1's link: 0.5 bit/s is not a rate of at least 1 bit/s"):
         netagg.model.ring_seconds([100e6, 0.5], 0.001, 1 << 20)
     with pytest.raises(ValueError, match="delay: -1 s is not a delay"):
         netagg.model.netagg_seconds([100e6], -1.0, 1 << 20)
+    # The largest tensor at 1 bit/s: its time does not fit the model's figures (a panic
+    # before, raised as PanicException).
+    with pytest.raises(ValueError, match="netagg's allreduce of 18446744073709551615 bytes would take"):
+        netagg.model.netagg_seconds([1.0] * 2, 0.0, 2**64 - 1)
+    with pytest.raises(ValueError, match="the ring's allreduce of 18446744073709551615 bytes would take"):
+        netagg.model.ring_seconds([1.0] * 2, 0.0, 2**64 - 1)
+    # Packet sizes and windows as the library's configuration takes them.
+    with pytest.raises(
+        ValueError,
+        match=r"packet_numel: configuration: key 'general.packet_numel' = '16364': expected an integer from 1 to 16363",
+    ):
+        netagg.model.netagg_seconds([100e6], 0.001, 1 << 20, packet_numel=16364)
+    with pytest.raises(ValueError, match=r"window_packets: .* 'general.max_outstanding_packets' = '0': expected"):
+        netagg.model.netagg_seconds([100e6], 0.001, 1 << 20, window_packets=0)
+    with pytest.raises(ValueError, match=r"packet_numel: .* = '-1': expected an integer from 1 to 16363"):
+        netagg.model.netagg_seconds([100e6], 0.001, 1 << 20, packet_numel=-1)
+    largest, _ = netagg.model.netagg_seconds([100e6], 0.001, 1 << 20, packet_numel=16363)
+    assert largest < netagg.model.netagg_seconds([100e6], 0.001, 1 << 20, packet_numel=1)[0]
     # A slower link sets the pace; a smaller window binds on a long path.
     even, _ = netagg.model.netagg_seconds([100e6] * 4, 0.001, 1 << 20)
     uneven, _ = netagg.model.netagg_seconds([100e6] * 3 + [50e6], 0.001, 1 << 20)

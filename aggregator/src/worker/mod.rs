@@ -152,8 +152,9 @@ counters! {
         pub data_sent: u64,
         pub acks_sent: u64,
         pub retransmissions: u64,
-        /// Header-only probes sent while the whole thread waited: one per 64 slots per
-        /// timeout of the probing slot, instead of a window of retransmissions.
+        /// Header-only probes sent while the whole thread waited: one per 64 slots (at
+        /// most 8) per timeout of the probing slot, instead of a window of
+        /// retransmissions.
         pub probes: u64,
         /// First sendings the pacer held back, to space them at the rate the path carries.
         pub paced: u64,
@@ -300,6 +301,9 @@ struct Probe {
     slot: u16,
     /// Rounds of probes sent in this wait; each doubles the timeout to the next.
     count: u32,
+    /// The slot the next round starts from: where a round covers only some of the
+    /// thread's slots, the next takes the others' turn.
+    next: u16,
 }
 
 /// The worker-side protocol core of one worker thread.

@@ -9,8 +9,8 @@
 //! whether the switch holds it: the round may wait on a peer's loss), and a slot with
 //! nothing outstanding, or missing a result, asks for the first round it lacks.
 //! If not, the whole thread is waiting, for a late peer or for results lost at the job's
-//! end: then one header-only *probe* per 64 slots asks where every active slot stands,
-//! and the other slots' timers wait for the answers rather than resend a window. The
+//! end: then one header-only *probe* per 64 slots (8 a timeout at most) asks where the
+//! active slots stand; other timers wait for the answers rather than resend a window. The
 //! switch's *progress report* gives each slot's open round and whether this worker's
 //! contribution is in it: every lost result is asked for and every lost contribution sent
 //! at once, one round trip after the probe. The switch answers a request or a repeated
@@ -26,6 +26,13 @@ use netagg_wire::{Flags, PacketRepr};
 
 use super::{Probe, Send, SlotState, WorkerProtocol};
 use crate::round::is_after;
+
+/// Most probes one timeout of the probing slot sends, so at most this many go out per
+/// round trip however many slots a thread has: where reports cover few slots (short
+/// packets; one slot each at one element), a probe per stretch of them was a probe per
+/// slot, every timeout of a wait. Rounds take turns over the stretches past this many.
+/// Eight cover 512 slots of the default 256-element packets.
+const PROBES_PER_TIMEOUT: usize = 8;
 
 impl SlotState {
     /// Whether the slot lacks the result of `round`, one of the 64 after `have` (a result
@@ -93,25 +100,47 @@ impl WorkerProtocol {
     /// peer, or for results lost at the job's end, which no later packet reveals. One
     /// header-only probe per 64 slots asks the switch where every active slot stands, as
     /// TCP's tail-loss probe elicits what the receiver lacks, rather than a window of
-    /// retransmissions or a timeout per lost result.
+    /// retransmissions or a timeout per lost result; at most [`PROBES_PER_TIMEOUT`] of
+    /// them, from where the wait's last probes left off.
     fn send_probe(&mut self, now: Instant, index: u16) {
-        let count = self.probe.map_or(1, |probe| probe.count + 1);
-        let probing = &mut self.slots[index as usize];
-        probing.deferred = false;
-        probing.backoff = count;
-        self.probe = Some(Probe { slot: index, count });
-        // The round trip under way measures the late peer, not the path.
-        self.timed = None;
+        // The first slot of each stretch of active slots that one report covers.
         let stretch = progress_slots(self.config.packet_elements);
-        let mut covered = 0;
+        let (mut bases, mut covered) = (Vec::new(), 0);
         for base in 0..self.slots.len() {
             if base >= covered && self.slots[base].active {
-                self.pending.push_back((base as u16, Send::Probe));
+                bases.push(base);
                 // A report covers only its switch's slots: the next switch's get a probe
                 // of their own.
                 covered = (base + stretch).min(self.local_owner_end(base as u16));
             }
         }
+        let (count, from) = match self.probe {
+            Some(probe) => (probe.count + 1, usize::from(probe.next)),
+            // A wait's first probes start at the slot that waited latest: a result its
+            // report finds lost, once asked for, is evidence of loss for every slot that
+            // waited since earlier (`early_loss`), found in round trips.
+            None => {
+                let active = (0..self.slots.len()).filter(|&at| self.slots[at].active);
+                (1, active.max_by_key(|&at| self.slots[at].waiting_since).unwrap_or(0))
+            }
+        };
+        // Where one round covers every stretch, it goes in their order.
+        let first = if bases.len() > PROBES_PER_TIMEOUT {
+            bases.iter().rposition(|&base| base <= from).unwrap_or(0)
+        } else {
+            0
+        };
+        let probed = bases.len().min(PROBES_PER_TIMEOUT);
+        for &base in bases.iter().cycle().skip(first).take(probed) {
+            self.pending.push_back((base as u16, Send::Probe));
+        }
+        let next = bases.iter().cycle().nth(first + probed).map_or(0, |&base| base as u16);
+        self.probe = Some(Probe { slot: index, count, next });
+        let probing = &mut self.slots[index as usize];
+        probing.deferred = false;
+        probing.backoff = count;
+        // The round trip under way measures the late peer, not the path.
+        self.timed = None;
         self.arm_timer(index, now);
     }
 
@@ -325,6 +354,35 @@ mod tests {
         assert_eq!(protocol.status(), &JobStatus::Done);
         let counters = protocol.counters();
         assert_eq!((counters.probes, counters.progress_reports, counters.retransmissions), (2, 1, 0));
+    }
+
+    #[test]
+    fn a_thread_of_one_element_slots_probes_eight_a_timeout_taking_turns_over_its_slots() {
+        // 20 slots of one element: a report covers one slot, so a probe per stretch was a
+        // probe per slot, every timeout.
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let mut protocol = running(start, 20, 20, timeout);
+        assert_eq!(sent(&mut protocol, start).len(), 20);
+        // Nothing answers: each doubling timeout probes 8 slots, from where the last left,
+        let mut now = start;
+        let mut probed = Vec::new();
+        for backoff in 0..4 {
+            now += timeout * (1 << backoff);
+            protocol.handle_timeout(now);
+            let probes = sent(&mut protocol, now);
+            assert!(probes.iter().all(|p| parsed(p).message_type == MessageType::Probe));
+            probed.push(probes.iter().map(|p| parsed(p).slot).collect::<Vec<_>>());
+        }
+        // the first from slot 19, sent last.
+        let expected: [Vec<u16>; 4] = [
+            [19].into_iter().chain(0..7).collect(),
+            (7..15).collect(),
+            (15..20).chain(0..3).collect(),
+            (3..11).collect(),
+        ];
+        assert_eq!(probed, expected);
+        assert_eq!(protocol.counters().probes, 32);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget};
 use netagg::config::Origin;
 use netagg::{bf16, f16, Config, Context, DataType, Element, Job, SparseMode, ThreadCounters, WirePrecision};
 use netagg_benches::data::Contents;
-use netagg_benches::model::{Aggregators, Bound, Link, RackNetwork, Scenario};
+use netagg_benches::model::{Aggregators, Bound, Link, ModelError, RackNetwork, Scenario};
 use netagg_benches::parse_count;
 use netagg_benches::summary::{cpp_double, goodput_gbps, Summary};
 use netagg_benches::traffic::{downstream_model, upstream_model, Fractions, Traffic};
@@ -705,7 +705,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
                 packet_payload_bytes: u64::from(general.packet_numel) * ELEMENT_LEN as u64,
                 window_packets: window,
             };
-            Some(predict(&scenario, summary))
+            Some(predict(&scenario, summary).map_err(|e| e.to_string())?)
         }
         _ => None,
     };
@@ -740,7 +740,7 @@ fn benchmark<T: Value>(context: &Context, options: &Options, seed: u64) -> Resul
 
 /// Prints, and returns, what the cost model predicts for a sync group in `scenario`,
 /// beside the measured median.
-fn predict(scenario: &Scenario, summary: &Summary) -> ModelReport {
+fn predict(scenario: &Scenario, summary: &Summary) -> Result<ModelReport, ModelError> {
     let aggregated = match scenario.aggregators {
         Aggregators::Ideal => String::new(),
         Aggregators::Dedicated { count, link } => {
@@ -768,7 +768,7 @@ fn predict(scenario: &Scenario, summary: &Summary) -> ModelReport {
         Some(racks) => format!("{aggregated}, {} racks behind unlimited uplinks", racks.count),
         None => aggregated,
     };
-    let (netagg, ring) = (scenario.netagg(), scenario.ring());
+    let (netagg, ring) = (scenario.netagg()?, scenario.ring()?);
     let bound = match netagg.bound {
         Bound::LinkRate => "link rate",
         Bound::Window => "window",
@@ -781,12 +781,12 @@ fn predict(scenario: &Scenario, summary: &Summary) -> ModelReport {
         cpp_double(summary.median_ns as f64 / 1e9),
         cpp_double(measured_over_model)
     );
-    ModelReport {
+    Ok(ModelReport {
         netagg_ns: netagg.time.as_nanos() as u64,
         netagg_bound: bound,
         ring_ns: ring.as_nanos() as u64,
         measured_over_model,
-    }
+    })
 }
 
 /// This worker's payload per job each way as fractions of the tensor's bytes on the wire

@@ -209,7 +209,7 @@ fn simulate(setup: &Setup) -> Result<Variant, String> {
     let simulated = setup.netagg()?;
     Ok(Variant {
         simulated_s: simulated.time.as_secs_f64(),
-        model_s: setup.scenario().netagg().time.as_secs_f64(),
+        model_s: setup.scenario().netagg().map_err(|e| format!("{setup}: {e}"))?.time.as_secs_f64(),
         wall_s: simulated.wall.as_secs_f64(),
     })
 }
@@ -252,7 +252,11 @@ fn predict(options: &Options) -> Result<(), String> {
                     let row = Row {
                         variants,
                         ring_s: ring.time.as_secs_f64(),
-                        ring_model_s: setup.scenario().ring().as_secs_f64(),
+                        ring_model_s: setup
+                            .scenario()
+                            .ring()
+                            .map_err(|e| format!("{setup}: {e}"))?
+                            .as_secs_f64(),
                         ring_wall_s: ring.wall.as_secs_f64(),
                         setup,
                     };
