@@ -75,7 +75,7 @@ impl Session {
     /// that its thread's first sending numbered `sequence` never came: a pending notice
     /// with `LOST`, about `repr`'s own slot and round, on which the worker sends that
     /// contribution again (`first_sendings`). It answers `repr` if nothing else does;
-    /// behind a result it waits for [`Engine::poll_notice`], behind `verdict`'s packet.
+    /// behind a result or a drop it waits for [`Engine::poll_notice`].
     ///
     /// [`Engine::poll_notice`]: super::Engine::poll_notice
     pub(super) fn tell_lost(
@@ -94,16 +94,18 @@ impl Session {
             sequence,
             element_type: repr.element_type,
         };
-        if let Verdict::Send(_) = verdict {
-            // One per member thread at most, which the spacing of notices keeps: a full
-            // queue is a shell that does not poll, whose notices would only be late.
-            if self.lost_notices.len() < self.sendings.members() {
-                self.lost_notices.push_back(notice);
-            }
-            return verdict;
+        if verdict == Verdict::Consumed {
+            self.counters.lost_notices += 1;
+            return self.emit_notice(notice, out);
         }
-        self.counters.lost_notices += 1;
-        self.emit_notice(notice, out)
+        // A dropped packet's reason must reach the caller (a departed rank's orphans the
+        // session): the notice waits as it does behind a result. One per member thread at
+        // most, which the spacing of notices keeps: a full queue is a shell that does not
+        // poll, whose notices would only be late.
+        if self.lost_notices.len() < self.sendings.members() {
+            self.lost_notices.push_back(notice);
+        }
+        verdict
     }
 
     /// The next notice of a lost contribution that waited behind a result, written into
