@@ -12,9 +12,9 @@
 //! Only isolated losses are told. Behind a short queue losses come in runs: a notice per
 //! lost packet would have the member resend a run into the queue that dropped it, where
 //! its timers' backoff spaces the resends and its pacer, told of the losses, slows down.
-//! So a number lost within three of another, or while a later one is still missing, is left to
-//! the member, and a member thread is told at most once per [`NOTICE_SPACING`] of its
-//! first sendings. The notice answers the packet that showed the loss, if the switch
+//! So a number lost within three of another, or while a later one is still missing, is
+//! left to the member, and a member thread is told at most once per [`NOTICE_SPACING`]
+//! of its first sendings. The notice answers the packet that showed the loss, if the switch
 //! would not otherwise answer it; if that packet completed a round, whose result goes
 //! to every worker, it waits in a short queue that the shells drain
 //! (`Engine::poll_notice`), so that the member that completes most rounds, the last to
@@ -24,7 +24,7 @@ use crate::sequence_gaps::{SequenceGaps, REORDER_PACKETS};
 
 /// A member thread is told of at most one lost contribution per this many of its first
 /// sendings, so that a burst the isolation test misses cannot become a burst of resends.
-pub(super) const NOTICE_SPACING: u32 = 32;
+const NOTICE_SPACING: u32 = 32;
 
 /// What the switch has seen of one member thread's numbers.
 #[derive(Debug, Clone, Copy)]
