@@ -53,6 +53,7 @@ mod overtaking;
 pub use netagg_faults as faults;
 pub mod pacer;
 mod round;
+mod sequence_gaps;
 pub mod sim;
 pub mod sum;
 pub mod sum16;

@@ -735,10 +735,20 @@ impl Cluster {
                     if let Verdict::Send(transmit) = engine.handle_datagram(self.now, &bytes, buf) {
                         self.dispatch(switch, transmit.recipient, &buf[..transmit.len]);
                     }
+                    self.poll_notices(switch, buf);
                     // A rack's switch may owe its upper switch an acknowledgement.
                     self.poll_upstream(switch, buf);
                 }
             }
+        }
+    }
+
+    /// Sends the notices of lost contributions that switch `switch` holds behind results.
+    fn poll_notices(&mut self, switch: u16, buf: &mut [u8]) {
+        loop {
+            let engine = &mut self.switches[usize::from(switch)].engine;
+            let Some(transmit) = engine.poll_notice(buf) else { return };
+            self.dispatch(switch, transmit.recipient, &buf[..transmit.len]);
         }
     }
 

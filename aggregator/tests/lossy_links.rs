@@ -39,10 +39,22 @@ fn inputs(len: usize, seed: u64) -> (Vec<Tensor>, Tensor) {
     (inputs.into_iter().map(Tensor::Int32).collect(), Tensor::Int32(sum))
 }
 
+/// One measured job: its time over the link-rate model, and what recovery cost.
+#[derive(Debug, Clone, Copy)]
+struct JobFigures {
+    ratio: f64,
+    /// Contributions sent again, all workers together.
+    retransmissions: u64,
+    /// Of them, sent on the switch's notice that their first sending was lost.
+    lost_notices: u64,
+    /// Contributions the switch already held.
+    duplicates: u64,
+}
+
 /// Runs a warmup and then `jobs` allreduces of 1 Mi int32 on `config`, checks every sum,
-/// and gives each measured job's time over the link-rate model: every packet once,
-/// with its frame, at 50 Mbit/s.
-fn ratios_to_the_model(config: ClusterConfig, jobs: usize) -> Vec<f64> {
+/// and gives each measured job's time over the link-rate model (every packet once, with
+/// its frame, at 50 Mbit/s) and its recovery counts.
+fn jobs_against_the_model(config: ClusterConfig, jobs: usize) -> Vec<JobFigures> {
     let len: usize = 1 << 20;
     let limit = config.uplink.rate.unwrap();
     let packets = len.div_ceil(PACKET_ELEMENTS as usize) as u64;
@@ -55,24 +67,44 @@ fn ratios_to_the_model(config: ClusterConfig, jobs: usize) -> Vec<f64> {
             let (inputs, expected) = inputs(len, seed * 10 + job as u64);
             let report = cluster.allreduce(&inputs, false).unwrap();
             assert!(report.outputs.iter().all(|output| *output == expected), "seed {seed}, job {job}: sums");
-            report.elapsed.as_secs_f64() / model.as_secs_f64()
+            JobFigures {
+                ratio: report.elapsed.as_secs_f64() / model.as_secs_f64(),
+                retransmissions: report.workers.iter().map(|w| w.retransmissions).sum(),
+                lost_notices: report.workers.iter().map(|w| w.lost_notices).sum(),
+                duplicates: report.switch.duplicates,
+            }
         })
         .skip(1)
         .collect()
 }
 
+/// The median of `values`, an even count of them.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    (values[values.len() / 2 - 1] + values[values.len() / 2]) / 2.0
+}
+
 /// 1.34 of the model, median, before losses were found in round trips of the path
 /// (`worker/early_loss.rs`); 1.134 after (1.104-1.361). With lost results found as gaps
 /// in the switch's numbering of its broadcasts (`worker/sequence.rs`), 1.120
-/// (1.090-1.249): both bounds below fail without it. The issue's goal, 1.1, is not met
-/// yet: most of what is left is lost contributions, which no result reveals sooner.
+/// (1.090-1.249); with lost contributions found as gaps in the workers' numbering of
+/// their first sendings (`engine/first_sendings.rs`), 1.091 (1.064-1.137), the issue's
+/// goal. Both bounds below fail without it.
 #[test]
-fn one_percent_loss_each_way_stays_within_1_13_times_the_link_rate_model() {
-    let mut ratios: Vec<f64> =
-        (1..=8).flat_map(|seed| ratios_to_the_model(lossy_row(0.01, seed), 2)).collect();
+fn one_percent_loss_each_way_stays_within_1_1_times_the_link_rate_model() {
+    let jobs: Vec<JobFigures> =
+        (1..=8).flat_map(|seed| jobs_against_the_model(lossy_row(0.01, seed), 2)).collect();
+    let mut ratios: Vec<f64> = jobs.iter().map(|job| job.ratio).collect();
     ratios.sort_by(f64::total_cmp);
-    let median = (ratios[7] + ratios[8]) / 2.0;
-    eprintln!("1 % loss, jobs over the model: median {median:.3}, all {ratios:.3?}");
-    assert!(median < 1.13, "median {median:.3} of the model: {ratios:.3?}");
-    assert!(ratios[15] < 1.3, "slowest job {:.3} of the model: {ratios:.3?}", ratios[15]);
+    let median_ratio = median(ratios.clone());
+    let per_job = |count: fn(&JobFigures) -> u64| median(jobs.iter().map(|job| count(job) as f64).collect());
+    eprintln!(
+        "1 % loss, jobs over the model: median {median_ratio:.3}, all {ratios:.3?}; per job, median: \
+         {} retransmissions, {} on lost notices, {} duplicates at the switch",
+        per_job(|job| job.retransmissions),
+        per_job(|job| job.lost_notices),
+        per_job(|job| job.duplicates),
+    );
+    assert!(median_ratio < 1.1, "median {median_ratio:.3} of the model: {ratios:.3?}");
+    assert!(ratios[15] < 1.2, "slowest job {:.3} of the model: {ratios:.3?}", ratios[15]);
 }

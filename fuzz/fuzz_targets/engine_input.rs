@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
+use netagg_aggregator::{Engine, EngineLimits, Recipient, SessionId, SessionSpec, Transmit, Verdict};
 use netagg_fuzz::Raw;
 use netagg_wire::packet::{datagram_len, BROADCAST_RANK, END_OF_STREAM, PROGRESS_SLOTS};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
@@ -83,6 +83,9 @@ struct Header {
     elements: u8,
     /// Seed of the element values.
     value: i32,
+    /// A data packet's number among its thread's first sendings: in or out of order,
+    /// repeated or skipped, as the fuzzer picks (0 on messages that carry none).
+    sequence: u8,
 }
 
 /// The last header again, from `rank`, naming `next_block` as the sender's next block.
@@ -192,7 +195,7 @@ impl Harness {
         let token = TOKENS[(h.session as usize + h.wrong_token as usize) % SPECS.len()];
         let elements = (h.elements % (max_elements + 1)) as u16;
         let repr = PacketRepr {
-            flags: Flags::from_bits(h.flags & 0b1111).expect("masked to the known bits"),
+            flags: Flags::from_bits(h.flags & 0b1_1111).expect("masked to the known bits"),
             job: h.job as u32 % 2,
             packet_id: block + h.other_packet_id as u32,
             rank: h.rank as u16 % 4,
@@ -203,6 +206,10 @@ impl Harness {
             next_block: h.next_block.map_or(END_OF_STREAM, |b| b as u32 % BLOCKS),
             ack_round: round.wrapping_sub(h.ack_lag as u32),
             ..PacketRepr::new(message_type, element_type, session, token, elements)
+        };
+        let repr = PacketRepr {
+            sequence: if message_type.is_numbered(repr.flags) { h.sequence } else { 0 },
+            ..repr
         };
         let mut bytes = vec![0; repr.buffer_len()];
         let mut packet = repr.emit(&mut bytes).expect("fields are in range");
@@ -217,9 +224,17 @@ impl Harness {
     fn feed(&mut self, datagram: &[u8], wrong_source: bool) {
         let verdict =
             self.engine.handle_datagram_from(self.now, datagram, &mut self.out, |_, _, _| !wrong_source);
-        let Verdict::Send(transmit) = verdict else {
-            return;
-        };
+        if let Verdict::Send(transmit) = verdict {
+            self.check_sent(transmit);
+        }
+        // Notices of lost contributions that waited behind a result.
+        while let Some(transmit) = self.engine.poll_notice(&mut self.out) {
+            self.check_sent(transmit);
+        }
+    }
+
+    /// Checks a packet the engine wrote into `out`.
+    fn check_sent(&self, transmit: Transmit) {
         let bytes = &self.out[..transmit.len];
         let packet = match Packet::new_checked(bytes) {
             Ok(packet) => packet,

@@ -120,6 +120,9 @@ struct Header {
 struct Pending {
     pick: u8,
     contributed: bool,
+    /// A notice that the picked packet's first sending, by its number, never came
+    /// (rather than an answer about its round).
+    lost: bool,
     /// Sent to every worker, which a notice never is.
     broadcast: bool,
 }
@@ -250,8 +253,13 @@ impl Harness {
                 if let Some(sent) = self.sent.get(pending.pick as usize % SENT_KEPT) {
                     let notice = PacketRepr {
                         message_type: MessageType::Pending,
-                        flags: if pending.contributed { Flags::CONTRIBUTED } else { Flags::NONE },
+                        flags: match (pending.lost, pending.contributed) {
+                            (true, _) => Flags::LOST,
+                            (false, true) => Flags::CONTRIBUTED,
+                            (false, false) => Flags::NONE,
+                        },
                         rank: if pending.broadcast { BROADCAST_RANK } else { sent.rank },
+                        sequence: if pending.lost { sent.sequence } else { 0 },
                         element_count: 0,
                         ack_round: 0,
                         ..*sent
@@ -271,6 +279,7 @@ impl Harness {
                         rank: if progress.broadcast { BROADCAST_RANK } else { sent.rank },
                         element_count: steps.len() as u16,
                         ack_round: 0,
+                        sequence: 0,
                         ..*sent
                     };
                     report.set_contributions(progress.contributions);
@@ -357,7 +366,7 @@ fn free_form(h: &Header) -> PacketRepr {
     // One more than a packet holds, to reach the length checks.
     let elements = h.elements as u16 % (CONFIG.packet_elements + 2);
     PacketRepr {
-        flags: Flags::from_bits(h.flags & 0b1111).expect("masked to the known bits"),
+        flags: Flags::from_bits(h.flags & 0b1_1111).expect("masked to the known bits"),
         job: h.job as u32 % 3,
         packet_id: h.block as u32,
         rank: h.rank.map_or(BROADCAST_RANK, |r| r as u16 % 3),

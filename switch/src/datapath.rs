@@ -262,6 +262,7 @@ impl<P: DataPort> DataPath<P> {
             })?;
             if let Some(now) = arrived {
                 self.board.poll_upstream(now);
+                self.board.poll_notices();
             }
             self.send_results();
             for (address, end) in self.port.take_failed() {
@@ -506,6 +507,19 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
         let Some(session_peers) = peers.get(&transmit.session) else { return };
         let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
         commit(results, lent, session_peers, transmit, slot);
+    }
+
+    /// Batches the notices of lost contributions that waited behind a batch's results.
+    fn poll_notices(&mut self) {
+        let Switchboard { engine, peers, results } = self;
+        loop {
+            let (lent, out) = results.room(None, Vec::new);
+            let Some(transmit) = engine.poll_notice(out) else { return };
+            let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
+            if let Some(session_peers) = peers.get(&transmit.session) {
+                commit(results, lent, session_peers, transmit, slot);
+            }
+        }
     }
 
     /// Sends a lower switch's sessions' packets that their timers call for up to their

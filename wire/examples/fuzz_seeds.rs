@@ -40,6 +40,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         block: 3,
         next_block: 11,
         ack_round: 4,
+        // The sending thread's 100th first sending to this switch.
+        sequence: 100,
         ..header(MessageType::Data, ElementType::Int32, 2)
     };
     let mut result = PacketRepr {
@@ -69,6 +71,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         round: 6,
         ..header(MessageType::Pending, ElementType::Int32, 0)
     };
+    // The switch found this rank's thread's first sending 97 lost, shown by this round's.
+    let lost = PacketRepr { flags: Flags::LOST, sequence: 97, ..pending };
     let probe =
         PacketRepr { rank: 2, round: 6, ack_round: 5, ..header(MessageType::Probe, ElementType::Int32, 0) };
     // Slots 1 to 3: open rounds 6, 9 and 9; this rank's contributions are in slots 1 and 3.
@@ -110,6 +114,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("result-bfloat16", packet(&result_bfloat16, &[0x80, 0x3F, 0xC0, 0x7F])),
         ("ack", packet(&ack, &[])),
         ("pending", packet(&pending, &[])),
+        ("pending-lost", packet(&lost, &[])),
         ("probe", packet(&probe, &[])),
         ("progress", packet(&progress, &open_rounds)),
         ("register", control(&register("job", vec![udp("0.0.0.0:40000"), udp("10.0.0.2:40001")]))),

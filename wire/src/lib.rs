@@ -41,9 +41,12 @@ pub use packet::{ElementType, Flags, Integrity, MessageType, Packet, PacketRepr}
 /// notice no longer does; 6: a CRC32C trailer over header and payload, so that a
 /// corrupted datagram is dropped rather than summed; 7: a result's *sequence* byte, the
 /// switch's count of broadcasts to the recipient's worker thread, so that a lost result
-/// shows as a gap at the next one). The control protocol has its own,
+/// shows as a gap at the next one; 8: the mirror, a contribution's first sending
+/// numbered by its worker thread in the same byte, and the pending notice with
+/// [`Flags::LOST`] by which the switch names one it found missing). The control protocol
+/// has its own,
 /// [`CONTROL_VERSION`].
-pub const PACKET_VERSION: u8 = 7;
+pub const PACKET_VERSION: u8 = 8;
 
 /// The largest UDP payload over IPv4: the bound on any netagg datagram.
 pub const MAX_DATAGRAM_LEN: usize = 65_507;

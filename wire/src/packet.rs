@@ -18,7 +18,7 @@
 //! | 18     | 2    | element count  | elements in the payload |
 //! | 20     | 2    | slot           | aggregation slot within the session |
 //! | 22     | 1    | exponent       | block-floating-point exponent (i8), max-reduced |
-//! | 23     | 1    | sequence       | result: the switch's count of broadcasts to this worker thread, mod 256; zero otherwise |
+//! | 23     | 1    | sequence       | result: the switch's count of broadcasts to this worker thread, mod 256; data: the thread's count of first sendings to this switch, mod 256; pending with [`Flags::LOST`]: the number lost; zero otherwise |
 //! | 24     | 4    | round          | use number of the slot |
 //! | 28     | 4    | block          | block index carried (sparse) or packet index (dense) |
 //! | 32     | 4    | next block     | sparse: sender's next non-zero block; result: everyone's next |
@@ -189,6 +189,17 @@ impl MessageType {
     pub const fn is_header_only(self) -> bool {
         matches!(self, MessageType::Ack | MessageType::Pending | MessageType::Probe)
     }
+
+    /// Whether a message of this type with `flags` may carry a `sequence` number: results
+    /// and data are numbered in their sender's stream, a pending notice with
+    /// [`Flags::LOST`] names the number lost; every other message carries 0.
+    pub const fn is_numbered(self, flags: Flags) -> bool {
+        match self {
+            MessageType::Result | MessageType::Data => true,
+            MessageType::Pending => flags.contains(Flags::LOST),
+            MessageType::Ack | MessageType::Probe | MessageType::Progress => false,
+        }
+    }
 }
 
 /// A payload on a message that carries none.
@@ -197,9 +208,11 @@ const HEADER_ONLY: WireError = WireError::InvalidField {
     reason: "acks, pending notices and probes carry no payload",
 };
 
-/// A sequence number on a message other than a result.
-const NOT_SEQUENCED: WireError =
-    WireError::InvalidField { field: "sequence", reason: "only results are numbered; must be zero" };
+/// A sequence number on a message that carries none.
+const NOT_SEQUENCED: WireError = WireError::InvalidField {
+    field: "sequence",
+    reason: "only results, data and pending notices with LOST are numbered; must be zero",
+};
 
 /// A progress report over more slots than its map covers.
 const PROGRESS_TOO_LONG: WireError =
@@ -291,7 +304,10 @@ impl Flags {
     pub const WANT_RESULT: Flags = Flags(4);
     /// On a pending notice: the addressee's contribution to the round is in.
     pub const CONTRIBUTED: Flags = Flags(8);
-    const ALL: u8 = 0b1111;
+    /// On a pending notice: the addressee's first sending numbered `sequence` never came;
+    /// the notice's slot and round are those of the packet that showed it.
+    pub const LOST: Flags = Flags(16);
+    const ALL: u8 = 0b1_1111;
 
     pub const fn bits(self) -> u8 {
         self.0
@@ -376,8 +392,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let len = data.len();
         let message_type = MessageType::try_from(data[field::MESSAGE_TYPE])?;
         let element_type = ElementType::try_from(data[field::ELEMENT_TYPE])?;
-        Flags::from_bits(data[field::FLAGS])?;
-        if message_type != MessageType::Result && data[field::SEQUENCE] != 0 {
+        let flags = Flags::from_bits(data[field::FLAGS])?;
+        if !message_type.is_numbered(flags) && data[field::SEQUENCE] != 0 {
             return Err(NOT_SEQUENCED);
         }
         let count = self.element_count() as usize;
@@ -596,8 +612,11 @@ pub struct PacketRepr {
     pub exponent: i8,
     /// On a result broadcast to every worker: the switch numbers its broadcasts to each
     /// worker thread in one sequence, modulo 256, so that a thread sees a lost result as
-    /// a gap the moment a later one arrives, whatever order the rounds complete in. 0 on
-    /// a result to one worker (an answer) and on every other message.
+    /// a gap the moment a later one arrives, whatever order the rounds complete in. On a
+    /// contribution's first sending, the mirror: the worker thread's count of its first
+    /// sendings to this switch, modulo 256, so that the switch sees a lost contribution
+    /// as a gap; a pending notice with [`Flags::LOST`] names the number it found lost.
+    /// 0 on a result to one worker (an answer), a retransmission and every other message.
     pub sequence: u8,
     pub round: u32,
     pub block: u32,
@@ -711,7 +730,7 @@ impl PacketRepr {
         if self.message_type.is_header_only() && self.element_count != 0 {
             return Err(HEADER_ONLY);
         }
-        if self.message_type != MessageType::Result && self.sequence != 0 {
+        if !self.message_type.is_numbered(self.flags) && self.sequence != 0 {
             return Err(NOT_SEQUENCED);
         }
         if self.message_type == MessageType::Progress {
@@ -775,12 +794,12 @@ mod tests {
 
     #[rustfmt::skip]
     const SAMPLE_BYTES: [u8; 60] = [
-        0x07, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
+        0x08, 0x01, 0x01, 0x03,             // version, data, int32, sparse|retransmission
         0x04, 0x03, 0x02, 0x01,             // session
         0x07, 0x00, 0x00, 0x00,             // job
         0xDD, 0xCC, 0xBB, 0xAA,             // packet id
         0x03, 0x00, 0x02, 0x00,             // rank, element count
-        0x34, 0x12, 0xFB, 0x00,             // slot, exponent -5, sequence (a result's only)
+        0x34, 0x12, 0xFB, 0x00,             // slot, exponent -5, sequence (not a first sending)
         0x08, 0x07, 0x06, 0x05,             // round
         0x2A, 0x00, 0x00, 0x00,             // block
         0xFF, 0xFF, 0xFF, 0xFF,             // next block: end of stream
@@ -789,7 +808,7 @@ mod tests {
         0x44, 0x33, 0x22, 0x11,             // token, high half
         0x01, 0x00, 0x00, 0x00,             // element 0: 1
         0xFF, 0xFF, 0xFF, 0xFF,             // element 1: -1
-        0x85, 0x51, 0x19, 0x57,             // CRC32C of the 56 bytes above (as crcmod computes it)
+        0x7A, 0xEF, 0x3E, 0x67,             // CRC32C of the 56 bytes above (as crcmod computes it)
     ];
 
     /// `bytes` with their checksum written again, after a test changed them.
@@ -814,7 +833,7 @@ mod tests {
         let packet = Packet::new_checked(&SAMPLE_BYTES[..]).unwrap();
         assert_eq!(PacketRepr::parse(&packet), sample());
         assert_eq!(packet.payload(), &SAMPLE_BYTES[48..56]);
-        assert_eq!(packet.checksum(), 0x5719_5185);
+        assert_eq!(packet.checksum(), 0x673E_EF7A);
         assert_eq!(HEADER_LEN % 8, 0, "the header keeps payloads 8-byte aligned");
     }
 
@@ -907,7 +926,7 @@ mod tests {
     }
 
     #[test]
-    fn a_result_carries_its_sequence_number_and_no_other_message_does() {
+    fn results_data_and_lost_notices_carry_a_sequence_number_and_no_other_message_does() {
         let result = PacketRepr { message_type: MessageType::Result, sequence: 0xA5, ..sample() };
         let mut buffer = [0u8; 60];
         result.emit(&mut buffer).unwrap().seal();
@@ -915,13 +934,35 @@ mod tests {
         assert_eq!(buffer[20..24], [0x34, 0x12, 0xFB, 0xA5], "slot, exponent, sequence");
         let parsed = Packet::new_checked(&buffer[..]).unwrap();
         assert_eq!((parsed.sequence(), PacketRepr::parse(&parsed)), (0xA5, result));
-        // A data packet with a number is refused, built or received.
-        let data = PacketRepr { sequence: 1, ..sample() };
-        assert!(matches!(data.emit(&mut [0u8; 60]), Err(WireError::InvalidField { field: "sequence", .. })));
-        let mut bytes = buffer;
-        bytes[1] = MessageType::Data as u8;
+        // A contribution's first sending is numbered by its worker thread.
+        let data = PacketRepr { sequence: 0x5A, ..sample() };
+        let mut buffer = [0u8; 60];
+        data.emit(&mut buffer).unwrap().seal();
+        assert_eq!(buffer[23], 0x5A);
+        assert_eq!(PacketRepr::parse(&Packet::new_checked(&buffer[..]).unwrap()), data);
+        // A pending notice names a number only with LOST.
+        let notice = PacketRepr {
+            message_type: MessageType::Pending,
+            flags: Flags::LOST,
+            element_count: 0,
+            sequence: 9,
+            ..sample()
+        };
+        let mut lost = [0u8; 52];
+        notice.emit(&mut lost).unwrap().seal();
+        assert_eq!((lost[3], lost[23]), (0x10, 9), "flags, sequence");
+        assert_eq!(PacketRepr::parse(&Packet::new_checked(&lost[..]).unwrap()), notice);
+        let unflagged = PacketRepr { flags: Flags::CONTRIBUTED, ..notice };
         assert!(matches!(
-            Packet::new_checked(resealed(bytes)).unwrap_err(),
+            unflagged.emit(&mut [0u8; 52]),
+            Err(WireError::InvalidField { field: "sequence", .. })
+        ));
+        // An ack with a number is refused, built or received.
+        let ack = PacketRepr { message_type: MessageType::Ack, element_count: 0, sequence: 1, ..sample() };
+        assert!(matches!(ack.emit(&mut [0u8; 52]), Err(WireError::InvalidField { field: "sequence", .. })));
+        lost[3] = 0;
+        assert!(matches!(
+            Packet::new_checked(resealed(lost)).unwrap_err(),
             WireError::InvalidField { field: "sequence", .. }
         ));
     }
@@ -939,7 +980,6 @@ mod tests {
         assert_eq!(with(1, 7), WireError::UnknownMessageType(7));
         assert_eq!(with(2, 5), WireError::UnknownElementType(5));
         assert_eq!(with(3, 0x83), WireError::UnknownFlags(0x80));
-        assert!(matches!(with(23, 1), WireError::InvalidField { field: "sequence", .. }));
     }
 
     #[test]
@@ -1083,11 +1123,11 @@ mod tests {
         let mut bytes = SAMPLE_BYTES;
         bytes[50] ^= 0x10;
         let error = Packet::new_checked(bytes).unwrap_err();
-        let WireError::Checksum { found: 0x5719_5185, computed } = error else { panic!("{error:?}") };
+        let WireError::Checksum { found: 0x673E_EF7A, computed } = error else { panic!("{error:?}") };
         assert_eq!(
             error.to_string(),
             format!(
-                "checksum 0x57195185 does not match {computed:#010x}, the CRC32C of the bytes it covers: \
+                "checksum 0x673eef7a does not match {computed:#010x}, the CRC32C of the bytes it covers: \
                  the datagram was corrupted on its way"
             )
         );

@@ -13,14 +13,17 @@ use super::{DropReason, Recipient, Transmit, Verdict};
 use crate::round::is_after;
 use crate::sum16;
 
-/// A pending notice's fields: to the session's worker `rank`, about `round` of `slot`.
+/// A pending notice's fields: to the session's worker `rank`, about `round` of `slot`
+/// (with `LOST`, about its first sending numbered `sequence`).
 #[derive(Debug, Clone, Copy)]
-struct PendingNotice {
+pub(super) struct PendingNotice {
     rank: u16,
     job: u32,
     slot: u16,
     round: u32,
     flags: Flags,
+    sequence: u8,
+    element_type: ElementType,
 }
 
 impl Session {
@@ -56,9 +59,64 @@ impl Session {
     /// own contribution is in: so that a worker waiting for a late peer stops resending.
     pub(super) fn emit_pending(&self, repr: &PacketRepr, out: &mut [u8]) -> Verdict {
         let flags = if self.contributed(repr.slot, repr.rank) { Flags::CONTRIBUTED } else { Flags::NONE };
-        let notice =
-            PendingNotice { rank: repr.rank, job: repr.job, slot: repr.slot, round: repr.round, flags };
-        self.emit_notice(notice, repr.element_type, out)
+        let notice = PendingNotice {
+            rank: repr.rank,
+            job: repr.job,
+            slot: repr.slot,
+            round: repr.round,
+            flags,
+            sequence: 0,
+            element_type: repr.element_type,
+        };
+        self.emit_notice(notice, out)
+    }
+
+    /// Tells the sender of contribution `repr`, which the engine answered with `verdict`,
+    /// that its thread's first sending numbered `sequence` never came: a pending notice
+    /// with `LOST`, about `repr`'s own slot and round, on which the worker sends that
+    /// contribution again (`first_sendings`). It answers `repr` if nothing else does;
+    /// behind a result or a drop it waits for [`Engine::poll_notice`].
+    ///
+    /// [`Engine::poll_notice`]: super::Engine::poll_notice
+    pub(super) fn tell_lost(
+        &mut self,
+        repr: &PacketRepr,
+        sequence: u8,
+        verdict: Verdict,
+        out: &mut [u8],
+    ) -> Verdict {
+        let notice = PendingNotice {
+            rank: repr.rank,
+            job: repr.job,
+            slot: repr.slot,
+            round: repr.round,
+            flags: Flags::LOST,
+            sequence,
+            element_type: repr.element_type,
+        };
+        if verdict == Verdict::Consumed {
+            self.counters.lost_notices += 1;
+            return self.emit_notice(notice, out);
+        }
+        // A dropped packet's reason must reach the caller (a departed rank's orphans the
+        // session): the notice waits as it does behind a result. One per member thread at
+        // most, which the spacing of notices keeps: a full queue is a shell that does not
+        // poll, whose notices would only be late.
+        if self.lost_notices.len() < self.sendings.members() {
+            self.lost_notices.push_back(notice);
+        }
+        verdict
+    }
+
+    /// The next notice of a lost contribution that waited behind a result, written into
+    /// `out`.
+    pub(super) fn poll_notice(&mut self, out: &mut [u8]) -> Option<Transmit> {
+        let notice = self.lost_notices.pop_front()?;
+        self.counters.lost_notices += 1;
+        match self.emit_notice(notice, out) {
+            Verdict::Send(transmit) => Some(transmit),
+            _ => None,
+        }
     }
 
     /// Tells one worker refused a set for the open round of `slot` that the round has one
@@ -80,9 +138,16 @@ impl Session {
             return None;
         }
         let rank = state.refused.iter().next()?;
-        let notice =
-            PendingNotice { rank, job: state.refused_job, slot, round: state.open_round, flags: Flags::NONE };
-        let verdict = self.emit_notice(notice, element_type, out);
+        let notice = PendingNotice {
+            rank,
+            job: state.refused_job,
+            slot,
+            round: state.open_round,
+            flags: Flags::NONE,
+            sequence: 0,
+            element_type,
+        };
+        let verdict = self.emit_notice(notice, out);
         if matches!(verdict, Verdict::Send(_)) {
             self.slots[slot as usize].refused.remove(rank);
         }
@@ -90,14 +155,15 @@ impl Session {
     }
 
     /// Emits `notice` to its worker, sealed.
-    fn emit_notice(&self, notice: PendingNotice, element_type: ElementType, out: &mut [u8]) -> Verdict {
+    fn emit_notice(&self, notice: PendingNotice, out: &mut [u8]) -> Verdict {
         let repr = PacketRepr {
             flags: notice.flags,
             job: notice.job,
             rank: notice.rank.wrapping_add(self.rank_base),
             slot: notice.slot,
             round: notice.round,
-            ..PacketRepr::new(MessageType::Pending, element_type, self.id.0, self.token, 0)
+            sequence: notice.sequence,
+            ..PacketRepr::new(MessageType::Pending, notice.element_type, self.id.0, self.token, 0)
         };
         // `handle` checked that `out` holds a full packet, so a header too.
         match repr.emit(out) {

@@ -12,6 +12,8 @@
 //! - `stream`: which workers a slot's next round expects, dense or sparse.
 //! - `answer`: results and pending notices, written into the caller's buffer.
 //! - `sequence`: the numbers of each worker thread's broadcast results.
+//! - `first_sendings`: lost contributions found by the workers' numbering of their first
+//!   sendings, and the notices that tell their members.
 //! - `departures`: ranks that leave a session, and the rounds that then cannot complete.
 //! - `uplink`: a session of a lower switch in an aggregation tree, whose rounds complete
 //!   at the upper switch it takes part in as one member.
@@ -23,6 +25,7 @@ use netagg_wire::{Integrity, PacketRepr, WireError};
 
 mod answer;
 mod departures;
+mod first_sendings;
 mod sequence;
 mod session;
 mod slot;
@@ -35,6 +38,7 @@ pub use departures::Departure;
 pub use session::{SessionCounters, SessionError, SessionId, SessionSpec};
 pub use uplink::{UplinkCounters, Upstream, UPSTREAM_RANK};
 
+use first_sendings::SendingGaps;
 use session::Session;
 
 /// Limits of one engine; every session is checked against them when it opens.
@@ -182,6 +186,8 @@ pub struct Engine {
     closed_uplinks: UplinkCounters,
     /// Whether datagrams' checksums are checked and answers sealed.
     integrity: Integrity,
+    /// Some session may hold a notice for [`Engine::poll_notice`].
+    notices_waiting: bool,
 }
 
 impl Engine {
@@ -204,6 +210,7 @@ impl Engine {
             orphaned: Vec::new(),
             uplinked: 0,
             closed_uplinks: UplinkCounters::default(),
+            notices_waiting: false,
         }
     }
 
@@ -354,12 +361,14 @@ impl Engine {
     }
 
     /// Numbers session `id`'s broadcast results in one sequence per worker thread of
-    /// `slots_per_thread` slots, as its workers registered them: each thread sees only its
-    /// slots' results, so a count over all of them would show it gaps that are not losses.
-    /// Until told, a session numbers all its broadcasts in one sequence (one thread a rank).
+    /// `slots_per_thread` slots, as its workers registered them, and takes each rank's
+    /// threads' numbering of their first sendings the same way: each thread sees only its
+    /// slots' results, and numbers only its own sendings, so a count over all of them
+    /// would show gaps that are not losses. Until told, a session takes one thread a rank.
     pub fn number_per_thread(&mut self, id: SessionId, slots_per_thread: u16) {
         if let Some(session) = self.session_mut(id) {
             session.broadcasts.split(session.spec.slots, slots_per_thread);
+            session.sendings = SendingGaps::new(session.spec.workers, session.broadcasts.threads());
         }
     }
 
@@ -439,10 +448,24 @@ impl Engine {
         // A lower switch's workers send their ranks in the whole tree; 0 elsewhere.
         repr.rank = repr.rank.wrapping_sub(session.rank_base);
         let verdict = session.handle(now, &repr, payload, out, from_its_rank);
+        self.notices_waiting |= !session.lost_notices.is_empty();
         if let Verdict::Dropped(DropReason::Departed(rank)) = verdict {
             self.orphan(SessionId(repr.session), rank);
         }
         verdict
+    }
+
+    /// The next notice of a lost contribution that could not answer the packet showing the
+    /// loss, because that packet completed a round (`docs/protocol.md` §3 rule 2), written
+    /// into `out` as [`Engine::handle_datagram`]'s packets are; call until `None` after
+    /// each batch of datagrams, after sending or batching their results.
+    pub fn poll_notice(&mut self, out: &mut [u8]) -> Option<Transmit> {
+        if !self.notices_waiting {
+            return None;
+        }
+        let transmit = self.sessions.iter_mut().flatten().find_map(|session| session.poll_notice(out));
+        self.notices_waiting = transmit.is_some();
+        transmit
     }
 
     /// When [`Engine::handle_timeout`] next has something to do.

@@ -29,10 +29,21 @@ impl BroadcastNumbers {
         self.last = vec![0; usize::from(slots.div_ceil(slots_per_thread))];
     }
 
+    /// How many worker threads each rank runs.
+    pub(super) fn threads(&self) -> usize {
+        self.last.len()
+    }
+
+    /// The worker thread, of each rank, that owns `slot`.
+    #[inline]
+    pub(super) fn thread(&self, slot: u16) -> usize {
+        usize::from(slot / self.slots_per_thread)
+    }
+
     /// The number of the next broadcast of `slot`'s round.
     #[inline]
     pub(super) fn number(&mut self, slot: u16) -> u8 {
-        let thread = usize::from(slot / self.slots_per_thread);
+        let thread = self.thread(slot);
         // `handle` checked `slot` against the session's slots, which `split` covered.
         let last = &mut self.last[thread];
         *last = last.wrapping_add(1);

@@ -1,11 +1,14 @@
 //! One session: its shape, its counters, and the checks every datagram naming it passes
 //! before it reaches a slot.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use netagg_wire::packet::{datagram_len, progress_slots, ELEMENT_LEN};
 use netagg_wire::{ElementType, Flags, Integrity, MessageType, PacketRepr};
 
+use super::answer::PendingNotice;
+use super::first_sendings::SendingGaps;
 use super::sequence::BroadcastNumbers;
 use super::slot::{Set, Slot};
 use super::uplink::Uplink;
@@ -101,6 +104,9 @@ counters! {
         pub stalled: u64,
         /// Requests for a round that has not completed, answered with a pending notice.
         pub not_ready: u64,
+        /// Pending notices telling a worker that a contribution it sent, found by the gap
+        /// in its numbers, never came.
+        pub lost_notices: u64,
         /// Packets that break the protocol (wrong rank, slot, round, size or fields).
         pub rejected: u64,
         /// Packets naming the session without its token, or from an address other than
@@ -140,6 +146,13 @@ pub(super) struct Session {
     pub(super) instruction_set: InstructionSet,
     /// The numbers of the broadcasts to each worker thread.
     pub(super) broadcasts: BroadcastNumbers,
+    /// What each worker thread's numbers of its first sendings show lost.
+    pub(super) sendings: SendingGaps,
+    /// Notices of lost contributions whose packets completed a round, which the shell
+    /// sends after the round's result ([`Engine::poll_notice`]).
+    ///
+    /// [`Engine::poll_notice`]: super::Engine::poll_notice
+    pub(super) lost_notices: VecDeque<PendingNotice>,
 }
 
 impl Session {
@@ -170,6 +183,8 @@ impl Session {
             integrity,
             instruction_set: InstructionSet::best(),
             broadcasts: BroadcastNumbers::new(spec.slots),
+            sendings: SendingGaps::new(spec.workers, 1),
+            lost_notices: VecDeque::new(),
         }
     }
 
@@ -233,7 +248,16 @@ impl Session {
             }
             MessageType::Data => {
                 self.apply_ack(repr.slot, repr.rank, repr.ack_round);
-                self.contribute(now, repr, payload, out)
+                let lost = if repr.flags.contains(Flags::RETRANSMISSION) {
+                    None
+                } else {
+                    self.sendings.take(repr.rank, self.broadcasts.thread(repr.slot), repr.sequence)
+                };
+                let verdict = self.contribute(now, repr, payload, out);
+                match lost {
+                    Some(sequence) => self.tell_lost(repr, sequence, verdict, out),
+                    None => verdict,
+                }
             }
         }
     }

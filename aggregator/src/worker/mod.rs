@@ -19,7 +19,8 @@
 //! - `recovery`: what a slot whose timer fires does: loss detection, resends, requests
 //!   and probes, and what the switch's answers to them tell it.
 //! - `sequence`: lost results found as gaps in the switch's numbering of its
-//!   broadcasts, in a few packets.
+//!   broadcasts, in a few packets; and this thread's numbering of its first sendings,
+//!   in which the switch finds lost contributions.
 //! - `early_loss`: loss found and repaired in round trips of the path, not timeouts:
 //!   a slot overtaken by later results, or whose recovery goes unanswered.
 
@@ -174,6 +175,9 @@ counters! {
         /// Requests for a result sent because a gap in the switch's numbering of its
         /// broadcasts showed one lost.
         pub gap_requests: u64,
+        /// Contributions sent again because the switch's notice named their first
+        /// sending's number lost.
+        pub lost_notices: u64,
         /// Slot timers that fired and sent a retransmission, a request or a probe (timers
         /// that fired while a probe was out send nothing and are not counted).
         pub timeouts: u64,
@@ -356,6 +360,9 @@ pub struct WorkerProtocol {
     /// What the thread has seen of each switch endpoint's numbering of its broadcasts,
     /// one per range of [`WorkerConfig::keys`].
     gaps: Vec<sequence::BroadcastGaps>,
+    /// The numbers of this thread's first sendings to each switch endpoint, one per range
+    /// of [`WorkerConfig::keys`].
+    first_numbers: Vec<sequence::FirstSendingNumbers>,
     counters: WorkerCounters,
 }
 
@@ -398,6 +405,7 @@ impl WorkerProtocol {
             })
             .collect();
         let gaps = vec![sequence::BroadcastGaps::default(); config.keys.endpoints()];
+        let first_numbers = vec![sequence::FirstSendingNumbers::default(); config.keys.endpoints()];
         WorkerProtocol {
             base_timeout: config.retransmit_timeout,
             pacer,
@@ -422,6 +430,7 @@ impl WorkerProtocol {
             answer_rtt: None,
             peers_complete: false,
             gaps,
+            first_numbers,
             counters: WorkerCounters::default(),
         }
     }

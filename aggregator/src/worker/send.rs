@@ -228,6 +228,9 @@ impl WorkerProtocol {
                 if retransmission.is_some() {
                     repr.flags = repr.flags | Flags::RETRANSMISSION;
                     self.counters.retransmissions += 1;
+                } else {
+                    let endpoint = self.config.keys.owner(repr.slot);
+                    repr.sequence = self.first_numbers[endpoint].number(index, contribution.round);
                 }
                 self.counters.data_sent += 1;
             }

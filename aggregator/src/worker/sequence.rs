@@ -6,8 +6,9 @@
 //! of `early_loss` cannot be as quick: a leading worker's results come back 6-26 ms out
 //! of the order it sent in (90th percentile, in the simulator's 1 % row) while they only
 //! wait for peers, so its allowance is tens of milliseconds. A number stays missing only
-//! on a path that reorders or loses; it counts as lost once a number [`REORDER_PACKETS`]
-//! past it has come, as TCP waits for three duplicate acknowledgements.
+//! on a path that reorders or loses; it counts as lost once a number three
+//! past it has come, as TCP waits for three duplicate acknowledgements
+//! (`crate::sequence_gaps`).
 //!
 //! The gap does not say which slot's result it held. It was a round this thread
 //! contributed to that completed before the later numbers' rounds: every rank sends each
@@ -19,75 +20,61 @@
 //! contribution is in.
 
 use super::{Send, WorkerProtocol};
-
-/// How far past a missing number a broadcast must come for it to be taken as lost
-/// rather than reordered.
-pub(super) const REORDER_PACKETS: u32 = 3;
+use crate::sequence_gaps::SequenceGaps;
 
 /// What a worker thread has seen of one switch endpoint's broadcasts to it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct BroadcastGaps {
-    /// The number the next broadcast should carry, once one has come.
-    next: Option<u8>,
-    /// Bit `i`, below [`REORDER_PACKETS`]: number `next - 1 - i` has not come (bit 0,
-    /// the latest, always has); those further back are lost already.
-    missing: u64,
+    gaps: SequenceGaps,
     /// Numbers taken as lost that no slot has asked after yet.
     unasked: u32,
 }
 
 impl BroadcastGaps {
-    /// Takes broadcast number `sequence`; counts the numbers now taken as lost, missing
-    /// while one [`REORDER_PACKETS`] or more past them has come, each once.
+    /// Takes broadcast number `sequence`; counts the numbers now taken as lost.
     #[inline]
     pub(super) fn take(&mut self, sequence: u8) {
-        let lost = self.lost_at(sequence);
-        self.unasked += lost;
-    }
-
-    /// How many numbers broadcast `sequence` shows lost.
-    #[inline]
-    fn lost_at(&mut self, sequence: u8) -> u32 {
-        if self.next == Some(sequence) && self.missing == 0 {
-            // The next number, with none missing: the common case, without the shifts.
-            self.next = Some(sequence.wrapping_add(1));
-            return 0;
-        }
-        let Some(next) = self.next else {
-            self.next = Some(sequence.wrapping_add(1));
-            return 0;
-        };
-        let skipped = sequence.wrapping_sub(next);
-        if skipped >= 128 {
-            // Behind `next`: a number reordered into its gap, or a duplicate.
-            let behind = u32::from(next.wrapping_sub(1).wrapping_sub(sequence));
-            if behind < REORDER_PACKETS {
-                self.missing &= !(1 << behind);
-            }
-            return 0;
-        }
-        // Numbers past `next` skipped, and the ones already missing, move `skipped + 1`
-        // places back: each that reaches the allowance is lost, the others still missing.
-        let skipped = u32::from(skipped);
-        self.next = Some(sequence.wrapping_add(1));
-        let moved = skipped + 1;
-        let window = (1u64 << REORDER_PACKETS) - 1;
-        let (old_lost, old_kept) = if moved >= REORDER_PACKETS {
-            (self.missing.count_ones(), 0)
-        } else {
-            ((self.missing >> (REORDER_PACKETS - moved)).count_ones(), self.missing << moved & window)
-        };
-        let new_lost = skipped.saturating_sub(REORDER_PACKETS - 1);
-        let new_kept = ((1u64 << skipped.min(REORDER_PACKETS - 1)) - 1) << 1;
-        self.missing = old_kept | new_kept;
-        old_lost + new_lost
+        self.unasked += self.gaps.take(sequence).count;
     }
 
     /// Forgets the numbers still missing, keeping the count: at a job's start, when every
     /// result of the job before is in, however its gaps were filled.
     pub(super) fn settle(&mut self) {
-        self.missing = 0;
+        self.gaps.forget_missing();
         self.unasked = 0;
+    }
+}
+
+/// The numbers a worker thread gave its contributions' first sendings to one switch
+/// endpoint, so that a notice naming one the switch found missing (`Flags::LOST`, the
+/// mirror of the broadcasts' numbers) can be mapped back to its slot and round.
+#[derive(Debug, Clone)]
+pub(super) struct FirstSendingNumbers {
+    /// The number the next first sending carries.
+    next: u8,
+    /// Entry `n`: the slot and round of the latest first sending numbered `n`.
+    sent: Box<[Option<(u16, u32)>; 256]>,
+}
+
+impl Default for FirstSendingNumbers {
+    fn default() -> Self {
+        FirstSendingNumbers { next: 0, sent: Box::new([None; 256]) }
+    }
+}
+
+impl FirstSendingNumbers {
+    /// The number of slot `index`'s first sending of its contribution to `round`.
+    #[inline]
+    pub(super) fn number(&mut self, index: u16, round: u32) -> u8 {
+        let number = self.next;
+        self.sent[usize::from(number)] = Some((index, round));
+        self.next = number.wrapping_add(1);
+        number
+    }
+
+    /// The slot and round of the latest first sending numbered `number`.
+    pub(super) fn sent(&self, number: u8) -> Option<(u16, u32)> {
+        self.sent[usize::from(number)]
     }
 }
 
@@ -130,7 +117,6 @@ impl WorkerProtocol {
                     slot.active
                         && !slot.paced
                         && slot.gap_asked != Some(slot.waiting_since)
-                        && slot.recovery_sent.is_none()
                         && slot.waiting_since < latest_answered
                         && slot.outstanding.is_some_and(|c| c.round == slot.have.wrapping_add(1))
                         && slot.endpoint == endpoint
@@ -146,52 +132,40 @@ impl WorkerProtocol {
     }
 }
 
+impl WorkerProtocol {
+    /// The switch of slot `index` found this thread's first sending numbered `number`
+    /// lost: that contribution goes again, through the pacer, if it still waits for its
+    /// round and the switch has not said it holds it.
+    ///
+    /// A request out for the same round does not hold it back: the gap rule for results
+    /// asks after the oldest overtaken contributions, which is often this one, and its
+    /// answer would send it a round trip later. The switch tells only isolated losses, at
+    /// most one per 32 first sendings; a resend is still a loss to the pacer, which slows
+    /// down if they come in runs.
+    pub(super) fn take_lost_notice(&mut self, index: u16, number: u8) {
+        let endpoint = self.config.keys.owner(self.config.slot_base.wrapping_add(index));
+        let Some((at, round)) = self.first_numbers[endpoint].sent(number) else { return };
+        let Some(slot) = self.slots.get(usize::from(at)) else { return };
+        let waiting = slot.active
+            && !slot.paced
+            && slot.held != Some(round)
+            && slot.outstanding.is_some_and(|c| c.round == round);
+        if waiting {
+            self.pending.push_back((at, Send::Data { retransmission: Some(round) }));
+            self.counters.lost_notices += 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
-    use netagg_wire::{Flags, MessageType, Packet};
+    use netagg_wire::{Flags, MessageType, Packet, PacketRepr};
 
-    use super::super::testing::{parsed, result_of, running, sent, Numbers};
+    use super::super::testing::{parsed, pending_of, result_of, running, sent, Numbers};
     use super::super::Delivery;
     use super::*;
-
-    fn taken(numbers: &[u8]) -> Vec<u32> {
-        let mut gaps = BroadcastGaps::default();
-        numbers.iter().map(|&n| gaps.lost_at(n)).collect()
-    }
-
-    #[test]
-    fn a_missing_number_is_lost_once_the_number_three_past_it_comes() {
-        assert_eq!(taken(&[7, 8, 10, 11, 12]), [0, 0, 0, 0, 1]);
-        // Two missing at once, each lost when the number three past it comes; a jump
-        // past the allowance loses all but the last two at once.
-        assert_eq!(taken(&[1, 4, 5, 6, 7]), [0, 0, 1, 1, 0]);
-        assert_eq!(taken(&[1, 9]), [0, 5]);
-        // The largest jump a byte tells from a late number, 127 skipped.
-        assert_eq!(taken(&[1, 129, 130]), [0, 125, 1]);
-    }
-
-    #[test]
-    fn a_number_reordered_within_the_allowance_or_duplicated_is_not_lost() {
-        assert_eq!(taken(&[1, 3, 4, 2, 5, 6, 7]), [0; 7]);
-        assert_eq!(taken(&[1, 2, 2, 1, 3, 4, 5, 6]), [0; 8]);
-        // Too late: lost already, and not counted again when it comes.
-        assert_eq!(taken(&[1, 3, 4, 5, 2, 6]), [0, 0, 0, 1, 0, 0]);
-    }
-
-    #[test]
-    fn numbers_wrap_and_a_job_start_forgets_what_is_missing() {
-        assert_eq!(taken(&[254, 255, 0, 2, 3, 4]), [0, 0, 0, 0, 0, 1]);
-        let mut gaps = BroadcastGaps::default();
-        for n in [1, 3, 4, 5, 7] {
-            gaps.take(n);
-        }
-        assert_eq!(gaps.unasked, 1);
-        gaps.settle();
-        assert_eq!([8, 9, 10].map(|n| gaps.lost_at(n)), [0, 0, 0]);
-        assert_eq!(gaps.unasked, 0);
-    }
 
     /// The switch's broadcast of `packet`'s round, numbered `number`.
     fn numbered(packet: &[u8], number: u8) -> Vec<u8> {
@@ -237,5 +211,74 @@ mod tests {
         let (protocol, packets) = after(&[0, 2, 3, 1, 4, 5], &[10, 12, 13, 11, 14, 15]);
         assert!(packets.iter().all(|p| p.0 == MessageType::Data && p.2 == Flags::NONE), "{packets:?}");
         assert_eq!(protocol.counters().gap_requests, 0);
+    }
+
+    /// The switch's notice, answering `packet`, that this thread's first sending `number`
+    /// never came.
+    fn lost_notice(packet: &[u8], number: u8) -> Vec<u8> {
+        let shown_by = parsed(packet);
+        let notice = PacketRepr {
+            flags: Flags::LOST,
+            job: shown_by.job,
+            rank: shown_by.rank,
+            slot: shown_by.slot,
+            round: shown_by.round,
+            sequence: number,
+            ..PacketRepr::new(
+                MessageType::Pending,
+                shown_by.element_type,
+                shown_by.session,
+                shown_by.token,
+                0,
+            )
+        };
+        let mut bytes = vec![0; notice.buffer_len()];
+        notice.emit(&mut bytes[..]).unwrap().seal();
+        bytes
+    }
+
+    #[test]
+    fn first_sendings_are_numbered_and_a_lost_one_named_by_the_switch_goes_again_once() {
+        let start = Instant::now();
+        let mut protocol = running(start, 8, 16, Duration::from_millis(10));
+        let first = sent(&mut protocol, start);
+        let numbers: Vec<u8> = first.iter().map(|p| parsed(p).sequence).collect();
+        assert_eq!(numbers, [0, 1, 2, 3, 4, 5, 6, 7]);
+        // Slot 2's first sending, number 2, never came; the notice rides slot 5's.
+        let delivery = protocol.handle_datagram(start, &lost_notice(&first[5], 2), &mut Numbers);
+        assert_eq!(delivery, Delivery::Pending);
+        let again = sent(&mut protocol, start);
+        let again: Vec<_> = again.iter().map(|p| parsed(p)).map(|p| (p.slot, p.flags, p.sequence)).collect();
+        assert_eq!(again, [(2, Flags::RETRANSMISSION, 0)], "sent again, unnumbered");
+        assert_eq!((protocol.counters().lost_notices, protocol.counters().timeouts), (1, 0));
+        // Once its result is in, a duplicate of the notice sends nothing.
+        protocol.handle_datagram(start, &result_of(&first[2]), &mut Numbers);
+        let next = sent(&mut protocol, start);
+        assert_eq!(next.iter().map(|p| parsed(p).sequence).collect::<Vec<_>>(), [8], "slot 2's next block");
+        protocol.handle_datagram(start, &lost_notice(&first[5], 2), &mut Numbers);
+        assert!(sent(&mut protocol, start).is_empty());
+        assert_eq!(protocol.counters().lost_notices, 1);
+    }
+
+    #[test]
+    fn a_notice_about_a_contribution_the_switch_said_it_holds_sends_nothing() {
+        let start = Instant::now();
+        let mut protocol = running(start, 4, 8, Duration::from_millis(10));
+        let first = sent(&mut protocol, start);
+        // The switch said slot 1's contribution is in (a pending notice with CONTRIBUTED):
+        // a later notice naming its number, a stale one, changes nothing.
+        let asked = PacketRepr {
+            message_type: MessageType::Ack,
+            flags: Flags::WANT_RESULT,
+            element_count: 0,
+            sequence: 0,
+            ..parsed(&first[1])
+        };
+        let mut request = vec![0; asked.buffer_len()];
+        asked.emit(&mut request[..]).unwrap().seal();
+        protocol.handle_datagram(start, &pending_of(&request, true), &mut Numbers);
+        protocol.handle_datagram(start, &lost_notice(&first[3], 1), &mut Numbers);
+        assert!(sent(&mut protocol, start).is_empty());
+        assert_eq!(protocol.counters().lost_notices, 0);
     }
 }

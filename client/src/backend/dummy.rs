@@ -231,12 +231,11 @@ impl Transport for DummyTransport {
         // Parsed here from a checked packet: the engine neither checks nor parses it again.
         let sum = &self.scratch[..payload.len()];
         if let Verdict::Send(transmit) = self.engine.handle_parsed(self.engine_now, repr, sum, out) {
-            let mut result = Packet::new_unchecked(&mut out[..transmit.len]);
-            if result.rank() != BROADCAST_RANK {
-                result.set_rank(own_rank);
-                self.integrity.seal(&mut result);
-            }
-            self.results.push(transmit.len);
+            self.results.keep(transmit.len, own_rank, self.integrity);
+        }
+        // A notice of a lost contribution waits behind the result its packet completed.
+        while let Some(transmit) = self.engine.poll_notice(self.results.room(self.max_result_len)) {
+            self.results.keep(transmit.len, own_rank, self.integrity);
         }
         Ok(())
     }
@@ -283,6 +282,18 @@ impl PendingResults {
             self.bytes.resize(end, 0);
         }
         &mut self.bytes[self.len..end]
+    }
+
+    /// Keeps the first `len` bytes the engine wrote into the last [`PendingResults::room`]:
+    /// a packet to every rank as it is, one to the engine's only worker readdressed to
+    /// this worker's rank, `own_rank`.
+    fn keep(&mut self, len: usize, own_rank: u16, integrity: Integrity) {
+        let mut packet = Packet::new_unchecked(&mut self.bytes[self.len..self.len + len]);
+        if packet.rank() != BROADCAST_RANK {
+            packet.set_rank(own_rank);
+            integrity.seal(&mut packet);
+        }
+        self.push(len);
     }
 
     /// Keeps the first `len` bytes of the last [`PendingResults::room`] as a result.
