@@ -95,6 +95,7 @@
 mod link;
 mod loss_runs;
 mod rules;
+mod slow_start;
 #[cfg(test)]
 mod tests;
 
