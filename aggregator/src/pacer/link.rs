@@ -31,14 +31,13 @@ pub struct LinkPacer {
 
 impl LinkPacer {
     pub fn new(config: PacingConfig) -> Arc<LinkPacer> {
-        let pacer = Pacer::new(config);
         Arc::new(LinkPacer {
-            rate: CachePadded::new(AtomicU64::new(pacer.rate().unwrap_or(0))),
+            rate: CachePadded::new(AtomicU64::new(0)),
             delivered: AtomicU64::new(0),
             results: AtomicU64::new(0),
             latest_result: AtomicU64::new(0),
             first_result: OnceLock::new(),
-            state: Mutex::new(pacer),
+            state: Mutex::new(Pacer::new(config)),
         })
     }
 
@@ -69,10 +68,10 @@ impl LinkPacer {
             let booked = self.result_len(bytes);
             let mut pacer = self.state();
             pacer.sent(now, booked);
-            if pacer.periods_by_sendings() {
+            if pacer.measured {
                 pacer.end_period(now, self.delivered());
+                self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
             }
-            self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
         }
     }
 
@@ -113,10 +112,6 @@ impl LinkPacer {
             return;
         }
         pacer.period.lost += 1;
-        if pacer.lost_starting(now, self.delivered(), self.latest_result(), packet_bytes) {
-            self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);
-            return;
-        }
         if runs.lost(number) && pacer.overflowed(now, self.delivered(), self.latest_result(), packet_bytes) {
             runs.overflow_taken();
             self.rate.store(pacer.rate().unwrap_or(0), Ordering::Relaxed);

@@ -95,7 +95,6 @@
 mod link;
 mod loss_runs;
 mod rules;
-mod slow_start;
 #[cfg(test)]
 mod tests;
 

@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::slow_start::{SlowStart, INITIAL_RTT};
 use super::{
     PacingConfig, BURST, DELIVERY_WINDOW, LOSSY_CREEP, LOSSY_PATH_CUTS, LOSS_SAMPLE, LOSS_TOLERANCE,
     MAX_RAISE, MEASURE_SENDINGS, MIN_PERIOD, MIN_RATE, PACING_GAINS, QUANTUM, SAMPLES, STARTUP_FLAT,
@@ -134,16 +133,13 @@ pub(crate) struct Pacer {
     /// Cuts in a row for a share lost above the tolerance, with no judgment below it
     /// between them.
     pub(super) lossy_cuts: u32,
-    /// The session's slow start, until the path shows a queue or loses, or the rate no
-    /// longer holds sends back.
-    pub(super) slow_start: Option<SlowStart>,
 }
 
 impl Pacer {
     pub(crate) fn new(config: PacingConfig) -> Pacer {
         Pacer {
             config,
-            rate: config.enabled.then_some(MIN_RATE),
+            rate: None,
             next_send: None,
             min_rtt: None,
             period: Period::default(),
@@ -159,8 +155,6 @@ impl Pacer {
             cuts: 0,
             judged: (0, 0),
             lossy_cuts: 0,
-            // Any rate paces until the first sending sets the initial window's.
-            slow_start: config.enabled.then(SlowStart::default),
         }
     }
 
@@ -185,24 +179,11 @@ impl Pacer {
 
     /// Books a data packet of `bytes` sent at `now`.
     pub(crate) fn sent(&mut self, now: Instant, bytes: usize) {
-        if let Some(start) = self.slow_start.as_mut() {
-            start.sent(bytes);
-            if self.next_send.is_none() {
-                let rate = start.rate(0, self.min_rtt);
-                self.set_rate(rate.unwrap_or_default());
-            }
-        }
         let Some(rate) = self.rate else {
             return;
         };
-        // Behind a queue too short to show delay, a catch-up burst is lost; a session's
-        // first sending starts its initial window, which leaves at once.
-        let burst = match self.slow_start {
-            Some(_) if self.next_send.is_none() => INITIAL_RTT,
-            Some(_) => Duration::ZERO,
-            None if self.measured => Duration::ZERO,
-            None => BURST,
-        };
+        // Behind a queue too short to show delay, a catch-up burst is lost.
+        let burst = if self.measured { Duration::ZERO } else { BURST };
         let earliest = now.checked_sub(burst).unwrap_or(now);
         let start = self.next_send.map_or(earliest, |at| at.max(earliest));
         self.next_send = Some(start + Duration::from_nanos(bytes as u64 * 1_000_000_000 / rate));
@@ -231,12 +212,10 @@ impl Pacer {
             return false;
         }
         self.cut(now);
-        // A slow start's rate is no measure of the path: its overflow is an unpaced one's.
-        let starting = self.slow_start.take();
-        match self.rate.filter(|_| starting.is_none()) {
+        match self.rate {
             None => {
                 let seed = self.seed(now, delivered, latest_result, packet_bytes);
-                self.measure(seed.max(starting.map_or(0.0, |start| start.best_delivery())));
+                self.measure(seed);
             }
             // A rate the standing delay set passed a queue too short to hold its bursts
             // (5 ms behind a 64 KiB bucket in tests/paths.rs): halved, it goes on by the
@@ -310,43 +289,6 @@ impl Pacer {
             period.least_completed = Some(period.least_completed.map_or(rtt, |least| least.min(rtt)));
         }
         self.end_period(now, delivered);
-        if let Some(start) = self.slow_start {
-            let rate = start.rate(delivered.bytes, self.min_rtt);
-            self.set_rate(rate.unwrap_or_default());
-        }
-    }
-
-    /// Books a data sending found lost at `now`, with `delivered` bytes of results
-    /// received so far, the latest at `latest_result`, a packet being `packet_bytes`, if
-    /// the session is starting: losses above a share of its sendings end the slow start
-    /// in a measured rate, as an unpaced worker's overflow does. True if they did.
-    pub(crate) fn lost_starting(
-        &mut self,
-        now: Instant,
-        delivered: Delivered,
-        latest_result: Option<Instant>,
-        packet_bytes: usize,
-    ) -> bool {
-        let Some(start) = self.slow_start.as_mut() else {
-            return false;
-        };
-        if !start.lost() {
-            return false;
-        }
-        let best = start.best_delivery();
-        let seed = self.seed(now, delivered, latest_result, packet_bytes);
-        self.slow_start = None;
-        self.cut(now);
-        self.measure(seed.max(best));
-        self.period = Period { began: Some(now), delivered, ..Period::default() };
-        self.limited = false;
-        true
-    }
-
-    /// Whether decision periods end by sendings too, not only by round trips: a slow
-    /// start or a collapse times too few of them.
-    pub(crate) fn periods_by_sendings(&self) -> bool {
-        self.measured || self.slow_start.is_some()
     }
 
     /// Ends the decision period at `now`, with `delivered` bytes of results received so
@@ -357,11 +299,7 @@ impl Pacer {
         let period = &mut self.period;
         let began = *period.began.get_or_insert(now);
         let elapsed = now.saturating_duration_since(began);
-        let due = match (self.measured, self.slow_start) {
-            (true, _) => period.sent >= MEASURE_SENDINGS,
-            (false, Some(_)) => period.sent >= MEASURE_SENDINGS || period.samples >= SAMPLES,
-            (false, None) => period.samples >= SAMPLES,
-        };
+        let due = if self.measured { period.sent >= MEASURE_SENDINGS } else { period.samples >= SAMPLES };
         if !due || elapsed < MIN_PERIOD {
             return;
         }
@@ -373,21 +311,6 @@ impl Pacer {
         // A zero target (set through the library, which the config refuses) is a tiny one.
         let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
-        if let Some(start) = self.slow_start.as_mut() {
-            start.period_ended(delivery);
-            if !limited {
-                // The window, or the peers, held sends back, not the rate: the path is
-                // faster than the worker uses, and unpaced it costs nothing.
-                self.slow_start = None;
-                self.rate = None;
-                return;
-            }
-            if ended.least_completed.is_none_or(|least| standing(least) <= target) {
-                return;
-            }
-            // A queue stands on this worker's own path: the delay rule paces from here.
-            self.slow_start = None;
-        }
         if self.measured {
             if ended.least_completed.is_none_or(|least| standing(least) <= target) {
                 self.measured_period(delivery, limited);
