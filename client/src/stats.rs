@@ -108,7 +108,8 @@ thread_counters! {
         /// Datagrams whose checksum did not match: corrupted on their way, dropped, and
         /// recovered as lost.
         pub corrupt: u64,
-        /// Pending notices received: the switch held a round open, waiting for a peer.
+        /// Pending notices received: the switch held a round open, waiting for a peer, or
+        /// (with `LOST`) found one of this thread's first sendings lost.
         pub pending: u64,
         /// Progress reports received, each the switch's answer to a probe.
         pub progress_reports: u64,

@@ -24,7 +24,9 @@ use netagg_aggregator::engine::SessionError;
 use netagg_aggregator::engine::{EngineCounters, SessionCounters};
 use netagg_aggregator::engine::{UplinkCounters, Upstream, UPSTREAM_RANK};
 use netagg_aggregator::faults::FaultCounters;
-use netagg_aggregator::{Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Verdict};
+use netagg_aggregator::{
+    Departure, Engine, EngineLimits, Recipient, SessionId, SessionSpec, Transmit, Verdict,
+};
 use netagg_udp::outbox::Lent;
 use netagg_udp::Outbox;
 use netagg_wire::packet::HEADER_LEN;
@@ -511,24 +513,21 @@ impl<A: Copy + Eq + std::hash::Hash> Switchboard<A> {
 
     /// Batches the notices of lost contributions that waited behind a batch's results.
     fn poll_notices(&mut self) {
-        let Switchboard { engine, peers, results } = self;
-        loop {
-            let (lent, out) = results.room(None, Vec::new);
-            let Some(transmit) = engine.poll_notice(out) else { return };
-            let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
-            if let Some(session_peers) = peers.get(&transmit.session) {
-                commit(results, lent, session_peers, transmit, slot);
-            }
-        }
+        self.drain(Engine::poll_notice);
     }
 
     /// Sends a lower switch's sessions' packets that their timers call for up to their
     /// upper switches.
     fn poll_upstream(&mut self, now: Instant) {
+        self.drain(|engine, out| engine.poll_upstream(now, out));
+    }
+
+    /// Batches every packet `poll` has the engine write, until it has none.
+    fn drain(&mut self, mut poll: impl FnMut(&mut Engine, &mut [u8]) -> Option<Transmit>) {
         let Switchboard { engine, peers, results } = self;
         loop {
             let (lent, out) = results.room(None, Vec::new);
-            let Some(transmit) = engine.poll_upstream(now, out) else { return };
+            let Some(transmit) = poll(engine, out) else { return };
             let slot = Packet::new_unchecked(&out[..transmit.len]).slot();
             if let Some(session_peers) = peers.get(&transmit.session) {
                 commit(results, lent, session_peers, transmit, slot);
@@ -543,7 +542,7 @@ fn commit<A: Copy + Eq + std::hash::Hash>(
     results: &mut Outbox<GroupKey, A>,
     lent: Lent<GroupKey>,
     session_peers: &Peers<A>,
-    transmit: netagg_aggregator::Transmit,
+    transmit: Transmit,
     slot: u16,
 ) {
     let (thread, rank) = match transmit.recipient {

@@ -474,7 +474,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer.as_ref()[field::EXPONENT] as i8
     }
     /// On a result: its number among the switch's broadcasts to the recipient's worker
-    /// thread, modulo 256 ([`PacketRepr::sequence`]).
+    /// thread; on a contribution's first sending: its number among the sending thread's;
+    /// on a pending notice with `LOST`: the number of the first sending the switch found
+    /// lost. All modulo 256; 0 elsewhere ([`PacketRepr::sequence`]).
     pub fn sequence(&self) -> u8 {
         self.buffer.as_ref()[field::SEQUENCE]
     }

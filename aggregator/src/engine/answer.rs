@@ -110,13 +110,13 @@ impl Session {
 
     /// The next notice of a lost contribution that waited behind a result, written into
     /// `out`.
+    /// A notice `out` cannot hold stays queued.
     pub(super) fn poll_notice(&mut self, out: &mut [u8]) -> Option<Transmit> {
-        let notice = self.lost_notices.pop_front()?;
+        let notice = *self.lost_notices.front()?;
+        let Verdict::Send(transmit) = self.emit_notice(notice, out) else { return None };
+        self.lost_notices.pop_front();
         self.counters.lost_notices += 1;
-        match self.emit_notice(notice, out) {
-            Verdict::Send(transmit) => Some(transmit),
-            _ => None,
-        }
+        Some(transmit)
     }
 
     /// Tells one worker refused a set for the open round of `slot` that the round has one

@@ -50,6 +50,9 @@ pub(super) struct SendingGaps {
 }
 
 impl SendingGaps {
+    /// Bytes each member thread's numbering holds.
+    pub(super) const MEMBER_THREAD_BYTES: usize = core::mem::size_of::<MemberThread>();
+
     /// One sequence per thread of each of `workers` ranks, each running `threads`.
     pub(super) fn new(workers: u16, threads: usize) -> SendingGaps {
         let threads = threads.max(1);

@@ -456,15 +456,17 @@ impl Engine {
     }
 
     /// The next notice of a lost contribution that could not answer the packet showing the
-    /// loss, because that packet completed a round (`docs/protocol.md` §3 rule 2), written
-    /// into `out` as [`Engine::handle_datagram`]'s packets are; call until `None` after
-    /// each batch of datagrams, after sending or batching their results.
+    /// loss, because the engine answered or dropped that packet otherwise (it completed a
+    /// round, was answered to its sender alone, or was refused; `docs/protocol.md` §3 rule
+    /// 2), written into `out` as [`Engine::handle_datagram`]'s packets are; call until
+    /// `None` after each batch of datagrams, after sending or batching their results. A
+    /// notice `out` cannot hold waits for the next call.
     pub fn poll_notice(&mut self, out: &mut [u8]) -> Option<Transmit> {
         if !self.notices_waiting {
             return None;
         }
         let transmit = self.sessions.iter_mut().flatten().find_map(|session| session.poll_notice(out));
-        self.notices_waiting = transmit.is_some();
+        self.notices_waiting = self.sessions.iter().flatten().any(|session| !session.lost_notices.is_empty());
         transmit
     }
 

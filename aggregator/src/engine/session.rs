@@ -32,8 +32,12 @@ impl SessionSpec {
     pub fn state_bytes(&self) -> usize {
         let bitmap = WorkerSet::heap_bytes(self.workers);
         let set = core::mem::size_of::<Set>() + 2 * bitmap + self.sum_len();
-        // A slot's bitmaps: the workers expected, and those refused a set.
-        let slot = core::mem::size_of::<Slot>() + 2 * bitmap + self.workers as usize * 4;
+        // A slot's bitmaps: the workers expected, and those refused a set; and, since a
+        // worker runs at most a thread per slot, at most one numbering of a worker
+        // thread's first sendings per worker.
+        let slot = core::mem::size_of::<Slot>()
+            + 2 * bitmap
+            + self.workers as usize * (4 + SendingGaps::MEMBER_THREAD_BYTES);
         self.slots as usize * (slot + self.depth as usize * set)
     }
 

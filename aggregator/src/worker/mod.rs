@@ -262,6 +262,10 @@ struct SlotState {
     /// When the slot last sent a request or a retransmission that the switch has not
     /// answered yet.
     recovery_sent: Option<Instant>,
+    /// The round of the slot's latest result that answered its contribution, and the
+    /// `waiting_since` of the wait it ended: when a notice of a lost first sending comes
+    /// behind that result, when the packet that showed the loss went out.
+    answered_wait: (u32, u64),
     /// The wait (its `waiting_since`) in which a gap in the broadcasts' numbers had this
     /// slot ask for its result: asked once a wait, so the next gap guesses another slot.
     gap_asked: Option<u64>,
@@ -393,6 +397,7 @@ impl WorkerProtocol {
                 end_round: None,
                 acked: u32::MAX,
                 waiting_since: 0,
+                answered_wait: (0, 0),
                 held: None,
                 deferred: false,
                 paced: false,

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use netagg_wire::packet::BROADCAST_RANK;
-use netagg_wire::{MessageType, PacketRepr, WireError};
+use netagg_wire::{Flags, MessageType, PacketRepr, WireError};
 
 use super::job::{block_len, JobStatus};
 use super::streams::Layout;
@@ -67,6 +67,15 @@ impl WorkerProtocol {
         if repr.rank == BROADCAST_RANK {
             // Numbered whatever its job: a late one still fills its gap.
             self.take_sequence(index, repr.sequence);
+        }
+        if repr.message_type == MessageType::Pending && repr.flags.contains(Flags::LOST) {
+            // About another slot's first sending: it counts while the job runs, even
+            // behind the result that ended the stream of the slot it came on.
+            if !self.job_running(&repr) {
+                return Ok(Delivery::Stale);
+            }
+            self.take_lost_notice(index, &repr);
+            return Ok(Delivery::Pending);
         }
         let Some(job) = self.running_job(index, &repr) else {
             return Ok(Delivery::Stale);
@@ -142,10 +151,13 @@ impl WorkerProtocol {
     #[inline]
     fn running_job(&self, index: u16, repr: &PacketRepr) -> Option<&Job> {
         let job = self.job.as_ref()?;
-        let current = self.slots[index as usize].active
-            && repr.job == job.spec.job
-            && self.status == JobStatus::Running;
-        current.then_some(job)
+        (self.slots[index as usize].active && self.job_running(repr)).then_some(job)
+    }
+
+    /// Whether `repr` is of the job this thread is running.
+    #[inline]
+    fn job_running(&self, repr: &PacketRepr) -> bool {
+        self.job.as_ref().is_some_and(|job| repr.job == job.spec.job) && self.status == JobStatus::Running
     }
 
     /// Checks result `repr` against slot `index` of `job`: `None` if the slot holds it
@@ -206,6 +218,7 @@ impl WorkerProtocol {
         }
         if result.answered.is_some() {
             slot.outstanding = None;
+            slot.answered_wait = (repr.round, slot.waiting_since);
         }
         slot.backoff = 0;
         self.last_progress = now;
@@ -356,7 +369,7 @@ mod tests {
         let room = pending_of(&first[0], false);
         assert_eq!(protocol.handle_datagram(start, &room, &mut Numbers), Delivery::Pending);
         let mut again = parsed(&first[0]);
-        again.flags = again.flags | netagg_wire::Flags::RETRANSMISSION;
+        again.flags = again.flags | Flags::RETRANSMISSION;
         let mut expected = first[0].clone();
         again.emit(&mut expected[..]).unwrap().seal();
         assert_eq!(sent(&mut protocol, start), [expected]);

@@ -185,11 +185,6 @@ impl WorkerProtocol {
     /// (unasked, without `CONTRIBUTED`: that it has room again for the contribution it
     /// refused).
     pub(super) fn take_pending(&mut self, now: Instant, index: u16, notice: &PacketRepr) {
-        if notice.flags.contains(Flags::LOST) {
-            // About another slot's first sending: this slot asked nothing.
-            self.take_lost_notice(index, notice.sequence);
-            return;
-        }
         self.answered(now, index);
         let slot = &mut self.slots[index as usize];
         // About a round this slot is not contributing to: it waits for others, as it knew.

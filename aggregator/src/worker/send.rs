@@ -229,8 +229,7 @@ impl WorkerProtocol {
                     repr.flags = repr.flags | Flags::RETRANSMISSION;
                     self.counters.retransmissions += 1;
                 } else {
-                    let endpoint = self.config.keys.owner(repr.slot);
-                    repr.sequence = self.first_numbers[endpoint].number(index, contribution.round);
+                    repr.sequence = self.first_numbers[slot.endpoint].number(index, contribution.round);
                 }
                 self.counters.data_sent += 1;
             }

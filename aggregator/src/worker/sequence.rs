@@ -19,6 +19,8 @@
 //! pending notice, which costs a header each way and tells the slot whether its own
 //! contribution is in.
 
+use netagg_wire::PacketRepr;
+
 use super::{Send, WorkerProtocol};
 use crate::sequence_gaps::SequenceGaps;
 
@@ -34,7 +36,8 @@ impl BroadcastGaps {
     /// Takes broadcast number `sequence`; counts the numbers now taken as lost.
     #[inline]
     pub(super) fn take(&mut self, sequence: u8) {
-        self.unasked += self.gaps.take(sequence).count;
+        // Saturating: between jobs, broadcasts that come stale are still counted.
+        self.unasked = self.unasked.saturating_add(self.gaps.take(sequence).count);
     }
 
     /// Forgets the numbers still missing, keeping the count: at a job's start, when every
@@ -45,20 +48,26 @@ impl BroadcastGaps {
     }
 }
 
+/// First sendings [`FirstSendingNumbers`] remembers: two turns of the 256 numbers, so
+/// that a thread with up to 256 slots on one switch, each of which may send again before
+/// a notice comes, still holds the sending a number named besides a later one numbered
+/// alike.
+const REMEMBERED_SENDINGS: usize = 512;
+
 /// The numbers a worker thread gave its contributions' first sendings to one switch
 /// endpoint, so that a notice naming one the switch found missing (`Flags::LOST`, the
 /// mirror of the broadcasts' numbers) can be mapped back to its slot and round.
 #[derive(Debug, Clone)]
 pub(super) struct FirstSendingNumbers {
-    /// The number the next first sending carries.
-    next: u8,
-    /// Entry `n`: the slot and round of the latest first sending numbered `n`.
-    sent: Box<[Option<(u16, u32)>; 256]>,
+    /// First sendings numbered so far; the number is this count modulo 256.
+    count: usize,
+    /// Entry `count % REMEMBERED_SENDINGS`: the slot and round of that first sending.
+    sent: Box<[Option<(u16, u32)>; REMEMBERED_SENDINGS]>,
 }
 
 impl Default for FirstSendingNumbers {
     fn default() -> Self {
-        FirstSendingNumbers { next: 0, sent: Box::new([None; 256]) }
+        FirstSendingNumbers { count: 0, sent: Box::new([None; REMEMBERED_SENDINGS]) }
     }
 }
 
@@ -66,15 +75,15 @@ impl FirstSendingNumbers {
     /// The number of slot `index`'s first sending of its contribution to `round`.
     #[inline]
     pub(super) fn number(&mut self, index: u16, round: u32) -> u8 {
-        let number = self.next;
-        self.sent[usize::from(number)] = Some((index, round));
-        self.next = number.wrapping_add(1);
-        number
+        let count = self.count;
+        self.sent[count % REMEMBERED_SENDINGS] = Some((index, round));
+        self.count = count.wrapping_add(1);
+        count as u8
     }
 
-    /// The slot and round of the latest first sending numbered `number`.
-    pub(super) fn sent(&self, number: u8) -> Option<(u16, u32)> {
-        self.sent[usize::from(number)]
+    /// The slots and rounds of the latest two first sendings numbered `number`.
+    pub(super) fn sent(&self, number: u8) -> impl Iterator<Item = (u16, u32)> + '_ {
+        [0, 256].into_iter().filter_map(move |turn| self.sent[usize::from(number) + turn])
     }
 }
 
@@ -133,24 +142,39 @@ impl WorkerProtocol {
 }
 
 impl WorkerProtocol {
-    /// The switch of slot `index` found this thread's first sending numbered `number`
-    /// lost: that contribution goes again, through the pacer, if it still waits for its
-    /// round and the switch has not said it holds it.
+    /// The switch of slot `index` found this thread's first sending numbered `notice.sequence`
+    /// lost when the first sending of `notice.round` of slot `index` came: that
+    /// contribution goes again, through the pacer, if it still waits for its round and
+    /// the switch has not said it holds it.
+    ///
+    /// Numbers repeat every 256 first sendings, and a thread with that many slots on one
+    /// switch may have numbered another sending alike before the notice comes: of the two
+    /// latest numbered alike, the one named went out before the packet that showed its
+    /// loss. When that packet's wait is neither still open nor the one the slot's latest
+    /// result ended, the notice is left to the timers.
     ///
     /// A request out for the same round does not hold it back: the gap rule for results
     /// asks after the oldest overtaken contributions, which is often this one, and its
     /// answer would send it a round trip later. The switch tells only isolated losses, at
     /// most one per 32 first sendings; a resend is still a loss to the pacer, which slows
     /// down if they come in runs.
-    pub(super) fn take_lost_notice(&mut self, index: u16, number: u8) {
-        let endpoint = self.config.keys.owner(self.config.slot_base.wrapping_add(index));
-        let Some((at, round)) = self.first_numbers[endpoint].sent(number) else { return };
-        let Some(slot) = self.slots.get(usize::from(at)) else { return };
-        let waiting = slot.active
-            && !slot.paced
-            && slot.held != Some(round)
-            && slot.outstanding.is_some_and(|c| c.round == round);
-        if waiting {
+    pub(super) fn take_lost_notice(&mut self, index: u16, notice: &PacketRepr) {
+        let showing = &self.slots[usize::from(index)];
+        let shown_at = match (showing.outstanding, showing.answered_wait) {
+            (Some(c), _) if c.round == notice.round => showing.waiting_since,
+            (_, (round, wait)) if round == notice.round => wait,
+            _ => return,
+        };
+        let lost = self.first_numbers[showing.endpoint].sent(notice.sequence).find(|&(at, round)| {
+            self.slots.get(usize::from(at)).is_some_and(|slot| {
+                slot.active
+                    && !slot.paced
+                    && slot.held != Some(round)
+                    && slot.waiting_since < shown_at
+                    && slot.outstanding.is_some_and(|c| c.round == round)
+            })
+        });
+        if let Some((at, round)) = lost {
             self.pending.push_back((at, Send::Data { retransmission: Some(round) }));
             self.counters.lost_notices += 1;
         }
@@ -257,6 +281,54 @@ mod tests {
         assert_eq!(next.iter().map(|p| parsed(p).sequence).collect::<Vec<_>>(), [8], "slot 2's next block");
         protocol.handle_datagram(start, &lost_notice(&first[5], 2), &mut Numbers);
         assert!(sent(&mut protocol, start).is_empty());
+        assert_eq!(protocol.counters().lost_notices, 1);
+    }
+
+    #[test]
+    fn a_notice_behind_the_result_that_ended_its_slots_stream_still_sends_the_lost_one_again() {
+        // One block a slot: slot 3's result ends its stream, and the switch's notice that
+        // number 1 (slot 1's) never came waited behind that result.
+        let start = Instant::now();
+        let mut protocol = running(start, 4, 4, Duration::from_millis(10));
+        let first = sent(&mut protocol, start);
+        protocol.handle_datagram(start, &result_of(&first[3]), &mut Numbers);
+        let delivery = protocol.handle_datagram(start, &lost_notice(&first[3], 1), &mut Numbers);
+        assert_eq!(delivery, Delivery::Pending);
+        let again: Vec<_> =
+            sent(&mut protocol, start).iter().map(|p| parsed(p)).map(|p| (p.slot, p.flags)).collect();
+        assert_eq!(again, [(1, Flags::RETRANSMISSION)]);
+    }
+
+    #[test]
+    fn a_number_given_again_since_the_packet_that_showed_the_loss_is_not_taken_for_the_lost_one() {
+        // Slot 3's first sending (number 3) is lost and slot 4's (number 4) waits on; the
+        // other slots run on until number 3 comes round again, on a sending still in
+        // flight. The switch's notice that number 3 never came, shown by slot 4's packet,
+        // is about slot 3's, not the later one numbered alike.
+        let start = Instant::now();
+        let mut protocol = running(start, 8, 512, Duration::from_millis(10));
+        let first = sent(&mut protocol, start);
+        let mut in_flight: std::collections::VecDeque<Vec<u8>> = first.iter().cloned().collect();
+        let mut numbered = first.len();
+        while numbered <= 260 {
+            let packet = in_flight.pop_front().expect("a packet in flight");
+            if [3, 4].contains(&parsed(&packet).slot) {
+                continue;
+            }
+            protocol.handle_datagram(start, &result_of(&packet), &mut Numbers);
+            for next in sent(&mut protocol, start) {
+                if parsed(&next).message_type == MessageType::Data {
+                    numbered += 1;
+                    in_flight.push_back(next);
+                }
+            }
+        }
+        let reused = in_flight.iter().map(|p| parsed(p)).find(|p| p.sequence == 3).expect("number 3 again");
+        assert!(![3, 4].contains(&reused.slot), "{reused:?}");
+        protocol.handle_datagram(start, &lost_notice(&first[4], 3), &mut Numbers);
+        let again: Vec<_> =
+            sent(&mut protocol, start).iter().map(|p| parsed(p)).map(|p| (p.slot, p.flags)).collect();
+        assert_eq!(again, [(3, Flags::RETRANSMISSION)]);
         assert_eq!(protocol.counters().lost_notices, 1);
     }
 
