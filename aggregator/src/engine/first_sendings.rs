@@ -20,7 +20,7 @@
 //! (`Engine::poll_notice`), so that the member that completes most rounds, the last to
 //! contribute, is told as soon as the others.
 
-use crate::sequence_gaps::{SequenceGaps, REORDER_PACKETS};
+use crate::sequence_gaps::{Lost, SequenceGaps, REORDER_PACKETS};
 
 /// A member thread is told of at most one lost contribution per this many of its first
 /// sendings, so that a burst the isolation test misses cannot become a burst of resends.
@@ -61,7 +61,8 @@ impl SendingGaps {
 
     /// Takes first sending number `sequence` of rank `rank`'s thread `thread`; returns the
     /// number to tell that member of, if it shows an isolated contribution lost.
-    #[inline]
+    // Inlined by force into the engine's per-packet path; a loss is handled apart.
+    #[inline(always)]
     pub(super) fn take(&mut self, rank: u16, thread: usize, sequence: u8) -> Option<u8> {
         let member = self.members.get_mut(usize::from(rank) * self.threads + thread)?;
         member.since_notice = member.since_notice.saturating_add(1);
@@ -69,6 +70,12 @@ impl SendingGaps {
         if lost.count == 0 {
             return None;
         }
+        Self::lost(member, lost)
+    }
+
+    /// Whether `member`'s numbers now taken as `lost` warrant a notice: the number to tell.
+    #[inline(never)]
+    fn lost(member: &mut MemberThread, lost: Lost) -> Option<u8> {
         let near_loss =
             member.last_lost.is_some_and(|last| u32::from(lost.newest.wrapping_sub(last)) <= REORDER_PACKETS);
         member.last_lost = Some(lost.newest);
