@@ -38,6 +38,12 @@ pub(crate) struct Sendings<T, Tag> {
     judged: usize,
 }
 
+impl<T: Ord + Copy, Tag: Copy> Default for Sendings<T, Tag> {
+    fn default() -> Sendings<T, Tag> {
+        Sendings::new()
+    }
+}
+
 impl<T: Ord + Copy, Tag: Copy> Sendings<T, Tag> {
     pub(crate) fn new() -> Sendings<T, Tag> {
         Sendings { ring: Vec::new(), booked: 0, judged: 0 }

@@ -42,7 +42,12 @@ impl WorkerProtocol {
     /// the thread's `transmission`-th packet.
     #[inline]
     pub(super) fn sent_first(&mut self, transmission: u64, index: u16, round: u32) {
-        self.first_sendings.push(FirstSending { sent: transmission, slot: index, tag: round });
+        let endpoint = self.slots[index as usize].endpoint;
+        self.endpoints[endpoint].first_sendings.push(FirstSending {
+            sent: transmission,
+            slot: index,
+            tag: round,
+        });
     }
 
     /// A result answered slot `index`'s contribution first sent as the thread's
@@ -53,34 +58,39 @@ impl WorkerProtocol {
     // units left it a call (callgrind).
     #[inline(always)]
     pub(super) fn overtaken_by(&mut self, now: Instant, index: u16, answered: u64) {
+        // Only sendings to the same endpoint: another's results come in their own order.
+        let endpoint = self.slots[index as usize].endpoint;
         // Results mostly come in the order their contributions went out: then none is
         // older than the answered one, and the walk is skipped.
-        if self.first_sendings.oldest().is_some_and(|oldest| oldest.sent < answered) {
-            self.walk_overtaken(now, answered);
+        let sendings = &self.endpoints[endpoint].first_sendings;
+        if sendings.oldest().is_some_and(|oldest| oldest.sent < answered) {
+            self.walk_overtaken(now, endpoint, answered);
         }
         // The answered sending waits no more (its round's result is in, and the slot never
         // sends that round again): forgotten now, so that the next result, in order, finds
         // nothing older than its own.
-        if self.first_sendings.oldest().is_some_and(|oldest| oldest.sent == answered && oldest.slot == index)
-        {
-            self.first_sendings.forget_oldest();
+        let sendings = &mut self.endpoints[endpoint].first_sendings;
+        if sendings.oldest().is_some_and(|oldest| oldest.sent == answered && oldest.slot == index) {
+            sendings.forget_oldest();
         }
     }
 
-    /// The walk of [`WorkerProtocol::overtaken_by`] over the sendings before the answered
-    /// one.
-    fn walk_overtaken(&mut self, now: Instant, answered: u64) {
+    /// The walk of [`WorkerProtocol::overtaken_by`] over the sendings to `endpoint`
+    /// before the answered one.
+    fn walk_overtaken(&mut self, now: Instant, endpoint: usize, answered: u64) {
         let Some(rtt) = self.rtt else {
             // No round trip measured yet, so no allowance known: the timers judge.
             return;
         };
         let mut walk = Overtaken::new(answered, now, rtt);
-        while let Some((sending, lost_at)) = walk.next(&mut self.first_sendings, |sending: &FirstSending| {
-            let slot = &self.slots[sending.slot as usize];
-            slot.active
-                && slot.waiting_since == sending.sent
-                && slot.outstanding.is_some_and(|c| c.round == sending.tag)
-        }) {
+        while let Some((sending, lost_at)) =
+            walk.next(&mut self.endpoints[endpoint].first_sendings, |sending| {
+                let slot = &self.slots[sending.slot as usize];
+                slot.active
+                    && slot.waiting_since == sending.sent
+                    && slot.outstanding.is_some_and(|c| c.round == sending.tag)
+            })
+        {
             if self.slots[sending.slot as usize].deadline.is_some_and(|deadline| lost_at < deadline) {
                 self.set_deadline(sending.slot, lost_at);
             }
@@ -118,8 +128,8 @@ mod tests {
 
     use netagg_wire::{Flags, MessageType};
 
-    use super::super::testing::{parsed, pending_of, result_of, running, sent, Numbers};
-    use super::super::{Delivery, JobStatus};
+    use super::super::testing::{config, parsed, pending_of, result_of, running, running_on, sent, Numbers};
+    use super::super::{Delivery, JobStatus, SessionKey, SessionKeys};
     use super::*;
 
     /// The timeout before any round trip is measured, and its floor.
@@ -185,17 +195,53 @@ mod tests {
         assert_eq!(protocol.counters().timeouts, 1);
     }
 
+    /// Slots 0 and 1 belong to one switch and slots 2 and 3 to another, whose queue is
+    /// shorter: the results of slots 2 and 3 come first though their packets went out
+    /// after slot 1's. They show nothing of slot 1's path, which waits for its own result
+    /// without asking or sending again (taken as evidence, they had each worker of a
+    /// sharded session on lossless links resend up to a seventh of its packets).
+    #[test]
+    fn a_result_from_another_switch_overtakes_nothing() {
+        let start = Instant::now();
+        let mut sharded = config(4, FLOOR);
+        let key = |session| SessionKey { session, token: u64::from(session) << 8 };
+        sharded.keys = SessionKeys::sharded([(0..2, key(1)), (2..4, key(3))]).unwrap();
+        let mut protocol = running_on(sharded, start, 4);
+        let first = sent(&mut protocol, start);
+        assert_eq!(first.iter().map(|p| parsed(p).session).collect::<Vec<_>>(), [1, 1, 3, 3]);
+        protocol.handle_datagram(start + 8 * MS, &result_of(&first[0]), &mut Numbers);
+        assert_eq!(protocol.rtt.map(|rtt| rtt.reorder_allowance()), Some(12 * MS));
+        // The timers of slots 1-3, due at 10 ms, see results still coming and run on.
+        protocol.handle_timeout(start + 10 * MS);
+        assert!(sent(&mut protocol, start + 10 * MS).is_empty());
+        for packet in [&first[2], &first[3]] {
+            let delivery = protocol.handle_datagram(start + 11 * MS, &result_of(packet), &mut Numbers);
+            assert_eq!(delivery, Delivery::Accepted);
+        }
+        // Past the allowance that would have taken slot 1 as lost (23 ms), and close to
+        // its timer (32 ms): nothing.
+        for at in [23, 31] {
+            protocol.handle_timeout(start + at * MS);
+            assert!(sent(&mut protocol, start + at * MS).is_empty(), "at {at} ms");
+        }
+        let delivery = protocol.handle_datagram(start + 31 * MS, &result_of(&first[1]), &mut Numbers);
+        assert_eq!(delivery, Delivery::Accepted);
+        assert_eq!(protocol.status(), &JobStatus::Done);
+        let counters = protocol.counters();
+        assert_eq!((counters.timeouts, counters.acks_sent, counters.retransmissions), (0, 0, 0));
+    }
+
     #[test]
     fn results_in_order_leave_only_the_unanswered_first_sendings_booked() {
         let start = Instant::now();
         let (mut protocol, first) = measured(start, 12);
         // Slot 0's result and its next block's first sending: slots 1-3 and that one wait.
-        assert_eq!(protocol.first_sendings.len(), 4);
+        assert_eq!(protocol.endpoints[0].first_sendings.len(), 4);
         for (at, packet) in (12..).zip(&first[1..]) {
             let now = start + at * MS;
             assert_eq!(protocol.handle_datagram(now, &result_of(packet), &mut Numbers), Delivery::Accepted);
             assert_eq!(sent(&mut protocol, now).len(), 1);
-            assert_eq!(protocol.first_sendings.len(), 4, "at {at} ms");
+            assert_eq!(protocol.endpoints[0].first_sendings.len(), 4, "at {at} ms");
         }
         assert_eq!((protocol.counters().timeouts, protocol.counters().acks_sent), (0, 0));
     }

@@ -87,10 +87,12 @@ impl WorkerProtocol {
         self.clear_timers();
         self.last_progress = now;
         self.timed = None;
-        self.latest_answered = None;
         self.probe = None;
-        self.first_sendings.clear();
-        self.gaps.iter_mut().for_each(|gaps| gaps.settle());
+        for endpoint in &mut self.endpoints {
+            endpoint.latest_answered = None;
+            endpoint.first_sendings.clear();
+            endpoint.gaps.settle();
+        }
         self.pacer.job_started(now, &mut self.delivered);
         self.start_streams(&spec, active_slots);
         self.job = Some(Job { spec, blocks });

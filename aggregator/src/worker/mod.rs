@@ -225,6 +225,26 @@ enum Send {
 /// A contribution's first sending: the one send the pacer may hold back.
 const FIRST_SENDING: Send = Send::Data { retransmission: None };
 
+/// What a thread knows of one switch endpoint it sends to. Each endpoint is a path of
+/// its own, with its own queues, and answers in its own order: a result from one is no
+/// evidence that a packet to another was lost. Taken as such, the results of a switch
+/// behind a shorter queue made the sendings to another look overtaken, and each worker
+/// of a sharded session resent up to a seventh of its packets on lossless links.
+#[derive(Debug, Default)]
+struct EndpointState {
+    /// This job's first sendings to the endpoint not yet judged for loss, in the order
+    /// they went out.
+    first_sendings: Sendings<u64, u32>,
+    /// The latest `waiting_since` of a slot of the endpoint whose wait a result
+    /// answered, this job: a slot of the endpoint waiting since earlier has evidence of
+    /// a loss.
+    latest_answered: Option<u64>,
+    /// What the thread has seen of the endpoint's numbering of its broadcasts.
+    gaps: sequence::BroadcastGaps,
+    /// The numbers of this thread's first sendings to the endpoint.
+    first_numbers: sequence::FirstSendingNumbers,
+}
+
 #[derive(Debug)]
 struct SlotState {
     /// First round of this slot's next stream; persists across jobs.
@@ -348,25 +368,16 @@ pub struct WorkerProtocol {
     base_timeout: Duration,
     /// Packets sent so far: the clock `waiting_since` is read on.
     transmissions: u64,
-    /// The latest `waiting_since` of a slot whose wait a result answered, this job: a
-    /// slot waiting since earlier has evidence of a loss.
-    latest_answered: Option<u64>,
     /// The probes out while the whole thread waits without evidence of a loss.
     probe: Option<Probe>,
-    /// This job's first sendings of contributions not yet judged for loss, in the
-    /// order they went out.
-    first_sendings: Sendings<u64, u32>,
     /// How long the switch takes to answer a request or a retransmission, which it does
     /// at once: the path's round trip, without waiting for any peer.
     answer_rtt: Option<RttEstimate>,
     /// The latest result's round was completed by another worker's contribution.
     peers_complete: bool,
-    /// What the thread has seen of each switch endpoint's numbering of its broadcasts,
-    /// one per range of [`WorkerConfig::keys`].
-    gaps: Vec<sequence::BroadcastGaps>,
-    /// The numbers of this thread's first sendings to each switch endpoint, one per range
-    /// of [`WorkerConfig::keys`].
-    first_numbers: Vec<sequence::FirstSendingNumbers>,
+    /// What the thread knows of each switch endpoint it sends to, one per range of
+    /// [`WorkerConfig::keys`].
+    endpoints: Vec<EndpointState>,
     counters: WorkerCounters,
 }
 
@@ -409,8 +420,7 @@ impl WorkerProtocol {
                 queued: None,
             })
             .collect();
-        let gaps = vec![sequence::BroadcastGaps::default(); config.keys.endpoints()];
-        let first_numbers = vec![sequence::FirstSendingNumbers::default(); config.keys.endpoints()];
+        let endpoints = (0..config.keys.endpoints()).map(|_| EndpointState::default()).collect();
         WorkerProtocol {
             base_timeout: config.retransmit_timeout,
             pacer,
@@ -429,13 +439,10 @@ impl WorkerProtocol {
             rtt: None,
             timed: None,
             transmissions: 0,
-            latest_answered: None,
             probe: None,
-            first_sendings: Sendings::new(),
             answer_rtt: None,
             peers_complete: false,
-            gaps,
-            first_numbers,
+            endpoints,
             counters: WorkerCounters::default(),
         }
     }

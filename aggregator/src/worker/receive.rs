@@ -224,7 +224,8 @@ impl WorkerProtocol {
         self.last_progress = now;
         self.peers_complete = repr.completed_by().is_some_and(|rank| rank != self.config.rank);
         let waited_since = slot.waiting_since;
-        self.latest_answered = self.latest_answered.max(Some(waited_since));
+        let endpoint = &mut self.endpoints[slot.endpoint];
+        endpoint.latest_answered = endpoint.latest_answered.max(Some(waited_since));
         if result.answered.is_some() {
             self.time_round_trip(now, index, repr);
             self.overtaken_by(now, index, waited_since);

@@ -69,8 +69,9 @@ impl WorkerProtocol {
         }
         // RACK's reasoning: a result for something sent after this slot's packet means
         // the switch moved on without it; so does a gap in its results.
+        let latest_answered = self.endpoints[slot.endpoint].latest_answered;
         let loss_evident =
-            slot.ahead != 0 || self.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
+            slot.ahead != 0 || latest_answered.is_some_and(|answered| answered > slot.waiting_since);
         if !loss_evident && self.probe.is_some_and(|probe| probe.slot != index) {
             // The probe's answer speaks for this slot too: wait for it.
             slot.deferred = true;

@@ -229,7 +229,8 @@ impl WorkerProtocol {
                     repr.flags = repr.flags | Flags::RETRANSMISSION;
                     self.counters.retransmissions += 1;
                 } else {
-                    repr.sequence = self.first_numbers[slot.endpoint].number(index, contribution.round);
+                    repr.sequence =
+                        self.endpoints[slot.endpoint].first_numbers.number(index, contribution.round);
                 }
                 self.counters.data_sent += 1;
             }

@@ -93,7 +93,7 @@ impl WorkerProtocol {
     #[inline]
     pub(super) fn take_sequence(&mut self, index: u16, sequence: u8) {
         let endpoint = self.slots[index as usize].endpoint;
-        self.gaps[endpoint].take(sequence);
+        self.endpoints[endpoint].gaps.take(sequence);
     }
 
     /// For each result slot `index`'s switch's numbers showed lost, the oldest waiting
@@ -108,7 +108,7 @@ impl WorkerProtocol {
     #[inline(always)]
     pub(super) fn ask_after_gaps(&mut self, index: u16) {
         let endpoint = self.slots[index as usize].endpoint;
-        let lost = std::mem::take(&mut self.gaps[endpoint].unasked);
+        let lost = std::mem::take(&mut self.endpoints[endpoint].gaps.unasked);
         if lost > 0 {
             self.ask_oldest(endpoint, lost);
         }
@@ -118,7 +118,7 @@ impl WorkerProtocol {
     /// wait for their result with evidence of a loss (a result of a later sending has
     /// come) and no recovery out.
     fn ask_oldest(&mut self, endpoint: usize, count: u32) {
-        let Some(latest_answered) = self.latest_answered else { return };
+        let Some(latest_answered) = self.endpoints[endpoint].latest_answered else { return };
         for _ in 0..count {
             let oldest = (0..self.slots.len())
                 .filter(|&at| {
@@ -165,15 +165,16 @@ impl WorkerProtocol {
             (_, (round, wait)) if round == notice.round => wait,
             _ => return,
         };
-        let lost = self.first_numbers[showing.endpoint].sent(notice.sequence).find(|&(at, round)| {
-            self.slots.get(usize::from(at)).is_some_and(|slot| {
-                slot.active
-                    && !slot.paced
-                    && slot.held != Some(round)
-                    && slot.waiting_since < shown_at
-                    && slot.outstanding.is_some_and(|c| c.round == round)
-            })
-        });
+        let lost =
+            self.endpoints[showing.endpoint].first_numbers.sent(notice.sequence).find(|&(at, round)| {
+                self.slots.get(usize::from(at)).is_some_and(|slot| {
+                    slot.active
+                        && !slot.paced
+                        && slot.held != Some(round)
+                        && slot.waiting_since < shown_at
+                        && slot.outstanding.is_some_and(|c| c.round == round)
+                })
+            });
         if let Some((at, round)) = lost {
             self.pending.push_back((at, Send::Data { retransmission: Some(round) }));
             self.counters.lost_notices += 1;

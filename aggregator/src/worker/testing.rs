@@ -99,7 +99,12 @@ pub(super) fn config(slots: u16, timeout: Duration) -> WorkerConfig {
 /// A protocol of `slots` slots of one int32 element each, running a dense job of
 /// `elements`; retransmission timeout `timeout`.
 pub(super) fn running(start: Instant, slots: u16, elements: u64, timeout: Duration) -> WorkerProtocol {
-    let mut protocol = WorkerProtocol::new(config(slots, timeout), start);
+    running_on(config(slots, timeout), start, elements)
+}
+
+/// A protocol of `config` running a dense int32 job of `elements`.
+pub(super) fn running_on(config: WorkerConfig, start: Instant, elements: u64) -> WorkerProtocol {
+    let mut protocol = WorkerProtocol::new(config, start);
     let job = JobSpec {
         job: 1,
         element_type: ElementType::Int32,
