@@ -38,38 +38,32 @@ pub(super) type FirstSending = Sending<u64, u32>;
 const QUICK_RECOVERIES: u32 = 2;
 
 impl WorkerProtocol {
-    /// Books the first sending of slot `index`'s contribution to `round`, just sent as
-    /// the thread's `transmission`-th packet.
+    /// Books the first sending of slot `index`'s contribution to `round`, to the slot's
+    /// `endpoint`, just sent as the thread's `transmission`-th packet.
     #[inline]
-    pub(super) fn sent_first(&mut self, transmission: u64, index: u16, round: u32) {
-        let endpoint = self.slots[index as usize].endpoint;
-        self.endpoints[endpoint].first_sendings.push(FirstSending {
-            sent: transmission,
-            slot: index,
-            tag: round,
-        });
+    pub(super) fn sent_first(&mut self, transmission: u64, index: u16, endpoint: usize, round: u32) {
+        let sending = FirstSending { sent: transmission, slot: index, tag: round };
+        self.endpoints[endpoint].first_sendings.push(sending);
     }
 
-    /// A result answered slot `index`'s contribution first sent as the thread's
-    /// `answered`-th packet, at `now`: every contribution sent before it and still
-    /// unanswered is taken as lost once the reorder allowance has passed, its slot's
-    /// timer brought forward to then.
+    /// A result answered slot `index`'s contribution first sent to `endpoint` as the
+    /// thread's `answered`-th packet, at `now`: every contribution sent to the same
+    /// endpoint before it and still unanswered is taken as lost once the reorder allowance
+    /// has passed, its slot's timer brought forward to then.
     // Inlined by force into its one caller, which runs per packet: a build of 16 codegen
     // units left it a call (callgrind).
     #[inline(always)]
-    pub(super) fn overtaken_by(&mut self, now: Instant, index: u16, answered: u64) {
-        // Only sendings to the same endpoint: another's results come in their own order.
-        let endpoint = self.slots[index as usize].endpoint;
+    pub(super) fn overtaken_by(&mut self, now: Instant, index: u16, endpoint: usize, answered: u64) {
         // Results mostly come in the order their contributions went out: then none is
         // older than the answered one, and the walk is skipped.
-        let sendings = &self.endpoints[endpoint].first_sendings;
+        let mut sendings = &mut self.endpoints[endpoint].first_sendings;
         if sendings.oldest().is_some_and(|oldest| oldest.sent < answered) {
             self.walk_overtaken(now, endpoint, answered);
+            sendings = &mut self.endpoints[endpoint].first_sendings;
         }
         // The answered sending waits no more (its round's result is in, and the slot never
         // sends that round again): forgotten now, so that the next result, in order, finds
         // nothing older than its own.
-        let sendings = &mut self.endpoints[endpoint].first_sendings;
         if sendings.oldest().is_some_and(|oldest| oldest.sent == answered && oldest.slot == index) {
             sendings.forget_oldest();
         }

@@ -223,12 +223,12 @@ impl WorkerProtocol {
         slot.backoff = 0;
         self.last_progress = now;
         self.peers_complete = repr.completed_by().is_some_and(|rank| rank != self.config.rank);
-        let waited_since = slot.waiting_since;
-        let endpoint = &mut self.endpoints[slot.endpoint];
-        endpoint.latest_answered = endpoint.latest_answered.max(Some(waited_since));
+        let (waited_since, endpoint) = (slot.waiting_since, slot.endpoint);
+        let path = &mut self.endpoints[endpoint];
+        path.latest_answered = path.latest_answered.max(Some(waited_since));
         if result.answered.is_some() {
             self.time_round_trip(now, index, repr);
-            self.overtaken_by(now, index, waited_since);
+            self.overtaken_by(now, index, endpoint, waited_since);
         }
     }
 

@@ -137,7 +137,8 @@ impl WorkerProtocol {
             slot.waiting_since = self.transmissions;
             slot.first_sending = self.loss_runs.first_sending();
             if let Some(contribution) = slot.outstanding {
-                self.sent_first(self.transmissions, index, contribution.round);
+                let endpoint = slot.endpoint;
+                self.sent_first(self.transmissions, index, endpoint, contribution.round);
             }
         }
         self.arm_timer(index, now);
