@@ -26,9 +26,7 @@ use netagg_wire::{ElementType, Integrity, MessageType, Packet, MAX_DATAGRAM_LEN}
 use crate::engine::{Engine, Recipient, SessionCounters, SessionId, UplinkCounters, Verdict};
 use crate::faults::FaultRates;
 use crate::pacer::PacingConfig;
-use crate::worker::{
-    BlockIo, JobSpec, JobStatus, Layout, SessionKeys, WorkerConfig, WorkerCounters, WorkerProtocol,
-};
+use crate::worker::{BlockIo, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol};
 use crate::zero_scan::nonzero_blocks;
 
 mod open;
@@ -157,6 +155,11 @@ pub struct ClusterConfig {
     /// meets the others' at the switch. With racks, `switch_link` is every switch's
     /// (each rack's and the core's).
     pub racks: Option<Racks>,
+    /// Switches that share the session's slots (shards), as `general.switches` lists
+    /// them: each opens the session on its own and owns a contiguous range of every
+    /// worker's slots, split as the client splits them; `switch_link` is each one's.
+    /// 1: one switch. Not with racks.
+    pub shards: u16,
 }
 
 /// A network of racks: the workers in `count` racks of contiguous ranks (split as
@@ -197,6 +200,7 @@ impl ClusterConfig {
             switch_link: None,
             lost_results: Vec::new(),
             racks: None,
+            shards: 1,
         }
     }
 
@@ -297,6 +301,8 @@ pub enum SimError {
     Refused(String),
     #[error("racks.count {count} with {workers} workers: give 1 to {workers} racks")]
     Racks { count: u16, workers: u16 },
+    #[error("{shards} shards for {slots} slots and {racks} racks: give 1 to {slots} shards, without racks")]
+    Shards { shards: u16, slots: u16, racks: u16 },
 }
 
 /// What one allreduce cost.
@@ -490,15 +496,20 @@ impl Cluster {
                 return Err(SimError::Racks { count, workers: config.workers });
             }
         }
+        let racks = config.racks.map_or(0, |racks| racks.count);
+        // One shard is the switch, whose registry judges the slots.
+        if config.shards == 0 || (config.shards > 1 && (config.shards > config.slots || racks > 0)) {
+            return Err(SimError::Shards { shards: config.shards, slots: config.slots, racks });
+        }
         let now = Instant::now();
         let sessions = open::open(&config, now)?;
         let workers = sessions
             .workers
             .into_iter()
-            .map(|(rank, key)| {
+            .map(|(rank, keys)| {
                 WorkerProtocol::new(
                     WorkerConfig {
-                        keys: SessionKeys::one(key),
+                        keys,
                         rank,
                         slot_base: 0,
                         slots: config.slots,
@@ -525,7 +536,8 @@ impl Cluster {
         })
     }
 
-    /// The engine of the switch at the core (the upper switch, in a tree).
+    /// The engine of the switch at the core (the upper switch, in a tree; the last
+    /// shard's, with shards).
     pub fn engine(&self) -> &Engine {
         &self.core().engine
     }
@@ -623,8 +635,8 @@ impl Cluster {
             }
             for rank in agenda.take_touched() {
                 let (worker, io) = (&mut self.workers[rank as usize], &mut ios[rank as usize]);
-                let switch = Node::Switch(self.wire.switch_of(rank));
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
+                    let switch = Node::Switch(self.wire.switch_of(rank, &buf[..len]));
                     self.wire.send(self.now, Node::Worker(rank), switch, &buf[..len]);
                 }
                 match worker.status() {
@@ -699,11 +711,8 @@ impl Cluster {
 
     /// The counters of the sessions the workers' packets reach, together.
     fn switch_counters(&self) -> SessionCounters {
-        let reached = (0..self.config.workers).map(|rank| self.wire.switch_of(rank));
-        let mut reached: Vec<u16> = reached.collect();
-        reached.dedup();
-        reached
-            .into_iter()
+        self.wire
+            .workers_switches()
             .filter_map(|switch| {
                 let switch = &self.switches[usize::from(switch)];
                 switch.engine.session(switch.session).map(|(_, counters)| counters)

@@ -1,9 +1,12 @@
 //! The simulated network's topology: frames counted with their headers, a switch on a
-//! server behind a link of its own, and the ring allreduce over the same links.
+//! server behind a link of its own, shards on several, and the ring allreduce over the
+//! same links.
 
 use std::time::Duration;
 
-use netagg_aggregator::sim::{Cluster, ClusterConfig, RateLimit, Ring, TcpSegments, Tensor};
+use netagg_aggregator::sim::{
+    Cluster, ClusterConfig, LinkFaults, Racks, RateLimit, Ring, SimError, TcpSegments, Tensor,
+};
 use netagg_wire::packet::datagram_len;
 
 const PACKET_ELEMENTS: u16 = 256;
@@ -62,6 +65,59 @@ fn a_switch_behind_a_link_of_the_workers_rate_takes_n_times_as_long() {
     let ratio = report.elapsed.as_secs_f64() / model.as_secs_f64();
     assert!((1.0..1.05).contains(&ratio), "{:?} against {model:?} (ideal {ideal:?})", report.elapsed);
     assert!(report.elapsed > 3 * ideal, "{:?} against {ideal:?}", report.elapsed);
+}
+
+/// Shards on switch hosts of the workers' rate, as `netagg-run --switches K` runs them:
+/// each host's link carries N/K tensors each way, so that N shards take the time of a
+/// switch that is the network. Each switch's results judge only the sendings to it: on
+/// lossless links nothing is resent or asked after, though the shards answer behind
+/// queues of their own (taken as evidence about each other's sendings, they had the
+/// workers resend up to a seventh of their packets).
+#[test]
+fn shards_on_hosts_of_the_workers_rate_carry_n_over_k_tensors_and_resend_nothing() {
+    let len = 1 << 20;
+    let mut times = Vec::new();
+    for shards in [1, 2, 4] {
+        let mut config = emulated(4);
+        config.switch_link = config.uplink.rate;
+        config.shards = shards;
+        let limit = config.uplink.rate.unwrap();
+        let report = Cluster::new(config).unwrap().allreduce(&inputs(4, len), false).unwrap();
+        assert!(report.outputs.iter().all(|output| *output == expected(4, len)), "{shards} shards");
+        assert_eq!(report.queue_drops, 0, "{shards} shards");
+        for worker in &report.workers {
+            let recoveries = (worker.retransmissions, worker.gap_requests, worker.timeouts);
+            assert_eq!(recoveries, (0, 0, 0), "{shards} shards: {worker:?}");
+        }
+        assert_eq!(report.switch.results_resent, 0, "{shards} shards");
+        // 4,096 frames of each worker's through the switch hosts' links.
+        let model = limit.serialization(4 * 4096 * FRAME_BYTES / u64::from(shards));
+        let ratio = report.elapsed.as_secs_f64() / model.as_secs_f64();
+        // The first window's sendings reach the shards in runs of their slot ranges, so
+        // that one host's link queues them while the others idle: about 20 ms a job at 4
+        // shards (the emulated network, whose workers are not in lockstep, measured
+        // 1.02-1.04 of its model there).
+        assert!((1.0..1.07).contains(&ratio), "{shards} shards: {:?} against {model:?}", report.elapsed);
+        times.push(report.elapsed);
+    }
+    assert!(times[2] * 3 < times[0], "{times:?}");
+}
+
+#[test]
+fn shards_are_refused_without_slots_for_each_or_beside_racks() {
+    for (shards, slots, racks) in [(0, 256, None), (5, 4, None), (2, 256, Some(2))] {
+        let mut config = ClusterConfig::new(4, slots, PACKET_ELEMENTS);
+        config.shards = shards;
+        config.racks =
+            racks.map(|count| Racks { count, uplink: LinkFaults::perfect(Duration::ZERO), tree: false });
+        let error = Cluster::new(config).unwrap_err();
+        let racks = racks.unwrap_or(0);
+        assert_eq!(error, SimError::Shards { shards, slots, racks });
+        let text = format!(
+            "{shards} shards for {slots} slots and {racks} racks: give 1 to {slots} shards, without racks"
+        );
+        assert_eq!(error.to_string(), text);
+    }
 }
 
 fn ring(config: ClusterConfig) -> Ring {

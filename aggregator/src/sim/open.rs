@@ -10,14 +10,14 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use netagg_wire::control::rack_ranks;
+use netagg_wire::control::{rack_ranks, SlotSplit};
 use netagg_wire::{ControlMessage, Endpoint, ValueEncoding};
 
 use super::{ClusterConfig, SimError};
 use crate::control::upward::{self, MAX_RETRANSMIT_TIMEOUT, RETRANSMIT_TIMEOUT};
 use crate::control::{Action, ControlLimits, Group, OpenError, OpenRequest, Opened, Rack, Registry};
 use crate::engine::{Engine, EngineLimits, SessionId, SessionSpec};
-use crate::worker::SessionKey;
+use crate::worker::{SessionKey, SessionKeys};
 
 /// A switch of the cluster: its engine, and the session the cluster runs in it.
 #[derive(Debug)]
@@ -26,11 +26,11 @@ pub(super) struct Switch {
     pub session: SessionId,
 }
 
-/// The cluster's switches (the racks' by rack in a tree, then the core's), and each
-/// worker's rank and key to its switch's session, by rank.
+/// The cluster's switches (the racks' by rack in a tree, then the core's; or the shards
+/// in order), and each worker's rank and keys to its switches' sessions, by rank.
 pub(super) struct Sessions {
     pub switches: Vec<Switch>,
-    pub workers: Vec<(u16, SessionKey)>,
+    pub workers: Vec<(u16, SessionKeys)>,
 }
 
 /// The one address every simulated node has: the links carry no forger.
@@ -41,11 +41,7 @@ pub(super) fn open(config: &ClusterConfig, now: Instant) -> Result<Sessions, Sim
     // Any value: the simulated links carry no forger.
     let token = config.seed.rotate_left(17) ^ 0x6e65_7461_6767;
     let Some(racks) = config.racks.filter(|racks| racks.tree) else {
-        let mut registry = registry(config.workers);
-        register_workers(&mut registry, now, 0..config.workers, config);
-        let (request, _, spec, _) = opening(&mut registry)?;
-        let switch = open_in(Engine::new(limits()), &mut registry, request, now, spec, token)?;
-        return Ok(Sessions { workers: accepted_workers(&mut registry)?, switches: vec![switch] });
+        return open_shards(config, now, token);
     };
     let mut upper = registry(racks.count);
     let mut lower = Vec::new();
@@ -84,12 +80,39 @@ pub(super) fn open(config: &ClusterConfig, now: Instant) -> Result<Sessions, Sim
         let id = engine.open_session(now, spec, rack_token).map_err(|e| SimError::Refused(e.to_string()))?;
         engine.attach_upstream(id, upstream).map_err(|e| SimError::Refused(e.to_string()))?;
         registry.handle_opened(request, Ok(Opened { id, token: rack_token }));
-        workers.extend(accepted_workers(&mut registry)?);
+        let accepted = accepted_workers(&mut registry)?;
+        workers.extend(accepted.into_iter().map(|(rank, key)| (rank, SessionKeys::one(key))));
         switches.push(Switch { engine, session: id });
     }
     switches.push(core);
     workers.sort_by_key(|&(rank, _)| rank);
     Ok(Sessions { switches, workers })
+}
+
+/// Opens the session on each of `config.shards` switches at the core, each with a token
+/// of its own; every worker registers with each, and its keys give each shard its range
+/// of slots.
+fn open_shards(config: &ClusterConfig, now: Instant, token: u64) -> Result<Sessions, SimError> {
+    let shards = usize::from(config.shards);
+    let mut switches = Vec::with_capacity(shards);
+    let mut keys: Vec<Vec<(Range<u16>, SessionKey)>> = vec![Vec::new(); usize::from(config.workers)];
+    for shard in 0..shards {
+        let mut registry = registry(config.workers);
+        register_workers(&mut registry, now, 0..config.workers, config);
+        let (request, _, spec, _) = opening(&mut registry)?;
+        let shard_token = token ^ (shard as u64).rotate_right(8);
+        switches.push(open_in(Engine::new(limits()), &mut registry, request, now, spec, shard_token)?);
+        let slots = SlotSplit::Ranges.owned(shard, config.slots, shards);
+        for (rank, key) in accepted_workers(&mut registry)? {
+            keys[usize::from(rank)].push((slots.clone(), key));
+        }
+    }
+    let workers = keys.into_iter().enumerate().map(|(rank, ranges)| {
+        let keys = SessionKeys::sharded(ranges)
+            .ok_or_else(|| SimError::Refused(format!("no shard accepted rank {rank}")))?;
+        Ok((rank as u16, keys))
+    });
+    Ok(Sessions { switches, workers: workers.collect::<Result<_, SimError>>()? })
 }
 
 fn limits() -> EngineLimits {

@@ -7,7 +7,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use netagg_wire::control::{rack_of, rack_ranks};
+use netagg_wire::control::{rack_of, rack_ranks, SlotSplit};
+use netagg_wire::Packet;
 
 use super::{ClusterConfig, LinkFaults, QueueWaits, RateLimit};
 use crate::engine::Recipient;
@@ -84,6 +85,10 @@ struct Layout {
     /// core (flat).
     tree: bool,
     switch_links: bool,
+    /// Switches sharing the session's slots, without racks; 1 otherwise.
+    shards: u16,
+    /// Each worker's slots, which the shards split.
+    slots: u16,
 }
 
 impl Layout {
@@ -99,7 +104,7 @@ impl Layout {
         if self.tree {
             self.racks + 1
         } else {
-            1
+            self.shards
         }
     }
 
@@ -196,6 +201,8 @@ impl Wire {
             racks: count,
             tree: racks.is_some_and(|racks| racks.tree),
             switch_links: config.switch_link.is_some(),
+            shards: config.shards,
+            slots: config.slots,
         };
         let link = |rate: Option<RateLimit>, latency, faults, way| Link {
             bottleneck: rate.map(|limit| Bottleneck::new(limit, now)),
@@ -249,11 +256,29 @@ impl Wire {
         Wire { layout, injectors, released_at: None, links }
     }
 
-    /// The switch worker `rank` sends to: its rack's in a tree, else the core's.
-    pub(super) fn switch_of(&self, rank: u16) -> u16 {
-        match self.layout.rack(rank) {
-            Some(rack) if self.layout.tree => rack,
-            _ => self.layout.core(),
+    /// The switch worker `rank` sends `datagram` to: its rack's in a tree, else the
+    /// shard that owns its slot (the core, with one), as the client's data paths pick
+    /// it.
+    pub(super) fn switch_of(&self, rank: u16, datagram: &[u8]) -> u16 {
+        let layout = &self.layout;
+        match layout.rack(rank) {
+            Some(rack) if layout.tree => rack,
+            _ if layout.shards > 1 => {
+                let slot = Packet::new_checked(datagram).map_or(0, |packet| packet.slot());
+                let owner = SlotSplit::Ranges.owner(slot, layout.slots, usize::from(layout.shards));
+                owner.min(usize::from(layout.shards) - 1) as u16
+            }
+            _ => layout.core(),
+        }
+    }
+
+    /// The switches the workers send to: the racks' in a tree, else every shard (the
+    /// core, with one).
+    pub(super) fn workers_switches(&self) -> std::ops::Range<u16> {
+        if self.layout.tree {
+            0..self.layout.racks
+        } else {
+            0..self.layout.shards
         }
     }
 
