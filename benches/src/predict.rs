@@ -54,6 +54,10 @@ pub struct Setup {
     /// netagg deploys without a programmable switch), not as the network itself; on a
     /// network of racks, every switch does.
     pub switch_on_server: bool,
+    /// Switches sharing the session's slots (`general.switches`), each on a server of its
+    /// own when `switch_on_server`, as `netagg-run --switches K` runs them; 1: one. Not on
+    /// a network of racks.
+    pub shards: u16,
     /// The racks the workers sit in, on a network of racks.
     pub racks: Option<RackSetup>,
 }
@@ -92,6 +96,7 @@ impl Setup {
             jobs: 3,
             seed: 1,
             switch_on_server: false,
+            shards: 1,
             racks: None,
         }
     }
@@ -107,6 +112,7 @@ impl Setup {
         }
         config.frame_overhead_bytes = UDP_OVERHEAD_BYTES;
         config.switch_link = self.switch_on_server.then_some(limit);
+        config.shards = self.shards;
         config.racks = self.racks.map(|racks| {
             let rate = racks.uplink_bits_per_second;
             let uplink = LinkFaults {
@@ -135,7 +141,7 @@ impl Setup {
         let switch_link = self.switch_on_server.then_some(link);
         let aggregators = match (self.racks, switch_link) {
             (Some(racks), switch_link) if racks.tree => Aggregators::Tree { switch_link },
-            (_, Some(link)) => Aggregators::Dedicated { count: 1, link },
+            (_, Some(link)) => Aggregators::Dedicated { count: usize::from(self.shards), link },
             (_, None) => Aggregators::Ideal,
         };
         let racks = self.racks.map(|racks| RackNetwork {
@@ -214,7 +220,11 @@ impl Setup {
             name += if racks.tree { " uplinks, a tree" } else { " uplinks, one switch at the core" };
         }
         if self.switch_on_server {
-            name += if self.racks.is_some() { ", switches on servers" } else { ", the switch on a server" };
+            name += &match (self.racks, self.shards) {
+                (Some(_), _) => ", switches on servers".to_string(),
+                (None, 1) => ", the switch on a server".to_string(),
+                (None, shards) => format!(", {shards} switches on servers"),
+            };
         }
         name
     }

@@ -59,6 +59,10 @@ struct Options {
     /// network of racks, every switch).
     #[arg(long)]
     server_switch: bool,
+    /// With --server-switch on a flat network: this many switches sharing the session's
+    /// slots, each on a server of its own (`netagg-run --switches K`).
+    #[arg(long, default_value_t = 1, requires = "server_switch", value_parser = clap::value_parser!(u16).range(1..))]
+    shards: u16,
     /// This many racks of contiguous ranks, each behind an uplink of its own to the core.
     #[arg(long, conflicts_with = "rack_workers")]
     racks: Option<u16>,
@@ -189,18 +193,23 @@ struct Row {
 }
 
 /// The names of the netagg variants a row holds, for the table's head and the plots.
-fn variant_names(options: &Options) -> Vec<&'static str> {
+fn variant_names(options: &Options) -> Vec<String> {
     let racked = options.racks.is_some() || options.rack_workers.is_some();
     let mut names = vec![match (racked, options.flat) {
         (false, _) => "netagg",
         (true, false) => "netagg tree",
         (true, true) => "netagg, one switch at the core",
-    }];
+    }
+    .to_string()];
     if racked && !options.flat {
-        names.push("netagg, one switch at the core");
+        names.push("netagg, one switch at the core".to_string());
     }
     if options.server_switch {
-        names.push(if racked { "netagg, switches on servers" } else { "netagg, switch on a server" });
+        names.push(match (racked, options.shards) {
+            (true, _) => "netagg, switches on servers".to_string(),
+            (false, 1) => "netagg, switch on a server".to_string(),
+            (false, shards) => format!("netagg, {shards} switches on servers"),
+        });
     }
     names
 }
@@ -245,7 +254,11 @@ fn predict(options: &Options) -> Result<(), String> {
                             .push(Setup { racks: Some(RackSetup { tree: false, ..racks }), ..setup.clone() });
                     }
                     if options.server_switch {
-                        setups.push(Setup { switch_on_server: true, ..setup.clone() });
+                        setups.push(Setup {
+                            switch_on_server: true,
+                            shards: options.shards,
+                            ..setup.clone()
+                        });
                     }
                     let variants = setups.iter().map(simulate).collect::<Result<Vec<_>, _>>()?;
                     let ring = setup.ring();
@@ -328,7 +341,7 @@ fn plot_key(options: &Options, setup: &Setup) -> String {
 
 /// One plot per network (rate, delay, loss, racks): time against N, simulated and
 /// modelled, each netagg variant and the ring.
-fn plot_rows(directory: &Path, options: &Options, names: &[&str], rows: &[Row]) -> Result<(), String> {
+fn plot_rows(directory: &Path, options: &Options, names: &[String], rows: &[Row]) -> Result<(), String> {
     std::fs::create_dir_all(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
     let network = |row: &Row| plot_key(options, &row.setup);
     let mut networks: Vec<String> = rows.iter().map(network).collect();
