@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use netagg_aggregator::engine::{
-    DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit, Verdict,
+    Departure, DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit,
+    Verdict,
 };
 use netagg_wire::packet::{BROADCAST_RANK, END_OF_STREAM};
 use netagg_wire::{ElementType, Flags, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
@@ -647,4 +648,59 @@ fn packets_without_the_token_or_from_another_rank_s_address_change_nothing() {
     assert_eq!(values, [11, 22]);
     assert_eq!(repr.token, TOKEN, "results carry the token back");
     assert_eq!(switch.engine.session(other).unwrap().1.contributions, 0);
+}
+
+/// Feeds rank 0's first sendings, numbered `numbers`, to rounds 0, 1, … of slot 0, the
+/// other ranks of the session's `workers` coming first in each round so that rank 0's
+/// completes it.
+fn numbered_rounds(switch: &mut Switch, session: SessionId, workers: u16, numbers: &[u8]) {
+    for (round, &number) in (0..).zip(numbers) {
+        for rank in 1..workers {
+            switch.feed(&data(session, rank, 0, round, &[1]));
+        }
+        switch.result(&data(session, 0, 0, round, &[1]).with(|r| r.sequence = number));
+    }
+}
+
+/// The slot and number of the LOST notice to rank 0 that `poll_notice` gives.
+fn polled_lost_notice(switch: &mut Switch) -> Option<(u16, u8)> {
+    let transmit = switch.engine.poll_notice(&mut switch.out)?;
+    assert_eq!(transmit.recipient, Recipient::Worker(0));
+    let notice = PacketRepr::parse(&Packet::new_checked(&switch.out[..transmit.len]).unwrap());
+    assert_eq!((notice.message_type, notice.flags), (MessageType::Pending, Flags::LOST));
+    Some((notice.slot, notice.sequence))
+}
+
+#[test]
+fn a_lost_notice_behind_a_drop_for_a_departed_rank_still_orphans_the_session() {
+    let mut switch = Switch::new();
+    let session = switch.open(2, 1, 4);
+    // Rank 0 numbers rounds 0-2 as 1, 3 and 4: number 2 is missing. Rank 1 then leaves
+    // with every round it took part in complete.
+    numbered_rounds(&mut switch, session, 2, &[1, 3, 4]);
+    assert_eq!(switch.engine.depart(session, 1), Ok(Departure::Lingers));
+    // Number 5 shows number 2 lost, on a contribution to round 3, which needs rank 1: the
+    // drop's reason reaches the caller and orphans the session, and the notice waits.
+    let verdict = switch.feed(&data(session, 0, 0, 3, &[1]).with(|r| r.sequence = 5));
+    assert_eq!(verdict, Verdict::Dropped(DropReason::Departed(1)));
+    assert_eq!(switch.engine.take_orphaned(), [(session, 1)]);
+    assert_eq!(polled_lost_notice(&mut switch), Some((0, 2)));
+    assert_eq!(polled_lost_notice(&mut switch), None);
+}
+
+#[test]
+fn a_lost_notice_that_its_full_queue_cannot_take_is_counted() {
+    let mut switch = Switch::new();
+    // One rank of one thread: every contribution completes its round, so each notice
+    // queues behind a result, and the queue holds one.
+    let session = switch.open(1, 1, 2);
+    // Number 2 is lost, then, past the spacing of notices, number 41: nobody polls between.
+    let numbers: Vec<u8> = (1..=44).filter(|&n| n != 2 && n != 41).collect();
+    numbered_rounds(&mut switch, session, 1, &numbers);
+    let counters = switch.engine.session(session).unwrap().1;
+    assert_eq!((counters.lost_notices, counters.lost_notices_dropped), (0, 1));
+    assert_eq!(polled_lost_notice(&mut switch), Some((0, 2)), "the first kept its place");
+    assert_eq!(polled_lost_notice(&mut switch), None);
+    let counters = switch.engine.session(session).unwrap().1;
+    assert_eq!((counters.lost_notices, counters.lost_notices_dropped), (1, 1));
 }

@@ -185,6 +185,12 @@ typedef struct netagg_stats {
   uint64_t rejected;
   // Retransmission timers that fired.
   uint64_t timeouts;
+  // Requests for a result sent at once because a gap in the switch's numbering of its
+  // broadcasts showed one lost.
+  uint64_t gap_requests;
+  // Contributions sent again at once because the switch named their first sending
+  // missing.
+  uint64_t lost_notices;
 } netagg_stats;
 
 #ifdef __cplusplus

@@ -113,6 +113,12 @@ thread_counters! {
         pub pending: u64,
         /// Progress reports received, each the switch's answer to a probe.
         pub progress_reports: u64,
+        /// Requests for a result sent at once because a gap in the switch's numbering of
+        /// its broadcasts showed one lost, rather than after a timeout.
+        pub gap_requests: u64,
+        /// Contributions sent again at once because the switch's notice (`LOST`) named
+        /// their first sending missing, rather than after a timeout.
+        pub lost_notices: u64,
         /// Slot timers that fired and sent a retransmission, a request or a probe.
         pub timeouts: u64,
         /// Slices of jobs completed.
@@ -132,7 +138,7 @@ impl fmt::Display for Stats {
         for (thread, c) in self.threads.iter().enumerate() {
             writeln!(
                 f,
-                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes, {} paced), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} corrupt, {} pending, {} progress reports), {} timeouts",
+                "thread {thread}: sent {} packets, {} bytes ({} data, {} acks, {} retransmitted, {} probes, {} paced, {} gap requests, {} resent on lost notices), received {} results, {} bytes ({} duplicates, {} stale, {} rejected, {} corrupt, {} pending, {} progress reports), {} timeouts",
                 c.packets_sent,
                 c.bytes_sent,
                 c.data_sent,
@@ -140,6 +146,8 @@ impl fmt::Display for Stats {
                 c.retransmissions,
                 c.probes,
                 c.paced,
+                c.gap_requests,
+                c.lost_notices,
                 c.results_received,
                 c.bytes_received,
                 c.duplicates,
@@ -171,5 +179,16 @@ mod tests {
         assert_eq!(stats.threads, [ThreadCounters::default(), expected]);
         assert_eq!(stats.total(), expected);
         assert_eq!(expected.since(&ThreadCounters::from(&counted)), ThreadCounters::from(&counted));
+    }
+
+    #[test]
+    fn the_recovery_without_timeouts_is_counted_by_name_and_in_the_text() {
+        let counted = WorkerCounters { gap_requests: 3, lost_notices: 2, timeouts: 1, ..Default::default() };
+        let mut stats = Stats::new(1);
+        stats.add_thread(0, &counted);
+        let named: Vec<(&str, u64)> = stats.total().named().filter(|&(_, count)| count > 0).collect();
+        assert_eq!(named, [("gap_requests", 3), ("lost_notices", 2), ("timeouts", 1)]);
+        let text = stats.to_string();
+        assert!(text.contains(", 3 gap requests, 2 resent on lost notices), received"), "{text}");
     }
 }

@@ -61,12 +61,18 @@ const ENGINE_DROPS: [Labelled<EngineCounters>; 3] =
     [("corrupt", |c| c.corrupt), ("malformed", |c| c.malformed), ("wrong_session", |c| c.unknown_session)];
 
 /// A session's counts that are not drops: name, help and where each is.
-const SESSION_COUNTS: [Described<SessionCounters>; 5] = [
+const SESSION_COUNTS: [Described<SessionCounters>; 7] = [
     ("packets", "Datagrams that named the session", |c| c.packets_in),
     ("contributions", "Contributions taken into a sum", |c| c.contributions),
     ("results", "Rounds completed, each result sent to every worker", |c| c.results_broadcast),
     ("results_resent", "Results sent again to one worker", |c| c.results_resent),
     ("duplicates", "Duplicate contributions, each answered", |c| c.duplicates),
+    ("lost_notices", "Notices telling a worker that a contribution it numbered never came", |c| {
+        c.lost_notices
+    }),
+    ("lost_notices_dropped", "Notices of lost contributions not sent, their queue full", |c| {
+        c.lost_notices_dropped
+    }),
 ];
 
 /// What fault injection can do to a datagram, by the `fault` label.

@@ -13,7 +13,9 @@ use common::{memory_switch, register_message, SWITCH_DATA};
 use netagg_aggregator::faults::FaultRates;
 use netagg_switch::port::{ConnectionEnd, MemoryNetwork, MemorySocket, ThreadLink};
 use netagg_switch::{DataPort, Switch};
-use netagg_wire::{ControlMessage, ElementType, Endpoint, MessageType, Packet, PacketRepr, RejectCode};
+use netagg_wire::{
+    ControlMessage, ElementType, Endpoint, Flags, MessageType, Packet, PacketRepr, RejectCode,
+};
 
 fn start(network: &MemoryNetwork, faults: Option<netagg_config::Faults>) -> Switch {
     memory_switch(network, |settings| {
@@ -469,17 +471,35 @@ fn the_metrics_endpoint_shows_a_live_session_s_packets_and_keeps_them_once_it_cl
         (0..3).map(|_| network.bind("127.0.0.1:0".parse().unwrap()).unwrap()).collect();
     let (mut control, session, token) = open_session(&switch, "scraped", &workers.iter().collect::<Vec<_>>());
     let switch_data: SocketAddr = SWITCH_DATA.parse().unwrap();
-    // Two rounds of three ranks, rank 0's first packet twice, one packet too short to parse
-    // and one of a session that does not exist.
-    for round in 0..2 {
+    // Four rounds of three ranks, each acknowledging the round before; rank 0 numbers its
+    // first sendings 0, 2, 3 and 4, so that the switch takes number 1 as lost. Then rank
+    // 0's last packet twice, one packet too short to parse and one of a session that does
+    // not exist.
+    let numbered = |rank: u16, round: u32, number: u8| {
+        let mut bytes = data_in_round(session, token, rank, round, [1; 4]);
+        let mut packet = Packet::new_checked(&mut bytes[..]).unwrap();
+        packet.set_ack_round(round.wrapping_sub(1));
+        packet.set_sequence(number);
+        packet.seal();
+        bytes
+    };
+    for round in 0..4 {
         for (rank, worker) in (0..).zip(workers.iter_mut()) {
-            worker.send_to(switch_data, &data_in_round(session, token, rank, round, [1; 4]));
+            let number = if rank == 0 { [0, 2, 3, 4][round as usize] } else { round as u8 };
+            worker.send_to(switch_data, &numbered(rank, round, number));
         }
     }
-    workers[0].send_to(switch_data, &data_in_round(session, token, 0, 0, [1; 4]));
+    workers[0].send_to(switch_data, &numbered(0, 3, 4));
     workers[1].send_to(switch_data, &[1, 2, 3]);
     workers[2].send_to(switch_data, &data(session ^ 0x5a5a, token, 2, [1; 4]));
-    for worker in &mut workers {
+    let lost_notices = received(&mut workers[0], Duration::from_millis(300))
+        .iter()
+        .map(|(_, datagram)| PacketRepr::parse(&Packet::new_checked(&datagram[..]).unwrap()))
+        .filter(|repr| repr.message_type == MessageType::Pending && repr.flags == Flags::LOST)
+        .map(|repr| (repr.round, repr.sequence))
+        .collect::<Vec<_>>();
+    assert_eq!(lost_notices, [(3, 1)], "rank 0 is told of number 1 with round 3's packet");
+    for worker in &mut workers[1..] {
         received(worker, Duration::from_millis(300));
     }
 
@@ -490,15 +510,18 @@ fn the_metrics_endpoint_shows_a_live_session_s_packets_and_keeps_them_once_it_cl
     };
     assert_eq!(at(&live, "netagg_switch_sessions{state=\"open\"}"), 1.0);
     assert_eq!(at(&live, "netagg_switch_control_connections"), 3.0);
-    assert_eq!(at(&live, "netagg_switch_datagrams_total{lane=\"0\"}"), 9.0);
-    assert_eq!(at(&live, &format!("netagg_switch_session_packets_total{{{id}}}")), 7.0);
-    assert_eq!(at(&live, &format!("netagg_switch_session_contributions_total{{{id}}}")), 6.0);
-    assert_eq!(at(&live, &format!("netagg_switch_session_results_total{{{id}}}")), 2.0);
+    assert_eq!(at(&live, "netagg_switch_datagrams_total{lane=\"0\"}"), 15.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_packets_total{{{id}}}")), 13.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_contributions_total{{{id}}}")), 12.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_results_total{{{id}}}")), 4.0);
     assert_eq!(at(&live, &format!("netagg_switch_session_duplicates_total{{{id}}}")), 1.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_lost_notices_total{{{id}}}")), 1.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_lost_notices_dropped_total{{{id}}}")), 0.0);
+    assert_eq!(at(&live, "netagg_switch_lost_notices_total"), 1.0);
     assert_eq!(at(&live, &format!("netagg_switch_session_open{{{id}}}")), 1.0);
     assert_eq!(at(&live, "netagg_switch_dropped_total{cause=\"malformed\",lane=\"0\"}"), 1.0);
     assert_eq!(at(&live, "netagg_switch_dropped_total{cause=\"wrong_session\",lane=\"0\"}"), 1.0);
-    assert_eq!(at(&live, "netagg_switch_packets_total"), 7.0);
+    assert_eq!(at(&live, "netagg_switch_packets_total"), 13.0);
     assert!(at(&live, "netagg_switch_uptime_seconds") > at(&idle, "netagg_switch_uptime_seconds"));
 
     // A rank's connection closes: the session ends, and its series stay with their counts.
@@ -508,8 +531,8 @@ fn the_metrics_endpoint_shows_a_live_session_s_packets_and_keeps_them_once_it_cl
     assert_eq!(at(&closed, "netagg_switch_sessions{state=\"open\"}"), 0.0);
     assert_eq!(at(&closed, "netagg_switch_sessions_closed_total"), 1.0);
     assert_eq!(at(&closed, &format!("netagg_switch_session_open{{{id}}}")), 0.0);
-    assert_eq!(at(&closed, &format!("netagg_switch_session_packets_total{{{id}}}")), 7.0);
-    assert_eq!(at(&closed, "netagg_switch_packets_total"), 7.0, "closed sessions count once");
+    assert_eq!(at(&closed, &format!("netagg_switch_session_packets_total{{{id}}}")), 13.0);
+    assert_eq!(at(&closed, "netagg_switch_packets_total"), 13.0, "closed sessions count once");
 
     assert_eq!(http_get(metrics, "/").0, "HTTP/1.1 404 Not Found");
     drop(switch);

@@ -104,6 +104,8 @@ impl Session {
         // poll, whose notices would only be late.
         if self.lost_notices.len() < self.sendings.members() {
             self.lost_notices.push_back(notice);
+        } else {
+            self.counters.lost_notices_dropped += 1;
         }
         verdict
     }

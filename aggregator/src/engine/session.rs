@@ -111,6 +111,10 @@ counters! {
         /// Pending notices telling a worker that a contribution it sent, found by the gap
         /// in its numbers, never came.
         pub lost_notices: u64,
+        /// Notices of lost contributions not sent: their packet had another answer, and
+        /// the queue that holds such notices for `Engine::poll_notice` was full (a shell
+        /// that does not poll), so the member finds the loss by its own timers.
+        pub lost_notices_dropped: u64,
         /// Packets that break the protocol (wrong rank, slot, round, size or fields).
         pub rejected: u64,
         /// Packets naming the session without its token, or from an address other than

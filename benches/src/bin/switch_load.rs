@@ -6,9 +6,14 @@
 //! than the protocol needs: each of its `--generators` threads owns one UDP socket,
 //! announced as that worker thread of every rank, and keeps a window of slots in flight,
 //! sending every rank's contribution to a slot's round (prebuilt int32 packets, with only
-//! round and ack round written per packet) to the lane that owns the slot, and the next
-//! round once every rank's copy of the result is back. A result whose first element is
-//! not the sum fails the run. So the switch, not a client library, is what is loaded.
+//! round, ack round and number written per packet) to the lane that owns the slot, and the
+//! next round once every rank's copy of the result is back. A result whose first element
+//! is not the sum fails the run. So the switch, not a client library, is what is loaded.
+//!
+//! First sendings are numbered as a worker thread numbers them, per rank and lane, so
+//! that the switch's check of those numbers takes its common case, the next number; a
+//! window sent again after a loss goes as retransmissions, unnumbered. A lossless run thus
+//! has the switch send no LOST notices, which each run prints.
 //!
 //! Runs alternate between thread counts (`--threads 1,2`), `--rounds` times, and print
 //! each run and the medians: rounds completed per second (each is `--workers` datagrams
@@ -24,7 +29,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use netagg_switch::Switch;
 use netagg_udp::{BatchSocket, SegmentBatch};
-use netagg_wire::{ControlMessage, ElementType, MessageType, Packet, PacketRepr, SlotSplit, ValueEncoding};
+use netagg_wire::{
+    ControlMessage, ElementType, Flags, MessageType, Packet, PacketRepr, SlotSplit, ValueEncoding,
+};
 
 /// The switch alone under load, for each count of its data-path threads.
 #[derive(Debug, Parser)]
@@ -67,11 +74,12 @@ fn main() -> ExitCode {
             match measure(&options, *threads) {
                 Ok(run) => {
                     println!(
-                        "run {round} threads {threads}: {:.0} rounds/s, {:.2} Gbit/s per worker, {:.0} rounds per CPU second, {} windows sent again",
+                        "run {round} threads {threads}: {:.0} rounds/s, {:.2} Gbit/s per worker, {:.0} rounds per CPU second, {} windows sent again, {} LOST notices",
                         run.rate,
                         gbps(&options, run.rate),
                         run.per_cpu_second,
-                        run.resends
+                        run.resends,
+                        run.lost_notices
                     );
                     rates.push(run);
                 }
@@ -124,6 +132,8 @@ struct Run {
     per_cpu_second: f64,
     /// How often a generator thread sent its window again after a loss.
     resends: u64,
+    /// Notices of lost contributions the switch sent or dropped: none without a loss.
+    lost_notices: u64,
 }
 
 /// User and system CPU seconds this process has used (`/proc/self/stat`, in ticks of
@@ -179,6 +189,12 @@ fn measure(options: &Options, threads: u16) -> Result<Run, String> {
         stop.store(true, Ordering::Relaxed);
         generators.into_iter().map(|g| g.join().expect("a generator did not panic")).collect()
     });
+    let counters = switch.counters().ok_or("a data-path thread did not give its counters")?;
+    let lost_notices = counters
+        .sessions
+        .iter()
+        .map(|(_, session)| session.lost_notices + session.lost_notices_dropped)
+        .sum();
     switch.stop().map_err(|e| e.to_string())?;
     let (mut rounds, mut resends) = (0, 0);
     for (completed, wrong, resent) in counts {
@@ -192,6 +208,7 @@ fn measure(options: &Options, threads: u16) -> Result<Run, String> {
         rate: rounds as f64 / measured.as_secs_f64(),
         per_cpu_second: rounds as f64 / cpu.max(0.01),
         resends,
+        lost_notices,
     })
 }
 
@@ -237,6 +254,13 @@ fn register(
     Ok((session, token, lanes, streams))
 }
 
+/// Whether a contribution goes for the first time, numbered, or again.
+#[derive(Debug, Clone, Copy)]
+enum Sending {
+    First,
+    Again,
+}
+
 /// One generator thread: worker thread `index` of every rank.
 struct Generator {
     workers: u16,
@@ -245,6 +269,10 @@ struct Generator {
     /// This thread's slots, and the lane each goes to.
     slots: Vec<(u16, usize)>,
     lanes: Vec<SocketAddr>,
+    /// The number of each rank's next first sending to each lane, at `rank * lanes +
+    /// lane`: a worker thread numbers its first sendings to each switch endpoint, modulo
+    /// 256.
+    first_numbers: Vec<u8>,
     expected_sum: i32,
 }
 
@@ -286,6 +314,7 @@ impl Generator {
             packets,
             slots: owned,
             lanes: lanes.to_vec(),
+            first_numbers: vec![0; usize::from(options.workers) * lanes.len()],
             expected_sum: workers * (workers + 1) / 2,
         }
     }
@@ -310,7 +339,7 @@ impl Generator {
         let counting_from = Instant::now() + warmup;
         let mut counting = false;
         for index in 0..self.slots.len() {
-            self.queue(&socket, &mut batches, index, 0);
+            self.queue(&socket, &mut batches, index, 0, Sending::First);
         }
         self.flush(&socket, &mut batches);
         let mut last_progress = Instant::now();
@@ -319,6 +348,10 @@ impl Generator {
             let received = socket
                 .recv(RESEND_AFTER, |_, datagram| {
                     let Ok(packet) = Packet::new_checked(datagram) else { return };
+                    // A pending notice (a duplicate's, or LOST after a loss) is no copy.
+                    if packet.message_type() != MessageType::Result {
+                        return;
+                    }
                     let index = usize::from(packet.slot().wrapping_sub(first_slot));
                     if index >= rounds.len() || packet.round() != rounds[index] {
                         return;
@@ -346,14 +379,14 @@ impl Generator {
                 last_progress = Instant::now();
             }
             for index in ready {
-                self.queue(&socket, &mut batches, index, rounds[index]);
+                self.queue(&socket, &mut batches, index, rounds[index], Sending::First);
             }
             // Lost on a full socket buffer: the window again, as a worker's timer would.
             if received == 0 && last_progress.elapsed() >= RESEND_AFTER {
                 resends += 1;
                 copies.iter_mut().for_each(|c| *c = 0);
                 for (index, &round) in rounds.iter().enumerate() {
-                    self.queue(&socket, &mut batches, index, round);
+                    self.queue(&socket, &mut batches, index, round, Sending::Again);
                 }
                 last_progress = Instant::now();
             }
@@ -363,15 +396,34 @@ impl Generator {
     }
 
     /// Queues every rank's contribution to `round` of this thread's slot `index`.
-    fn queue(&mut self, socket: &BatchSocket, batches: &mut [SegmentBatch], index: usize, round: u32) {
+    fn queue(
+        &mut self,
+        socket: &BatchSocket,
+        batches: &mut [SegmentBatch],
+        index: usize,
+        round: u32,
+        sending: Sending,
+    ) {
         let (slot, lane) = self.slots[index];
-        for packet in &mut self.packets {
+        for (rank, packet) in self.packets.iter_mut().enumerate() {
             let mut view = Packet::new_unchecked(&mut packet[..]);
             view.set_slot(slot);
             view.set_round(round);
             view.set_packet_id(round.wrapping_mul(1 << 16) | u32::from(slot));
             view.set_block(u32::from(slot));
             view.set_ack_round(round.wrapping_sub(1));
+            match sending {
+                Sending::First => {
+                    let number = &mut self.first_numbers[rank * self.lanes.len() + lane];
+                    view.set_flags(Flags::NONE);
+                    view.set_sequence(*number);
+                    *number = number.wrapping_add(1);
+                }
+                Sending::Again => {
+                    view.set_flags(Flags::RETRANSMISSION);
+                    view.set_sequence(0);
+                }
+            }
             view.seal();
             if !batches[lane].accepts(packet.len()) {
                 let _ = socket.send(self.lanes[lane], &batches[lane]);

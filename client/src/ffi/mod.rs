@@ -129,6 +129,12 @@ pub struct netagg_stats {
     pub rejected: u64,
     /// Retransmission timers that fired.
     pub timeouts: u64,
+    /// Requests for a result sent at once because a gap in the switch's numbering of its
+    /// broadcasts showed one lost.
+    pub gap_requests: u64,
+    /// Contributions sent again at once because the switch named their first sending
+    /// missing.
+    pub lost_notices: u64,
 }
 
 static JOBS: LazyLock<Mutex<HashMap<netagg_job, Job>>> = LazyLock::new(Default::default);
@@ -716,6 +722,8 @@ pub unsafe extern "C" fn netagg_context_stats(
             stale: total.stale,
             rejected: total.rejected,
             timeouts: total.timeouts,
+            gap_requests: total.gap_requests,
+            lost_notices: total.lost_notices,
         });
         Ok(())
     })
