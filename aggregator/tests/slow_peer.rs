@@ -54,14 +54,13 @@ fn slow_peer_network() -> ClusterConfig {
 }
 
 /// Two sparse jobs of 2 Mi int32 at density 0.1 end exact, within 1.5 times the slow
-/// link's time for the results it carries (measured 1.28 and 1.25 since the switch
-/// numbers its broadcasts, 1.12 and 1.19 before), and each fast worker's timers fire
-/// fewer times than 0.45 of the job's rounds (measured 0.33-0.39, for 510 and 413
-/// packets the queues dropped: mostly rounds that only waited for the slow peer, each a
-/// timer, a request and a pending notice; benches/RESULTS.md, "False losses behind a
-/// slow peer, and where the 1 % row's time goes", and "Sparse time follows bytes at N =
-/// 4: waiting for a CPU", where judging silent slots by gaps alone cut the timers to a
-/// third but not the time).
+/// link's time for the results it carries (measured 1.30 and 1.33, 1.20 and 1.25 while
+/// silent slots took every later sending's result for a loss), and each fast worker's
+/// timers fire fewer times than 0.2 of the job's rounds (measured 0.10-0.13, for 556
+/// and 500 packets the queues dropped; 0.33-0.39 before, mostly rounds that only waited
+/// for the slow peer, each a timer, a request and a pending notice: benches/RESULTS.md,
+/// "False losses behind a slow peer, and where the 1 % row's time goes", and "Silent
+/// slots judged by ordering only while their path loses").
 #[test]
 fn sparse_jobs_behind_a_slow_peer_follow_its_link_and_bound_their_false_losses() {
     let len = 2 << 20;
@@ -83,7 +82,7 @@ fn sparse_jobs_behind_a_slow_peer_follow_its_link_and_bound_their_false_losses()
         assert!(ratio < 1.5, "job {job}: {ratio:.3} of the slow link's time");
         for (rank, &fired) in timeouts.iter().enumerate().filter(|&(rank, _)| rank != SLOW_RANK as usize) {
             assert!(
-                (fired as f64) < 0.45 * rounds as f64,
+                (fired as f64) < 0.2 * rounds as f64,
                 "job {job}, rank {rank}: {fired} false losses in {rounds} rounds"
             );
         }

@@ -3,8 +3,9 @@
 //!
 //! Loss is recovered by per-slot timers with exponential backoff. When a slot's timer
 //! fires, the worker first asks whether anything points to a loss: a result of a packet
-//! sent *after* the slot's (the switch has moved on without it, as TCP's RACK reasons), or
-//! a gap in the slot's results. If so, an outstanding contribution is sent again (at the
+//! sent *after* the slot's (the switch has moved on without it, as TCP's RACK reasons;
+//! for a slot with nothing outstanding, only while its path is seen losing), or a gap in
+//! the slot's results. If so, an outstanding contribution is sent again (at the
 //! first timeout, while peers' contributions complete the rounds, the slot asks first
 //! whether the switch holds it: the round may wait on a peer's loss), and a slot with
 //! nothing outstanding, or missing a result, asks for the first round it lacks.
@@ -67,11 +68,8 @@ impl WorkerProtocol {
             // Its contribution was never sent: the pacer sends it, and arms the timer.
             return;
         }
-        // RACK's reasoning: a result for something sent after this slot's packet means
-        // the switch moved on without it; so does a gap in its results.
-        let latest_answered = self.endpoints[slot.endpoint].latest_answered;
-        let loss_evident =
-            slot.ahead != 0 || latest_answered.is_some_and(|answered| answered > slot.waiting_since);
+        let loss_evident = self.loss_evident(index);
+        let slot = &mut self.slots[index as usize];
         if !loss_evident && self.probe.is_some_and(|probe| probe.slot != index) {
             // The probe's answer speaks for this slot too: wait for it.
             slot.deferred = true;
@@ -95,6 +93,29 @@ impl WorkerProtocol {
         } else {
             self.send_probe(now, index);
         }
+    }
+
+    /// Whether something points to a loss in slot `index`'s wait: a gap in its results,
+    /// or a result of a packet sent after its wait began (the switch moved on without
+    /// it, as RACK reasons).
+    ///
+    /// A silent slot (nothing of its own outstanding, as in a sparse round of others'
+    /// blocks) waits for its peers' contributions, whose rounds complete in no relation
+    /// to this thread's sendings: later results come while it only waits, and on a clean
+    /// path its request mostly crossed its result on the way, which the switch then sent
+    /// again. Behind 1 ms links at 50 Mbit/s those answers took a quarter of each
+    /// downlink in a sparse job of 4 workers. So a silent slot takes that evidence only
+    /// while its path is seen losing (`BroadcastGaps::losing`); on a clean one it waits
+    /// on while results come, and probes once they stop. Never taking it, its lost
+    /// results waited for gaps or probes: at 15 % loss, sparse jobs took about twice as
+    /// long (benches/RESULTS.md, "Silent slots judged by ordering only while their path
+    /// loses").
+    fn loss_evident(&self, index: u16) -> bool {
+        let slot = &self.slots[index as usize];
+        let endpoint = &self.endpoints[slot.endpoint];
+        let overtaken = endpoint.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
+        slot.ahead != 0
+            || (overtaken && (slot.outstanding.is_some() || endpoint.gaps.losing(slot.waiting_since)))
     }
 
     /// Nothing answered since slot `index` sent: the thread waits, most likely for a late
@@ -258,6 +279,8 @@ impl WorkerProtocol {
             recovered = true;
         }
         if recovered {
+            let endpoint = self.slots[usize::from(index)].endpoint;
+            self.endpoints[endpoint].gaps.loss_seen(self.transmissions);
             // A loss, not (only) a late peer: the slots not covered may have lost theirs too.
             self.end_wait(now);
         }
@@ -293,7 +316,10 @@ mod tests {
 
     use super::super::{Delivery, WorkerConfig};
 
-    use super::super::testing::{config, parsed, pending_of, progress_of, result_of, running, sent, Numbers};
+    use super::super::testing::{
+        config, numbered, parsed, pending_of, progress_of, result_of, running, running_sparse, sent,
+        sparse_result, Numbers,
+    };
     use super::super::{JobSpec, JobStatus, Layout};
     use super::*;
 
@@ -574,5 +600,60 @@ mod tests {
             (again.len(), repr.message_type, repr.flags),
             (1, MessageType::Data, Flags::RETRANSMISSION)
         );
+    }
+
+    /// A sparse thread's slot 0 falls silent in round 1 (a peer's block 2 is next), while
+    /// slot 1's contribution to round 1, sent after slot 0's wait began, is answered at
+    /// 2 ms: a later sending's result. The broadcasts are numbered from `first`; with
+    /// `gap`, the third skips three numbers, the first of them then taken as lost.
+    /// Returns what the thread sends when slot 0's timer (10 ms) fires at 11 ms, and at
+    /// 12 ms, a timeout after the latest result.
+    fn silent_slot_overtaken(first: u8, gap: bool) -> (WorkerProtocol, Vec<PacketRepr>, Vec<PacketRepr>) {
+        let start = Instant::now();
+        let ms = Duration::from_millis(1);
+        let mut protocol = running_sparse(start, 10 * ms);
+        let third = first.wrapping_add(if gap { 5 } else { 2 });
+        let results = [
+            (sparse_result(0, 0, 0, 2, 0), first, start + ms),
+            (sparse_result(1, 0, 1, 3, 0), first.wrapping_add(1), start + ms),
+            (sparse_result(1, 1, 3, 5, 1), third, start + 2 * ms),
+        ];
+        for (result, number, at) in results {
+            assert_eq!(
+                protocol.handle_datagram(at, &numbered(result, number), &mut Numbers),
+                Delivery::Accepted
+            );
+            let sent = sent(&mut protocol, at);
+            assert!(sent.iter().all(|p| !parsed(p).flags.contains(Flags::WANT_RESULT)), "no request yet");
+        }
+        let mut after = |at| {
+            protocol.handle_timeout(start + at * ms);
+            sent(&mut protocol, start + at * ms).iter().map(|p| parsed(p)).collect::<Vec<_>>()
+        };
+        let (at_11, at_12) = (after(11), after(12));
+        (protocol, at_11, at_12)
+    }
+
+    #[test]
+    fn a_silent_slot_on_a_clean_path_takes_no_later_sendings_result_as_a_loss() {
+        let (protocol, at_11, at_12) = silent_slot_overtaken(10, false);
+        // Results came 9 ms ago: its timer runs on from the latest one, and a timeout
+        // after it the thread probes where its slots stand rather than ask for round 1.
+        assert!(at_11.is_empty(), "{at_11:?}");
+        assert!(!at_12.is_empty() && at_12.iter().all(|p| p.message_type == MessageType::Probe), "{at_12:?}");
+        assert_eq!((protocol.counters().timeouts, protocol.counters().acks_sent), (1, 1));
+    }
+
+    #[test]
+    fn a_silent_slot_on_a_losing_path_asks_for_its_round_once_a_later_sendings_result_came() {
+        // The gap is seen in the numbers as they wrap.
+        let (protocol, at_11, _) = silent_slot_overtaken(253, true);
+        let asked: Vec<_> = at_11
+            .iter()
+            .map(|p| (p.message_type, p.slot, p.round, p.flags.contains(Flags::WANT_RESULT)))
+            .collect();
+        assert_eq!(asked, [(MessageType::Ack, 0, 1, true)]);
+        // Its timer asked, not the gap's guess, which takes contributing slots only.
+        assert_eq!(protocol.counters().gap_requests, 0);
     }
 }

@@ -24,20 +24,55 @@ use netagg_wire::PacketRepr;
 use super::{Send, WorkerProtocol};
 use crate::sequence_gaps::SequenceGaps;
 
-/// What a worker thread has seen of one switch endpoint's broadcasts to it.
+/// Broadcasts after the latest loss seen on a path during which it still counts as
+/// losing: one turn of the numbers. At 1 % loss a path loses about one result in each
+/// hundred, so it counts as losing throughout.
+const LOSING_SPELL: u32 = 256;
+
+/// What a worker thread has seen of one switch endpoint's broadcasts to it, and of the
+/// losses on its path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct BroadcastGaps {
     gaps: SequenceGaps,
     /// Numbers taken as lost that no slot has asked after yet.
     unasked: u32,
+    /// Broadcasts still to come before the path counts as clean again: set to
+    /// [`LOSING_SPELL`] by each loss seen, in either direction.
+    losing_for: u32,
+    /// The thread's transmissions when the latest loss was seen (the clock of
+    /// `SlotState::waiting_since`).
+    latest_loss: Option<u64>,
 }
 
 impl BroadcastGaps {
-    /// Takes broadcast number `sequence`; counts the numbers now taken as lost.
+    /// Takes broadcast number `sequence`, come after the thread's `transmissions`-th
+    /// packet; counts the numbers now taken as lost.
     #[inline]
-    pub(super) fn take(&mut self, sequence: u8) {
-        // Saturating: between jobs, broadcasts that come stale are still counted.
-        self.unasked = self.unasked.saturating_add(self.gaps.take(sequence).count);
+    pub(super) fn take(&mut self, sequence: u8, transmissions: u64) {
+        let lost = self.gaps.take(sequence).count;
+        if lost > 0 {
+            // Saturating: between jobs, broadcasts that come stale are still counted.
+            self.unasked = self.unasked.saturating_add(lost);
+            self.loss_seen(transmissions);
+        } else {
+            self.losing_for = self.losing_for.saturating_sub(1);
+        }
+    }
+
+    /// A loss on the path was seen after the thread's `transmissions`-th packet: a gap
+    /// in the broadcasts' numbers, a notice from the switch naming a lost first sending,
+    /// or a probe's report finding a result or a contribution lost.
+    pub(super) fn loss_seen(&mut self, transmissions: u64) {
+        self.losing_for = LOSING_SPELL;
+        self.latest_loss = Some(transmissions);
+    }
+
+    /// Whether the path is seen losing by a wait that began at the thread's
+    /// `wait_began`-th transmission: it lost a packet within the last [`LOSING_SPELL`]
+    /// broadcasts, or since the wait began. At a gigabit a spell of broadcasts passes
+    /// within the timeout floor, before the timer of a slot whose result the loss took.
+    pub(super) fn losing(&self, wait_began: u64) -> bool {
+        self.losing_for > 0 || self.latest_loss.is_some_and(|seen| seen >= wait_began)
     }
 
     /// Forgets the numbers still missing, keeping the count: at a job's start, when every
@@ -93,7 +128,7 @@ impl WorkerProtocol {
     #[inline]
     pub(super) fn take_sequence(&mut self, index: u16, sequence: u8) {
         let endpoint = self.slots[index as usize].endpoint;
-        self.endpoints[endpoint].gaps.take(sequence);
+        self.endpoints[endpoint].gaps.take(sequence, self.transmissions);
     }
 
     /// For each result slot `index`'s switch's numbers showed lost, the oldest waiting
@@ -159,6 +194,8 @@ impl WorkerProtocol {
     /// most one per 32 first sendings; a resend is still a loss to the pacer, which slows
     /// down if they come in runs.
     pub(super) fn take_lost_notice(&mut self, index: u16, notice: &PacketRepr) {
+        let endpoint = self.slots[usize::from(index)].endpoint;
+        self.endpoints[endpoint].gaps.loss_seen(self.transmissions);
         let showing = &self.slots[usize::from(index)];
         let shown_at = match (showing.outstanding, showing.answered_wait) {
             (Some(c), _) if c.round == notice.round => showing.waiting_since,
@@ -186,20 +223,11 @@ impl WorkerProtocol {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use netagg_wire::{Flags, MessageType, Packet, PacketRepr};
+    use netagg_wire::{Flags, MessageType, PacketRepr};
 
-    use super::super::testing::{parsed, pending_of, result_of, running, sent, Numbers};
+    use super::super::testing::{numbered, parsed, pending_of, result_of, running, sent, Numbers};
     use super::super::Delivery;
     use super::*;
-
-    /// The switch's broadcast of `packet`'s round, numbered `number`.
-    fn numbered(packet: &[u8], number: u8) -> Vec<u8> {
-        let mut result = result_of(packet);
-        let mut view = Packet::new_unchecked(&mut result[..]);
-        view.set_sequence(number);
-        view.seal();
-        result
-    }
 
     /// What a thread of 8 slots sends at `now` after the broadcasts of its first window's
     /// slots `slots`, numbered `numbers`: (message type, slot, flags) of each packet.
@@ -209,7 +237,8 @@ mod tests {
         let first = sent(&mut protocol, start);
         assert_eq!(first.len(), 8);
         for (&slot, &number) in slots.iter().zip(numbers) {
-            let delivery = protocol.handle_datagram(start, &numbered(&first[slot], number), &mut Numbers);
+            let delivery =
+                protocol.handle_datagram(start, &numbered(result_of(&first[slot]), number), &mut Numbers);
             assert_eq!(delivery, Delivery::Accepted);
         }
         let packets = sent(&mut protocol, start);
@@ -353,5 +382,27 @@ mod tests {
         protocol.handle_datagram(start, &lost_notice(&first[3], 1), &mut Numbers);
         assert!(sent(&mut protocol, start).is_empty());
         assert_eq!(protocol.counters().lost_notices, 0);
+    }
+
+    #[test]
+    fn a_path_counts_as_losing_for_a_turn_of_broadcasts_after_a_loss_or_within_the_wait_that_saw_it() {
+        let mut gaps = BroadcastGaps::default();
+        (0..=255).for_each(|number| gaps.take(number, 10));
+        assert!(!gaps.losing(0), "nothing lost");
+        // Number 0 of the next turn is lost, seen when number 3 comes after the thread's
+        // 20th transmission.
+        (1..=3).for_each(|number| gaps.take(number, 20));
+        assert!(gaps.losing(21));
+        (4..=255).chain(0..=2).for_each(|number| gaps.take(number, 30));
+        assert!(gaps.losing(21), "255 broadcasts after the one that showed it");
+        gaps.take(3, 30);
+        assert!(!gaps.losing(21), "256 after it");
+        assert!(gaps.losing(20), "for a wait that began before it was seen");
+        // A loss seen otherwise (a notice of a lost first sending) starts a spell too.
+        gaps.loss_seen(40);
+        (4..=255).chain(0..=2).for_each(|number| gaps.take(number, 50));
+        assert!(gaps.losing(41), "255 broadcasts after the notice");
+        gaps.take(3, 50);
+        assert!(!gaps.losing(41) && gaps.losing(40));
     }
 }

@@ -179,10 +179,9 @@ impl WorkerProtocol {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use netagg_wire::packet::BROADCAST_RANK;
-    use netagg_wire::{ElementType, Flags, MessageType};
+    use netagg_wire::{ElementType, MessageType};
 
-    use super::super::testing::{config, parsed, sent, Numbers};
+    use super::super::testing::{config, parsed, sent, sparse_result, Numbers};
     use super::super::JobStatus;
     use super::*;
 
@@ -194,23 +193,6 @@ mod tests {
         assert_eq!(mask.next_in_stream(4, 3), 7);
         assert_eq!(mask.next_in_stream(2, 3), END_OF_STREAM, "blocks 2, 5 and 8 are zero");
         assert_eq!(mask.next_in_stream(10, 1), END_OF_STREAM);
-    }
-
-    /// The switch's result of a sparse round of slot 0: the sum of `block`, whose stream
-    /// goes on at `next` (payload left zero).
-    fn sparse_result(round: u32, block: u32, next: u32, elements: u16) -> Vec<u8> {
-        let repr = PacketRepr {
-            flags: Flags::SPARSE,
-            job: 1,
-            rank: BROADCAST_RANK,
-            round,
-            block,
-            next_block: next,
-            ..PacketRepr::new(MessageType::Result, ElementType::Int32, 1, 2, elements)
-        };
-        let mut bytes = vec![0; repr.buffer_len()];
-        repr.emit(&mut bytes[..]).unwrap().seal();
-        bytes
     }
 
     #[test]
@@ -231,19 +213,19 @@ mod tests {
         assert_eq!((first.len(), opening.block, opening.element_count, opening.next_block), (1, 0, 0, 2));
         // Another worker's block 1 comes next: this worker's block 2 waits, and it only
         // acknowledges the result.
-        protocol.handle_datagram(start, &sparse_result(0, 0, 1, 0), &mut Numbers);
+        protocol.handle_datagram(start, &sparse_result(0, 0, 0, 1, 0), &mut Numbers);
         let acks = sent(&mut protocol, start);
         let ack = parsed(&acks[0]);
         assert_eq!((acks.len(), ack.message_type, ack.ack_round), (1, MessageType::Ack, 0));
-        protocol.handle_datagram(start, &sparse_result(1, 1, 2, 1), &mut Numbers);
+        protocol.handle_datagram(start, &sparse_result(0, 1, 1, 2, 1), &mut Numbers);
         let second = sent(&mut protocol, start);
         let data = parsed(&second[0]);
         assert_eq!((data.round, data.block, data.element_count, data.next_block), (2, 2, 1, 4));
-        protocol.handle_datagram(start, &sparse_result(2, 2, 4, 1), &mut Numbers);
+        protocol.handle_datagram(start, &sparse_result(0, 2, 2, 4, 1), &mut Numbers);
         let third = sent(&mut protocol, start);
         let last = parsed(&third[0]);
         assert_eq!((last.block, last.next_block), (4, END_OF_STREAM));
-        protocol.handle_datagram(start, &sparse_result(3, 4, END_OF_STREAM, 1), &mut Numbers);
+        protocol.handle_datagram(start, &sparse_result(0, 3, 4, END_OF_STREAM, 1), &mut Numbers);
         assert_eq!(protocol.status(), &JobStatus::Done);
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::BROADCAST_RANK;
 use netagg_wire::{ElementType, Flags, Integrity, MessageType, Packet, PacketRepr};
 
-use super::{BlockIo, JobSpec, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol};
+use super::{BlockIo, BlockMask, JobSpec, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol};
 use crate::pacer::PacingConfig;
 
 /// Blocks of int32 elements, each element being the block's number.
@@ -29,6 +29,32 @@ pub(super) fn result_of(packet: &[u8]) -> Vec<u8> {
     view.set_message_type(MessageType::Result);
     view.set_rank(BROADCAST_RANK);
     view.set_ack_round(2);
+    view.seal();
+    result
+}
+
+/// The switch's result of round `round` of slot `slot`'s sparse stream: the sum of
+/// `block`, whose stream goes on at `next` (payload left zero).
+pub(super) fn sparse_result(slot: u16, round: u32, block: u32, next: u32, elements: u16) -> Vec<u8> {
+    let repr = PacketRepr {
+        flags: Flags::SPARSE,
+        job: 1,
+        rank: BROADCAST_RANK,
+        slot,
+        round,
+        block,
+        next_block: next,
+        ..PacketRepr::new(MessageType::Result, ElementType::Int32, 1, 2, elements)
+    };
+    let mut bytes = vec![0; repr.buffer_len()];
+    repr.emit(&mut bytes[..]).unwrap().seal();
+    bytes
+}
+
+/// The switch's broadcast `result`, numbered `number`.
+pub(super) fn numbered(mut result: Vec<u8>, number: u8) -> Vec<u8> {
+    let mut view = Packet::new_unchecked(&mut result[..]);
+    view.set_sequence(number);
     view.seal();
     result
 }
@@ -113,6 +139,24 @@ pub(super) fn running_on(config: WorkerConfig, start: Instant, elements: u64) ->
         exponents: false,
     };
     protocol.start_job(start, job).unwrap();
+    protocol
+}
+
+/// A thread of 2 slots running a sparse job of 12 one-element blocks, of which this
+/// worker holds blocks 3, 4, 5, 7 and 9 (slot 0's stream is the even blocks, slot 1's
+/// the odd), with its two opening contributions sent at `start`; retransmission timeout
+/// `timeout`.
+pub(super) fn running_sparse(start: Instant, timeout: Duration) -> WorkerProtocol {
+    let mut protocol = WorkerProtocol::new(config(2, timeout), start);
+    let job = JobSpec {
+        job: 1,
+        element_type: ElementType::Int32,
+        elements: 12,
+        layout: Layout::Sparse(BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block))),
+        exponents: false,
+    };
+    protocol.start_job(start, job).unwrap();
+    assert_eq!(sent(&mut protocol, start).len(), 2);
     protocol
 }
 
