@@ -1,5 +1,7 @@
 //! Prints the collapse matrix of `tests/collapse.rs`: each job's time as a multiple of
-//! the time the busiest link allows, with the drops and resends behind it.
+//! the time the busiest link allows, with what lies behind it: the queues' drops (and of
+//! those, the ones on the way down), the workers' retransmissions, timeouts and requests,
+//! and the results the switch sent again.
 //!
 //! `cargo run -p netagg-aggregator --example collapse_matrix [jobs] [seeds] [case]`, a case
 //! named as `dense-0.01-10-1000` (mode, loss, Mbit/s, queue bytes; `-b8000` after it for
@@ -34,8 +36,8 @@ fn main() {
                 let timeouts: u64 = report.workers.iter().map(|w| w.timeouts).sum();
                 let asked: u64 = report.workers.iter().map(|w| w.acks_sent).sum();
                 line += &format!(
-                    " {ratio:6.2} ({} drop, {resent} re, {timeouts} to, {asked} ack)",
-                    report.queue_drops
+                    " {ratio:6.2} ({} drop, {} down, {resent} re, {timeouts} to, {asked} ack, {} res)",
+                    report.queue_drops, report.queue_drops_down, report.switch.results_resent
                 );
             }
             println!("{line}");

@@ -322,6 +322,10 @@ pub struct RunReport {
     pub steps: u64,
     /// Packets the links' full queues dropped.
     pub queue_drops: u64,
+    /// Of those, the ones on their way down (results, pending notices): the switch
+    /// broadcasts a round's result to every worker when its last contribution comes,
+    /// which no worker's pacer governs.
+    pub queue_drops_down: u64,
     /// The longest any packet waited in a link's queue, each direction: the queueing
     /// delay the senders built.
     pub longest_queue_wait: QueueWaits,
@@ -588,7 +592,7 @@ impl Cluster {
             .collect();
         let counters_before: Vec<WorkerCounters> = self.workers.iter().map(|w| *w.counters()).collect();
         let switch_before = self.switch_counters();
-        let queue_drops_before = self.wire.queue_drops();
+        let queue_drops_before = (self.wire.queue_drops(), self.wire.queue_drops_down());
         let uplinks_before = self.uplink_traffic();
         // Counted afresh for this allreduce.
         self.wire.take_longest_waits();
@@ -703,7 +707,8 @@ impl Cluster {
                 })
                 .collect(),
             steps,
-            queue_drops: self.wire.queue_drops() - queue_drops_before,
+            queue_drops: self.wire.queue_drops() - queue_drops_before.0,
+            queue_drops_down: self.wire.queue_drops_down() - queue_drops_before.1,
             longest_queue_wait: self.wire.take_longest_waits(),
             elapsed: self.now - started,
         })

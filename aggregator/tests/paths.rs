@@ -84,6 +84,9 @@ fn a_full_queue_drops_what_exceeds_it() {
     assert_eq!(report.outputs[0], expected(2, len), "the losses were recovered");
     // Each worker's first window: the packet on the wire and four queued pass, eleven drop.
     assert!(report.queue_drops >= 2 * 11, "{} dropped", report.queue_drops);
+    // On the way up: results leave the switch at the rate the rounds complete, which is
+    // the uplinks' rate, and the downlinks carry it.
+    assert_eq!(report.queue_drops_down, 0);
 }
 
 /// One worker behind a slower link than the others: the rounds need every worker, so

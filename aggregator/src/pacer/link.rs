@@ -75,6 +75,18 @@ impl LinkPacer {
         }
     }
 
+    /// When a slot's timer, backed off after a timeout and due at `deadline` after
+    /// `timeout`, fires: spread at the rate the path's results come at while a measured
+    /// rate paces it ([`Pacer::retry_at`]), a data packet being `packet_bytes`; at
+    /// `deadline` otherwise.
+    pub(crate) fn retry_at(&self, deadline: Instant, timeout: Duration, packet_bytes: usize) -> Instant {
+        if self.rate().is_none() {
+            return deadline;
+        }
+        let booked = self.result_len(packet_bytes);
+        self.state().retry_at(deadline, timeout, booked)
+    }
+
     /// The bytes a data packet of `packet_bytes` is booked at: the mean size of the
     /// results received, since a sending draws a result, and a path's results, not its
     /// sendings, are what the delivery rate measures. A sparse stream's contribution may

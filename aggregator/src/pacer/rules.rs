@@ -104,6 +104,8 @@ pub(crate) struct Pacer {
     pub(super) rate: Option<u64>,
     /// When the next paced packet may leave.
     pub(super) next_send: Option<Instant>,
+    /// When the next backed-off timer may fire: see [`Pacer::retry_at`].
+    pub(super) next_retry: Option<Instant>,
     /// The least round trip of the session: the path without a queue.
     pub(super) min_rtt: Option<Duration>,
     pub(super) period: Period,
@@ -141,6 +143,7 @@ impl Pacer {
             config,
             rate: None,
             next_send: None,
+            next_retry: None,
             min_rtt: None,
             period: Period::default(),
             capacity: None,
@@ -188,6 +191,25 @@ impl Pacer {
         let start = self.next_send.map_or(earliest, |at| at.max(earliest));
         self.next_send = Some(start + Duration::from_nanos(bytes as u64 * 1_000_000_000 / rate));
         self.period.sent += 1;
+    }
+
+    /// When a slot's timer, backed off after a timeout and due at `deadline`, fires: a
+    /// result's `bytes` at the rate after the backed-off timer before it, and at most
+    /// `timeout` late. Timers that backed off together stay in step, firing at one instant
+    /// with one backoff, and each round of their requests draws its answers back at once:
+    /// a queue of a frame or two passes one or two of them, and the rest time out together
+    /// again (15 slots of one worker, down to 11 after 6 rounds, in a sparse job of 52
+    /// times the model behind 1 KB queues; `benches/RESULTS.md`). Only a measured rate's
+    /// path, whose queue is too short to show delay, needs it: a queue that holds the
+    /// answers costs the lockstep nothing, and spread there, random loss behind 100 ms
+    /// (`tests/lossy_links.rs`) took its slowest job from 1.14 to 1.26 of the model.
+    pub(crate) fn retry_at(&mut self, deadline: Instant, timeout: Duration, bytes: usize) -> Instant {
+        let Some(rate) = self.rate.filter(|_| self.measured) else {
+            return deadline;
+        };
+        let at = self.next_retry.map_or(deadline, |next| next.max(deadline)).min(deadline + timeout);
+        self.next_retry = Some(at + Duration::from_nanos(bytes as u64 * 1_000_000_000 / rate));
+        at
     }
 
     /// Takes a queue's overflow found at `now`, with `delivered` bytes of results received

@@ -322,6 +322,32 @@ fn overflowed(span: Duration, bytes: u64) -> Path {
     path
 }
 
+/// Backed-off timers due together fire a result's time apart behind a measured rate,
+/// and never more than their timeout late; unpaced, or paced by the standing delay
+/// (a queue that holds their answers), when they are due.
+#[test]
+fn backed_off_timers_due_together_are_spread_at_a_measured_rate() {
+    let mut path = Path::new(CONFIG);
+    let due = path.now + MS * 80;
+    assert_eq!(path.pacer.retry_at(due, MS * 40, 1_000), due, "unpaced");
+    path.queue(MS * 10, 10_000_000);
+    assert_eq!(path.pacer.retry_at(due, MS * 40, 1_000), due, "paced by the delay");
+    assert_eq!(path.pacer.retry_at(due, MS * 40, 1_000), due, "paced by the delay");
+
+    let pacer = &mut overflowed(MS * 5, 10_000).pacer;
+    let spacing = Duration::from_nanos(1_000 * 1_000_000_000 / pacer.rate().unwrap());
+    let fired: Vec<Instant> = (0..4).map(|_| pacer.retry_at(due, MS * 40, 1_000)).collect();
+    let expected: Vec<Instant> = (0..4).map(|turn| due + spacing * turn).collect();
+    assert_eq!(fired, expected);
+    // A timer due later than the schedule's next turn fires when it is due.
+    assert_eq!(pacer.retry_at(due + MS * 30, MS * 40, 1_000), due + MS * 30);
+    // However many are queued ahead, one timeout late at most.
+    for _ in 0..1_000 {
+        pacer.retry_at(due, MS * 5, 100_000);
+    }
+    assert_eq!(pacer.retry_at(due, MS * 5, 1_000), due + MS * 5);
+}
+
 #[test]
 fn an_overflow_starts_up_from_the_rate_its_burst_was_delivered_at() {
     // The burst's survivors came back within 5 ms, 10 000 bytes of them: 2 MB/s,

@@ -168,8 +168,10 @@ struct Links {
     sequence: u64,
     links: Vec<Link>,
     frame_overhead_bytes: u64,
-    /// Packets dropped by full queues.
+    /// Packets dropped by full queues, and of those, the ones on their way down to a
+    /// worker or a rack's switch.
     queue_drops: u64,
+    queue_drops_down: u64,
 }
 
 /// The simulated network.
@@ -252,6 +254,7 @@ impl Wire {
             links,
             frame_overhead_bytes: config.frame_overhead_bytes,
             queue_drops: 0,
+            queue_drops_down: 0,
         };
         Wire { layout, injectors, released_at: None, links }
     }
@@ -356,6 +359,11 @@ impl Wire {
         self.links.queue_drops
     }
 
+    /// Of [`Wire::queue_drops`], those on links towards the workers.
+    pub(super) fn queue_drops_down(&self) -> u64 {
+        self.links.queue_drops_down
+    }
+
     /// The longest queue waits since the last call, which starts the next count.
     pub(super) fn take_longest_waits(&mut self) -> QueueWaits {
         let mut waits = QueueWaits::default();
@@ -392,6 +400,7 @@ impl Links {
                 Some(departure) => departure,
                 None => {
                     self.queue_drops += 1;
+                    self.queue_drops_down += u64::from(link.way == Way::Down);
                     return;
                 }
             },

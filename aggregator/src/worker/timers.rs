@@ -138,7 +138,14 @@ impl WorkerProtocol {
     }
 
     pub(super) fn arm_timer(&mut self, index: u16, now: Instant) {
-        let deadline = now + self.retransmit_timeout(&self.slots[index as usize]);
+        let slot = &self.slots[index as usize];
+        let timeout = self.retransmit_timeout(slot);
+        let mut deadline = now + timeout;
+        if slot.backoff > 0 {
+            // Timers that backed off together would fire together again; a paced path
+            // spreads them at the rate its results come at.
+            deadline = self.pacer.retry_at(deadline, timeout, self.paced_len());
+        }
         self.set_deadline(index, deadline);
     }
 
