@@ -54,8 +54,6 @@ struct JobFigures {
     results_resent: u64,
     /// Slot timers that fired and sent something, all workers together.
     timeouts: u64,
-    /// Rounds of probes sent at a job's tail after a short silence, all workers together.
-    tail_probes: u64,
     /// Probes of every kind, all workers together.
     probes: u64,
 }
@@ -83,7 +81,6 @@ fn jobs_against_the_model(config: ClusterConfig, jobs: usize) -> Vec<JobFigures>
                 duplicates: report.switch.duplicates,
                 results_resent: report.switch.results_resent,
                 timeouts: report.workers.iter().map(|w| w.timeouts).sum(),
-                tail_probes: report.workers.iter().map(|w| w.tail_probes).sum(),
                 probes: report.workers.iter().map(|w| w.probes).sum(),
             }
         })
@@ -113,15 +110,14 @@ fn one_percent_loss_each_way_stays_within_1_1_times_the_link_rate_model() {
     let per_job = |count: fn(&JobFigures) -> u64| median(jobs.iter().map(|job| count(job) as f64).collect());
     eprintln!(
         "1 % loss, jobs over the model: median {median_ratio:.3}, all {ratios:.3?}; per job, median: \
-         {} retransmissions, {} on lost notices, {} duplicates at the switch, {} results sent again, {} timeouts, {} probes, \
-         {} rounds of tail probes",
+         {} retransmissions, {} on lost notices, {} duplicates at the switch, {} results sent again, \
+         {} timeouts, {} probes",
         per_job(|job| job.retransmissions),
         per_job(|job| job.lost_notices),
         per_job(|job| job.duplicates),
         per_job(|job| job.results_resent),
         per_job(|job| job.timeouts),
         per_job(|job| job.probes),
-        per_job(|job| job.tail_probes),
     );
     assert!(median_ratio < 1.1, "median {median_ratio:.3} of the model: {ratios:.3?}");
     assert!(ratios[15] < 1.2, "slowest job {:.3} of the model: {ratios:.3?}", ratios[15]);

@@ -21,7 +21,8 @@
 //!   of a wait are sent again then; later ones wait for the slot's timer, which backs
 //!   off, so that a switch that stopped answering meets the exponential backoff.
 //!
-//! The job's tail, which no later result reveals, is the tail probe's (see `tail`).
+//! The job's tail, which no later result reveals, is left to the timers and the probe
+//! (see `recovery`).
 
 use std::time::Instant;
 
@@ -101,10 +102,11 @@ impl WorkerProtocol {
     pub(super) fn recovery_sent(&mut self, now: Instant, index: u16) {
         let slot = &mut self.slots[index as usize];
         slot.recovery_sent = Some(now);
-        let Some(answer_timeout) = self.answer_timeout.filter(|_| slot.backoff <= QUICK_RECOVERIES) else {
+        let Some(answers) = self.answer_rtt.filter(|_| slot.backoff <= QUICK_RECOVERIES) else {
             return;
         };
-        let overdue_at = now + answer_timeout;
+        let ceiling = self.config.max_retransmit_timeout.max(self.config.retransmit_timeout);
+        let overdue_at = now + answers.timeout(self.config.retransmit_timeout, ceiling);
         if slot.deadline.is_some_and(|deadline| overdue_at < deadline) {
             self.set_deadline(index, overdue_at);
         }
@@ -115,10 +117,7 @@ impl WorkerProtocol {
     pub(super) fn answered(&mut self, now: Instant, index: u16) {
         if let Some(sent) = self.slots[index as usize].recovery_sent.take() {
             let sample = now.saturating_duration_since(sent);
-            let answers = RttEstimate::sampled(self.answer_rtt, sample);
-            self.answer_rtt = Some(answers);
-            let ceiling = self.config.max_retransmit_timeout.max(self.config.retransmit_timeout);
-            self.answer_timeout = Some(answers.timeout(self.config.retransmit_timeout, ceiling));
+            self.answer_rtt = Some(RttEstimate::sampled(self.answer_rtt, sample));
         }
     }
 }
@@ -129,9 +128,7 @@ mod tests {
 
     use netagg_wire::{Flags, MessageType};
 
-    use super::super::testing::{
-        config, parsed, pending_of, result_of, running, running_on, sent, sent_but_probes, Numbers,
-    };
+    use super::super::testing::{config, parsed, pending_of, result_of, running, running_on, sent, Numbers};
     use super::super::{Delivery, JobStatus, SessionKey, SessionKeys};
     use super::*;
 
@@ -273,13 +270,13 @@ mod tests {
         protocol.handle_datagram(start + 28 * MS, &result_of(&first[3]), &mut Numbers);
         // The request's answer took 4 ms: the answers' timeout is 4 ms and four
         // deviations of 2 ms. The retransmission at 27 ms is lost, and so are the two
-        // after it, and the tail probe at 40 ms.
+        // after it.
         let resent_at = |protocol: &mut WorkerProtocol, at: Instant| {
             protocol.handle_timeout(at - Duration::from_nanos(1));
-            assert!(sent_but_probes(protocol, at).is_empty(), "not before {:?}", at - start);
+            assert!(sent(protocol, at).is_empty(), "not before {:?}", at - start);
             protocol.handle_timeout(at);
             let again: Vec<_> =
-                sent_but_probes(protocol, at).iter().map(|p| (parsed(p).slot, parsed(p).flags)).collect();
+                sent(protocol, at).iter().map(|p| (parsed(p).slot, parsed(p).flags)).collect();
             assert_eq!(again, [(1, Flags::RETRANSMISSION)], "at {:?}", at - start);
         };
         resent_at(&mut protocol, start + 39 * MS);
@@ -288,6 +285,5 @@ mod tests {
         resent_at(&mut protocol, start + 131 * MS);
         protocol.handle_datagram(start + 135 * MS, &result_of(&first[1]), &mut Numbers);
         assert_eq!(protocol.status(), &JobStatus::Done);
-        assert_eq!(protocol.counters().tail_probes, 1);
     }
 }

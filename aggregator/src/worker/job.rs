@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use netagg_wire::packet::END_OF_STREAM;
 use netagg_wire::ElementType;
 
-use super::recovery::PROBES_PER_TIMEOUT;
 use super::streams::Layout;
 use super::{Job, WorkerProtocol};
 
@@ -89,7 +88,6 @@ impl WorkerProtocol {
         self.last_progress = now;
         self.timed = None;
         self.probe = None;
-        self.blocks_sent = 0;
         for endpoint in &mut self.endpoints {
             endpoint.latest_answered = None;
             endpoint.first_sendings.clear();
@@ -97,9 +95,6 @@ impl WorkerProtocol {
         }
         self.pacer.job_started(now, &mut self.delivered);
         self.start_streams(&spec, active_slots);
-        // A round of probes that cannot ask about every slot is no tail probe: the timers'
-        // rounds take turns over the slots instead. Slots only drop out as the job runs.
-        self.tail_probed = self.probe_bases().len() > PROBES_PER_TIMEOUT;
         self.job = Some(Job { spec, blocks });
         self.status = JobStatus::Running;
         if active_slots == 0 {

@@ -23,8 +23,6 @@
 //!   in which the switch finds lost contributions.
 //! - `early_loss`: loss found and repaired in round trips of the path, not timeouts:
 //!   a slot overtaken by later results, or whose recovery goes unanswered.
-//! - `tail`: losses among a job's last sendings, which nothing later reveals, found by
-//!   one probe after a short silence.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -45,7 +43,6 @@ mod recovery;
 mod send;
 mod sequence;
 mod streams;
-mod tail;
 #[cfg(test)]
 mod testing;
 mod timers;
@@ -181,9 +178,6 @@ counters! {
         /// Contributions sent again because the switch's notice named their first
         /// sending's number lost.
         pub lost_notices: u64,
-        /// Rounds of probes sent once a thread that had sent its last contributions of a job
-        /// heard nothing for the answers' timeout (`tail`); their probes count in `probes`.
-        pub tail_probes: u64,
         /// Slot timers that fired and sent a retransmission, a request or a probe (timers
         /// that fired while a probe was out send nothing and are not counted).
         pub timeouts: u64,
@@ -226,8 +220,6 @@ enum Send {
     /// A probe: where do this slot and the next ones stand at the switch? Dropped if the
     /// thread's wait ended while it was queued.
     Probe,
-    /// A probe at the job's tail (`tail`), sent whether or not the thread waits as a whole.
-    TailProbe,
 }
 
 /// A contribution's first sending: the one send the pacer may hold back.
@@ -381,18 +373,6 @@ pub struct WorkerProtocol {
     /// How long the switch takes to answer a request or a retransmission, which it does
     /// at once: the path's round trip, without waiting for any peer.
     answer_rtt: Option<RttEstimate>,
-    /// When an answer is overdue: `answer_rtt`'s timeout, kept rather than worked out at
-    /// every recovery and every turn of the thread's loop (`tail`).
-    answer_timeout: Option<Duration>,
-    /// The latest result's time (`last_progress`) whose silence the tail probe judged.
-    tail_judged: Option<Instant>,
-    /// This job's tail probe went out, or none can ask about all its slots at once.
-    tail_probed: bool,
-    /// First sendings of this job's blocks, each block's once: when they are the job's
-    /// blocks, every slot has sent its last, and the thread is in the job's tail
-    /// (`tail`). A sparse job's first sendings are its non-zero blocks and its streams'
-    /// empty reports, seldom all its blocks: its tail is left to the timers.
-    blocks_sent: u32,
     /// The latest result's round was completed by another worker's contribution.
     peers_complete: bool,
     /// What the thread knows of each switch endpoint it sends to, one per range of
@@ -461,10 +441,6 @@ impl WorkerProtocol {
             transmissions: 0,
             probe: None,
             answer_rtt: None,
-            answer_timeout: None,
-            tail_judged: None,
-            tail_probed: false,
-            blocks_sent: 0,
             peers_complete: false,
             endpoints,
             counters: WorkerCounters::default(),

@@ -32,7 +32,7 @@ use crate::round::is_after;
 /// packets; one slot each at one element), a probe per stretch of them was a probe per
 /// slot, every timeout of a wait. Rounds take turns over the stretches past this many.
 /// Eight cover 512 slots of the default 256-element packets.
-pub(super) const PROBES_PER_TIMEOUT: usize = 8;
+const PROBES_PER_TIMEOUT: usize = 8;
 
 impl SlotState {
     /// Whether the slot lacks the result of `round`, one of the 64 after `have` (a result
@@ -104,19 +104,7 @@ impl WorkerProtocol {
     /// retransmissions or a timeout per lost result; at most [`PROBES_PER_TIMEOUT`] of
     /// them, from where the wait's last probes left off.
     fn send_probe(&mut self, now: Instant, index: u16) {
-        let count = self.probe.map_or(1, |probe| probe.count + 1);
-        let next = self.queue_probes(Send::Probe);
-        self.probe = Some(Probe { slot: index, count, next });
-        let probing = &mut self.slots[index as usize];
-        probing.deferred = false;
-        probing.backoff = count;
-        // The round trip under way measures the late peer, not the path.
-        self.timed = None;
-        self.arm_timer(index, now);
-    }
-
-    /// The first slot of each stretch of active slots that one report covers.
-    pub(super) fn probe_bases(&self) -> Vec<usize> {
+        // The first slot of each stretch of active slots that one report covers.
         let stretch = progress_slots(self.config.packet_elements);
         let (mut bases, mut covered) = (Vec::new(), 0);
         for base in 0..self.slots.len() {
@@ -127,21 +115,14 @@ impl WorkerProtocol {
                 covered = (base + stretch).min(self.local_owner_end(base as u16));
             }
         }
-        bases
-    }
-
-    /// Queues a round of probes, `probe` each (a wait's or the tail's), from where the
-    /// wait's last round left off; returns the slot the next round starts from.
-    pub(super) fn queue_probes(&mut self, probe: Send) -> u16 {
-        let bases = self.probe_bases();
-        let from = match self.probe {
-            Some(probe) => usize::from(probe.next),
+        let (count, from) = match self.probe {
+            Some(probe) => (probe.count + 1, usize::from(probe.next)),
             // A wait's first probes start at the slot that waited latest: a result its
             // report finds lost, once asked for, is evidence of loss for every slot that
             // waited since earlier (`early_loss`), found in round trips.
             None => {
                 let active = (0..self.slots.len()).filter(|&at| self.slots[at].active);
-                active.max_by_key(|&at| self.slots[at].waiting_since).unwrap_or(0)
+                (1, active.max_by_key(|&at| self.slots[at].waiting_since).unwrap_or(0))
             }
         };
         // Where one round covers every stretch, it goes in their order.
@@ -152,9 +133,16 @@ impl WorkerProtocol {
         };
         let probed = bases.len().min(PROBES_PER_TIMEOUT);
         for &base in bases.iter().cycle().skip(first).take(probed) {
-            self.pending.push_back((base as u16, probe));
+            self.pending.push_back((base as u16, Send::Probe));
         }
-        bases.iter().cycle().nth(first + probed).map_or(0, |&base| base as u16)
+        let next = bases.iter().cycle().nth(first + probed).map_or(0, |&base| base as u16);
+        self.probe = Some(Probe { slot: index, count, next });
+        let probing = &mut self.slots[index as usize];
+        probing.deferred = false;
+        probing.backoff = count;
+        // The round trip under way measures the late peer, not the path.
+        self.timed = None;
+        self.arm_timer(index, now);
     }
 
     /// Slot `index` has evidence of a loss: it backs off and queues its recovery.
@@ -305,9 +293,7 @@ mod tests {
 
     use super::super::{Delivery, WorkerConfig};
 
-    use super::super::testing::{
-        config, next_sending, parsed, pending_of, progress_of, result_of, running, sent, Numbers,
-    };
+    use super::super::testing::{config, parsed, pending_of, progress_of, result_of, running, sent, Numbers};
     use super::super::{JobSpec, JobStatus, Layout};
     use super::*;
 
@@ -515,12 +501,9 @@ mod tests {
             (MessageType::Ack, 1, Flags::WANT_RESULT)
         );
         assert_eq!(request.buffer_len(), HEADER_LEN + CHECKSUM_LEN, "header only");
-        // The switch holds it: nothing is sent again, and the slot keeps asking (past the
-        // tail probe, lost).
+        // The switch holds it: nothing is sent again, and the slot keeps asking.
         protocol.handle_datagram(start + timeout, &pending_of(&asked[0], true), &mut Numbers);
         assert!(sent(&mut protocol, start + timeout).is_empty());
-        protocol.handle_timeout(start + timeout);
-        assert_eq!(sent(&mut protocol, start + timeout).len(), 1, "the tail probe");
         let next = protocol.poll_timeout().unwrap();
         protocol.handle_timeout(next);
         let again = sent(&mut protocol, next);
@@ -559,8 +542,7 @@ mod tests {
             deadline - start
         );
         protocol.handle_timeout(deadline);
-        assert_eq!(sent(&mut protocol, deadline).len(), 1, "the tail probe, lost");
-        let (deadline, request) = next_sending(&mut protocol);
+        let request = sent(&mut protocol, deadline);
         assert_eq!(
             PacketRepr::parse(&Packet::new_checked(&request[0][..]).unwrap()).message_type,
             MessageType::Ack

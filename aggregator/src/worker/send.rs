@@ -137,17 +137,10 @@ impl WorkerProtocol {
             slot.waiting_since = self.transmissions;
             slot.first_sending = self.loss_runs.first_sending();
             if let Some(contribution) = slot.outstanding {
-                self.blocks_sent += u32::from(!contribution.exponent_round);
                 self.sent_first(self.transmissions, index, contribution.round);
             }
         }
-        // A probe asks for the thread, not its slot, whose timer (a recovery's overdue
-        // answer, say) stays as it was; `send_probe` arms the probing slot's.
-        // A tail probe runs its slot's timer again from now as any packet does, but for a
-        // slot whose recovery awaits its answer: that timer times the answer (`early_loss`).
-        if send != Send::TailProbe || self.slots[index as usize].recovery_sent.is_none() {
-            self.arm_timer(index, now);
-        }
+        self.arm_timer(index, now);
         if matches!(send, Send::Request { .. } | Send::Data { retransmission: Some(_) }) {
             self.recovery_sent(now, index);
         }
@@ -201,11 +194,9 @@ impl WorkerProtocol {
                 repr.flags = repr.flags | Flags::WANT_RESULT;
                 self.counters.acks_sent += 1;
             }
-            Send::Probe | Send::TailProbe => {
+            Send::Probe => {
                 // The wait ended while the probe was queued: nothing to ask.
-                if send == Send::Probe {
-                    self.probe?;
-                }
+                self.probe?;
                 repr.message_type = MessageType::Probe;
                 self.counters.probes += 1;
                 // Echoed in the report: slots whose wait began after it are not in it.

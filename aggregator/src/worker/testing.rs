@@ -125,27 +125,6 @@ pub(super) fn sent(protocol: &mut WorkerProtocol, now: Instant) -> Vec<Vec<u8>> 
     .collect()
 }
 
-/// Every packet the protocol has to send at `now` but its probes, which the tests that
-/// look past them leave unanswered, as lost: a thread that sent its last contributions
-/// of a job probes once a silence lasts the answers' timeout (`tail`).
-pub(super) fn sent_but_probes(protocol: &mut WorkerProtocol, now: Instant) -> Vec<Vec<u8>> {
-    let mut packets = sent(protocol, now);
-    packets.retain(|packet| parsed(packet).message_type != MessageType::Probe);
-    packets
-}
-
-/// Fires the thread's timers in turn until one sends something: when, and what.
-pub(super) fn next_sending(protocol: &mut WorkerProtocol) -> (Instant, Vec<Vec<u8>>) {
-    loop {
-        let at = protocol.poll_timeout().expect("a timer");
-        protocol.handle_timeout(at);
-        let packets = sent(protocol, at);
-        if !packets.is_empty() {
-            return (at, packets);
-        }
-    }
-}
-
 /// The header of a packet the protocol sent.
 pub(super) fn parsed(packet: &[u8]) -> PacketRepr {
     PacketRepr::parse(&Packet::new_checked(packet).unwrap())
