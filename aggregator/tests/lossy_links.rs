@@ -49,6 +49,13 @@ struct JobFigures {
     lost_notices: u64,
     /// Contributions the switch already held.
     duplicates: u64,
+    /// Results the switch sent again to one worker, answering a request or a repeated
+    /// contribution.
+    results_resent: u64,
+    /// Slot timers that fired and sent something, all workers together.
+    timeouts: u64,
+    /// Probes of every kind, all workers together.
+    probes: u64,
 }
 
 /// Runs a warmup and then `jobs` allreduces of 1 Mi int32 on `config`, checks every sum,
@@ -72,6 +79,9 @@ fn jobs_against_the_model(config: ClusterConfig, jobs: usize) -> Vec<JobFigures>
                 retransmissions: report.workers.iter().map(|w| w.retransmissions).sum(),
                 lost_notices: report.workers.iter().map(|w| w.lost_notices).sum(),
                 duplicates: report.switch.duplicates,
+                results_resent: report.switch.results_resent,
+                timeouts: report.workers.iter().map(|w| w.timeouts).sum(),
+                probes: report.workers.iter().map(|w| w.probes).sum(),
             }
         })
         .skip(1)
@@ -100,10 +110,14 @@ fn one_percent_loss_each_way_stays_within_1_1_times_the_link_rate_model() {
     let per_job = |count: fn(&JobFigures) -> u64| median(jobs.iter().map(|job| count(job) as f64).collect());
     eprintln!(
         "1 % loss, jobs over the model: median {median_ratio:.3}, all {ratios:.3?}; per job, median: \
-         {} retransmissions, {} on lost notices, {} duplicates at the switch",
+         {} retransmissions, {} on lost notices, {} duplicates at the switch, {} results sent again, \
+         {} timeouts, {} probes",
         per_job(|job| job.retransmissions),
         per_job(|job| job.lost_notices),
         per_job(|job| job.duplicates),
+        per_job(|job| job.results_resent),
+        per_job(|job| job.timeouts),
+        per_job(|job| job.probes),
     );
     assert!(median_ratio < 1.1, "median {median_ratio:.3} of the model: {ratios:.3?}");
     assert!(ratios[15] < 1.2, "slowest job {:.3} of the model: {ratios:.3?}", ratios[15]);
