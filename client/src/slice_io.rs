@@ -182,12 +182,13 @@ impl BlockIo for SliceIo<'_> {
     fn exponent(&mut self, block: u32) -> i8 {
         let block = block as usize;
         if block >= self.exponents.len() {
+            // Out of `self` while the codec fills it, as the input it reads borrows `self`.
+            let mut exponents = std::mem::take(&mut *self.exponents);
+            let first = exponents.len();
             let end = (block + EXPONENT_RUN).min(self.bytes.div_ceil(self.block_bytes));
-            for next in self.exponents.len()..end {
-                let elements = self.input(next as u32, self.block_bytes);
-                let exponent = self.codec.exponent(self.data_type, elements);
-                self.exponents.push(exponent);
-            }
+            let elements = self.input(first as u32, (end - first) * self.block_bytes);
+            self.codec.exponents(self.data_type, elements, self.block_bytes, &mut exponents);
+            *self.exponents = exponents;
         }
         // One block of the next run per look-up: its reads from memory then overlap the
         // packets' work instead of stalling the run that scans them.

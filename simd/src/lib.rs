@@ -166,11 +166,31 @@ pub fn largest_magnitude_bits(set: InstructionSet, bytes: &[u8]) -> Option<u32> 
     dispatch!(set, largest_magnitude_bits(bytes))
 }
 
+/// [`largest_magnitude_bits`] of each block of `block_bytes` bytes in `bytes` (the last
+/// may be shorter), into `largest` in order, for as many blocks as it has room for: the
+/// exponents of many packets in one call, where a call a packet cost more around the
+/// loop than in it. `false` for the portable set.
+///
+/// # Panics
+/// If `block_bytes` is 0.
+#[inline]
+pub fn largest_magnitude_bits_of_blocks(
+    set: InstructionSet,
+    bytes: &[u8],
+    block_bytes: usize,
+    largest: &mut [u32],
+) -> bool {
+    assert!(block_bytes > 0, "blocks of no bytes");
+    dispatch!(set, largest_magnitude_bits_of_blocks(bytes, block_bytes, largest)).is_some()
+}
+
 /// Block floating point's encoding of float32 `elements` into int32 `payload`, for the
 /// elements both hold: `x · low` (then `· high` unless `high` is 1) rounded to the
 /// nearest integer, ties to even, clamped to `±limit` by `max(rounded, -limit)` and
 /// `min(·, limit)` with x86's operand order (a NaN becomes `-limit`), then converted;
-/// `limit` must be an integer below 2^31. `false` for the portable set.
+/// `limit` must be an integer below 2^31. `false` for the portable set, and for AVX2 where
+/// the thread's MXCSR does not hold its default rounding and masking (a host changed
+/// them), which its conversion would follow.
 #[inline]
 pub fn quantise(
     set: InstructionSet,
@@ -179,7 +199,7 @@ pub fn quantise(
     scale: (f32, f32),
     limit: f32,
 ) -> bool {
-    dispatch!(set, quantise(elements, payload, scale, limit)).is_some()
+    dispatch!(set, quantise(elements, payload, scale, limit)) == Some(true)
 }
 
 /// Block floating point's decoding of int32 `payload` sums into float32 `elements`, for
@@ -201,6 +221,40 @@ mod tests {
         assert!(supported.contains(&InstructionSet::best()));
         let avx2 = supported.iter().find(|set| set.name() == "avx2");
         assert_eq!(InstructionSet::best(), *avx2.unwrap_or(&InstructionSet::PORTABLE), "AVX2 where present");
+    }
+
+    /// Runs `body` with the thread's MXCSR rounding toward zero, then restores it.
+    #[cfg(target_arch = "x86_64")]
+    fn rounding_toward_zero<T>(body: impl FnOnce() -> T) -> T {
+        let mut saved = 0u32;
+        // SAFETY: `stmxcsr` and `ldmxcsr` read and write the 4 bytes given and the
+        // thread's MXCSR; the value loaded differs from a valid one in its rounding bits.
+        unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &mut saved, options(nostack)) };
+        let toward_zero = saved | 0x6000;
+        // SAFETY: as above.
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &toward_zero, options(nostack)) };
+        let result = body();
+        // SAFETY: as above, restoring the value read.
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &saved, options(nostack)) };
+        result
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    #[cfg_attr(miri, ignore)] // Miri runs no inline assembly
+    fn quantise_leaves_a_changed_rounding_mode_to_the_portable_loop_where_it_follows_it() {
+        let elements: Vec<u8> = [2.5f32, -2.5, 0.75].iter().flat_map(|x| x.to_le_bytes()).collect();
+        for set in InstructionSet::supported() {
+            let mut payload = vec![0u8; elements.len()];
+            let did = rounding_toward_zero(|| quantise(set, &elements, &mut payload, (1.0, 1.0), 1e9));
+            // AVX-512's conversion carries its rounding; AVX2's would round 2.5 down.
+            assert_eq!(did, set.name() == "avx512", "{set}");
+            if did {
+                let got: Vec<i32> = payload.chunks(4).map(|q| i32::from_le_bytes(q.try_into().unwrap())).collect();
+                assert_eq!(got, [2, -2, 1], "{set}: ties to even");
+            }
+            assert!(quantise(set, &elements, &mut payload, (1.0, 1.0), 1e9) || set == InstructionSet::PORTABLE);
+        }
     }
 
     #[test]
@@ -228,6 +282,17 @@ mod tests {
                 ragged.push(0xFF);
                 let largest = largest_magnitude_bits(set, &ragged);
                 assert_eq!(largest, did.then_some(elements as u32), "{set}, {elements} elements");
+                // Blocks of 5 elements, into room for all but the last: each block's
+                // largest, the last left as it was.
+                let blocks = src.len().div_ceil(20);
+                let mut largest = vec![u32::MAX; blocks];
+                let room = blocks.saturating_sub(1);
+                assert_eq!(largest_magnitude_bits_of_blocks(set, &src, 20, &mut largest[..room]), did);
+                if did {
+                    let expected: Vec<u32> = (0..room).map(|block| (block as u32 * 5 + 5).min(elements as u32)).collect();
+                    assert_eq!(largest[..room], expected, "{set}, {elements} elements");
+                }
+                assert!(largest[room..].iter().all(|&bits| bits == u32::MAX), "{set}: beyond the room");
             }
         }
     }
