@@ -216,7 +216,12 @@ fn largest_magnitude_bits(set: InstructionSet, bytes: &[u8]) -> u32 {
 /// [`largest_magnitude_bits`] of each block of `block_bytes` bytes in `bytes`, into
 /// `largest`: in one call of `set`'s kernel, or [`largest_magnitude_bits_portable`] a
 /// block at a time.
-fn largest_magnitude_bits_of_blocks(set: InstructionSet, bytes: &[u8], block_bytes: usize, largest: &mut [u32]) {
+fn largest_magnitude_bits_of_blocks(
+    set: InstructionSet,
+    bytes: &[u8],
+    block_bytes: usize,
+    largest: &mut [u32],
+) {
     if !netagg_simd::largest_magnitude_bits_of_blocks(set, bytes, block_bytes, largest) {
         for (block, largest) in bytes.chunks(block_bytes).zip(largest) {
             *largest = largest_magnitude_bits_portable(block);
@@ -505,7 +510,11 @@ mod tests {
                 _ if i % 97 < 9 => 0.0,
                 333 => f32::NAN,
                 1500 => f32::NEG_INFINITY,
-                _ => ((i * 7919) % 1000) as f32 * 2f32.powi((i % 23) as i32 - 11) * if i % 3 == 0 { -1.0 } else { 1.0 },
+                _ => {
+                    ((i * 7919) % 1000) as f32
+                        * 2f32.powi((i % 23) as i32 - 11)
+                        * if i % 3 == 0 { -1.0 } else { 1.0 }
+                }
             })
             .collect();
         for set in InstructionSet::supported() {
@@ -521,7 +530,11 @@ mod tests {
                     let mut got = vec![5];
                     codec.exponents(DataType::Float32, &bytes, block_bytes, &mut got);
                     assert_eq!(got[0], 5, "{set}: appended, not overwritten");
-                    assert_eq!(got[1..], expected, "{set}: {elements} elements in blocks of {block_elements}");
+                    assert_eq!(
+                        got[1..],
+                        expected,
+                        "{set}: {elements} elements in blocks of {block_elements}"
+                    );
                 }
             }
         }

@@ -188,9 +188,7 @@ pub fn largest_magnitude_bits_of_blocks(
 /// elements both hold: `x · low` (then `· high` unless `high` is 1) rounded to the
 /// nearest integer, ties to even, clamped to `±limit` by `max(rounded, -limit)` and
 /// `min(·, limit)` with x86's operand order (a NaN becomes `-limit`), then converted;
-/// `limit` must be an integer below 2^31. `false` for the portable set, and for AVX2 where
-/// the thread's MXCSR does not hold its default rounding and masking (a host changed
-/// them), which its conversion would follow.
+/// `limit` must be an integer below 2^31. `false` for the portable set.
 #[inline]
 pub fn quantise(
     set: InstructionSet,
@@ -199,7 +197,7 @@ pub fn quantise(
     scale: (f32, f32),
     limit: f32,
 ) -> bool {
-    dispatch!(set, quantise(elements, payload, scale, limit)) == Some(true)
+    dispatch!(set, quantise(elements, payload, scale, limit)).is_some()
 }
 
 /// Block floating point's decoding of int32 `payload` sums into float32 `elements`, for
@@ -242,18 +240,19 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     #[cfg_attr(miri, ignore)] // Miri runs no inline assembly
-    fn quantise_leaves_a_changed_rounding_mode_to_the_portable_loop_where_it_follows_it() {
-        let elements: Vec<u8> = [2.5f32, -2.5, 0.75].iter().flat_map(|x| x.to_le_bytes()).collect();
-        for set in InstructionSet::supported() {
-            let mut payload = vec![0u8; elements.len()];
-            let did = rounding_toward_zero(|| quantise(set, &elements, &mut payload, (1.0, 1.0), 1e9));
-            // AVX-512's conversion carries its rounding; AVX2's would round 2.5 down.
-            assert_eq!(did, set.name() == "avx512", "{set}");
-            if did {
-                let got: Vec<i32> = payload.chunks(4).map(|q| i32::from_le_bytes(q.try_into().unwrap())).collect();
-                assert_eq!(got, [2, -2, 1], "{set}: ties to even");
+    fn quantise_rounds_ties_to_even_whatever_rounding_mode_a_host_set() {
+        // Toward zero, 2.5 and 3.5 would become 2 and 3, 0.75 would become 0; 9 elements
+        // leave one for a masked tail.
+        let values = [2.5f32, -2.5, 3.5, -3.5, 0.75, 0.5, 1.5, -0.75, 2.5];
+        let elements: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        for set in InstructionSet::supported().filter(|&set| set != InstructionSet::PORTABLE) {
+            for scale in [(1.0, 1.0), (0.5, 2.0)] {
+                let mut payload = vec![0u8; elements.len()];
+                assert!(rounding_toward_zero(|| quantise(set, &elements, &mut payload, scale, 1e9)));
+                let got: Vec<i32> =
+                    payload.chunks(4).map(|q| i32::from_le_bytes(q.try_into().unwrap())).collect();
+                assert_eq!(got, [2, -2, 4, -4, 1, 0, 2, -1, 2], "{set}, scale {scale:?}");
             }
-            assert!(quantise(set, &elements, &mut payload, (1.0, 1.0), 1e9) || set == InstructionSet::PORTABLE);
         }
     }
 
@@ -289,7 +288,8 @@ mod tests {
                 let room = blocks.saturating_sub(1);
                 assert_eq!(largest_magnitude_bits_of_blocks(set, &src, 20, &mut largest[..room]), did);
                 if did {
-                    let expected: Vec<u32> = (0..room).map(|block| (block as u32 * 5 + 5).min(elements as u32)).collect();
+                    let expected: Vec<u32> =
+                        (0..room).map(|block| (block as u32 * 5 + 5).min(elements as u32)).collect();
                     assert_eq!(largest[..room], expected, "{set}, {elements} elements");
                 }
                 assert!(largest[room..].iter().all(|&bits| bits == u32::MAX), "{set}: beyond the room");

@@ -37,6 +37,9 @@ trait Lanes {
     unsafe fn max_f32(a: Self::Float, b: Self::Float) -> Self::Float;
     /// `if a < b { a } else { b }` per lane: `b` where either is NaN.
     unsafe fn min_f32(a: Self::Float, b: Self::Float) -> Self::Float;
+    /// Ties to even, whatever rounding mode the thread's MXCSR holds.
+    unsafe fn round_ties_even(value: Self::Float) -> Self::Float;
+    unsafe fn truncate_to_i32(value: Self::Float) -> Self::Int;
     /// Whether [`Lanes::to_nearest_i32`] rounds to nearest, ties to even, and raises no
     /// exception a host may have unmasked.
     unsafe fn converts_to_nearest() -> bool;
@@ -204,22 +207,23 @@ unsafe fn largest_magnitude_bits_of_blocks<V: Lanes>(bytes: &[u8], block_bytes: 
 }
 
 #[inline(always)]
-unsafe fn quantise<V: Lanes>(elements: &[u8], payload: &mut [u8], (low, high): (f32, f32), limit: f32) -> bool {
+unsafe fn quantise<V: Lanes>(elements: &[u8], payload: &mut [u8], (low, high): (f32, f32), limit: f32) {
     // A loop of its own for a scale of one factor, the usual case, as the portable one.
     // SAFETY: see above.
     unsafe {
-        if !V::converts_to_nearest() {
-            return false;
-        }
-        if high == 1.0 {
-            quantise_scaled::<V>(elements, payload, limit, |x| V::mul_f32(x, V::splat_f32(low)))
-        } else {
-            quantise_scaled::<V>(elements, payload, limit, |x| {
-                V::mul_f32(V::mul_f32(x, V::splat_f32(low)), V::splat_f32(high))
-            })
+        let one_factor = |x| V::mul_f32(x, V::splat_f32(low));
+        let two_factors = |x| V::mul_f32(V::mul_f32(x, V::splat_f32(low)), V::splat_f32(high));
+        let to_nearest = |x| V::to_nearest_i32(x);
+        match (V::converts_to_nearest(), high == 1.0) {
+            (true, true) => quantise_scaled::<V>(elements, payload, limit, one_factor, to_nearest),
+            (true, false) => quantise_scaled::<V>(elements, payload, limit, two_factors, to_nearest),
+            // A host changed the rounding mode: rounded first, in a rare loop that needs no
+            // copy of its own for one factor, whose products two factors equal.
+            (false, _) => quantise_scaled::<V>(elements, payload, limit, two_factors, |x| {
+                V::truncate_to_i32(V::round_ties_even(x))
+            }),
         }
     }
-    true
 }
 
 #[inline(always)]
@@ -228,6 +232,7 @@ unsafe fn quantise_scaled<V: Lanes>(
     payload: &mut [u8],
     limit: f32,
     scale: impl Fn(V::Float) -> V::Float,
+    to_nearest_i32: impl Fn(V::Float) -> V::Int,
 ) {
     let len = elements.len().min(payload.len());
     let (elements, payload) = (elements.as_ptr(), payload.as_mut_ptr());
@@ -240,7 +245,7 @@ unsafe fn quantise_scaled<V: Lanes>(
         each_step!(V, len, |step| {
             let scaled = scale(V::as_f32(step.load::<V>(elements)));
             let clamped = V::min_f32(V::max_f32(scaled, lower), upper);
-            step.store::<V>(payload, V::to_nearest_i32(clamped));
+            step.store::<V>(payload, to_nearest_i32(clamped));
         });
     }
 }
@@ -392,6 +397,16 @@ impl Lanes for Avx2 {
         // SAFETY: as the trait requires of the caller.
         unsafe { _mm256_min_ps(a, b) }
     }
+    #[inline(always)]
+    unsafe fn round_ties_even(value: __m256) -> __m256 {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm256_round_ps::<NEAREST>(value) }
+    }
+    #[inline(always)]
+    unsafe fn truncate_to_i32(value: __m256) -> __m256i {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm256_cvttps_epi32(value) }
+    }
     /// AVX2's conversion rounds as MXCSR says, which a host may have changed: the
     /// default rounds to nearest and masks every exception. Read once a kernel call.
     #[inline(always)]
@@ -509,6 +524,16 @@ impl Lanes for Avx512 {
         // SAFETY: as the trait requires of the caller.
         unsafe { _mm512_min_ps(a, b) }
     }
+    #[inline(always)]
+    unsafe fn round_ties_even(value: __m512) -> __m512 {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm512_roundscale_ps::<NEAREST>(value) }
+    }
+    #[inline(always)]
+    unsafe fn truncate_to_i32(value: __m512) -> __m512i {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm512_cvttps_epi32(value) }
+    }
     /// The conversion's rounding is encoded in the instruction, whatever MXCSR says.
     #[inline(always)]
     unsafe fn converts_to_nearest() -> bool {
@@ -584,12 +609,7 @@ macro_rules! instruction_set {
             }
 
             #[target_feature(enable = $feature)]
-            pub(crate) unsafe fn quantise(
-                elements: &[u8],
-                payload: &mut [u8],
-                scale: (f32, f32),
-                limit: f32,
-            ) -> bool {
+            pub(crate) unsafe fn quantise(elements: &[u8], payload: &mut [u8], scale: (f32, f32), limit: f32) {
                 // SAFETY: as this module requires of the caller.
                 unsafe { super::quantise::<$lanes>(elements, payload, scale, limit) }
             }
