@@ -257,6 +257,33 @@ mod tests {
     }
 
     #[test]
+    fn the_scan_sees_every_element_wherever_its_bytes_start() {
+        // Starts at every byte offset of two vectors, so that some are aligned, some are
+        // on elements, and some split them; each element in turn the largest.
+        let mut buffer = vec![0u8; 4 * 64 + 128];
+        for set in InstructionSet::supported().filter(|&set| set != InstructionSet::PORTABLE) {
+            for offset in 0..128 {
+                for elements in [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 64] {
+                    for largest_at in 0..elements {
+                        buffer.fill(0);
+                        let bytes = &mut buffer[offset..offset + 4 * elements];
+                        for (i, element) in bytes.chunks_exact_mut(4).enumerate() {
+                            let bits = if i == largest_at { 0xC000_0000 } else { 0x8000_0000 | i as u32 };
+                            element.copy_from_slice(&bits.to_le_bytes());
+                        }
+                        let found = largest_magnitude_bits(set, bytes);
+                        assert_eq!(
+                            found,
+                            Some(0x4000_0000),
+                            "{set}: offset {offset}, {elements}, at {largest_at}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn kernels_do_every_element_and_write_no_other() {
         for set in InstructionSet::supported() {
             // Lengths around each set's vectors of 8 and 16 lanes.

@@ -187,13 +187,33 @@ unsafe fn multiply_i32<V: Lanes>(out: &mut [u8], src: &[u8], factor: i32) {
 
 #[inline(always)]
 unsafe fn largest_magnitude_bits<V: Lanes>(bytes: &[u8]) -> u32 {
-    // SAFETY: see above; a tail's zeros leave the maximum as it is.
+    let len = bytes.len() / 4 * 4;
+    let start = bytes.as_ptr();
+    // Bytes to the first address a vector may be loaded from without crossing a cache
+    // line (`usize::MAX` if none, which no multiple of 4 is).
+    let skip = start.align_offset(V::BYTES);
+    // SAFETY: see above; a tail's zeros leave the maximum as it is, and every load below
+    // lies within the `len` bytes.
     unsafe {
         let magnitude = V::splat(0x7FFF_FFFF);
         let mut largest = V::splat(0);
-        each_step!(V, bytes.len(), |step| {
-            largest = V::max_u32(largest, V::and(step.load::<V>(bytes.as_ptr()), magnitude));
-        });
+        if skip % 4 == 0 && len >= 2 * V::BYTES {
+            // A maximum may see an element twice: one vector at the start, aligned ones
+            // from the first aligned element, one ending at the last element. A load that
+            // crosses a cache line costs about two, and a tensor's blocks lie where its
+            // allocator put it (a glibc allocation this large, 16 bytes past a line).
+            let aligned = start.add(skip);
+            largest = V::max_u32(largest, V::and(V::load(start), magnitude));
+            largest = V::max_u32(largest, V::and(V::load(start.add(len - V::BYTES)), magnitude));
+            let whole = (len - skip) / V::BYTES * V::BYTES;
+            each_step!(V, whole, |step| {
+                largest = V::max_u32(largest, V::and(step.load::<V>(aligned), magnitude));
+            });
+        } else {
+            each_step!(V, len, |step| {
+                largest = V::max_u32(largest, V::and(step.load::<V>(start), magnitude));
+            });
+        }
         V::reduce_max_u32(largest)
     }
 }
