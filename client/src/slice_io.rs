@@ -53,7 +53,7 @@ pub(crate) struct SliceIo<'a> {
     output_uninitialised: bool,
     /// Whether a store prefetches the output ahead: not in place, where a block's output
     /// is its input, read into the cache when its packet was sent, a round trip before
-    /// its result comes (prefetching it again cost about 25 instructions a result).
+    /// its result comes (prefetching it again cost about 50 instructions a result).
     prefetches_output: bool,
     bytes: usize,
     block_bytes: usize,

@@ -190,7 +190,7 @@ unsafe fn largest_magnitude_bits<V: Lanes>(bytes: &[u8]) -> u32 {
     let len = bytes.len() / 4 * 4;
     let start = bytes.as_ptr();
     // Bytes to the first address a vector may be loaded from without crossing a cache
-    // line (`usize::MAX` if none, which no multiple of 4 is).
+    // line (or `usize::MAX`, no multiple of 4, where that cannot be told).
     let skip = start.align_offset(V::BYTES);
     // SAFETY: see above; a tail's zeros leave the maximum as it is, and every load below
     // lies within the `len` bytes.
