@@ -46,6 +46,14 @@ pub trait Codec: Send + Sync + 'static {
         i8::MIN
     }
 
+    /// This worker's exponent of each block of `block_bytes` bytes in `elements` (the last
+    /// may be shorter), appended to `exponents` in order: what [`Codec::exponent`] gives
+    /// for each, found many blocks at a time (a worker thread asks for a run of blocks
+    /// ahead of its packets).
+    fn exponents(&self, data_type: DataType, elements: &[u8], block_bytes: usize, exponents: &mut Vec<i8>) {
+        exponents.extend(elements.chunks(block_bytes).map(|block| self.exponent(data_type, block)));
+    }
+
     /// Encodes `elements` into `payload` (as many elements, of the wire type);
     /// `exponent` is the agreed one.
     fn encode(&self, data_type: DataType, elements: &[u8], payload: &mut [u8], exponent: Option<i8>);
@@ -122,6 +130,20 @@ const NON_FINITE_EXPONENT: i8 = i8::MAX;
 /// The f32 exponent field of all ones: infinities and NaN.
 const NON_FINITE_FIELD: u32 = 0xFF;
 
+/// The blocks [`BlockFloatingPoint`]'s `exponents` scans in one call of its kernel: the
+/// room on the stack for their largest magnitudes.
+const EXPONENTS_A_CALL: usize = 64;
+
+/// The exponent byte of a block whose largest magnitude has the bits `largest`.
+fn exponent_of(largest: u32) -> i8 {
+    match largest >> 23 {
+        _ if largest == 0 => ZERO_EXPONENT,
+        NON_FINITE_FIELD => NON_FINITE_EXPONENT,
+        // Subnormals (field 0) lie below the smallest normal number, 2^-126.
+        field => (field.max(1) as i32 - 128) as i8,
+    }
+}
+
 impl BlockFloatingPoint {
     /// A codec for sessions of `workers` workers.
     pub fn new(workers: u16) -> BlockFloatingPoint {
@@ -189,6 +211,22 @@ fn bits(element: &[u8]) -> u32 {
 /// vectors of `set`, or [`largest_magnitude_bits_portable`].
 fn largest_magnitude_bits(set: InstructionSet, bytes: &[u8]) -> u32 {
     netagg_simd::largest_magnitude_bits(set, bytes).unwrap_or_else(|| largest_magnitude_bits_portable(bytes))
+}
+
+/// [`largest_magnitude_bits`] of each block of `block_bytes` bytes in `bytes`, into
+/// `largest`: in one call of `set`'s kernel, or [`largest_magnitude_bits_portable`] a
+/// block at a time.
+fn largest_magnitude_bits_of_blocks(
+    set: InstructionSet,
+    bytes: &[u8],
+    block_bytes: usize,
+    largest: &mut [u32],
+) {
+    if !netagg_simd::largest_magnitude_bits_of_blocks(set, bytes, block_bytes, largest) {
+        for (block, largest) in bytes.chunks(block_bytes).zip(largest) {
+            *largest = largest_magnitude_bits_portable(block);
+        }
+    }
 }
 
 /// [`largest_magnitude_bits`] for any CPU, compiled for SSE4.1 beside baseline x86-64
@@ -289,12 +327,15 @@ impl Codec for BlockFloatingPoint {
     }
 
     fn exponent(&self, _: DataType, elements: &[u8]) -> i8 {
-        let largest = largest_magnitude_bits(self.instruction_set, elements);
-        match largest >> 23 {
-            _ if largest == 0 => ZERO_EXPONENT,
-            NON_FINITE_FIELD => NON_FINITE_EXPONENT,
-            // Subnormals (field 0) lie below the smallest normal number, 2^-126.
-            field => (field.max(1) as i32 - 128) as i8,
+        exponent_of(largest_magnitude_bits(self.instruction_set, elements))
+    }
+
+    fn exponents(&self, _: DataType, elements: &[u8], block_bytes: usize, exponents: &mut Vec<i8>) {
+        let mut largest = [0; EXPONENTS_A_CALL];
+        for run in elements.chunks(block_bytes * EXPONENTS_A_CALL) {
+            let largest = &mut largest[..run.len().div_ceil(block_bytes)];
+            largest_magnitude_bits_of_blocks(self.instruction_set, run, block_bytes, largest);
+            exponents.extend(largest.iter().map(|&bits| exponent_of(bits)));
         }
     }
 
@@ -456,6 +497,46 @@ mod tests {
                 (f32::MIN_POSITIVE / 4.0).to_bits()
             );
             assert_eq!(largest_magnitude_bits(set, &[]), 0);
+        }
+    }
+
+    #[test]
+    fn the_exponents_of_a_run_are_each_block_s_exponent() {
+        // Blocks of 1 to 17 elements, runs past one call's room and with a short last
+        // block; every block's largest magnitude at a different place and scale, some
+        // blocks all zeros, one with a NaN and one with an infinity.
+        let values: Vec<f32> = (0..2000u32)
+            .map(|i| match i {
+                _ if i % 97 < 9 => 0.0,
+                333 => f32::NAN,
+                1500 => f32::NEG_INFINITY,
+                _ => {
+                    ((i * 7919) % 1000) as f32
+                        * 2f32.powi((i % 23) as i32 - 11)
+                        * if i % 3 == 0 { -1.0 } else { 1.0 }
+                }
+            })
+            .collect();
+        for set in InstructionSet::supported() {
+            let codec = BlockFloatingPoint::new(4).with_instruction_set(set);
+            for block_elements in [1, 7, 8, 16, 17] {
+                for elements in [0, 1, block_elements * 64, block_elements * 64 + 1, 2000] {
+                    let bytes = bytes(&values[..elements]);
+                    let block_bytes = block_elements * 4;
+                    let expected: Vec<i8> = bytes
+                        .chunks(block_bytes)
+                        .map(|block| codec.exponent(DataType::Float32, block))
+                        .collect();
+                    let mut got = vec![5];
+                    codec.exponents(DataType::Float32, &bytes, block_bytes, &mut got);
+                    assert_eq!(got[0], 5, "{set}: appended, not overwritten");
+                    assert_eq!(
+                        got[1..],
+                        expected,
+                        "{set}: {elements} elements in blocks of {block_elements}"
+                    );
+                }
+            }
         }
     }
 

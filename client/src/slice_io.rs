@@ -51,6 +51,10 @@ pub(crate) struct SliceIo<'a> {
     output: *mut u8,
     /// Whether output blocks must be zeroed before a codec writes them as a slice.
     output_uninitialised: bool,
+    /// Whether a store prefetches the output ahead: not in place, where a block's output
+    /// is its input, read into the cache when its packet was sent, a round trip before
+    /// its result comes (prefetching it again cost about 50 instructions a result).
+    prefetches_output: bool,
     bytes: usize,
     block_bytes: usize,
     data_type: DataType,
@@ -79,6 +83,7 @@ impl<'a> SliceIo<'a> {
     ) -> SliceIo<'a> {
         let offset = first_block * block_bytes;
         exponents.clear();
+        let in_place = std::ptr::eq(job.buffers.input, job.buffers.output);
         SliceIo {
             // SAFETY: the slice lies within the job's buffers (split in `submit_raw`),
             // so the offset stays inside them.
@@ -86,6 +91,7 @@ impl<'a> SliceIo<'a> {
             // SAFETY: as for the input.
             output: unsafe { job.buffers.output.add(offset) },
             output_uninitialised: job.buffers.output_memory == OutputMemory::MaybeUninitialised,
+            prefetches_output: !in_place && prefetches(block_bytes),
             bytes: elements * job.data_type.size(),
             block_bytes,
             data_type: job.data_type,
@@ -101,13 +107,6 @@ impl SliceIo<'_> {
     fn range(&self, block: u32, len: usize) -> std::ops::Range<usize> {
         let start = block as usize * self.block_bytes;
         start..(start + len).min(self.bytes)
-    }
-
-    /// Whether blocks are short enough to prefetch: a long block is a sequential run the
-    /// hardware prefetcher streams by itself, and prefetching blocks of 16 KiB (those of
-    /// `configs/large-packets.cfg`) ran a fifth slower.
-    fn prefetches(&self) -> bool {
-        self.block_bytes <= PREFETCH_MAX_BLOCK_BYTES
     }
 
     /// Whether the slice has a block `block` (a multiplication: this runs per packet).
@@ -145,7 +144,7 @@ impl BlockIo for SliceIo<'_> {
         // Blocks go out about in order: the input a later one reads is fetched now, unless
         // the codec's exponent runs read ahead already.
         let ahead = block as usize + LOAD_PREFETCH_DISTANCE;
-        if exponent.is_none() && self.prefetches() && self.has_block(ahead) {
+        if exponent.is_none() && prefetches(self.block_bytes) && self.has_block(ahead) {
             let ahead = self.input(ahead as u32, self.block_bytes);
             prefetch(ahead.as_ptr(), ahead.len());
         }
@@ -172,32 +171,43 @@ impl BlockIo for SliceIo<'_> {
         // Results come back about in block order: the output a later one writes is
         // fetched now, so that its store finds the lines in cache.
         let ahead = block as usize + STORE_PREFETCH_DISTANCE;
-        if self.prefetches() && self.has_block(ahead) {
+        if self.prefetches_output && self.has_block(ahead) {
             let range = self.range(ahead as u32, self.block_bytes);
             // SAFETY: as in `input`: the range lies within the slice.
             prefetch(unsafe { self.output.add(range.start) }, range.len());
         }
     }
 
+    // Inlined by force into the send path, as `store` is into the receive path: a call
+    // of about 15 instructions a packet at 16 codegen units.
+    #[inline(always)]
     fn exponent(&mut self, block: u32) -> i8 {
         let block = block as usize;
         if block >= self.exponents.len() {
+            // Out of `self` while the codec fills it, as the input it reads borrows `self`.
+            let mut exponents = std::mem::take(&mut *self.exponents);
+            let first = exponents.len();
             let end = (block + EXPONENT_RUN).min(self.bytes.div_ceil(self.block_bytes));
-            for next in self.exponents.len()..end {
-                let elements = self.input(next as u32, self.block_bytes);
-                let exponent = self.codec.exponent(self.data_type, elements);
-                self.exponents.push(exponent);
-            }
+            let elements = self.input(first as u32, (end - first) * self.block_bytes);
+            self.codec.exponents(self.data_type, elements, self.block_bytes, &mut exponents);
+            *self.exponents = exponents;
         }
         // One block of the next run per look-up: its reads from memory then overlap the
         // packets' work instead of stalling the run that scans them.
         let ahead = block + EXPONENT_RUN;
-        if self.prefetches() && self.has_block(ahead) {
+        if prefetches(self.block_bytes) && self.has_block(ahead) {
             let ahead = self.input(ahead as u32, self.block_bytes);
             prefetch(ahead.as_ptr(), ahead.len());
         }
         self.exponents[block]
     }
+}
+
+/// Whether blocks of `block_bytes` are short enough to prefetch: a long block is a
+/// sequential run the hardware prefetcher streams by itself, and prefetching blocks of 16
+/// KiB (those of `configs/large-packets.cfg`) ran a fifth slower.
+fn prefetches(block_bytes: usize) -> bool {
+    block_bytes <= PREFETCH_MAX_BLOCK_BYTES
 }
 
 /// Asks the processor to bring the `len` bytes at `start` into its caches, without

@@ -166,6 +166,24 @@ pub fn largest_magnitude_bits(set: InstructionSet, bytes: &[u8]) -> Option<u32> 
     dispatch!(set, largest_magnitude_bits(bytes))
 }
 
+/// [`largest_magnitude_bits`] of each block of `block_bytes` bytes in `bytes` (the last
+/// may be shorter), into `largest` in order, for as many blocks as it has room for: the
+/// exponents of many packets in one call, where a call a packet cost more around the
+/// loop than in it. `false` for the portable set.
+///
+/// # Panics
+/// If `block_bytes` is 0.
+#[inline]
+pub fn largest_magnitude_bits_of_blocks(
+    set: InstructionSet,
+    bytes: &[u8],
+    block_bytes: usize,
+    largest: &mut [u32],
+) -> bool {
+    assert!(block_bytes > 0, "blocks of no bytes");
+    dispatch!(set, largest_magnitude_bits_of_blocks(bytes, block_bytes, largest)).is_some()
+}
+
 /// Block floating point's encoding of float32 `elements` into int32 `payload`, for the
 /// elements both hold: `x · low` (then `· high` unless `high` is 1) rounded to the
 /// nearest integer, ties to even, clamped to `±limit` by `max(rounded, -limit)` and
@@ -203,6 +221,68 @@ mod tests {
         assert_eq!(InstructionSet::best(), *avx2.unwrap_or(&InstructionSet::PORTABLE), "AVX2 where present");
     }
 
+    /// Runs `body` with the thread's MXCSR rounding toward zero, then restores it.
+    #[cfg(target_arch = "x86_64")]
+    fn rounding_toward_zero<T>(body: impl FnOnce() -> T) -> T {
+        let mut saved = 0u32;
+        // SAFETY: `stmxcsr` and `ldmxcsr` read and write the 4 bytes given and the
+        // thread's MXCSR; the value loaded differs from a valid one in its rounding bits.
+        unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &mut saved, options(nostack)) };
+        let toward_zero = saved | 0x6000;
+        // SAFETY: as above.
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &toward_zero, options(nostack)) };
+        let result = body();
+        // SAFETY: as above, restoring the value read.
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &saved, options(nostack)) };
+        result
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    #[cfg_attr(miri, ignore)] // Miri runs no inline assembly
+    fn quantise_rounds_ties_to_even_whatever_rounding_mode_a_host_set() {
+        // Toward zero, 2.5 and 3.5 would become 2 and 3, 0.75 would become 0; 9 elements
+        // leave one for a masked tail.
+        let values = [2.5f32, -2.5, 3.5, -3.5, 0.75, 0.5, 1.5, -0.75, 2.5];
+        let elements: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        for set in InstructionSet::supported().filter(|&set| set != InstructionSet::PORTABLE) {
+            for scale in [(1.0, 1.0), (0.5, 2.0)] {
+                let mut payload = vec![0u8; elements.len()];
+                assert!(rounding_toward_zero(|| quantise(set, &elements, &mut payload, scale, 1e9)));
+                let got: Vec<i32> =
+                    payload.chunks(4).map(|q| i32::from_le_bytes(q.try_into().unwrap())).collect();
+                assert_eq!(got, [2, -2, 4, -4, 1, 0, 2, -1, 2], "{set}, scale {scale:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_scan_sees_every_element_wherever_its_bytes_start() {
+        // Starts at every byte offset of two vectors, so that some are aligned, some are
+        // on elements, and some split them; each element in turn the largest.
+        let mut buffer = vec![0u8; 4 * 64 + 128];
+        for set in InstructionSet::supported().filter(|&set| set != InstructionSet::PORTABLE) {
+            for offset in 0..128 {
+                for elements in [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 64] {
+                    for largest_at in 0..elements {
+                        buffer.fill(0);
+                        let bytes = &mut buffer[offset..offset + 4 * elements];
+                        for (i, element) in bytes.chunks_exact_mut(4).enumerate() {
+                            let bits = if i == largest_at { 0xC000_0000 } else { 0x8000_0000 | i as u32 };
+                            element.copy_from_slice(&bits.to_le_bytes());
+                        }
+                        let found = largest_magnitude_bits(set, bytes);
+                        assert_eq!(
+                            found,
+                            Some(0x4000_0000),
+                            "{set}: offset {offset}, {elements}, at {largest_at}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn kernels_do_every_element_and_write_no_other() {
         for set in InstructionSet::supported() {
@@ -228,6 +308,18 @@ mod tests {
                 ragged.push(0xFF);
                 let largest = largest_magnitude_bits(set, &ragged);
                 assert_eq!(largest, did.then_some(elements as u32), "{set}, {elements} elements");
+                // Blocks of 5 elements, into room for all but the last: each block's
+                // largest, the last left as it was.
+                let blocks = src.len().div_ceil(20);
+                let mut largest = vec![u32::MAX; blocks];
+                let room = blocks.saturating_sub(1);
+                assert_eq!(largest_magnitude_bits_of_blocks(set, &src, 20, &mut largest[..room]), did);
+                if did {
+                    let expected: Vec<u32> =
+                        (0..room).map(|block| (block as u32 * 5 + 5).min(elements as u32)).collect();
+                    assert_eq!(largest[..room], expected, "{set}, {elements} elements");
+                }
+                assert!(largest[room..].iter().all(|&bits| bits == u32::MAX), "{set}: beyond the room");
             }
         }
     }

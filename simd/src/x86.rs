@@ -33,13 +33,19 @@ trait Lanes {
     unsafe fn reduce_max_u32(value: Self::Int) -> u32;
     unsafe fn add_f32(a: Self::Float, b: Self::Float) -> Self::Float;
     unsafe fn mul_f32(a: Self::Float, b: Self::Float) -> Self::Float;
-    /// Ties to even, whatever rounding mode the thread's MXCSR holds.
-    unsafe fn round_ties_even(value: Self::Float) -> Self::Float;
     /// `if a > b { a } else { b }` per lane: `b` where either is NaN.
     unsafe fn max_f32(a: Self::Float, b: Self::Float) -> Self::Float;
     /// `if a < b { a } else { b }` per lane: `b` where either is NaN.
     unsafe fn min_f32(a: Self::Float, b: Self::Float) -> Self::Float;
+    /// Ties to even, whatever rounding mode the thread's MXCSR holds.
+    unsafe fn round_ties_even(value: Self::Float) -> Self::Float;
     unsafe fn truncate_to_i32(value: Self::Float) -> Self::Int;
+    /// Whether [`Lanes::to_nearest_i32`] rounds to nearest, ties to even, and raises no
+    /// exception a host may have unmasked.
+    unsafe fn converts_to_nearest() -> bool;
+    /// Each lane converted to int32, rounded as [`Lanes::converts_to_nearest`] says when
+    /// it is true: one instruction where rounding and then converting took two.
+    unsafe fn to_nearest_i32(value: Self::Float) -> Self::Int;
     /// Rounded as the thread's MXCSR says, as Rust's `i32 as f32` is.
     unsafe fn i32_to_f32(value: Self::Int) -> Self::Float;
 }
@@ -181,14 +187,42 @@ unsafe fn multiply_i32<V: Lanes>(out: &mut [u8], src: &[u8], factor: i32) {
 
 #[inline(always)]
 unsafe fn largest_magnitude_bits<V: Lanes>(bytes: &[u8]) -> u32 {
-    // SAFETY: see above; a tail's zeros leave the maximum as it is.
+    let len = bytes.len() / 4 * 4;
+    let start = bytes.as_ptr();
+    // Bytes to the first address a vector may be loaded from without crossing a cache
+    // line (or `usize::MAX`, no multiple of 4, where that cannot be told).
+    let skip = start.align_offset(V::BYTES);
+    // SAFETY: see above; a tail's zeros leave the maximum as it is, and every load below
+    // lies within the `len` bytes.
     unsafe {
         let magnitude = V::splat(0x7FFF_FFFF);
         let mut largest = V::splat(0);
-        each_step!(V, bytes.len(), |step| {
-            largest = V::max_u32(largest, V::and(step.load::<V>(bytes.as_ptr()), magnitude));
-        });
+        if skip % 4 == 0 && len >= 2 * V::BYTES {
+            // A maximum may see an element twice: one vector at the start, aligned ones
+            // from the first aligned element, one ending at the last element. A load that
+            // crosses a cache line costs about two, and a tensor's blocks lie where its
+            // allocator put it (a glibc allocation this large, 16 bytes past a line).
+            let aligned = start.add(skip);
+            largest = V::max_u32(largest, V::and(V::load(start), magnitude));
+            largest = V::max_u32(largest, V::and(V::load(start.add(len - V::BYTES)), magnitude));
+            let whole = (len - skip) / V::BYTES * V::BYTES;
+            each_step!(V, whole, |step| {
+                largest = V::max_u32(largest, V::and(step.load::<V>(aligned), magnitude));
+            });
+        } else {
+            each_step!(V, len, |step| {
+                largest = V::max_u32(largest, V::and(step.load::<V>(start), magnitude));
+            });
+        }
         V::reduce_max_u32(largest)
+    }
+}
+
+#[inline(always)]
+unsafe fn largest_magnitude_bits_of_blocks<V: Lanes>(bytes: &[u8], block_bytes: usize, largest: &mut [u32]) {
+    for (block, largest) in bytes.chunks(block_bytes).zip(largest) {
+        // SAFETY: see above.
+        *largest = unsafe { largest_magnitude_bits::<V>(block) };
     }
 }
 
@@ -197,12 +231,17 @@ unsafe fn quantise<V: Lanes>(elements: &[u8], payload: &mut [u8], (low, high): (
     // A loop of its own for a scale of one factor, the usual case, as the portable one.
     // SAFETY: see above.
     unsafe {
-        if high == 1.0 {
-            quantise_scaled::<V>(elements, payload, limit, |x| V::mul_f32(x, V::splat_f32(low)))
-        } else {
-            quantise_scaled::<V>(elements, payload, limit, |x| {
-                V::mul_f32(V::mul_f32(x, V::splat_f32(low)), V::splat_f32(high))
-            })
+        let one_factor = |x| V::mul_f32(x, V::splat_f32(low));
+        let two_factors = |x| V::mul_f32(V::mul_f32(x, V::splat_f32(low)), V::splat_f32(high));
+        let to_nearest = |x| V::to_nearest_i32(x);
+        match (V::converts_to_nearest(), high == 1.0) {
+            (true, true) => quantise_scaled::<V>(elements, payload, limit, one_factor, to_nearest),
+            (true, false) => quantise_scaled::<V>(elements, payload, limit, two_factors, to_nearest),
+            // A host changed the rounding mode: rounded first, in a rare loop that needs no
+            // copy of its own for one factor, whose products two factors equal.
+            (false, _) => quantise_scaled::<V>(elements, payload, limit, two_factors, |x| {
+                V::truncate_to_i32(V::round_ties_even(x))
+            }),
         }
     }
 }
@@ -213,16 +252,20 @@ unsafe fn quantise_scaled<V: Lanes>(
     payload: &mut [u8],
     limit: f32,
     scale: impl Fn(V::Float) -> V::Float,
+    to_nearest_i32: impl Fn(V::Float) -> V::Int,
 ) {
     let len = elements.len().min(payload.len());
     let (elements, payload) = (elements.as_ptr(), payload.as_mut_ptr());
     // SAFETY: see above.
     unsafe {
         let (upper, lower) = (V::splat_f32(limit), V::splat_f32(-limit));
+        // Clamped before it is rounded, which gives the same integers as after, the bounds
+        // being integers: NaN still becomes the lower one, and the rounding is the
+        // conversion's own.
         each_step!(V, len, |step| {
-            let rounded = V::round_ties_even(scale(V::as_f32(step.load::<V>(elements))));
-            let clamped = V::min_f32(V::max_f32(rounded, lower), upper);
-            step.store::<V>(payload, V::truncate_to_i32(clamped));
+            let scaled = scale(V::as_f32(step.load::<V>(elements)));
+            let clamped = V::min_f32(V::max_f32(scaled, lower), upper);
+            step.store::<V>(payload, to_nearest_i32(clamped));
         });
     }
 }
@@ -258,6 +301,12 @@ unsafe fn dequantise_scaled<V: Lanes>(
 /// `_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC`: ties to even, no exceptions, whatever
 /// MXCSR says.
 const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+/// MXCSR's rounding control: 0 rounds to nearest, ties to even.
+const MXCSR_ROUNDING: u32 = 0x6000;
+/// MXCSR's mask of the precision exception, which a conversion of a fraction raises:
+/// set, it raises none a program sees.
+const MXCSR_PRECISION_MASKED: u32 = 0x1000;
 
 /// 256-bit vectors of AVX2.
 struct Avx2;
@@ -359,11 +408,6 @@ impl Lanes for Avx2 {
         unsafe { _mm256_mul_ps(a, b) }
     }
     #[inline(always)]
-    unsafe fn round_ties_even(value: __m256) -> __m256 {
-        // SAFETY: as the trait requires of the caller.
-        unsafe { _mm256_round_ps::<NEAREST>(value) }
-    }
-    #[inline(always)]
     unsafe fn max_f32(a: __m256, b: __m256) -> __m256 {
         // SAFETY: as the trait requires of the caller.
         unsafe { _mm256_max_ps(a, b) }
@@ -374,9 +418,31 @@ impl Lanes for Avx2 {
         unsafe { _mm256_min_ps(a, b) }
     }
     #[inline(always)]
+    unsafe fn round_ties_even(value: __m256) -> __m256 {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm256_round_ps::<NEAREST>(value) }
+    }
+    #[inline(always)]
     unsafe fn truncate_to_i32(value: __m256) -> __m256i {
         // SAFETY: as the trait requires of the caller.
         unsafe { _mm256_cvttps_epi32(value) }
+    }
+    /// AVX2's conversion rounds as MXCSR says, which a host may have changed: the
+    /// default rounds to nearest and masks every exception. Read once a kernel call.
+    #[inline(always)]
+    unsafe fn converts_to_nearest() -> bool {
+        let mut mxcsr = 0u32;
+        // SAFETY: `stmxcsr` stores the thread's MXCSR into the 4 bytes given and changes
+        // nothing else (`std::arch`'s `_mm_getcsr` is deprecated for this).
+        unsafe {
+            std::arch::asm!("stmxcsr [{}]", in(reg) &mut mxcsr, options(nostack, preserves_flags));
+        }
+        mxcsr & (MXCSR_ROUNDING | MXCSR_PRECISION_MASKED) == MXCSR_PRECISION_MASKED
+    }
+    #[inline(always)]
+    unsafe fn to_nearest_i32(value: __m256) -> __m256i {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm256_cvtps_epi32(value) }
     }
     #[inline(always)]
     unsafe fn i32_to_f32(value: __m256i) -> __m256 {
@@ -469,11 +535,6 @@ impl Lanes for Avx512 {
         unsafe { _mm512_mul_ps(a, b) }
     }
     #[inline(always)]
-    unsafe fn round_ties_even(value: __m512) -> __m512 {
-        // SAFETY: as the trait requires of the caller.
-        unsafe { _mm512_roundscale_ps::<NEAREST>(value) }
-    }
-    #[inline(always)]
     unsafe fn max_f32(a: __m512, b: __m512) -> __m512 {
         // SAFETY: as the trait requires of the caller.
         unsafe { _mm512_max_ps(a, b) }
@@ -484,9 +545,24 @@ impl Lanes for Avx512 {
         unsafe { _mm512_min_ps(a, b) }
     }
     #[inline(always)]
+    unsafe fn round_ties_even(value: __m512) -> __m512 {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm512_roundscale_ps::<NEAREST>(value) }
+    }
+    #[inline(always)]
     unsafe fn truncate_to_i32(value: __m512) -> __m512i {
         // SAFETY: as the trait requires of the caller.
         unsafe { _mm512_cvttps_epi32(value) }
+    }
+    /// The conversion's rounding is encoded in the instruction, whatever MXCSR says.
+    #[inline(always)]
+    unsafe fn converts_to_nearest() -> bool {
+        true
+    }
+    #[inline(always)]
+    unsafe fn to_nearest_i32(value: __m512) -> __m512i {
+        // SAFETY: as the trait requires of the caller.
+        unsafe { _mm512_cvt_roundps_epi32::<NEAREST>(value) }
     }
     #[inline(always)]
     unsafe fn i32_to_f32(value: __m512i) -> __m512 {
@@ -540,6 +616,16 @@ macro_rules! instruction_set {
             pub(crate) unsafe fn largest_magnitude_bits(bytes: &[u8]) -> u32 {
                 // SAFETY: as this module requires of the caller.
                 unsafe { super::largest_magnitude_bits::<$lanes>(bytes) }
+            }
+
+            #[target_feature(enable = $feature)]
+            pub(crate) unsafe fn largest_magnitude_bits_of_blocks(
+                bytes: &[u8],
+                block_bytes: usize,
+                largest: &mut [u32],
+            ) {
+                // SAFETY: as this module requires of the caller.
+                unsafe { super::largest_magnitude_bits_of_blocks::<$lanes>(bytes, block_bytes, largest) }
             }
 
             #[target_feature(enable = $feature)]
