@@ -68,8 +68,8 @@ fn a_straggler_behind_delayed_lossy_links_gets_exact_sums_and_nothing_is_left() 
 
 /// Switches on hosts of their own behind links of the workers' rate, and one switch in
 /// each worker's namespace: exact sums, the model beside the time, no packet resent (at
-/// most 1 %), and each link's bytes as sharding predicts (`N/K` tensors each way on a switch host's link, `2(N−1)/N` on a
-/// colocated worker's).
+/// most 1 %), and each link's bytes as sharding predicts (`N/K` tensors each way on a
+/// switch host's link, `2(N−1)/N` on a colocated worker's).
 #[test]
 #[ignore = "needs root and runs a network of processes: scripts/test runs this file alone, in release, with --ignored"]
 fn sharded_sessions_on_switch_hosts_and_colocated_verify_and_load_the_links_as_modelled() {

@@ -6,7 +6,8 @@
 //! packets, 50-100 ms on some workers, where the path alone takes 2-5 ms. Two rules
 //! shorten the wait:
 //! - *Overtaken*: a contribution whose result has not come back when the result of one
-//!   sent after it has, and a reorder allowance has passed since, is taken as lost then,
+//!   sent after it to the same switch endpoint has (another endpoint answers behind a
+//!   queue of its own), and a reorder allowance has passed since, is taken as lost then,
 //!   not at its slot's timeout (RACK's rule, RFC 8985). Results come back out of the
 //!   order this worker sent in by as much as the workers' orders of sending differ
 //!   (each paces its own queue, and resends go first), which shows in the round trips'

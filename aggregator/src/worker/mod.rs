@@ -225,9 +225,10 @@ enum Send {
 /// A contribution's first sending: the one send the pacer may hold back.
 const FIRST_SENDING: Send = Send::Data { retransmission: None };
 
-/// What a thread knows of one switch endpoint it sends to. Each endpoint is a path of
-/// its own, with its own queues, and answers in its own order: a result from one is no
-/// evidence that a packet to another was lost. Taken as such, the results of a switch
+/// What a thread knows of one switch endpoint it sends to. Each endpoint answers in its
+/// own order and numbers its own broadcasts (a switch of a sharded session sits behind
+/// queues of its own; lanes of one switch run on threads of their own): a result from
+/// one is no evidence that a packet to another was lost. Taken as such, the results of a switch
 /// behind a shorter queue made the sendings to another look overtaken, and each worker
 /// of a sharded session resent up to a seventh of its packets on lossless links.
 #[derive(Debug, Default)]

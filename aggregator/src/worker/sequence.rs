@@ -202,16 +202,15 @@ impl WorkerProtocol {
             (_, (round, wait)) if round == notice.round => wait,
             _ => return,
         };
-        let lost =
-            self.endpoints[showing.endpoint].first_numbers.sent(notice.sequence).find(|&(at, round)| {
-                self.slots.get(usize::from(at)).is_some_and(|slot| {
-                    slot.active
-                        && !slot.paced
-                        && slot.held != Some(round)
-                        && slot.waiting_since < shown_at
-                        && slot.outstanding.is_some_and(|c| c.round == round)
-                })
-            });
+        let lost = self.endpoints[endpoint].first_numbers.sent(notice.sequence).find(|&(at, round)| {
+            self.slots.get(usize::from(at)).is_some_and(|slot| {
+                slot.active
+                    && !slot.paced
+                    && slot.held != Some(round)
+                    && slot.waiting_since < shown_at
+                    && slot.outstanding.is_some_and(|c| c.round == round)
+            })
+        });
         if let Some((at, round)) = lost {
             self.pending.push_back((at, Send::Data { retransmission: Some(round) }));
             self.counters.lost_notices += 1;

@@ -61,7 +61,13 @@ struct Options {
     server_switch: bool,
     /// With --server-switch on a flat network: this many switches sharing the session's
     /// slots, each on a server of its own (`netagg-run --switches K`).
-    #[arg(long, default_value_t = 1, requires = "server_switch", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(
+        long,
+        default_value_t = 1,
+        requires = "server_switch",
+        conflicts_with_all = ["racks", "rack_workers"],
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
     shards: u16,
     /// This many racks of contiguous ranks, each behind an uplink of its own to the core.
     #[arg(long, conflicts_with = "rack_workers")]
