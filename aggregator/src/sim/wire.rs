@@ -33,11 +33,14 @@ struct Route {
     /// The next link the packet enters.
     next: u8,
     to: Node,
+    /// The packet goes down, to a worker or from the core to a rack's switch, whichever
+    /// way each link it crosses runs (a switch host's link out carries a rack's sums up).
+    down: bool,
 }
 
 impl Route {
-    fn new(to: Node, hops: impl IntoIterator<Item = u32>) -> Route {
-        let mut route = Route { hops: [0; MAX_HOPS], len: 0, next: 0, to };
+    fn new(to: Node, down: bool, hops: impl IntoIterator<Item = u32>) -> Route {
+        let mut route = Route { hops: [0; MAX_HOPS], len: 0, next: 0, to, down };
         for hop in hops {
             route.hops[usize::from(route.len)] = hop;
             route.len += 1;
@@ -139,22 +142,23 @@ impl Layout {
             (Node::Worker(rank), Node::Switch(switch)) => {
                 let uplink = through_uplink(rank).map(|(up, _)| up);
                 let host = self.switch_link(switch).map(|(into, _)| into);
-                Route::new(to, [self.worker_up(rank)].into_iter().chain(uplink).chain(host))
+                Route::new(to, false, [self.worker_up(rank)].into_iter().chain(uplink).chain(host))
             }
             (Node::Switch(switch), Node::Worker(rank)) => {
                 let host = self.switch_link(switch).map(|(_, out)| out);
                 let uplink = through_uplink(rank).map(|(_, down)| down);
-                Route::new(to, host.into_iter().chain(uplink).chain([self.worker_down(rank)]))
+                Route::new(to, true, host.into_iter().chain(uplink).chain([self.worker_down(rank)]))
             }
             (Node::Switch(from), Node::Switch(to_switch)) => {
                 let out = self.switch_link(from).map(|(_, out)| out);
                 let into = self.switch_link(to_switch).map(|(into, _)| into);
-                let uplink = if to_switch == self.core() {
+                let up = to_switch == self.core();
+                let uplink = if up {
                     self.uplink(from).map(|(up, _)| up)
                 } else {
                     self.uplink(to_switch).map(|(_, down)| down)
                 };
-                Route::new(to, out.into_iter().chain(uplink).chain(into))
+                Route::new(to, !up, out.into_iter().chain(uplink).chain(into))
             }
             (Node::Worker(_), Node::Worker(_)) => unreachable!("workers send only to switches"),
         }
@@ -169,7 +173,7 @@ struct Links {
     links: Vec<Link>,
     frame_overhead_bytes: u64,
     /// Packets dropped by full queues, and of those, the ones on their way down to a
-    /// worker or a rack's switch.
+    /// worker or a rack's switch, whichever link they were on.
     queue_drops: u64,
     queue_drops_down: u64,
 }
@@ -400,7 +404,7 @@ impl Links {
                 Some(departure) => departure,
                 None => {
                     self.queue_drops += 1;
-                    self.queue_drops_down += u64::from(link.way == Way::Down);
+                    self.queue_drops_down += u64::from(route.down);
                     return;
                 }
             },
