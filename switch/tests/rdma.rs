@@ -25,6 +25,20 @@ fn worker_environment(rank: usize) -> String {
 // Lines the tests look for start with a line feed: the benchmark's progress bar ends
 // without one.
 
+/// A line of a VM's script that says in the share that its rank's command has ended.
+fn mark_ended(rank: usize) -> String {
+    format!(": > rank{rank}.ended")
+}
+
+/// A line of a VM's script that waits, up to 120 s, until rank `rank`'s command has
+/// ended: the VM of a killed process stays up, as its host would, so that its kernel's
+/// notices (TCP's FIN, rdma_cm's disconnect) and their retransmissions reach the other
+/// VM. A VM that powered off at once would test a vanished host instead, and only when
+/// its notices were slower than its exit.
+fn await_ended(rank: usize) -> String {
+    format!("for i in $(seq 600); do [ -e rank{rank}.ended ] && break; sleep 0.2; done")
+}
+
 /// A program of another package of the workspace, built into the folder of
 /// `netagg-switch` (cargo names only this package's programs to its tests).
 fn beside_switch(name: &str) -> PathBuf {
@@ -172,14 +186,16 @@ fn a_worker_killed_mid_job_fails_the_other_s_job_within_the_job_timeout() {
     let endless = "allreduce_benchmark --tensor-numel 64Ki --num-jobs 100000 --num-warmup-jobs 0";
     let vm0 = format!(
         "{START_SWITCH}\nstart=$(date +%s)\nNETAGG_GENERAL__JOB_TIMEOUT=5 {} {endless} && exit 1\n\
-         printf '\\nrank 0 failed after %d s\\n' $(( $(date +%s) - start ))\nkill -INT $switch; wait $switch; \
-         status=$?; cat switch.log; exit $status",
-        worker_environment(0)
+         printf '\\nrank 0 failed after %d s\\n' $(( $(date +%s) - start ))\n{}\nkill -INT $switch; \
+         wait $switch; status=$?; cat switch.log; exit $status",
+        worker_environment(0),
+        mark_ended(0)
     );
     // Rank 1 joins, runs jobs a few seconds, and dies without a word.
     let vm1 = format!(
-        "{} {endless} & worker=$!\nsleep 8\nkill -KILL $worker\nprintf '\\nkilled rank 1\\n'",
-        worker_environment(1)
+        "{} {endless} & worker=$!\nsleep 8\nkill -KILL $worker\nprintf '\\nkilled rank 1\\n'\n{}",
+        worker_environment(1),
+        await_ended(0)
     );
     let (success, all) = softroce_vms(&vm0, &vm1);
     assert!(success, "{all}");
@@ -210,10 +226,12 @@ fn a_switch_killed_mid_job_fails_both_ranks_within_the_job_timeout() {
     // The switch dies once both ranks have run jobs together for some seconds.
     let vm0 = format!(
         "{START_SWITCH}\n(while ! grep -q 'worker thread connected' switch.log; do sleep 1; done; sleep 10; \
-         kill -KILL $switch; printf '\\nkilled the switch\\n') &\n{}",
-        rank(0)
+         kill -KILL $switch; printf '\\nkilled the switch\\n') &\n{}\n{}",
+        rank(0),
+        await_ended(1)
     );
-    let (success, all) = softroce_vms(&vm0, &rank(1));
+    let vm1 = format!("{}\n{}", rank(1), mark_ended(1));
+    let (success, all) = softroce_vms(&vm0, &vm1);
     assert!(success, "{all}");
     assert!(all.contains("[vm0] killed the switch"), "{all}");
     for (vm, rank) in [("vm0", 0), ("vm1", 1)] {
