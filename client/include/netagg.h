@@ -391,12 +391,20 @@ netagg_result netagg_job_free(netagg_job job);
 // `context` is NULL or live.
 netagg_result netagg_wait_all(const struct netagg_context *context);
 
-// Writes the context's counters into `*stats` (also after it stopped). Thread-safe.
+// Writes the context's counters into the `stats_size` bytes at `stats` (also after it
+// stopped); pass `sizeof(netagg_stats)`. Thread-safe.
+//
+// The size keeps programs and libraries of different versions apart: counters are only
+// ever appended, so the struct of an older header is a prefix of this library's and gets
+// the counters it names, and counters of a newer header that this library does not keep
+// read 0. A size that is not a whole number of 8-byte counters is refused with
+// `NETAGG_INVALID_ARGUMENT`.
 //
 // # Safety
-// `context` is NULL or live; `stats` is NULL or writable.
+// `context` is NULL or live; `stats` is NULL or writable for `stats_size` bytes.
 netagg_result netagg_context_stats(const struct netagg_context *context,
-                                   struct netagg_stats *stats);
+                                   struct netagg_stats *stats,
+                                   size_t stats_size);
 
 // Writes the counters as readable text, one line for the jobs and one per worker thread,
 // into `buffer`, with the conventions of `netagg_last_error_message`. Thread-safe.

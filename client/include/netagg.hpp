@@ -252,7 +252,7 @@ class Context {
 
   netagg_stats stats() const {
     netagg_stats stats = netagg_stats();
-    detail::check(netagg_context_stats(context_, &stats));
+    detail::check(netagg_context_stats(context_, &stats, sizeof stats));
     return stats;
   }
 

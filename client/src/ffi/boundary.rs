@@ -122,6 +122,37 @@ impl<T> Output<T> {
     }
 }
 
+/// Where a struct the caller sized goes: the caller says how many bytes its `T` has, which
+/// differ from this library's when the two were built from different headers.
+pub(crate) struct SizedOutput<T> {
+    pointer: *mut T,
+    size: usize,
+}
+
+impl<T: Copy> SizedOutput<T> {
+    /// # Safety
+    /// `pointer` is NULL or valid for writing `size` bytes until [`SizedOutput::write`].
+    pub unsafe fn new(pointer: *mut T, size: usize, argument: &str) -> Result<SizedOutput<T>, Failure> {
+        if pointer.is_null() {
+            return Err(Failure::null(argument));
+        }
+        Ok(SizedOutput { pointer, size })
+    }
+
+    /// Writes the first `size` bytes of `value`, and zeros past its end. `T` must have no
+    /// padding (every byte of it initialised), as a `repr(C)` struct of `u64`s has none.
+    pub fn write(self, value: T) {
+        let ours = size_of::<T>().min(self.size);
+        let bytes = self.pointer.cast::<u8>();
+        // SAFETY: `size` bytes at the pointer are writable (`new`'s contract), `ours` of
+        // them come from `value`, which is initialised throughout, and the rest are zeroed.
+        unsafe {
+            std::ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), bytes, ours);
+            std::ptr::write_bytes(bytes.add(ours), 0, self.size - ours);
+        }
+    }
+}
+
 /// Copies `text` and a terminating NUL into the caller's `buffer` of `capacity` bytes and
 /// its length (without the NUL) into `*length`. If it does not fit, nothing is copied,
 /// `*length` is set to the length needed and the call fails with

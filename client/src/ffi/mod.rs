@@ -30,7 +30,9 @@ use std::time::Duration;
 use crate::Config;
 
 use crate::{Context, DataType, Error, Job, JobStatus};
-use boundary::{borrow, borrow_mut, borrow_str, free_boxed, guard, into_raw, write_text, Failure, Output};
+use boundary::{
+    borrow, borrow_mut, borrow_str, free_boxed, guard, into_raw, write_text, Failure, Output, SizedOutput,
+};
 pub use result::netagg_result;
 use result::netagg_result::*;
 
@@ -693,18 +695,36 @@ pub unsafe extern "C" fn netagg_wait_all(context: *const netagg_context) -> neta
     })
 }
 
-/// Writes the context's counters into `*stats` (also after it stopped). Thread-safe.
+/// Writes the context's counters into the `stats_size` bytes at `stats` (also after it
+/// stopped); pass `sizeof(netagg_stats)`. Thread-safe.
+///
+/// The size keeps programs and libraries of different versions apart: counters are only
+/// ever appended, so the struct of an older header is a prefix of this library's and gets
+/// the counters it names, and counters of a newer header that this library does not keep
+/// read 0. A size that is not a whole number of 8-byte counters is refused with
+/// `NETAGG_INVALID_ARGUMENT`.
 ///
 /// # Safety
-/// `context` is NULL or live; `stats` is NULL or writable.
+/// `context` is NULL or live; `stats` is NULL or writable for `stats_size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn netagg_context_stats(
     context: *const netagg_context,
     stats: *mut netagg_stats,
+    stats_size: usize,
 ) -> netagg_result {
     guard("netagg_context_stats", || {
         // SAFETY: the caller's contract.
-        let (context, out) = unsafe { (borrow(context, "context")?, Output::new(stats, "stats")?) };
+        let (context, out) =
+            unsafe { (borrow(context, "context")?, SizedOutput::new(stats, stats_size, "stats")?) };
+        if stats_size == 0 || stats_size % size_of::<u64>() != 0 {
+            return Err(Failure::new(
+                NETAGG_INVALID_ARGUMENT,
+                format!(
+                    "stats_size {stats_size} is no netagg_stats's size: pass sizeof(netagg_stats), a whole \
+                     number of 8-byte counters"
+                ),
+            ));
+        }
         let stats = context.started()?.stats();
         let total = stats.total();
         out.write(netagg_stats {

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,7 @@ static void null_arguments(void) {
   EXPECT(netagg_allreduce(NULL, data, data, 4, NETAGG_INT32), NETAGG_NULL_ARGUMENT);
   EXPECT(netagg_allreduce_async(NULL, data, data, 4, NETAGG_INT32, &job), NETAGG_NULL_ARGUMENT);
   EXPECT(netagg_wait_all(NULL), NETAGG_NULL_ARGUMENT);
-  EXPECT(netagg_context_stats(NULL, &stats), NETAGG_NULL_ARGUMENT);
+  EXPECT(netagg_context_stats(NULL, &stats, sizeof stats), NETAGG_NULL_ARGUMENT);
   EXPECT(netagg_context_stats_text(NULL, NULL, 0, NULL), NETAGG_NULL_ARGUMENT);
   EXPECT(netagg_context_reset_stats(NULL), NETAGG_NULL_ARGUMENT);
   EXPECT(netagg_job_status(1, NULL), NETAGG_NULL_ARGUMENT);
@@ -165,6 +166,30 @@ static netagg_context *dummy_context(const char *prepostprocessor) {
   return dummy_context_at(prepostprocessor, "0");
 }
 
+/* The size argument of netagg_context_stats: a program built with an older header (a
+ * shorter struct) gets the counters it names and nothing past them; one built with a
+ * newer header reads 0 in counters this library does not keep. */
+static void sized_stats(const netagg_context *context) {
+  uint64_t words[sizeof(netagg_stats) / 8 + 3];
+  size_t i;
+  const size_t older = offsetof(netagg_stats, gap_requests);
+  memset(words, 0xAB, sizeof words);
+  EXPECT(netagg_context_stats(context, (netagg_stats *)words, older), NETAGG_OK);
+  EXPECT_TRUE(words[0] == 1); /* jobs_submitted */
+  for (i = older / 8; i < sizeof words / 8; i++) {
+    EXPECT_TRUE(words[i] == 0xABABABABABABABABull);
+  }
+  EXPECT(netagg_context_stats(context, (netagg_stats *)words, sizeof words - 8), NETAGG_OK);
+  EXPECT_TRUE(words[0] == 1);
+  for (i = sizeof(netagg_stats) / 8; i < sizeof words / 8 - 1; i++) {
+    EXPECT_TRUE(words[i] == 0);
+  }
+  EXPECT_TRUE(words[sizeof words / 8 - 1] == 0xABABABABABABABABull);
+  EXPECT(netagg_context_stats(context, (netagg_stats *)words, 12), NETAGG_INVALID_ARGUMENT);
+  EXPECT_MESSAGE("stats_size 12 is no netagg_stats's size: pass sizeof(netagg_stats)");
+  EXPECT(netagg_context_stats(context, (netagg_stats *)words, 0), NETAGG_INVALID_ARGUMENT);
+}
+
 static void lifecycle_and_jobs(void) {
   enum { NUMEL = 10000 };
   static int32_t input[NUMEL], output[NUMEL];
@@ -191,7 +216,7 @@ static void lifecycle_and_jobs(void) {
   EXPECT_MESSAGE("netagg_allreduce: call netagg_context_start first");
   EXPECT(netagg_wait_all(context), NETAGG_NOT_STARTED);
   EXPECT(netagg_context_stop(context), NETAGG_NOT_STARTED);
-  EXPECT(netagg_context_stats(context, &stats), NETAGG_NOT_STARTED);
+  EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_NOT_STARTED);
 
   EXPECT(netagg_context_start(context), NETAGG_OK);
   EXPECT(netagg_context_start(context), NETAGG_ALREADY_STARTED);
@@ -241,25 +266,26 @@ static void lifecycle_and_jobs(void) {
   EXPECT(netagg_allreduce(context, input, output, UINT64_MAX / 2, NETAGG_INT32), NETAGG_INVALID_ARGUMENT);
   EXPECT(netagg_allreduce_async(context, input, output, NUMEL, NETAGG_INT32, NULL), NETAGG_NULL_ARGUMENT);
 
-  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_OK);
   EXPECT_TRUE(stats.jobs_submitted == 3 && stats.jobs_finished == 3 && stats.jobs_failed == 0);
   EXPECT_TRUE(stats.elements_submitted == 2 * NUMEL && stats.worker_threads == 2);
   EXPECT_TRUE(stats.packets_sent >= 2 * ((NUMEL + 63) / 64));
   EXPECT(netagg_context_stats_text(context, text, sizeof text, &length), NETAGG_OK);
   EXPECT_TRUE(strstr(text, "jobs: 3 submitted, 3 finished, 0 failed") != NULL);
   EXPECT(netagg_context_reset_stats(context), NETAGG_OK);
-  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_OK);
   EXPECT_TRUE(stats.jobs_submitted == 0 && stats.packets_sent == 0);
   /* After a reset, a job counts only its own packets: 157 of 64 elements. */
   EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_OK);
-  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_OK);
   EXPECT_TRUE(stats.jobs_submitted == 1 && stats.packets_sent >= 157 && stats.packets_sent < 2 * 157);
+  sized_stats(context);
 
   EXPECT(netagg_context_stop(context), NETAGG_OK);
   EXPECT(netagg_context_stop(context), NETAGG_STOPPED);
   EXPECT_MESSAGE("already stopped");
   EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_STOPPED);
-  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_OK);
   /* A stopped context starts again, in a new session. */
   EXPECT(netagg_context_start(context), NETAGG_OK);
   EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_OK);
@@ -297,7 +323,7 @@ static void losses_found_by_their_numbers(void) {
     }
   }
   EXPECT_TRUE(exact);
-  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_OK);
   EXPECT_TRUE(stats.gap_requests > 0 && stats.lost_notices > 0);
   netagg_context_free(context);
 }
@@ -364,11 +390,11 @@ static void sixteen_bit_types(void) {
 
   EXPECT(netagg_context_reset_stats(context), NETAGG_OK);
   EXPECT(netagg_allreduce(context, floats, floats, NUMEL, NETAGG_FLOAT32), NETAGG_OK);
-  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_OK);
   float32_bytes = stats.bytes_sent;
   EXPECT(netagg_context_reset_stats(context), NETAGG_OK);
   EXPECT(netagg_allreduce(context, brains, brains, NUMEL, NETAGG_BFLOAT16), NETAGG_OK);
-  EXPECT(netagg_context_stats(context, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_OK);
   /* Half the payload in half the packets, each as long as a float32 one. */
   EXPECT_TRUE(stats.bytes_sent > float32_bytes * 45 / 100 && stats.bytes_sent < float32_bytes * 55 / 100);
   netagg_context_free(context);
@@ -403,7 +429,7 @@ static void float32_as_16_bits_on_the_wire(void) {
   EXPECT(netagg_context_start(wide), NETAGG_OK);
 
   EXPECT(netagg_allreduce(wide, floats, floats, NUMEL, NETAGG_FLOAT32), NETAGG_OK);
-  EXPECT(netagg_context_stats(wide, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(wide, &stats, sizeof stats), NETAGG_OK);
   float32_bytes = stats.bytes_sent;
   for (i = 0; i < NUMEL; i++) {
     floats[i] = (float)(i % 64) * 0.5f - 16.0f;
@@ -413,7 +439,7 @@ static void float32_as_16_bits_on_the_wire(void) {
     exact &= floats[i] == 3.0f * ((float)(i % 64) * 0.5f - 16.0f);
   }
   EXPECT_TRUE(exact);
-  EXPECT(netagg_context_stats(narrow, &stats), NETAGG_OK);
+  EXPECT(netagg_context_stats(narrow, &stats, sizeof stats), NETAGG_OK);
   EXPECT_TRUE(stats.bytes_sent > float32_bytes * 45 / 100 && stats.bytes_sent < float32_bytes * 55 / 100);
   netagg_context_free(narrow);
   netagg_context_free(wide);
