@@ -191,6 +191,20 @@ typedef struct netagg_stats {
   // Contributions sent again at once because the switch named their first sending
   // missing.
   uint64_t lost_notices;
+  // Data packets sent, retransmissions included.
+  uint64_t data_sent;
+  // Acknowledgements and requests sent.
+  uint64_t acks_sent;
+  // Probes sent while every slot of a thread waited.
+  uint64_t probes;
+  // Data packets the pacer held back before their first sending.
+  uint64_t paced;
+  // Datagrams received whose checksum did not match (dropped, recovered as lost).
+  uint64_t corrupt;
+  // Pending notices received from the switch.
+  uint64_t pending;
+  // Progress reports received, the switch's answers to probes.
+  uint64_t progress_reports;
 } netagg_stats;
 
 #ifdef __cplusplus

@@ -137,6 +137,20 @@ pub struct netagg_stats {
     /// Contributions sent again at once because the switch named their first sending
     /// missing.
     pub lost_notices: u64,
+    /// Data packets sent, retransmissions included.
+    pub data_sent: u64,
+    /// Acknowledgements and requests sent.
+    pub acks_sent: u64,
+    /// Probes sent while every slot of a thread waited.
+    pub probes: u64,
+    /// Data packets the pacer held back before their first sending.
+    pub paced: u64,
+    /// Datagrams received whose checksum did not match (dropped, recovered as lost).
+    pub corrupt: u64,
+    /// Pending notices received from the switch.
+    pub pending: u64,
+    /// Progress reports received, the switch's answers to probes.
+    pub progress_reports: u64,
 }
 
 static JOBS: LazyLock<Mutex<HashMap<netagg_job, Job>>> = LazyLock::new(Default::default);
@@ -744,6 +758,13 @@ pub unsafe extern "C" fn netagg_context_stats(
             timeouts: total.timeouts,
             gap_requests: total.gap_requests,
             lost_notices: total.lost_notices,
+            data_sent: total.data_sent,
+            acks_sent: total.acks_sent,
+            probes: total.probes,
+            paced: total.paced,
+            corrupt: total.corrupt,
+            pending: total.pending,
+            progress_reports: total.progress_reports,
         });
         Ok(())
     })

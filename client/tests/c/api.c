@@ -279,6 +279,9 @@ static void lifecycle_and_jobs(void) {
   EXPECT(netagg_allreduce(context, input, output, NUMEL, NETAGG_INT32), NETAGG_OK);
   EXPECT(netagg_context_stats(context, &stats, sizeof stats), NETAGG_OK);
   EXPECT_TRUE(stats.jobs_submitted == 1 && stats.packets_sent >= 157 && stats.packets_sent < 2 * 157);
+  EXPECT_TRUE(stats.data_sent >= 157 && stats.data_sent <= stats.packets_sent);
+  EXPECT_TRUE(stats.data_sent + stats.acks_sent + stats.probes == stats.packets_sent);
+  EXPECT_TRUE(stats.corrupt == 0);
   sized_stats(context);
 
   EXPECT(netagg_context_stop(context), NETAGG_OK);
