@@ -180,10 +180,10 @@ fn print_counters(switch: &Switch) {
     }
     for (id, c) in sessions {
         println!(
-            "stats: session {:#010x} packets {} contributions {} results {} resent {} duplicates {} stale {} stalled {} rejected {} forged {} \
-             lost-notices {} lost-notices-dropped {}",
-            id.0, c.packets_in, c.contributions, c.results_broadcast, c.results_resent, c.duplicates, c.stale, c.stalled, c.rejected, c.forged,
-            c.lost_notices, c.lost_notices_dropped
+            "stats: session {:#010x} packets {} contributions {} results {} resent {} duplicates {} not-ready {} stale {} stalled {} \
+             rejected {} forged {} lost-notices {} lost-notices-dropped {}",
+            id.0, c.packets_in, c.contributions, c.results_broadcast, c.results_resent, c.duplicates, c.not_ready, c.stale, c.stalled,
+            c.rejected, c.forged, c.lost_notices, c.lost_notices_dropped
         );
     }
 }

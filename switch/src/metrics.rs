@@ -61,12 +61,13 @@ const ENGINE_DROPS: [Labelled<EngineCounters>; 3] =
     [("corrupt", |c| c.corrupt), ("malformed", |c| c.malformed), ("wrong_session", |c| c.unknown_session)];
 
 /// A session's counts that are not drops: name, help and where each is.
-const SESSION_COUNTS: [Described<SessionCounters>; 7] = [
+const SESSION_COUNTS: [Described<SessionCounters>; 8] = [
     ("packets", "Datagrams that named the session", |c| c.packets_in),
     ("contributions", "Contributions taken into a sum", |c| c.contributions),
     ("results", "Rounds completed, each result sent to every worker", |c| c.results_broadcast),
     ("results_resent", "Results sent again to one worker", |c| c.results_resent),
     ("duplicates", "Duplicate contributions, each answered", |c| c.duplicates),
+    ("not_ready", "Requests for a round still aggregating, answered with a pending notice", |c| c.not_ready),
     ("lost_notices", "Notices telling a worker that a contribution it numbered never came", |c| {
         c.lost_notices
     }),

@@ -490,6 +490,18 @@ fn the_metrics_endpoint_shows_a_live_session_s_packets_and_keeps_them_once_it_cl
         }
     }
     workers[0].send_to(switch_data, &numbered(0, 3, 4));
+    // Rank 2 asks for round 4's result, which no rank has contributed to yet.
+    let request = PacketRepr {
+        job: 1,
+        rank: 2,
+        round: 4,
+        ack_round: 3,
+        flags: Flags::WANT_RESULT,
+        ..PacketRepr::new(MessageType::Ack, ElementType::Int32, session, token, 0)
+    };
+    let mut bytes = vec![0u8; request.buffer_len()];
+    request.emit(&mut bytes).unwrap().seal();
+    workers[2].send_to(switch_data, &bytes);
     workers[1].send_to(switch_data, &[1, 2, 3]);
     workers[2].send_to(switch_data, &data(session ^ 0x5a5a, token, 2, [1; 4]));
     let lost_notices = received(&mut workers[0], Duration::from_millis(300))
@@ -510,8 +522,9 @@ fn the_metrics_endpoint_shows_a_live_session_s_packets_and_keeps_them_once_it_cl
     };
     assert_eq!(at(&live, "netagg_switch_sessions{state=\"open\"}"), 1.0);
     assert_eq!(at(&live, "netagg_switch_control_connections"), 3.0);
-    assert_eq!(at(&live, "netagg_switch_datagrams_total{lane=\"0\"}"), 15.0);
-    assert_eq!(at(&live, &format!("netagg_switch_session_packets_total{{{id}}}")), 13.0);
+    assert_eq!(at(&live, "netagg_switch_datagrams_total{lane=\"0\"}"), 16.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_packets_total{{{id}}}")), 14.0);
+    assert_eq!(at(&live, &format!("netagg_switch_session_not_ready_total{{{id}}}")), 1.0);
     assert_eq!(at(&live, &format!("netagg_switch_session_contributions_total{{{id}}}")), 12.0);
     assert_eq!(at(&live, &format!("netagg_switch_session_results_total{{{id}}}")), 4.0);
     assert_eq!(at(&live, &format!("netagg_switch_session_duplicates_total{{{id}}}")), 1.0);
@@ -521,7 +534,7 @@ fn the_metrics_endpoint_shows_a_live_session_s_packets_and_keeps_them_once_it_cl
     assert_eq!(at(&live, &format!("netagg_switch_session_open{{{id}}}")), 1.0);
     assert_eq!(at(&live, "netagg_switch_dropped_total{cause=\"malformed\",lane=\"0\"}"), 1.0);
     assert_eq!(at(&live, "netagg_switch_dropped_total{cause=\"wrong_session\",lane=\"0\"}"), 1.0);
-    assert_eq!(at(&live, "netagg_switch_packets_total"), 13.0);
+    assert_eq!(at(&live, "netagg_switch_packets_total"), 14.0);
     assert!(at(&live, "netagg_switch_uptime_seconds") > at(&idle, "netagg_switch_uptime_seconds"));
 
     // A rank's connection closes: the session ends, and its series stay with their counts.
@@ -531,8 +544,8 @@ fn the_metrics_endpoint_shows_a_live_session_s_packets_and_keeps_them_once_it_cl
     assert_eq!(at(&closed, "netagg_switch_sessions{state=\"open\"}"), 0.0);
     assert_eq!(at(&closed, "netagg_switch_sessions_closed_total"), 1.0);
     assert_eq!(at(&closed, &format!("netagg_switch_session_open{{{id}}}")), 0.0);
-    assert_eq!(at(&closed, &format!("netagg_switch_session_packets_total{{{id}}}")), 13.0);
-    assert_eq!(at(&closed, "netagg_switch_packets_total"), 13.0, "closed sessions count once");
+    assert_eq!(at(&closed, &format!("netagg_switch_session_packets_total{{{id}}}")), 14.0);
+    assert_eq!(at(&closed, "netagg_switch_packets_total"), 14.0, "closed sessions count once");
 
     assert_eq!(http_get(metrics, "/").0, "HTTP/1.1 404 Not Found");
     drop(switch);
