@@ -118,7 +118,8 @@ pub(crate) struct Pacer {
     /// window or the peers, limited the worker, so it may grow.
     pub(super) limited: bool,
     /// Loss engaged the pacer, behind a queue too short to show delay: the rate follows
-    /// the delivery rate measured ([`Delivery`]), not the standing delay.
+    /// the delivery rate measured ([`Delivery`]), not the standing delay, for the rest of
+    /// the session.
     pub(super) measured: bool,
     /// The delivery rates of the latest periods, which a measured pacer paces at.
     pub(super) delivery: Delivery,
@@ -250,9 +251,9 @@ impl Pacer {
         true
     }
 
-    /// Paces at the delivery rate measured from now on, starting up from `seed`; what an
-    /// earlier spell measured is forgotten (the path may have changed), but for the floor
-    /// `set_rate` keeps at half the capacity.
+    /// Paces at the delivery rate measured from now on, starting up from `seed`; a
+    /// capacity the delay rule measured before keeps only the floor `set_rate` keeps at
+    /// half of it.
     fn measure(&mut self, seed: f64) {
         self.measured = true;
         self.delivery.start(seed);
@@ -334,16 +335,14 @@ impl Pacer {
         let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
         if self.measured {
-            if ended.least_completed.is_none_or(|least| standing(least) <= target) {
-                self.measured_period(delivery, limited);
-                return;
-            }
-            // A queue deep enough to show delay stands on this worker's own path: the
-            // delay rule paces it from here, as a queue too short to show delay needs
-            // the measured rate. Measured behind 5 ms and a 64 KiB bucket
-            // (tests/paths.rs), a rate above the path filled the queue until it
-            // overflowed, and more than 1 % of the contributions reached the switch twice.
-            self.measured = false;
+            // Whatever delay its own rounds show: a worker behind a queue too short to
+            // hold a burst is losing, not queueing, and the delay its rounds show there is
+            // mostly other workers' results ahead of its own on the way down, which its
+            // rate does not drain. Handed back to the delay rule on that delay, sparse
+            // workers behind 2 KB at 2 Mbit/s paced at 85-107 kB/s on a link of 250 kB/s
+            // (benches/RESULTS.md, "A measured pacer stays measured").
+            self.measured_period(delivery, limited);
+            return;
         }
         let (sent, lost) = self.judged;
         // Losses of unpaced periods count too (only paced sendings do): a path the delay
