@@ -16,9 +16,9 @@
 //! One [`LinkPacer`] serves all of a worker's threads, since they share its link. It
 //! paces data: contributions' first sendings and retransmissions, retransmissions first.
 //! Acknowledgements, requests and probes, header-only and few, pass at once; but behind
-//! a queue too short to show delay, slots' timers that backed off together, which would
-//! fire together again and draw their answers back at once into that queue, fire spread
-//! at the rate the path's results come at ([`LinkPacer::retry_at`]).
+//! a queue too short to show delay, slots' timers armed together, which would fire
+//! together and draw their answers back at once into that queue, fire spread at the
+//! rate the path's results come at ([`LinkPacer::retry_at`]).
 //!
 //! The signal is the *standing* queueing delay: the least round trip of a decision
 //! period (at least [`SAMPLES`] round trips and 4 ms) less the least round trip

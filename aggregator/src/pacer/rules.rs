@@ -104,7 +104,7 @@ pub(crate) struct Pacer {
     pub(super) rate: Option<u64>,
     /// When the next paced packet may leave.
     pub(super) next_send: Option<Instant>,
-    /// When the next backed-off timer may fire: see [`Pacer::retry_at`].
+    /// When the next slot's timer may fire: see [`Pacer::retry_at`].
     pub(super) next_retry: Option<Instant>,
     /// The least round trip of the session: the path without a queue.
     pub(super) min_rtt: Option<Duration>,
@@ -194,15 +194,17 @@ impl Pacer {
         self.period.sent += 1;
     }
 
-    /// When a slot's timer, backed off after a timeout and due at `deadline`, fires: a
-    /// result's `bytes` at the rate after the backed-off timer before it, and at most
-    /// `timeout` late. Timers that backed off together stay in step, firing at one instant
-    /// with one backoff, and each round of their requests draws its answers back at once:
-    /// a queue of a frame or two passes one or two of them, and the rest time out together
-    /// again (15 slots of one worker, down to 11 after 6 rounds, in a sparse job of 52
-    /// times the model behind 1 KB queues; `benches/RESULTS.md`). Only a measured rate's
-    /// path, whose queue is too short to show delay, needs it: a queue that holds the
-    /// answers costs the lockstep nothing, and spread there, random loss behind 100 ms
+    /// When a slot's timer, due at `deadline`, fires: a result's `bytes` at the rate after
+    /// the timer armed before it, and at most `timeout` late. Timers armed together fire
+    /// together: slots re-armed behind the same results still coming, and backed-off ones,
+    /// which stay in step at one backoff. Each round of their requests draws its answers
+    /// back at once: a queue of a frame or two passes one or two of them, and the rest
+    /// time out together again (15 slots of one worker, down to 11 after 6 rounds, in a
+    /// sparse job of 52 times the model behind 1 KB queues; `benches/RESULTS.md`). With
+    /// only backed-off timers spread, the collapse matrix's sparse jobs took 3.8-4.8 times
+    /// the model (geometric means of 12 seeds), with every one 3.6-3.9. Only a measured
+    /// rate's path, whose queue is too short to show delay, needs it: a queue that holds
+    /// the answers costs the lockstep nothing, and spread there, random loss behind 100 ms
     /// (`tests/lossy_links.rs`) took its slowest job from 1.14 to 1.26 of the model.
     pub(crate) fn retry_at(&mut self, deadline: Instant, timeout: Duration, bytes: usize) -> Instant {
         let Some(rate) = self.rate.filter(|_| self.measured) else {

@@ -322,11 +322,11 @@ fn overflowed(span: Duration, bytes: u64) -> Path {
     path
 }
 
-/// Backed-off timers due together fire a result's time apart behind a measured rate,
-/// and never more than their timeout late; unpaced, or paced by the standing delay
-/// (a queue that holds their answers), when they are due.
+/// Timers due together fire a result's time apart behind a measured rate, and never
+/// more than their timeout late; unpaced, or paced by the standing delay (a queue that
+/// holds their answers), when they are due.
 #[test]
-fn backed_off_timers_due_together_are_spread_at_a_measured_rate() {
+fn timers_due_together_are_spread_at_a_measured_rate() {
     let mut path = Path::new(CONFIG);
     let due = path.now + MS * 80;
     assert_eq!(path.pacer.retry_at(due, MS * 40, 1_000), due, "unpaced");
