@@ -75,10 +75,11 @@ impl LinkPacer {
         }
     }
 
-    /// When a slot's timer, backed off after a timeout and due at `deadline` after
-    /// `timeout`, fires: spread at the rate the path's results come at while a measured
-    /// rate paces it ([`Pacer::retry_at`]), a data packet being `packet_bytes`; at
-    /// `deadline` otherwise.
+    /// When a slot's timer, due at `deadline` after `timeout`, fires: spread at the rate
+    /// the path's results come at while a measured rate paces it ([`Pacer::retry_at`]), a
+    /// data packet being `packet_bytes`; at `deadline` otherwise. Every armed timer comes
+    /// here: unpaced, it costs a load of the rate, which every send reads too.
+    #[inline]
     pub(crate) fn retry_at(&self, deadline: Instant, timeout: Duration, packet_bytes: usize) -> Instant {
         if self.rate().is_none() {
             return deadline;

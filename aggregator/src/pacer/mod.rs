@@ -16,9 +16,9 @@
 //! One [`LinkPacer`] serves all of a worker's threads, since they share its link. It
 //! paces data: contributions' first sendings and retransmissions, retransmissions first.
 //! Acknowledgements, requests and probes, header-only and few, pass at once; but behind
-//! a queue too short to show delay, slots' timers that backed off together, which would
-//! fire together again and draw their answers back at once into that queue, fire spread
-//! at the rate the path's results come at ([`LinkPacer::retry_at`]).
+//! a queue too short to show delay, slots' timers armed together, which would fire
+//! together and draw their answers back at once into that queue, fire spread at the
+//! rate the path's results come at ([`LinkPacer::retry_at`]).
 //!
 //! The signal is the *standing* queueing delay: the least round trip of a decision
 //! period (at least [`SAMPLES`] round trips and 4 ms) less the least round trip
@@ -76,10 +76,11 @@
 //!   back: random loss behind a deep queue (1 % each way behind 100 ms at 50 Mbit/s)
 //!   passes that share now and then, and a measured rate there paced it below its path
 //!   for good;
-//! - a measured period whose own round trips show a standing queue above the target
-//!   hands the worker back to the rules above: such a queue needs no measured rate
-//!   (behind 5 ms and a tbf bucket, measured rates overran it). A worker those rules pace
-//!   halves its rate on an overflow;
+//! - a measured rate paces the worker for the rest of the session, whatever delay its own
+//!   rounds show: behind a queue too short to hold a burst, that delay is mostly other
+//!   workers' results queued ahead of its own on the way down, which its rate does not
+//!   drain, and the delay rule, handed such a worker, paced it far below its path. A
+//!   worker the delay rule paces halves its rate on an overflow;
 //! - no catch-up burst: the [`BURST`] an idle spell earns elsewhere overflows a queue of
 //!   a packet or two. The window is left alone, for the liveness reason above, so the
 //!   path's queue is bounded by the rate alone.

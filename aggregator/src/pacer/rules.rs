@@ -104,7 +104,7 @@ pub(crate) struct Pacer {
     pub(super) rate: Option<u64>,
     /// When the next paced packet may leave.
     pub(super) next_send: Option<Instant>,
-    /// When the next backed-off timer may fire: see [`Pacer::retry_at`].
+    /// When the next slot's timer may fire: see [`Pacer::retry_at`].
     pub(super) next_retry: Option<Instant>,
     /// The least round trip of the session: the path without a queue.
     pub(super) min_rtt: Option<Duration>,
@@ -118,7 +118,8 @@ pub(crate) struct Pacer {
     /// window or the peers, limited the worker, so it may grow.
     pub(super) limited: bool,
     /// Loss engaged the pacer, behind a queue too short to show delay: the rate follows
-    /// the delivery rate measured ([`Delivery`]), not the standing delay.
+    /// the delivery rate measured ([`Delivery`]), not the standing delay, for the rest of
+    /// the session.
     pub(super) measured: bool,
     /// The delivery rates of the latest periods, which a measured pacer paces at.
     pub(super) delivery: Delivery,
@@ -193,15 +194,17 @@ impl Pacer {
         self.period.sent += 1;
     }
 
-    /// When a slot's timer, backed off after a timeout and due at `deadline`, fires: a
-    /// result's `bytes` at the rate after the backed-off timer before it, and at most
-    /// `timeout` late. Timers that backed off together stay in step, firing at one instant
-    /// with one backoff, and each round of their requests draws its answers back at once:
-    /// a queue of a frame or two passes one or two of them, and the rest time out together
-    /// again (15 slots of one worker, down to 11 after 6 rounds, in a sparse job of 52
-    /// times the model behind 1 KB queues; `benches/RESULTS.md`). Only a measured rate's
-    /// path, whose queue is too short to show delay, needs it: a queue that holds the
-    /// answers costs the lockstep nothing, and spread there, random loss behind 100 ms
+    /// When a slot's timer, due at `deadline`, fires: a result's `bytes` at the rate after
+    /// the timer armed before it, and at most `timeout` late. Timers armed together fire
+    /// together: slots re-armed behind the same results still coming, and backed-off ones,
+    /// which stay in step at one backoff. Each round of their requests draws its answers
+    /// back at once: a queue of a frame or two passes one or two of them, and the rest
+    /// time out together again (15 slots of one worker, down to 11 after 6 rounds, in a
+    /// sparse job of 52 times the model behind 1 KB queues; `benches/RESULTS.md`). With
+    /// only backed-off timers spread, the collapse matrix's sparse jobs took 3.8-4.8 times
+    /// the model (geometric means of 12 seeds), with every one 3.6-3.9. Only a measured
+    /// rate's path, whose queue is too short to show delay, needs it: a queue that holds
+    /// the answers costs the lockstep nothing, and spread there, random loss behind 100 ms
     /// (`tests/lossy_links.rs`) took its slowest job from 1.14 to 1.26 of the model.
     pub(crate) fn retry_at(&mut self, deadline: Instant, timeout: Duration, bytes: usize) -> Instant {
         let Some(rate) = self.rate.filter(|_| self.measured) else {
@@ -250,9 +253,9 @@ impl Pacer {
         true
     }
 
-    /// Paces at the delivery rate measured from now on, starting up from `seed`; what an
-    /// earlier spell measured is forgotten (the path may have changed), but for the floor
-    /// `set_rate` keeps at half the capacity.
+    /// Paces at the delivery rate measured from now on, starting up from `seed`; a
+    /// capacity the delay rule measured before keeps only the floor `set_rate` keeps at
+    /// half of it.
     fn measure(&mut self, seed: f64) {
         self.measured = true;
         self.delivery.start(seed);
@@ -334,16 +337,14 @@ impl Pacer {
         let target = self.config.target.as_secs_f64().max(1e-6);
         let standing = |least: Duration| least.saturating_sub(min_rtt).as_secs_f64();
         if self.measured {
-            if ended.least_completed.is_none_or(|least| standing(least) <= target) {
-                self.measured_period(delivery, limited);
-                return;
-            }
-            // A queue deep enough to show delay stands on this worker's own path: the
-            // delay rule paces it from here, as a queue too short to show delay needs
-            // the measured rate. Measured behind 5 ms and a 64 KiB bucket
-            // (tests/paths.rs), a rate above the path filled the queue until it
-            // overflowed, and more than 1 % of the contributions reached the switch twice.
-            self.measured = false;
+            // Whatever delay its own rounds show: a worker behind a queue too short to
+            // hold a burst is losing, not queueing, and the delay its rounds show there is
+            // mostly other workers' results ahead of its own on the way down, which its
+            // rate does not drain. Handed back to the delay rule on that delay, sparse
+            // workers behind 2 KB at 2 Mbit/s paced at 85-107 kB/s on a link of 250 kB/s
+            // (benches/RESULTS.md, "A measured pacer stays measured").
+            self.measured_period(delivery, limited);
+            return;
         }
         let (sent, lost) = self.judged;
         // Losses of unpaced periods count too (only paced sendings do): a path the delay

@@ -140,12 +140,9 @@ impl WorkerProtocol {
     pub(super) fn arm_timer(&mut self, index: u16, now: Instant) {
         let slot = &self.slots[index as usize];
         let timeout = self.retransmit_timeout(slot);
-        let mut deadline = now + timeout;
-        if slot.backoff > 0 {
-            // Timers that backed off together would fire together again; a paced path
-            // spreads them at the rate its results come at.
-            deadline = self.pacer.retry_at(deadline, timeout, self.paced_len());
-        }
+        // Timers armed together would fire together; a path paced at a measured rate
+        // spreads them at the rate its results come at.
+        let deadline = self.pacer.retry_at(now + timeout, timeout, self.paced_len());
         self.set_deadline(index, deadline);
     }
 
@@ -197,11 +194,14 @@ impl WorkerProtocol {
 
 #[cfg(test)]
 mod tests {
-    use netagg_wire::{Flags, Packet};
+    use std::sync::Arc;
+
+    use netagg_wire::{ElementType, Flags, Packet};
 
     use super::super::testing::{pending_of, result_of, running, sent, Numbers};
-    use super::super::Delivery;
+    use super::super::{Delivery, JobSpec, Layout};
     use super::*;
+    use crate::pacer::{DeliveryBatch, LinkPacer, LossRuns, PacingConfig, OVERFLOW_RUN};
 
     #[test]
     fn one_packet_per_round_trip_is_timed() {
@@ -225,6 +225,48 @@ mod tests {
         }
         assert_eq!(protocol.smoothed_rtt(), Some(ms(45)));
         assert_eq!(protocol.status(), &JobStatus::Done);
+    }
+
+    /// A path paced at a measured rate: an overflow after results of 1 000 bytes coming at
+    /// about 250 MB/s starts it up at twice that, a sending booked as a mean result.
+    fn measured_path(now: Instant) -> Arc<LinkPacer> {
+        let pacer = LinkPacer::new(PacingConfig::DEFAULT);
+        let mut batch = DeliveryBatch::default();
+        for _ in 0..1_000 {
+            batch.add(&pacer, now, 1_000);
+        }
+        let mut runs = LossRuns::default();
+        let numbers: Vec<u64> = (0..OVERFLOW_RUN).map(|_| runs.first_sending()).collect();
+        for number in numbers {
+            pacer.lost(now, &mut runs, number, 1_000);
+        }
+        assert!(pacer.rate().is_some(), "measured");
+        pacer
+    }
+
+    #[test]
+    fn timers_armed_together_behind_a_measured_rate_fire_a_result_s_time_apart() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        let config = super::super::testing::config(4, timeout);
+        let pacer = measured_path(start);
+        let mut protocol = WorkerProtocol::with_pacer(config, start, pacer.clone());
+        let job = JobSpec {
+            job: 1,
+            element_type: ElementType::Int32,
+            elements: 8,
+            layout: Layout::Dense,
+            exponents: false,
+        };
+        protocol.start_job(start, job).unwrap();
+        assert_eq!(sent(&mut protocol, start).len(), 4, "within the pacer's quantum");
+        // Armed at one instant, the four slots' first timers are due a result's time apart.
+        let spacing = Duration::from_nanos(1_000 * 1_000_000_000 / pacer.rate().unwrap());
+        let deadlines: Vec<Option<Instant>> = protocol.slots.iter().map(|slot| slot.deadline).collect();
+        let expected: Vec<Option<Instant>> =
+            (0..4).map(|turn| Some(start + timeout + spacing * turn)).collect();
+        assert_eq!(deadlines, expected);
+        assert_eq!(protocol.poll_timeout(), Some(start + timeout));
     }
 
     #[test]
