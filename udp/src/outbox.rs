@@ -44,7 +44,12 @@ struct Group<A> {
 
 impl<A> Group<A> {
     /// A group with one empty batch, to lend room from.
-    fn new(destinations: Vec<A>, in_order: bool, spare: &mut Vec<SegmentBatch>, max_segments: usize) -> Group<A> {
+    fn new(
+        destinations: Vec<A>,
+        in_order: bool,
+        spare: &mut Vec<SegmentBatch>,
+        max_segments: usize,
+    ) -> Group<A> {
         let batch = spare.pop().unwrap_or_else(|| SegmentBatch::new(max_segments));
         Group { destinations, batches: vec![batch], lender: 0, in_order }
     }
