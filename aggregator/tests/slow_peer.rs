@@ -54,13 +54,15 @@ fn slow_peer_network() -> ClusterConfig {
 }
 
 /// Two sparse jobs of 2 Mi int32 at density 0.1 end exact, within 1.5 times the slow
-/// link's time for the results it carries (measured 1.30 and 1.33, 1.20 and 1.25 while
-/// silent slots took every later sending's result for a loss), and each fast worker's
-/// timers fire fewer times than 0.2 of the job's rounds (measured 0.10-0.13, for 556
-/// and 500 packets the queues dropped; 0.33-0.39 before, mostly rounds that only waited
+/// link's time for the results it carries (measured 1.39 and 1.34; 1.30 and 1.33 while
+/// the contributing slots of sparse jobs took every later sending's result for a loss,
+/// 1.20 and 1.25 while silent slots did too), and each fast worker's timers fire fewer
+/// times than 0.2 of the job's rounds (measured 0.01-0.02, for 485 and 510 packets the
+/// queues dropped; 0.10-0.13 and 0.33-0.39 before those, mostly rounds that only waited
 /// for the slow peer, each a timer, a request and a pending notice: benches/RESULTS.md,
-/// "False losses behind a slow peer, and where the 1 % row's time goes", and "Silent
-/// slots judged by ordering only while their path loses").
+/// "False losses behind a slow peer, and where the 1 % row's time goes", "Silent slots
+/// judged by ordering only while their path loses", and "Sparse time follows bytes at
+/// N = 4 (issue 29, item 3, branch sparse6): false losses traced").
 #[test]
 fn sparse_jobs_behind_a_slow_peer_follow_its_link_and_bound_their_false_losses() {
     let len = 2 << 20;
