@@ -98,7 +98,7 @@ fn run_twice(case: &Case) -> Result<Vec<RunReport>, TestCaseError> {
 /// Since a sparse job's contributing slots take a later result as evidence of their loss
 /// only while their path is seen losing, 0.95 and 1.48 s: at this loss nearly always, and
 /// the case's course changes with the few waits that were not; over seeds 1-12 of its
-/// shape, two jobs each, 19.5 s in all against 18.9 s before, the slowest 1.93 s in both
+/// shape, two jobs each, 19.8 s in all against 18.9 s before, the slowest 1.93 s in both
 /// (benches/RESULTS.md, "Sparse time follows bytes at N = 4 (issue 29, item 3, branch
 /// sparse6): false losses traced"). The bound is the floor rate's, not the case's noise.
 #[test]
