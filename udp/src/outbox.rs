@@ -120,11 +120,11 @@ impl<K: Copy + Eq + Hash, A> Outbox<K, A> {
     /// batch (the group made with `destinations` if new), or in scratch space for `None`.
     pub fn room(&mut self, group: Option<K>, destinations: impl FnOnce() -> Vec<A>) -> (Lent<K>, &mut [u8]) {
         let Some(key) = group else { return (Lent(None), &mut self.scratch[..]) };
-        let (spare, max_segments, in_order) = (&mut self.spare, self.max_segments, (self.in_order)(&key));
+        let (spare, max_segments, in_order) = (&mut self.spare, self.max_segments, self.in_order);
         let group = self
             .groups
             .entry(key)
-            .or_insert_with(|| Group::new(destinations(), in_order, spare, max_segments));
+            .or_insert_with_key(|key| Group::new(destinations(), in_order(key), spare, max_segments));
         (Lent(Some(key)), group.batches[group.lender].room(MAX_DATAGRAM_LEN))
     }
 
@@ -144,11 +144,11 @@ impl<K: Copy + Eq + Hash, A> Outbox<K, A> {
         if lent != Lent::SCRATCH {
             copy[..len].copy_from_slice(self.written(lent, len));
         }
-        let (spare, max_segments, in_order) = (&mut self.spare, self.max_segments, (self.in_order)(&group));
+        let (spare, max_segments, in_order) = (&mut self.spare, self.max_segments, self.in_order);
         let target = self
             .groups
             .entry(group)
-            .or_insert_with(|| Group::new(destinations(), in_order, spare, max_segments));
+            .or_insert_with_key(|key| Group::new(destinations(), in_order(key), spare, max_segments));
         let joins = match target.target(len) {
             Some(index) => index,
             None => {
