@@ -244,7 +244,10 @@ impl<P: DataPort> DataPath<P> {
         let board = Switchboard {
             engine: Engine::new(limits),
             peers: FxHashMap::default(),
-            results: Outbox::new(port.batch_segments()),
+            // A session's broadcasts carry numbers in the order they are written, and a
+            // worker takes a number three later ones overtook for lost: they leave in that
+            // order. Answers to one rank are not numbered and may be reordered.
+            results: Outbox::keeping_order(port.batch_segments(), |group| group.rank.is_none()),
         };
         DataPath { port, board, commands, events, lane, activity, lost: FxHashMap::default() }
     }

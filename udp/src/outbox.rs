@@ -10,6 +10,9 @@
 //! shorter datagrams on the way. A shorter datagram thus never leaves before a longer one
 //! queued earlier (a probe's id counts the datagrams sent before it, so data it overtook
 //! would look lost), and sizes taking turns cost one batch each, not one per change.
+//! A group whose datagrams are numbered in the order they are queued (the switch's
+//! broadcasts, in which a worker takes a number three others overtook for lost) keeps
+//! that order instead: each of its datagrams joins only the group's last batch.
 //!
 //! The caller lends room before it knows where a datagram goes: [`Outbox::room`] names
 //! the group it most likely goes to, and the datagram is written into the batch of that
@@ -35,22 +38,31 @@ struct Group<A> {
     batches: Vec<SegmentBatch>,
     /// The batch whose room the next datagram predicted for this group is written into.
     lender: usize,
+    /// The datagrams leave in the order they were queued: none overtakes another.
+    in_order: bool,
 }
 
 impl<A> Group<A> {
     /// A group with one empty batch, to lend room from.
-    fn new(destinations: Vec<A>, spare: &mut Vec<SegmentBatch>, max_segments: usize) -> Group<A> {
+    fn new(
+        destinations: Vec<A>,
+        in_order: bool,
+        spare: &mut Vec<SegmentBatch>,
+        max_segments: usize,
+    ) -> Group<A> {
         let batch = spare.pop().unwrap_or_else(|| SegmentBatch::new(max_segments));
-        Group { destinations, batches: vec![batch], lender: 0 }
+        Group { destinations, batches: vec![batch], lender: 0, in_order }
     }
 
     /// The batch a datagram of `len` bytes joins: the latest of its size among the last
-    /// few, if every batch after it holds shorter datagrams; else the last if empty. Not
-    /// a batch of longer ones as its shorter last datagram: that would close the batch
-    /// to the next datagram of their size.
+    /// few (only the last, in a group that keeps its order), if every batch after it
+    /// holds shorter datagrams; else the last if empty. Not a batch of longer ones as its
+    /// shorter last datagram: that would close the batch to the next datagram of their
+    /// size.
     fn target(&self, len: usize) -> Option<usize> {
         let last = self.batches.len().checked_sub(1)?;
-        for index in (last.saturating_sub(LOOKBACK)..=last).rev() {
+        let lookback = if self.in_order { 0 } else { LOOKBACK };
+        for index in (last.saturating_sub(lookback)..=last).rev() {
             let batch = &self.batches[index];
             if batch.segment() == len && batch.accepts(len) {
                 return Some(index);
@@ -73,6 +85,8 @@ pub struct Outbox<K, A> {
     /// Emptied batches, kept to be reused rather than allocated again.
     spare: Vec<SegmentBatch>,
     max_segments: usize,
+    /// Which groups keep their datagrams in the order they were queued.
+    in_order: fn(&K) -> bool,
 }
 
 /// Where [`Outbox::room`] lent room: a group's batch, or the scratch space.
@@ -87,11 +101,18 @@ impl<K> Lent<K> {
 impl<K: Copy + Eq + Hash, A> Outbox<K, A> {
     /// An outbox whose batches hold up to `max_segments` datagrams each.
     pub fn new(max_segments: usize) -> Outbox<K, A> {
+        Outbox::keeping_order(max_segments, |_| false)
+    }
+
+    /// An outbox whose batches hold up to `max_segments` datagrams each, and whose groups
+    /// that `in_order` names send theirs in the order they were queued.
+    pub fn keeping_order(max_segments: usize, in_order: fn(&K) -> bool) -> Outbox<K, A> {
         Outbox {
             groups: FxHashMap::default(),
             scratch: vec![0; MAX_DATAGRAM_LEN],
             spare: Vec::new(),
             max_segments: max_segments.max(1),
+            in_order,
         }
     }
 
@@ -99,8 +120,11 @@ impl<K: Copy + Eq + Hash, A> Outbox<K, A> {
     /// batch (the group made with `destinations` if new), or in scratch space for `None`.
     pub fn room(&mut self, group: Option<K>, destinations: impl FnOnce() -> Vec<A>) -> (Lent<K>, &mut [u8]) {
         let Some(key) = group else { return (Lent(None), &mut self.scratch[..]) };
-        let (spare, max_segments) = (&mut self.spare, self.max_segments);
-        let group = self.groups.entry(key).or_insert_with(|| Group::new(destinations(), spare, max_segments));
+        let (spare, max_segments, in_order) = (&mut self.spare, self.max_segments, self.in_order);
+        let group = self
+            .groups
+            .entry(key)
+            .or_insert_with_key(|key| Group::new(destinations(), in_order(key), spare, max_segments));
         (Lent(Some(key)), group.batches[group.lender].room(MAX_DATAGRAM_LEN))
     }
 
@@ -120,9 +144,11 @@ impl<K: Copy + Eq + Hash, A> Outbox<K, A> {
         if lent != Lent::SCRATCH {
             copy[..len].copy_from_slice(self.written(lent, len));
         }
-        let (spare, max_segments) = (&mut self.spare, self.max_segments);
-        let target =
-            self.groups.entry(group).or_insert_with(|| Group::new(destinations(), spare, max_segments));
+        let (spare, max_segments, in_order) = (&mut self.spare, self.max_segments, self.in_order);
+        let target = self
+            .groups
+            .entry(group)
+            .or_insert_with_key(|key| Group::new(destinations(), in_order(key), spare, max_segments));
         let joins = match target.target(len) {
             Some(index) => index,
             None => {
@@ -267,6 +293,26 @@ mod tests {
             write(&mut outbox, BROADCAST, BROADCAST, &vec![mark; len]);
         }
         assert_eq!(order(&outbox), [(1072, 1), (1072, 3), (1072, 6), (48, 2), (600, 4), (48, 5), (48, 7)]);
+    }
+
+    #[test]
+    fn a_group_that_keeps_its_order_sends_its_datagrams_as_queued() {
+        // The same datagrams as above: the broadcasts keep their order, a batch per run
+        // of one size; another group may still reorder.
+        let mut outbox = Outbox::keeping_order(64, |&(_, rank): &Key| rank.is_none());
+        let datagrams = [(1072, 1), (1072, 2), (48, 3), (1072, 4), (600, 5), (48, 6), (1072, 7), (1072, 8)];
+        for (len, mark) in datagrams {
+            write(&mut outbox, BROADCAST, BROADCAST, &vec![mark; len]);
+        }
+        assert_eq!(order(&outbox), datagrams);
+        let runs: Vec<usize> = outbox.batches().map(|(_, batch)| batch.len()).collect();
+        assert_eq!(runs, [2, 1, 1, 1, 1, 2]);
+        outbox.clear();
+        let resent = (1, Some(3));
+        for (len, mark) in [(1072, 1), (48, 2), (1072, 3)] {
+            write(&mut outbox, resent, resent, &vec![mark; len]);
+        }
+        assert_eq!(order(&outbox), [(1072, 1), (1072, 3), (48, 2)]);
     }
 
     #[test]

@@ -15,7 +15,10 @@
 //!   quarter of the least round trip took so many results still coming for lost that the
 //!   requests and duplicate results they caused cost more than they saved (1.54 of the
 //!   link-rate model in the simulator against 1.34 without the rule). Each first sending
-//!   is judged once.
+//!   is judged once. In a sparse job a round completes when the peers holding its block
+//!   have each received the result naming it, in no relation to this thread's order:
+//!   there the slot takes it as evidence only while its path is seen losing (see
+//!   `recovery`).
 //! - *Unanswered*: the switch answers a request or a retransmission at once (the result,
 //!   or a pending notice), so an answer overdue by the timeout of the answers measured
 //!   means the packet or its answer was lost. The first [`QUICK_RECOVERIES`] recoveries

@@ -123,6 +123,11 @@ impl WorkerProtocol {
         }
     }
 
+    /// Whether the job running, or the last one, sends only its non-zero blocks.
+    pub(super) fn sparse_job(&self) -> bool {
+        self.job.as_ref().is_some_and(|job| matches!(job.spec.layout, Layout::Sparse(_)))
+    }
+
     pub(super) fn finish_job(&mut self) {
         self.status = JobStatus::Done;
         self.counters.jobs_done += 1;

@@ -4,8 +4,8 @@
 //! Loss is recovered by per-slot timers with exponential backoff. When a slot's timer
 //! fires, the worker first asks whether anything points to a loss: a result of a packet
 //! sent *after* the slot's (the switch has moved on without it, as TCP's RACK reasons;
-//! for a slot with nothing outstanding, only while its path is seen losing), or a gap in
-//! the slot's results. If so, an outstanding contribution is sent again (at the
+//! for a slot with nothing outstanding, or one of a sparse job, only while its path is
+//! seen losing), or a gap in the slot's results. If so, an outstanding contribution is sent again (at the
 //! first timeout, while peers' contributions complete the rounds, the slot asks first
 //! whether the switch holds it: the round may wait on a peer's loss), and a slot with
 //! nothing outstanding, or missing a result, asks for the first round it lacks.
@@ -110,12 +110,20 @@ impl WorkerProtocol {
     /// results waited for gaps or probes: at 15 % loss, sparse jobs took about twice as
     /// long (benches/RESULTS.md, "Silent slots judged by ordering only while their path
     /// loses").
+    ///
+    /// A sparse round this thread contributes to is no different: it completes when the
+    /// last of the peers holding its block contributes, each when the result naming that
+    /// block reaches it, so its result comes back out of this thread's order of sending
+    /// by as much as the peers' receptions differ. Taking the ordering's evidence there,
+    /// each worker of that job asked after a hundred rounds a job that were only
+    /// waiting, or whose result was on its way (benches/RESULTS.md, "Sparse time follows
+    /// bytes at N = 4 (issue 29, item 3, branch sparse6): false losses traced").
     fn loss_evident(&self, index: u16) -> bool {
         let slot = &self.slots[index as usize];
         let endpoint = &self.endpoints[slot.endpoint];
         let overtaken = endpoint.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
-        slot.ahead != 0
-            || (overtaken && (slot.outstanding.is_some() || endpoint.gaps.losing(slot.waiting_since)))
+        let order_speaks = slot.outstanding.is_some() && !self.sparse_job();
+        slot.ahead != 0 || (overtaken && (order_speaks || endpoint.gaps.losing(slot.waiting_since)))
     }
 
     /// Nothing answered since slot `index` sent: the thread waits, most likely for a late
@@ -602,19 +610,24 @@ mod tests {
         );
     }
 
-    /// A sparse thread's slot 0 falls silent in round 1 (a peer's block 2 is next), while
-    /// slot 1's contribution to round 1, sent after slot 0's wait began, is answered at
-    /// 2 ms: a later sending's result. The broadcasts are numbered from `first`; with
-    /// `gap`, the third skips three numbers, the first of them then taken as lost.
-    /// Returns what the thread sends when slot 0's timer (10 ms) fires at 11 ms, and at
-    /// 12 ms, a timeout after the latest result.
-    fn silent_slot_overtaken(first: u8, gap: bool) -> (WorkerProtocol, Vec<PacketRepr>, Vec<PacketRepr>) {
+    /// A sparse thread's slot 0 falls silent in round 1 (a peer's block 2 is next), or,
+    /// `contributing`, sends its block 4 to it, while slot 1's contribution to round 1,
+    /// sent after slot 0's wait began, is answered at 2 ms: a later sending's result. The
+    /// broadcasts are numbered from `first`; with `gap`, the third skips three numbers,
+    /// the first of them then taken as lost. Returns what the thread sends when slot 0's
+    /// timer (10 ms) fires at 11 ms, and at 12 ms, a timeout after the latest result.
+    fn sparse_slot_overtaken(
+        first: u8,
+        gap: bool,
+        contributing: bool,
+    ) -> (WorkerProtocol, Vec<PacketRepr>, Vec<PacketRepr>) {
         let start = Instant::now();
         let ms = Duration::from_millis(1);
         let mut protocol = running_sparse(start, 10 * ms);
         let third = first.wrapping_add(if gap { 5 } else { 2 });
+        let slot_0_next = if contributing { 4 } else { 2 };
         let results = [
-            (sparse_result(0, 0, 0, 2, 0), first, start + ms),
+            (sparse_result(0, 0, 0, slot_0_next, 0), first, start + ms),
             (sparse_result(1, 0, 1, 3, 0), first.wrapping_add(1), start + ms),
             (sparse_result(1, 1, 3, 5, 1), third, start + 2 * ms),
         ];
@@ -636,7 +649,7 @@ mod tests {
 
     #[test]
     fn a_silent_slot_on_a_clean_path_takes_no_later_sendings_result_as_a_loss() {
-        let (protocol, at_11, at_12) = silent_slot_overtaken(10, false);
+        let (protocol, at_11, at_12) = sparse_slot_overtaken(10, false, false);
         // Results came 9 ms ago: its timer runs on from the latest one, and a timeout
         // after it the thread probes where its slots stand rather than ask for round 1.
         assert!(at_11.is_empty(), "{at_11:?}");
@@ -647,7 +660,7 @@ mod tests {
     #[test]
     fn a_silent_slot_on_a_losing_path_asks_for_its_round_once_a_later_sendings_result_came() {
         // The gap is seen in the numbers as they wrap.
-        let (protocol, at_11, _) = silent_slot_overtaken(253, true);
+        let (protocol, at_11, _) = sparse_slot_overtaken(253, true, false);
         let asked: Vec<_> = at_11
             .iter()
             .map(|p| (p.message_type, p.slot, p.round, p.flags.contains(Flags::WANT_RESULT)))
@@ -655,5 +668,18 @@ mod tests {
         assert_eq!(asked, [(MessageType::Ack, 0, 1, true)]);
         // Its timer asked, not the gap's guess, which takes contributing slots only.
         assert_eq!(protocol.counters().gap_requests, 0);
+    }
+
+    #[test]
+    fn a_sparse_contribution_on_a_clean_path_takes_no_later_sendings_result_as_a_loss() {
+        // Its round waits for the peers holding block 4, which send it when the result
+        // naming it reaches them: its result comes when they are in, not in this thread's
+        // order of sending. It neither asks nor sends again while results come, and a
+        // timeout after the latest one the thread probes.
+        let (protocol, at_11, at_12) = sparse_slot_overtaken(10, false, true);
+        assert!(at_11.is_empty(), "{at_11:?}");
+        assert!(!at_12.is_empty() && at_12.iter().all(|p| p.message_type == MessageType::Probe), "{at_12:?}");
+        let counters = protocol.counters();
+        assert_eq!((counters.timeouts, counters.retransmissions, counters.gap_requests), (1, 0, 0));
     }
 }
