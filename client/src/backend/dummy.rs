@@ -287,6 +287,9 @@ impl PendingResults {
     /// Keeps the first `len` bytes the engine wrote into the last [`PendingResults::room`]:
     /// a packet to every rank as it is, one to the engine's only worker readdressed to
     /// this worker's rank, `own_rank`.
+    // Inlined into `send`, its caller per packet: a call of about 25 instructions a
+    // packet at 16 codegen units (callgrind).
+    #[inline(always)]
     fn keep(&mut self, len: usize, own_rank: u16, integrity: Integrity) {
         let mut packet = Packet::new_unchecked(&mut self.bytes[self.len..self.len + len]);
         if packet.rank() != BROADCAST_RANK {
