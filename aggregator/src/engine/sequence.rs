@@ -34,7 +34,7 @@ impl ThreadOfSlot {
 
     #[inline]
     fn of(self, slot: u16) -> usize {
-        (u64::from(slot) * self.reciprocal >> 32) as usize
+        ((u64::from(slot) * self.reciprocal) >> 32) as usize
     }
 }
 
