@@ -2,9 +2,9 @@
 //! workers had sent the same data, and the thread sleeps to emulate a link's bandwidth:
 //! one link per worker, shared by its threads as a network interface would be.
 //!
-//! The private engine holds a session of one worker, and each data packet reaches it
-//! with its payload already summed as many times as the session has ranks, as the
-//! switch would sum it. The result is thus exactly what the switch would return if every
+//! The private engine holds a session of one worker, and each data packet's payload is
+//! summed into its round as many times as the session has ranks, as the switch would
+//! sum it (`Replicated`). The result is thus exactly what the switch would return if every
 //! worker held this worker's tensor, bit for bit, and the engine retains and resends it
 //! as the switch does: dense and sparse jobs and the whole worker-side protocol run as
 //! they would over a network, at the cost of one engine pass per packet whatever the
