@@ -62,8 +62,8 @@ pub mod workers;
 pub mod zero_scan;
 
 pub use engine::{
-    Departure, DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Transmit,
-    Verdict,
+    Departure, DropReason, Engine, EngineLimits, Recipient, SessionError, SessionId, SessionSpec, Summand,
+    Transmit, Verdict,
 };
 pub use faults::{FaultCounters, FaultInjector, FaultRates};
 pub use pacer::PacingConfig;

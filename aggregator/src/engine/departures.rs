@@ -95,6 +95,7 @@ impl Session {
     }
 
     /// A rank that has left and that the open round of `slot` needs, if any.
+    #[inline]
     pub(super) fn departed_needed(&self, slot: u16) -> Option<u16> {
         if self.departed.is_empty() {
             return None;

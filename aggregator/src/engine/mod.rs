@@ -36,6 +36,7 @@ mod uplink;
 
 pub use departures::Departure;
 pub use session::{SessionCounters, SessionError, SessionId, SessionSpec};
+pub use slot::Summand;
 pub use uplink::{UplinkCounters, Upstream, UPSTREAM_RANK};
 
 use first_sendings::SendingGaps;
@@ -330,6 +331,7 @@ impl Engine {
         Some(session)
     }
 
+    #[inline]
     fn session_mut(&mut self, id: SessionId) -> Option<&mut Session> {
         self.sessions.get_mut(id.index())?.as_mut().filter(|s| s.id == id)
     }
@@ -412,28 +414,31 @@ impl Engine {
         self.handle_repr(now, PacketRepr::parse(&packet), packet.payload(), out, from_its_rank)
     }
 
-    /// [`Engine::handle_datagram`] for a packet that needs no checks, given as its header
-    /// and payload: one a caller in this process made from a datagram that passed them
-    /// ([`netagg_wire::Packet::new_checked`]), as the dummy backend makes the n-fold sum of
-    /// a worker's packet. It is neither parsed again nor its checksum read.
+    /// [`Engine::handle_datagram`] for a worker's packet that needs no checks, given as its
+    /// header and payload: one a caller in this process made from a datagram that passed
+    /// them ([`netagg_wire::Packet::new_checked`]). It is neither parsed again nor its
+    /// checksum read, and its payload may be the caller's own [`Summand`]: the dummy
+    /// backend's writes the n-fold sum of a worker's payload straight into the round's
+    /// sum, rather than into a packet the engine then copies. A packet from an upper
+    /// switch goes to [`Engine::handle_datagram`].
     ///
     /// # Panics
-    /// If `payload` is shorter than `repr` says, as a packet's accessors would.
+    /// If `payload` holds fewer elements than `repr` says, as a packet's accessors would.
     pub fn handle_parsed(
         &mut self,
         now: Instant,
         repr: PacketRepr,
-        payload: &[u8],
+        payload: impl Summand,
         out: &mut [u8],
     ) -> Verdict {
         self.counters.datagrams += 1;
-        self.handle_repr(now, repr, payload, out, |_, _, _| true)
+        self.handle_from_worker(now, repr, payload, out, |_, _, _| true)
     }
 
     fn handle_repr(
         &mut self,
         now: Instant,
-        mut repr: PacketRepr,
+        repr: PacketRepr,
         payload: &[u8],
         out: &mut [u8],
         from_its_rank: impl FnOnce(SessionId, u16, u16) -> bool,
@@ -441,6 +446,17 @@ impl Engine {
         if self.uplinked > 0 && uplink::is_from_switch(repr.message_type) {
             return self.handle_from_upstream(now, &repr, payload, out, from_its_rank);
         }
+        self.handle_from_worker(now, repr, payload, out, from_its_rank)
+    }
+
+    fn handle_from_worker(
+        &mut self,
+        now: Instant,
+        mut repr: PacketRepr,
+        payload: impl Summand,
+        out: &mut [u8],
+        from_its_rank: impl FnOnce(SessionId, u16, u16) -> bool,
+    ) -> Verdict {
         let Some(session) = self.session_mut(SessionId(repr.session)) else {
             self.counters.unknown_session += 1;
             return Verdict::Dropped(DropReason::UnknownSession);
@@ -461,10 +477,18 @@ impl Engine {
     /// 2), written into `out` as [`Engine::handle_datagram`]'s packets are; call until
     /// `None` after each batch of datagrams, after sending or batching their results. A
     /// notice `out` cannot hold waits for the next call.
+    // Inlined, so that the shells' call after every batch (the dummy backend's after
+    // every packet) costs a test of one flag while no notice waits.
+    #[inline]
     pub fn poll_notice(&mut self, out: &mut [u8]) -> Option<Transmit> {
         if !self.notices_waiting {
             return None;
         }
+        self.poll_waiting_notice(out)
+    }
+
+    /// [`Engine::poll_notice`] once some session may hold a notice.
+    fn poll_waiting_notice(&mut self, out: &mut [u8]) -> Option<Transmit> {
         let transmit = self.sessions.iter_mut().flatten().find_map(|session| session.poll_notice(out));
         self.notices_waiting = self.sessions.iter().flatten().any(|session| !session.lost_notices.is_empty());
         transmit

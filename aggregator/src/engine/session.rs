@@ -10,7 +10,7 @@ use netagg_wire::{ElementType, Flags, Integrity, MessageType, PacketRepr};
 use super::answer::PendingNotice;
 use super::first_sendings::SendingGaps;
 use super::sequence::BroadcastNumbers;
-use super::slot::{Set, Slot};
+use super::slot::{Set, Slot, Summand};
 use super::uplink::Uplink;
 use super::{DropReason, Verdict};
 use crate::sum::InstructionSet;
@@ -200,7 +200,7 @@ impl Session {
         &mut self,
         now: Instant,
         repr: &PacketRepr,
-        payload: &[u8],
+        payload: impl Summand,
         out: &mut [u8],
         from_its_rank: impl FnOnce(SessionId, u16, u16) -> bool,
     ) -> Verdict {

@@ -26,8 +26,34 @@ use netagg_wire::{ElementType, Flags, PacketRepr};
 use super::session::Session;
 use super::{DropReason, Recipient, Verdict};
 use crate::round::is_after;
+use crate::sum::InstructionSet;
 use crate::workers::WorkerSet;
 use crate::{sum, sum16};
+
+/// A contribution's payload as a round's sum takes it in: the bytes a packet carried, or
+/// what a caller in this process makes of them ([`Engine::handle_parsed`]). Each
+/// contribution either starts its round's sum or adds to it, once.
+///
+/// [`Engine::handle_parsed`]: super::Engine::handle_parsed
+pub trait Summand {
+    /// Writes the round's first contribution into `sum`, which holds a float32 for each of
+    /// its elements of a 16-bit `element_type` and the elements themselves otherwise.
+    fn start(self, instruction_set: InstructionSet, element_type: ElementType, sum: &mut [u8]);
+    /// Adds the contribution to `sum`, which holds the round's contributions before it.
+    fn add_to(self, instruction_set: InstructionSet, element_type: ElementType, sum: &mut [u8]);
+}
+
+impl Summand for &[u8] {
+    #[inline]
+    fn start(self, _: InstructionSet, element_type: ElementType, sum: &mut [u8]) {
+        sum16::widen(element_type, sum, self);
+    }
+
+    #[inline]
+    fn add_to(self, instruction_set: InstructionSet, element_type: ElementType, sum: &mut [u8]) {
+        sum::add_assign_with(instruction_set, element_type, sum, self);
+    }
+}
 
 #[derive(Debug)]
 pub(super) struct Slot {
@@ -114,6 +140,7 @@ impl Set {
     }
 
     /// Resets the set for a new round; the first contribution writes rather than adds.
+    #[inline]
     pub(super) fn start(&mut self, repr: &PacketRepr) {
         self.round = repr.round;
         self.contributed.clear();
@@ -203,7 +230,7 @@ impl Session {
         &mut self,
         now: Instant,
         repr: &PacketRepr,
-        payload: &[u8],
+        payload: impl Summand,
         out: &mut [u8],
     ) -> Verdict {
         let slot_index = repr.slot as usize;
@@ -265,9 +292,9 @@ impl Session {
             let sum = &mut self.payloads[index * self.payload_len..][..sum_len];
             if set.element_count == 0 {
                 set.element_count = repr.element_count;
-                sum16::widen(set.element_type, sum, payload);
+                payload.start(self.instruction_set, set.element_type, sum);
             } else {
-                sum::add_assign_with(self.instruction_set, set.element_type, sum, payload);
+                payload.add_to(self.instruction_set, set.element_type, sum);
             }
         }
         self.counters.contributions += 1;
@@ -298,6 +325,7 @@ impl Session {
     }
 
     /// Checks a contribution to the open round against the slot, before any state changes.
+    #[inline]
     fn check_contribution(&self, repr: &PacketRepr) -> Result<(), DropReason> {
         if repr.element_count > repr.element_type.per_packet(self.spec.packet_elements) {
             return Err(DropReason::TooManyElements);

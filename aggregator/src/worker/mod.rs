@@ -38,6 +38,7 @@ use crate::pacer::{DeliveryBatch, LinkPacer, LossRuns, PacingConfig};
 mod early_loss;
 mod job;
 mod keys;
+mod queue;
 mod receive;
 mod recovery;
 mod send;
@@ -51,6 +52,7 @@ pub use job::{JobError, JobSpec, JobStatus};
 pub use keys::{SessionKey, SessionKeys};
 pub use streams::{BlockMask, Layout};
 
+use queue::SendQueue;
 pub(crate) use timers::RttEstimate;
 use timers::YEAR;
 
@@ -343,7 +345,7 @@ pub struct WorkerProtocol {
     job: Option<Job>,
     status: JobStatus,
     broken: bool,
-    pending: VecDeque<(u16, Send)>,
+    pending: SendQueue<(u16, Send)>,
     /// Slots whose contribution's first sending waits for the pacer, in the order they
     /// were queued.
     paced: VecDeque<u16>,
@@ -432,7 +434,7 @@ impl WorkerProtocol {
             job: None,
             status: JobStatus::Idle,
             broken: false,
-            pending: VecDeque::new(),
+            pending: SendQueue::new(),
             paced: VecDeque::new(),
             resends: VecDeque::new(),
             timers: BinaryHeap::new(),

@@ -151,6 +151,8 @@ impl WorkerProtocol {
     /// Tells the pacer of a loss that `send` of slot `index` repairs: its contribution
     /// sent again. A request is no loss yet: every slot of a thread whose peer is late
     /// asks after its contribution, in the order they were sent.
+    // Inlined: every packet sent asks, and a build of 16 codegen units left it a call.
+    #[inline]
     fn book_loss(&mut self, now: Instant, index: u16, send: Send) {
         if let Send::Data { retransmission: Some(_) } = send {
             let first_sending = self.slots[index as usize].first_sending;

@@ -2,9 +2,9 @@
 //! workers had sent the same data, and the thread sleeps to emulate a link's bandwidth:
 //! one link per worker, shared by its threads as a network interface would be.
 //!
-//! The private engine holds a session of one worker, and each data packet reaches it
-//! with its payload already summed as many times as the session has ranks, as the
-//! switch would sum it. The result is thus exactly what the switch would return if every
+//! The private engine holds a session of one worker, and each data packet's payload is
+//! summed into its round as many times as the session has ranks, as the switch would
+//! sum it (`Replicated`). The result is thus exactly what the switch would return if every
 //! worker held this worker's tensor, bit for bit, and the engine retains and resends it
 //! as the switch does: dense and sparse jobs and the whole worker-side protocol run as
 //! they would over a network, at the cost of one engine pass per packet whatever the
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use netagg_aggregator::sum::{add_assign_with, add_with, multiply_i32_with, InstructionSet};
 use netagg_aggregator::sum16;
-use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Verdict};
+use netagg_aggregator::{Engine, EngineLimits, SessionError, SessionId, SessionSpec, Summand, Verdict};
 use netagg_config::Config;
 use netagg_wire::packet::{datagram_len, BROADCAST_RANK};
 use netagg_wire::{ElementType, Integrity, MessageType, Packet, PacketRepr, MAX_DATAGRAM_LEN};
@@ -97,8 +97,6 @@ pub struct DummyTransport {
     engine: Engine,
     workers: u16,
     process_packets: bool,
-    /// The sum kernels' vectors, chosen once rather than per packet.
-    instruction_set: InstructionSet,
     /// Whether packets are sealed and checked (see the module's docs).
     integrity: Integrity,
     link: Arc<EmulatedLink>,
@@ -113,8 +111,8 @@ pub struct DummyTransport {
     max_result_len: usize,
     /// Where the worker writes the datagram it sends.
     outgoing: Vec<u8>,
-    /// The payload of the datagram being sent as the engine's one worker sees it: summed
-    /// once per rank.
+    /// Room for a payload summed once per rank, where the engine cannot take the sum
+    /// straight into its round ([`Replicated`]).
     scratch: Vec<u8>,
 }
 
@@ -149,7 +147,6 @@ impl DummyTransport {
             engine,
             workers: spec.workers,
             process_packets,
-            instruction_set: InstructionSet::best(),
             integrity,
             link,
             delivered_at: None,
@@ -202,35 +199,15 @@ impl Transport for DummyTransport {
             }
             return Ok(());
         }
-        let payload = packet.payload();
         let mut repr = PacketRepr::parse(&packet);
         let own_rank = repr.rank;
         // The engine's session has one worker.
         repr.rank = 0;
-        let sum = &mut self.scratch[..payload.len()];
-        match repr.element_type {
-            // The n-fold wrapping sum is the product, in one pass rather than n.
-            ElementType::Int32 => multiply_i32_with(self.instruction_set, sum, payload, self.workers.into()),
-            // A float32 sum rounds at every addition, so it is made as a switch adds: the
-            // first contribution copied, each further one added to it (the first addition
-            // fused with the copy).
-            ElementType::Float32 if self.workers == 1 => sum.copy_from_slice(payload),
-            ElementType::Float32 => {
-                add_with(self.instruction_set, repr.element_type, sum, payload, payload);
-                for _ in 2..self.workers {
-                    add_assign_with(self.instruction_set, repr.element_type, sum, payload);
-                }
-            }
-            // A 16-bit payload cannot carry float32 partial sums: the n-fold sum is made at
-            // once and rounded once, as the engine rounds its float32 sum.
-            ElementType::Float16 | ElementType::BFloat16 => {
-                sum16::scale(repr.element_type, sum, payload, self.workers)
-            }
-        }
+        let payload =
+            Replicated { payload: packet.payload(), workers: self.workers, scratch: &mut self.scratch };
         let out = self.results.room(self.max_result_len);
         // Parsed here from a checked packet: the engine neither checks nor parses it again.
-        let sum = &self.scratch[..payload.len()];
-        if let Verdict::Send(transmit) = self.engine.handle_parsed(self.engine_now, repr, sum, out) {
+        if let Verdict::Send(transmit) = self.engine.handle_parsed(self.engine_now, repr, payload, out) {
             self.results.keep(transmit.len, own_rank, self.integrity);
         }
         // A notice of a lost contribution waits behind the result its packet completed.
@@ -264,6 +241,71 @@ impl Transport for DummyTransport {
     }
 }
 
+/// A worker's payload as the engine's one worker contributes it: summed once per rank of
+/// the session, as the switch would sum it if every worker had sent it. A round's first
+/// contribution of 32-bit elements is summed straight into the round's sum, with no
+/// packet between that the engine would copy (a pass over the payload fewer a packet).
+struct Replicated<'a> {
+    payload: &'a [u8],
+    workers: u16,
+    /// Room for the sum as a packet would carry it, where the engine needs one.
+    scratch: &'a mut [u8],
+}
+
+impl<'a> Replicated<'a> {
+    /// Writes the `workers`-fold sum of the payload into `sum`, as a packet carries it:
+    /// as many bytes as the payload.
+    // Inlined by force, as `start`, its caller per packet, is into the engine: at 16
+    // codegen units the hint alone left two calls (about 50 instructions a packet,
+    // callgrind).
+    #[inline(always)]
+    fn write(&self, instruction_set: InstructionSet, element_type: ElementType, sum: &mut [u8]) {
+        let payload = self.payload;
+        match element_type {
+            // The n-fold wrapping sum is the product, in one pass rather than n.
+            ElementType::Int32 => multiply_i32_with(instruction_set, sum, payload, self.workers.into()),
+            // A float32 sum rounds at every addition, so it is made as a switch adds: the
+            // first contribution copied, each further one added to it (the first addition
+            // fused with the copy).
+            ElementType::Float32 if self.workers == 1 => sum.copy_from_slice(payload),
+            ElementType::Float32 => {
+                add_with(instruction_set, element_type, sum, payload, payload);
+                for _ in 2..self.workers {
+                    add_assign_with(instruction_set, element_type, sum, payload);
+                }
+            }
+            // A 16-bit payload cannot carry float32 partial sums: the n-fold sum is made at
+            // once and rounded once, as the engine rounds its float32 sum.
+            ElementType::Float16 | ElementType::BFloat16 => {
+                sum16::scale(element_type, sum, payload, self.workers)
+            }
+        }
+    }
+
+    /// The sum as a packet would carry it, written into the scratch room.
+    fn packet(mut self, instruction_set: InstructionSet, element_type: ElementType) -> &'a [u8] {
+        let scratch = &mut std::mem::take(&mut self.scratch)[..self.payload.len()];
+        self.write(instruction_set, element_type, scratch);
+        scratch
+    }
+}
+
+impl Summand for Replicated<'_> {
+    #[inline(always)]
+    fn start(self, instruction_set: InstructionSet, element_type: ElementType, sum: &mut [u8]) {
+        // A 16-bit sum is rounded to its packet's 16 bits, as the switch's would be, before
+        // the engine widens it.
+        if element_type.is_16_bit() {
+            return self.packet(instruction_set, element_type).start(instruction_set, element_type, sum);
+        }
+        self.write(instruction_set, element_type, sum);
+    }
+
+    fn add_to(self, instruction_set: InstructionSet, element_type: ElementType, sum: &mut [u8]) {
+        self.packet(instruction_set, element_type).add_to(instruction_set, element_type, sum);
+    }
+}
+
 /// Results not yet received, back to back in `bytes[..len]`, and where each ends. Each
 /// result is written in place (by the engine); the buffer only grows, so it is neither
 /// allocated nor zeroed per packet.
@@ -287,6 +329,9 @@ impl PendingResults {
     /// Keeps the first `len` bytes the engine wrote into the last [`PendingResults::room`]:
     /// a packet to every rank as it is, one to the engine's only worker readdressed to
     /// this worker's rank, `own_rank`.
+    // Inlined into `send`, its caller per packet: a call of about 25 instructions a
+    // packet at 16 codegen units (callgrind).
+    #[inline(always)]
     fn keep(&mut self, len: usize, own_rank: u16, integrity: Integrity) {
         let mut packet = Packet::new_unchecked(&mut self.bytes[self.len..self.len + len]);
         if packet.rank() != BROADCAST_RANK {
@@ -353,6 +398,49 @@ mod tests {
         let mut delivered = 0;
         let count = transport.recv(Duration::ZERO, &mut |_| delivered += 1).unwrap();
         assert_eq!((count, delivered), (0, 0));
+    }
+
+    /// What a `Replicated` of `payload` over `workers` ranks writes into a round's sum of
+    /// `sum_len` bytes as its first contribution, and then adds as a second.
+    fn replicated_sums(
+        element_type: ElementType,
+        payload: &[u8],
+        workers: u16,
+        sum_len: usize,
+    ) -> [Vec<u8>; 2] {
+        let instruction_set = InstructionSet::best();
+        let mut scratch = vec![0xAA; MAX_DATAGRAM_LEN];
+        let mut sum = vec![0xAA; sum_len];
+        Replicated { payload, workers, scratch: &mut scratch }.start(instruction_set, element_type, &mut sum);
+        let first = sum.clone();
+        Replicated { payload, workers, scratch: &mut scratch }.add_to(
+            instruction_set,
+            element_type,
+            &mut sum,
+        );
+        [first, sum]
+    }
+
+    #[test]
+    fn a_payload_is_summed_into_the_round_once_per_rank() {
+        let int32 = |values: &[i32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let payload = int32(&[3, -5, 0x4000_0001]);
+        let sums = replicated_sums(ElementType::Int32, &payload, 3, payload.len());
+        assert_eq!(sums, [int32(&[9, -15, -0x3FFF_FFFD]), int32(&[18, -30, -0x7FFF_FFFA])]);
+        // Float32 is added as a switch adds, rounding at every addition.
+        let float32 = |values: &[f32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let payload = float32(&[0.1, -2.5, 3e38]);
+        let thrice = 0.1f32 + 0.1 + 0.1;
+        let sums = replicated_sums(ElementType::Float32, &payload, 3, payload.len());
+        let twice = thrice + thrice;
+        assert_eq!(sums, [float32(&[thrice, -7.5, f32::INFINITY]), float32(&[twice, -15.0, f32::INFINITY])]);
+        // A 16-bit sum is rounded to 16 bits once, as its packet would carry it, and held
+        // in float32: three times float16's 0.1, rounded to float16.
+        let payload =
+            [half::f16::from_f32(0.1), half::f16::from_f32(-2.5)].map(half::f16::to_le_bytes).concat();
+        let rounded = half::f16::from_f32(half::f16::from_f32(0.1).to_f32() * 3.0).to_f32();
+        let sums = replicated_sums(ElementType::Float16, &payload, 3, 2 * payload.len());
+        assert_eq!(sums, [float32(&[rounded, -7.5]), float32(&[rounded + rounded, -15.0])]);
     }
 
     #[test]
