@@ -47,7 +47,7 @@ mod streams;
 mod testing;
 mod timers;
 
-pub use job::{JobError, JobSpec, JobStatus};
+pub use job::{thread_blocks, JobError, JobSpec, JobStatus};
 pub use keys::{SessionKey, SessionKeys};
 pub use streams::{BlockMask, Layout};
 
