@@ -11,6 +11,12 @@
 //! tree): it registers with the upper switch's [`Registry`] as one member, sends its
 //! rack's partial sums up and recovers their losses on its own timers.
 //!
+//! A worker may run several threads ([`ClusterConfig::threads`]), each a
+//! [`WorkerProtocol`] of its own over a share of the worker's slots, sharing its link and
+//! pacer, as the client's threads do; and a series of jobs may run as applications run
+//! them, each rank starting its next job when its own last one ended
+//! ([`Cluster::allreduce_series`]).
+//!
 //! [`Ring`] runs the ring allreduce over the same links, for comparison.
 //!
 //! Runs are deterministic for a seed and bounded in steps, so a livelock fails instead of
@@ -326,7 +332,7 @@ pub struct RunReport {
     /// Per worker, the agreed exponent each block was loaded and stored with (block
     /// floating point runs; `None` elsewhere).
     pub block_exponents: Vec<Vec<Option<i8>>>,
-    /// Counters of each worker, for this allreduce alone.
+    /// Counters of each worker (its threads' together), for this allreduce alone.
     pub workers: Vec<WorkerCounters>,
     /// The counters of the session the workers' packets reach (the racks' sessions'
     /// together, in a tree), for this allreduce alone.
