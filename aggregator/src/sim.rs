@@ -22,8 +22,6 @@
 //! Runs are deterministic for a seed and bounded in steps, so a livelock fails instead of
 //! hanging. The tests, property tests and benches drive the protocol through it.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,17 +32,21 @@ use crate::engine::{Engine, Recipient, SessionCounters, SessionId, UplinkCounter
 use crate::faults::FaultRates;
 use crate::pacer::{LinkPacer, PacingConfig};
 use crate::worker::{
-    thread_blocks, BlockIo, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol,
+    thread_blocks, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol,
 };
 use crate::zero_scan::nonzero_blocks;
 
+mod agenda;
 mod open;
 mod ring;
+mod tensor_io;
 mod wire;
 
 pub use ring::{Congestion, Ring, RingReport, TcpSegments};
 
+use agenda::Agenda;
 use open::Switch;
+use tensor_io::TensorIo;
 use wire::{Node, Wire};
 
 /// Faults and timing of one direction of every worker's link.
@@ -411,82 +413,6 @@ pub struct Cluster {
     results_to_lose: Vec<(u16, u32)>,
 }
 
-/// Which worker threads an event reached since they were last polled, and when each
-/// thread's next timer is due (threads by their index in `Cluster::workers`).
-#[derive(Debug)]
-struct Agenda {
-    touched: Vec<usize>,
-    is_touched: Vec<bool>,
-    /// Each thread's armed deadline; entries of `timers` that disagree are stale.
-    deadlines: Vec<Option<Instant>>,
-    timers: BinaryHeap<Reverse<(Instant, usize)>>,
-}
-
-impl Agenda {
-    fn new(threads: usize) -> Agenda {
-        Agenda {
-            touched: Vec::new(),
-            is_touched: vec![false; threads],
-            deadlines: vec![None; threads],
-            timers: BinaryHeap::new(),
-        }
-    }
-
-    fn touch(&mut self, thread: usize) {
-        if !std::mem::replace(&mut self.is_touched[thread], true) {
-            self.touched.push(thread);
-        }
-    }
-
-    /// The threads touched since the last call, in index order (the order in which a
-    /// poll of every thread would meet them, so that runs stay as they were).
-    fn take_touched(&mut self) -> Vec<usize> {
-        let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        for &thread in &touched {
-            self.is_touched[thread] = false;
-        }
-        touched
-    }
-
-    /// Records `thread`'s next deadline, as its `poll_timeout` gives it.
-    fn arm(&mut self, thread: usize, deadline: Option<Instant>) {
-        if self.deadlines[thread] != deadline {
-            self.deadlines[thread] = deadline;
-            if let Some(at) = deadline {
-                self.timers.push(Reverse((at, thread)));
-            }
-        }
-    }
-
-    fn next_timer(&mut self) -> Option<Instant> {
-        self.drop_stale();
-        self.timers.peek().map(|Reverse((at, _))| *at)
-    }
-
-    /// A thread whose deadline has come by `now`, touched so that it is polled again.
-    fn pop_due(&mut self, now: Instant) -> Option<usize> {
-        self.drop_stale();
-        let &Reverse((at, thread)) = self.timers.peek()?;
-        if at > now {
-            return None;
-        }
-        self.timers.pop();
-        self.deadlines[thread] = None;
-        self.touch(thread);
-        Some(thread)
-    }
-
-    fn drop_stale(&mut self) {
-        while let Some(&Reverse((at, thread))) = self.timers.peek() {
-            if self.deadlines[thread] == Some(at) {
-                break;
-            }
-            self.timers.pop();
-        }
-    }
-}
-
 /// What [`Cluster::run_series`] gives: per job, every rank's result, agreed exponents
 /// and part in it.
 struct Series {
@@ -494,60 +420,6 @@ struct Series {
     exponents: Vec<Vec<Vec<Option<i8>>>>,
     ranks: Vec<Vec<RankJob>>,
     steps: u64,
-}
-
-struct TensorIo {
-    input: Vec<u8>,
-    output: Vec<u8>,
-    block_bytes: usize,
-    /// The exponent each block was loaded with; `store` must be given the same.
-    exponents: Vec<Option<i8>>,
-}
-
-impl TensorIo {
-    /// The io of a thread that has run no job yet.
-    fn empty() -> TensorIo {
-        TensorIo { input: Vec::new(), output: Vec::new(), block_bytes: 0, exponents: Vec::new() }
-    }
-
-    fn block(&self, block: u32) -> &[u8] {
-        let start = block as usize * self.block_bytes;
-        &self.input[start..(start + self.block_bytes).min(self.input.len())]
-    }
-}
-
-impl BlockIo for TensorIo {
-    /// Passes elements through unchanged; exponents are only recorded and checked, so the
-    /// protocol's agreement on them is tested apart from any quantiser.
-    fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>) {
-        let start = block as usize * self.block_bytes;
-        payload.copy_from_slice(&self.input[start..start + payload.len()]);
-        self.exponents[block as usize] = exponent;
-    }
-
-    /// The number of significant bits of the block's largest magnitude.
-    fn exponent(&mut self, block: u32) -> i8 {
-        let largest = self
-            .block(block)
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]).unsigned_abs())
-            .max();
-        (32 - largest.unwrap_or(0).leading_zeros()) as i8
-    }
-
-    fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>) {
-        assert_eq!(
-            exponent, self.exponents[block as usize],
-            "block {block} stored with another exponent than it was loaded with"
-        );
-        let start = block as usize * self.block_bytes;
-        let end = (start + self.block_bytes).min(self.output.len());
-        if payload.is_empty() {
-            self.output[start..end].fill(0);
-        } else {
-            self.output[start..start + payload.len()].copy_from_slice(payload);
-        }
-    }
 }
 
 impl Cluster {
