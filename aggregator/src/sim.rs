@@ -11,13 +11,18 @@
 //! tree): it registers with the upper switch's [`Registry`] as one member, sends its
 //! rack's partial sums up and recovers their losses on its own timers.
 //!
+//! A worker may run several threads ([`ClusterConfig::threads`]), each a
+//! [`WorkerProtocol`] of its own over a share of the worker's slots, sharing its link and
+//! pacer, as the client's threads do; and a series of jobs may run as applications run
+//! them, each rank starting its next job when its own last one ended
+//! ([`Cluster::allreduce_series`]).
+//!
 //! [`Ring`] runs the ring allreduce over the same links, for comparison.
 //!
 //! Runs are deterministic for a seed and bounded in steps, so a livelock fails instead of
 //! hanging. The tests, property tests and benches drive the protocol through it.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
@@ -25,17 +30,23 @@ use netagg_wire::{ElementType, Integrity, MessageType, Packet, MAX_DATAGRAM_LEN}
 
 use crate::engine::{Engine, Recipient, SessionCounters, SessionId, UplinkCounters, Verdict};
 use crate::faults::FaultRates;
-use crate::pacer::PacingConfig;
-use crate::worker::{BlockIo, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol};
+use crate::pacer::{LinkPacer, PacingConfig};
+use crate::worker::{
+    thread_blocks, JobSpec, JobStatus, Layout, WorkerConfig, WorkerCounters, WorkerProtocol,
+};
 use crate::zero_scan::nonzero_blocks;
 
+mod agenda;
 mod open;
 mod ring;
+mod tensor_io;
 mod wire;
 
 pub use ring::{Congestion, Ring, RingReport, TcpSegments};
 
+use agenda::Agenda;
 use open::Switch;
+use tensor_io::TensorIo;
 use wire::{Node, Wire};
 
 /// Faults and timing of one direction of every worker's link.
@@ -160,6 +171,11 @@ pub struct ClusterConfig {
     /// worker's slots, split as the client splits them; `switch_link` is each one's.
     /// 1: one switch. Not with racks.
     pub shards: u16,
+    /// Worker threads of every worker, each running its own protocol over an equal share
+    /// of the worker's `slots` and of every job's blocks, and all sharing the worker's link
+    /// and pacer, as the client's threads do. 1: one thread of all the slots. Not with
+    /// racks or shards.
+    pub threads: u16,
 }
 
 /// A network of racks: the workers in `count` racks of contiguous ranks (split as
@@ -201,6 +217,7 @@ impl ClusterConfig {
             lost_results: Vec::new(),
             racks: None,
             shards: 1,
+            threads: 1,
         }
     }
 
@@ -303,6 +320,11 @@ pub enum SimError {
     Racks { count: u16, workers: u16 },
     #[error("{shards} shards for {slots} slots and {racks} racks: give 1 to {slots} shards, without racks")]
     Shards { shards: u16, slots: u16, racks: u16 },
+    #[error(
+        "{threads} worker threads for {slots} slots: give a number of threads that divides the slots \
+         (more than 1 only with one switch and no racks)"
+    )]
+    Threads { threads: u16, slots: u16 },
 }
 
 /// What one allreduce cost.
@@ -312,7 +334,7 @@ pub struct RunReport {
     /// Per worker, the agreed exponent each block was loaded and stored with (block
     /// floating point runs; `None` elsewhere).
     pub block_exponents: Vec<Vec<Option<i8>>>,
-    /// Counters of each worker, for this allreduce alone.
+    /// Counters of each worker (its threads' together), for this allreduce alone.
     pub workers: Vec<WorkerCounters>,
     /// The counters of the session the workers' packets reach (the racks' sessions'
     /// together, in a tree), for this allreduce alone.
@@ -331,6 +353,31 @@ pub struct RunReport {
     pub longest_queue_wait: QueueWaits,
     /// Virtual time the allreduce took.
     pub elapsed: Duration,
+}
+
+/// What a series of allreduces cost, run as each rank's application runs them: a rank
+/// starts its next job as soon as its own last one ended, without waiting for the others,
+/// so a rank that finished one job late starts the next late too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesReport {
+    /// Per job, every rank's result.
+    pub outputs: Vec<Vec<Tensor>>,
+    /// Per job, every rank's part in it.
+    pub jobs: Vec<Vec<RankJob>>,
+    /// The counters of the session the workers' packets reach, over the whole series.
+    pub switch: SessionCounters,
+    /// Virtual time the whole series took.
+    pub elapsed: Duration,
+}
+
+/// One rank's part in one job of a series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankJob {
+    /// From the rank's start of the job to its last thread's end: the time the rank's
+    /// application measures.
+    pub elapsed: Duration,
+    /// Its threads' counters over that time, together.
+    pub counters: WorkerCounters,
 }
 
 /// What crossed one rack's uplink in an allreduce.
@@ -356,6 +403,8 @@ pub struct Cluster {
     config: ClusterConfig,
     /// The racks' switches by rack (in a tree), then the switch at the core.
     switches: Vec<Switch>,
+    /// Every worker thread, by rank and then thread: rank `r`'s thread `t` is at
+    /// `r * config.threads + t`.
     workers: Vec<WorkerProtocol>,
     now: Instant,
     wire: Wire,
@@ -364,129 +413,13 @@ pub struct Cluster {
     results_to_lose: Vec<(u16, u32)>,
 }
 
-/// Which workers an event reached since they were last polled, and when each worker's
-/// next timer is due.
-#[derive(Debug)]
-struct Agenda {
-    touched: Vec<u16>,
-    is_touched: Vec<bool>,
-    /// Each worker's armed deadline; entries of `timers` that disagree are stale.
-    deadlines: Vec<Option<Instant>>,
-    timers: BinaryHeap<Reverse<(Instant, u16)>>,
-}
-
-impl Agenda {
-    fn new(workers: usize) -> Agenda {
-        Agenda {
-            touched: Vec::new(),
-            is_touched: vec![false; workers],
-            deadlines: vec![None; workers],
-            timers: BinaryHeap::new(),
-        }
-    }
-
-    fn touch(&mut self, rank: u16) {
-        if !std::mem::replace(&mut self.is_touched[rank as usize], true) {
-            self.touched.push(rank);
-        }
-    }
-
-    /// The workers touched since the last call, in rank order (the order in which a
-    /// poll of every worker would meet them, so that runs stay as they were).
-    fn take_touched(&mut self) -> Vec<u16> {
-        let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        for &rank in &touched {
-            self.is_touched[rank as usize] = false;
-        }
-        touched
-    }
-
-    /// Records worker `rank`'s next deadline, as its `poll_timeout` gives it.
-    fn arm(&mut self, rank: u16, deadline: Option<Instant>) {
-        if self.deadlines[rank as usize] != deadline {
-            self.deadlines[rank as usize] = deadline;
-            if let Some(at) = deadline {
-                self.timers.push(Reverse((at, rank)));
-            }
-        }
-    }
-
-    fn next_timer(&mut self) -> Option<Instant> {
-        self.drop_stale();
-        self.timers.peek().map(|Reverse((at, _))| *at)
-    }
-
-    /// A worker whose deadline has come by `now`, touched so that it is polled again.
-    fn pop_due(&mut self, now: Instant) -> Option<u16> {
-        self.drop_stale();
-        let &Reverse((at, rank)) = self.timers.peek()?;
-        if at > now {
-            return None;
-        }
-        self.timers.pop();
-        self.deadlines[rank as usize] = None;
-        self.touch(rank);
-        Some(rank)
-    }
-
-    fn drop_stale(&mut self) {
-        while let Some(&Reverse((at, rank))) = self.timers.peek() {
-            if self.deadlines[rank as usize] == Some(at) {
-                break;
-            }
-            self.timers.pop();
-        }
-    }
-}
-
-struct TensorIo {
-    input: Vec<u8>,
-    output: Vec<u8>,
-    block_bytes: usize,
-    /// The exponent each block was loaded with; `store` must be given the same.
-    exponents: Vec<Option<i8>>,
-}
-
-impl TensorIo {
-    fn block(&self, block: u32) -> &[u8] {
-        let start = block as usize * self.block_bytes;
-        &self.input[start..(start + self.block_bytes).min(self.input.len())]
-    }
-}
-
-impl BlockIo for TensorIo {
-    /// Passes elements through unchanged; exponents are only recorded and checked, so the
-    /// protocol's agreement on them is tested apart from any quantiser.
-    fn load(&mut self, block: u32, payload: &mut [u8], exponent: Option<i8>) {
-        let start = block as usize * self.block_bytes;
-        payload.copy_from_slice(&self.input[start..start + payload.len()]);
-        self.exponents[block as usize] = exponent;
-    }
-
-    /// The number of significant bits of the block's largest magnitude.
-    fn exponent(&mut self, block: u32) -> i8 {
-        let largest = self
-            .block(block)
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]).unsigned_abs())
-            .max();
-        (32 - largest.unwrap_or(0).leading_zeros()) as i8
-    }
-
-    fn store(&mut self, block: u32, payload: &[u8], exponent: Option<i8>) {
-        assert_eq!(
-            exponent, self.exponents[block as usize],
-            "block {block} stored with another exponent than it was loaded with"
-        );
-        let start = block as usize * self.block_bytes;
-        let end = (start + self.block_bytes).min(self.output.len());
-        if payload.is_empty() {
-            self.output[start..end].fill(0);
-        } else {
-            self.output[start..start + payload.len()].copy_from_slice(payload);
-        }
-    }
+/// What [`Cluster::run_series`] gives: per job, every rank's result, agreed exponents
+/// and part in it.
+struct Series {
+    outputs: Vec<Vec<Tensor>>,
+    exponents: Vec<Vec<Vec<Option<i8>>>>,
+    ranks: Vec<Vec<RankJob>>,
+    steps: u64,
 }
 
 impl Cluster {
@@ -505,30 +438,38 @@ impl Cluster {
         if config.shards == 0 || (config.shards > 1 && (config.shards > config.slots || racks > 0)) {
             return Err(SimError::Shards { shards: config.shards, slots: config.slots, racks });
         }
+        let threads = config.threads;
+        if threads == 0 || config.slots % threads != 0 || (threads > 1 && (racks > 0 || config.shards > 1)) {
+            return Err(SimError::Threads { threads, slots: config.slots });
+        }
+        let slots = config.slots / threads;
         let now = Instant::now();
-        let sessions = open::open(&config, now)?;
-        let workers = sessions
-            .workers
-            .into_iter()
-            .map(|(rank, keys)| {
-                WorkerProtocol::new(
-                    WorkerConfig {
-                        keys,
-                        rank,
-                        slot_base: 0,
-                        slots: config.slots,
-                        packet_elements: config.packet_elements,
-                        depth: config.depth,
-                        retransmit_timeout: config.retransmit_timeout,
-                        max_retransmit_timeout: config.max_retransmit_timeout,
-                        job_timeout: config.job_timeout,
-                        pacing: config.pacing,
-                        integrity: Integrity::Checksummed,
-                    },
-                    now,
-                )
-            })
-            .collect();
+        let mut sessions = open::open(&config, now)?;
+        if threads > 1 {
+            let core = sessions.switches.last_mut().expect("a cluster has a switch");
+            core.engine.number_per_thread(core.session, slots);
+        }
+        let mut workers = Vec::with_capacity(sessions.workers.len() * usize::from(threads));
+        for (rank, keys) in sessions.workers {
+            // A worker's threads share its pacer, as they share its link.
+            let pacer = LinkPacer::new(config.pacing);
+            for thread in 0..threads {
+                let thread_config = WorkerConfig {
+                    keys: keys.clone(),
+                    rank,
+                    slot_base: thread * slots,
+                    slots,
+                    packet_elements: config.packet_elements,
+                    depth: config.depth,
+                    retransmit_timeout: config.retransmit_timeout,
+                    max_retransmit_timeout: config.max_retransmit_timeout,
+                    job_timeout: config.job_timeout,
+                    pacing: config.pacing,
+                    integrity: Integrity::Checksummed,
+                };
+                workers.push(WorkerProtocol::with_pacer(thread_config, now, Arc::clone(&pacer)));
+            }
+        }
         Ok(Cluster {
             wire: Wire::new(&config, now),
             results_to_lose: config.lost_results.clone(),
@@ -567,106 +508,163 @@ impl Cluster {
         self.run(inputs, false, true)
     }
 
+    /// Runs `jobs` (each one tensor per worker) back to back as each rank's application
+    /// runs them, waiting for its job before it submits the next: a rank starts its next
+    /// job as soon as its own last one ended, whatever the others' stand. A rank's
+    /// [`ClusterConfig::start_delays`] delay each of its starts. `sparse` sends only the
+    /// blocks holding a non-zero element.
+    pub fn allreduce_series(&mut self, jobs: &[Vec<Tensor>], sparse: bool) -> Result<SeriesReport, SimError> {
+        let switch_before = self.switch_counters();
+        let started = self.now;
+        let jobs: Vec<&[Tensor]> = jobs.iter().map(Vec::as_slice).collect();
+        let series = self.run_series(&jobs, sparse, false)?;
+        Ok(SeriesReport {
+            outputs: series.outputs,
+            jobs: series.ranks,
+            switch: self.switch_counters().since(&switch_before),
+            elapsed: self.now - started,
+        })
+    }
+
     fn run(&mut self, inputs: &[Tensor], sparse: bool, exponents: bool) -> Result<RunReport, SimError> {
-        let first = inputs.first().ok_or(SimError::Inputs)?;
-        if inputs.len() != self.workers.len()
-            || inputs.iter().any(|t| t.len() != first.len() || t.element_type() != first.element_type())
-        {
-            return Err(SimError::Inputs);
-        }
-        let job = self.next_job;
-        self.next_job += 1;
-        let block_elements = first.element_type().per_packet(self.config.packet_elements) as usize;
-        let blocks = first.len().div_ceil(block_elements) as u32;
-        let mut ios: Vec<TensorIo> = inputs
-            .iter()
-            .map(|tensor| {
-                let input = tensor.to_le_bytes();
-                TensorIo {
-                    output: vec![0; input.len()],
-                    input,
-                    block_bytes: block_elements * first.element_type().size(),
-                    exponents: vec![None; blocks as usize],
-                }
-            })
-            .collect();
-        let counters_before: Vec<WorkerCounters> = self.workers.iter().map(|w| *w.counters()).collect();
+        let counters_before: Vec<WorkerCounters> =
+            (0..self.config.workers).map(|rank| self.rank_counters(rank)).collect();
         let switch_before = self.switch_counters();
         let queue_drops_before = (self.wire.queue_drops(), self.wire.queue_drops_down());
         let uplinks_before = self.uplink_traffic();
         // Counted afresh for this allreduce.
         self.wire.take_longest_waits();
         let started = self.now;
-        let mut specs = Vec::with_capacity(ios.len());
-        for io in &ios {
-            let layout = if sparse {
-                // Blocks of a whole packet each (never empty), as many as `blocks` counts.
-                let mask = nonzero_blocks(&io.input, io.block_bytes).expect("blocks of whole packets");
-                Layout::Sparse(mask)
-            } else {
-                Layout::Dense
-            };
-            specs.push(Some(JobSpec {
-                job,
-                element_type: first.element_type(),
-                elements: first.len() as u64,
-                layout,
-                exponents,
-            }));
+        let mut series = self.run_series(&[inputs], sparse, exponents)?;
+        let switch_after = self.switch_counters();
+        Ok(RunReport {
+            outputs: series.outputs.swap_remove(0),
+            block_exponents: series.exponents.swap_remove(0),
+            workers: counters_before
+                .iter()
+                .enumerate()
+                .map(|(rank, before)| self.rank_counters(rank as u16).since(before))
+                .collect(),
+            switch: switch_after.since(&switch_before),
+            racks: self
+                .uplink_traffic()
+                .iter()
+                .zip(&uplinks_before)
+                .map(|(after, before)| RackTraffic {
+                    bytes_up: after.bytes_up - before.bytes_up,
+                    bytes_down: after.bytes_down - before.bytes_down,
+                    uplink: after.uplink.zip(before.uplink).map(|(after, before)| after.since(&before)),
+                })
+                .collect(),
+            steps: series.steps,
+            queue_drops: self.wire.queue_drops() - queue_drops_before.0,
+            queue_drops_down: self.wire.queue_drops_down() - queue_drops_before.1,
+            longest_queue_wait: self.wire.take_longest_waits(),
+            elapsed: self.now - started,
+        })
+    }
+
+    /// Runs `jobs` as [`Cluster::allreduce_series`] does; one job is one allreduce.
+    fn run_series(&mut self, jobs: &[&[Tensor]], sparse: bool, exponents: bool) -> Result<Series, SimError> {
+        let ranks = usize::from(self.config.workers);
+        for inputs in jobs {
+            let first = inputs.first().ok_or(SimError::Inputs)?;
+            if inputs.len() != ranks
+                || inputs.iter().any(|t| t.len() != first.len() || t.element_type() != first.element_type())
+            {
+                return Err(SimError::Inputs);
+            }
         }
-        let start_at =
-            |rank: usize| started + self.config.start_delays.get(rank).copied().unwrap_or(Duration::ZERO);
-        // Ranks not yet started, latest first, so that the next to start is at the end.
+        let first_job = self.next_job;
+        self.next_job += jobs.len() as u32;
+        let threads = usize::from(self.config.threads);
+        let mut ios: Vec<TensorIo> = (0..self.workers.len()).map(|_| TensorIo::empty()).collect();
+        let mut series = Series {
+            outputs: vec![Vec::with_capacity(ranks); jobs.len()],
+            exponents: vec![Vec::with_capacity(ranks); jobs.len()],
+            ranks: vec![Vec::with_capacity(ranks); jobs.len()],
+            steps: 0,
+        };
+        // Each rank's job under way or next, when it started, and its threads' counters then.
+        let mut progress = vec![(0, self.now, WorkerCounters::default()); ranks];
+        let delay =
+            |config: &ClusterConfig, rank: usize| config.start_delays.get(rank).copied().unwrap_or_default();
+        // Ranks not yet started on their next job, latest first, so that the next to
+        // start is at the end.
         let mut pending: Vec<(Instant, u16)> =
-            (0..specs.len()).map(|rank| (start_at(rank), rank as u16)).collect();
+            (0..ranks).map(|rank| (self.now + delay(&self.config, rank), rank as u16)).collect();
         pending.sort_by(|a, b| b.cmp(a));
-        let mut done = vec![false; specs.len()];
+        let mut running = vec![false; self.workers.len()];
         let mut finished = 0;
-        // Only the workers an event reached can have something to send or a new timer:
-        // polling every worker at every event would make a step cost O(N).
+        // Only the threads an event reached can have something to send or a new timer:
+        // polling every thread at every event would make a step cost O(N).
         let mut agenda = Agenda::new(self.workers.len());
 
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
-        let mut steps = 0;
         loop {
             while pending.last().is_some_and(|&(at, _)| at <= self.now) {
                 let Some((_, rank)) = pending.pop() else { break };
-                let spec = specs[rank as usize].take().expect("each rank starts once");
-                self.workers[rank as usize]
-                    .start_job(self.now, spec)
-                    .map_err(|e| SimError::Failed { rank, reason: e.to_string() })?;
-                agenda.touch(rank);
+                let (job, started, counters) = &mut progress[usize::from(rank)];
+                (*started, *counters) = (self.now, self.rank_counters(rank));
+                let tensor = &jobs[*job][usize::from(rank)];
+                let shares = self.thread_jobs(tensor, first_job + *job as u32, sparse, exponents);
+                for (thread, (io, spec)) in shares.into_iter().enumerate() {
+                    let index = usize::from(rank) * threads + thread;
+                    self.workers[index]
+                        .start_job(self.now, spec)
+                        .map_err(|e| SimError::Failed { rank, reason: e.to_string() })?;
+                    (ios[index], running[index]) = (io, true);
+                    agenda.touch(index);
+                }
             }
-            for rank in agenda.take_touched() {
-                let (worker, io) = (&mut self.workers[rank as usize], &mut ios[rank as usize]);
+            for index in agenda.take_touched() {
+                let rank = (index / threads) as u16;
+                let (worker, io) = (&mut self.workers[index], &mut ios[index]);
                 while let Some(len) = worker.poll_transmit(self.now, &mut buf, io) {
                     let switch = Node::Switch(self.wire.switch_of(rank, &buf[..len]));
                     self.wire.send(self.now, Node::Worker(rank), switch, &buf[..len]);
                 }
+                agenda.arm(index, worker.poll_timeout());
                 match worker.status() {
                     JobStatus::Failed(error) => {
                         return Err(SimError::Failed { rank, reason: error.to_string() })
                     }
-                    JobStatus::Done if specs[rank as usize].is_none() && !done[rank as usize] => {
-                        done[rank as usize] = true;
-                        finished += 1;
-                    }
-                    _ => {}
+                    JobStatus::Done if running[index] => running[index] = false,
+                    _ => continue,
                 }
-                agenda.arm(rank, worker.poll_timeout());
+                let rank_threads = usize::from(rank) * threads..usize::from(rank + 1) * threads;
+                if running[rank_threads.clone()].contains(&true) {
+                    continue;
+                }
+                let (job, started, counters) = &mut progress[usize::from(rank)];
+                let element_type = jobs[*job][0].element_type();
+                let ios = &ios[rank_threads];
+                let output: Vec<u8> = ios.iter().flat_map(|io| io.output.iter().copied()).collect();
+                series.outputs[*job].push(Tensor::from_le_bytes(element_type, &output));
+                series.exponents[*job].push(ios.iter().flat_map(|io| io.exponents.iter().copied()).collect());
+                let elapsed = self.now - *started;
+                let counters = self.rank_counters(rank).since(counters);
+                series.ranks[*job].push(RankJob { elapsed, counters });
+                *job += 1;
+                if *job < jobs.len() {
+                    pending.push((self.now + delay(&self.config, usize::from(rank)), rank));
+                    pending.sort_by(|a, b| b.cmp(a));
+                } else {
+                    finished += 1;
+                }
             }
-            if finished == self.workers.len() {
-                break;
+            if finished == ranks {
+                return Ok(series);
             }
-            steps += 1;
-            if steps > self.config.max_steps {
-                return Err(SimError::Livelock { steps });
+            series.steps += 1;
+            if series.steps > self.config.max_steps {
+                return Err(SimError::Livelock { steps: series.steps });
             }
             let next_start = pending.last().map(|&(at, _)| at);
             let upstream = self.switches.iter().filter_map(|switch| switch.engine.upstream_timeout()).min();
             let events = [self.wire.next_event(), agenda.next_timer(), next_start, upstream];
             let Some(next) = events.into_iter().flatten().min() else {
-                let rank = done.iter().position(|&done| !done).unwrap_or(0);
+                let rank = progress.iter().position(|&(job, ..)| job < jobs.len()).unwrap_or(0);
                 return Err(SimError::Stuck { rank: rank as u16 });
             };
             self.now = self.now.max(next);
@@ -680,38 +678,67 @@ impl Cluster {
                     self.poll_upstream(switch, &mut buf);
                 }
             }
-            while let Some(rank) = agenda.pop_due(self.now) {
-                self.workers[rank as usize].handle_timeout(self.now);
+            while let Some(index) = agenda.pop_due(self.now) {
+                self.workers[index].handle_timeout(self.now);
             }
         }
+    }
 
-        let switch_after = self.switch_counters();
-        Ok(RunReport {
-            outputs: ios.iter().map(|io| Tensor::from_le_bytes(first.element_type(), &io.output)).collect(),
-            block_exponents: ios.iter().map(|io| io.exponents.clone()).collect(),
-            workers: self
-                .workers
-                .iter()
-                .zip(&counters_before)
-                .map(|(w, before)| w.counters().since(before))
-                .collect(),
-            switch: switch_after.since(&switch_before),
-            racks: self
-                .uplink_traffic()
-                .iter()
-                .zip(&uplinks_before)
-                .map(|(after, before)| RackTraffic {
-                    bytes_up: after.bytes_up - before.bytes_up,
-                    bytes_down: after.bytes_down - before.bytes_down,
-                    uplink: after.uplink.zip(before.uplink).map(|(after, before)| after.since(&before)),
-                })
-                .collect(),
-            steps,
-            queue_drops: self.wire.queue_drops() - queue_drops_before.0,
-            queue_drops_down: self.wire.queue_drops_down() - queue_drops_before.1,
-            longest_queue_wait: self.wire.take_longest_waits(),
-            elapsed: self.now - started,
-        })
+    /// Each of a rank's threads' share of its `tensor` in job `job`: the blocks
+    /// [`thread_blocks`] gives the thread, and the job as the thread sees it.
+    fn thread_jobs(
+        &self,
+        tensor: &Tensor,
+        job: u32,
+        sparse: bool,
+        exponents: bool,
+    ) -> Vec<(TensorIo, JobSpec)> {
+        let element_type = tensor.element_type();
+        let block_elements = element_type.per_packet(self.config.packet_elements) as usize;
+        let block_bytes = block_elements * element_type.size();
+        let bytes = tensor.to_le_bytes();
+        let blocks = tensor.len().div_ceil(block_elements);
+        let shares = thread_blocks(blocks, usize::from(self.config.threads)).map(|run| {
+            let input = bytes
+                [(run.start * block_bytes).min(bytes.len())..(run.end * block_bytes).min(bytes.len())]
+                .to_vec();
+            let layout = if sparse {
+                // Blocks of a whole packet each, as many as the thread's share counts.
+                Layout::Sparse(nonzero_blocks(&input, block_bytes).expect("blocks of whole packets"))
+            } else {
+                Layout::Dense
+            };
+            let elements = (input.len() / element_type.size()) as u64;
+            let io = TensorIo {
+                output: vec![0; input.len()],
+                input,
+                block_bytes,
+                exponents: vec![None; run.len()],
+            };
+            (io, JobSpec { job, element_type, elements, layout, exponents })
+        });
+        shares.collect()
+    }
+
+    /// Rank `rank`'s threads' counters so far, together.
+    fn rank_counters(&self, rank: u16) -> WorkerCounters {
+        let threads = usize::from(self.config.threads);
+        let rank_threads = &self.workers[usize::from(rank) * threads..usize::from(rank + 1) * threads];
+        rank_threads.iter().fold(WorkerCounters::default(), |total, thread| total + *thread.counters())
+    }
+
+    /// The thread of rank `rank` that a datagram for it reaches: the one owning the slot
+    /// it names, as the switch sends each thread's packets to the thread's own address.
+    fn thread_of(&self, rank: u16, datagram: &[u8]) -> usize {
+        let threads = usize::from(self.config.threads);
+        let first = usize::from(rank) * threads;
+        if threads == 1 {
+            return first;
+        }
+        let slots = self.config.slots / self.config.threads;
+        // A datagram too mangled to name its slot is refused by whichever thread takes it.
+        let thread = Packet::new_checked(datagram).map_or(0, |packet| usize::from(packet.slot() / slots));
+        first + thread.min(threads - 1)
     }
 
     /// The counters of the sessions the workers' packets reach, together.
@@ -741,8 +768,9 @@ impl Cluster {
         while let Some((to, bytes)) = self.wire.pop_due(self.now) {
             match to {
                 Node::Worker(rank) => {
-                    agenda.touch(rank);
-                    self.workers[rank as usize].handle_datagram(self.now, &bytes, &mut ios[rank as usize]);
+                    let thread = self.thread_of(rank, &bytes);
+                    agenda.touch(thread);
+                    self.workers[thread].handle_datagram(self.now, &bytes, &mut ios[thread]);
                 }
                 Node::Switch(switch) => {
                     let engine = &mut self.switches[usize::from(switch)].engine;

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
+use netagg_aggregator::worker::thread_blocks;
 use netagg_aggregator::{PacingConfig, SessionKey, SessionKeys, WorkerConfig};
 use netagg_config::Config;
 use netagg_wire::Integrity;
@@ -302,17 +303,12 @@ impl Context {
         let id = self.next_job.fetch_add(1, Ordering::Relaxed);
         let packet = self.codec.wire_type(data_type).per_packet(self.config.general.packet_numel) as usize;
         let blocks = numel.div_ceil(packet);
-        let threads = queues.len();
-        let (share, extra) = (blocks / threads, blocks % threads);
         let mut slices = Vec::new();
-        let mut first_block = 0;
-        for thread in 0..threads {
-            let count = share + usize::from(thread < extra);
-            if count > 0 {
-                let start = first_block * packet;
-                slices.push((thread, first_block, (count * packet).min(numel - start)));
+        for (thread, run) in thread_blocks(blocks, queues.len()).enumerate() {
+            if !run.is_empty() {
+                let start = run.start * packet;
+                slices.push((thread, run.start, (run.len() * packet).min(numel - start)));
             }
-            first_block += count;
         }
         if !slices.is_empty() {
             let mut in_flight = self.shared.in_flight.lock().unwrap_or_else(|p| p.into_inner());

@@ -151,7 +151,7 @@ fn register_workers(registry: &mut Registry, now: Instant, ranks: Range<u16>, co
             encoding: ValueEncoding::Native,
             sparse_blocks: false,
             name: "sim".into(),
-            endpoints: vec![endpoint()],
+            endpoints: vec![endpoint(); usize::from(config.threads)],
         };
         registry.handle_message(now, connection, 0, register);
     }

@@ -4,12 +4,14 @@
 //! One job runs at a time. A failed job leaves the slots' rounds out of step with the
 //! other workers', so the thread refuses later jobs: the session must be opened anew.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use netagg_wire::packet::END_OF_STREAM;
 use netagg_wire::ElementType;
 
 use super::streams::Layout;
+use super::tail::Tail;
 use super::{Job, WorkerProtocol};
 
 /// One job, as this worker thread sees it.
@@ -95,6 +97,7 @@ impl WorkerProtocol {
         }
         self.pacer.job_started(now, &mut self.delivered);
         self.start_streams(&spec, active_slots);
+        self.tail = Tail::of_job(&spec.layout, blocks);
         self.job = Some(Job { spec, blocks });
         self.status = JobStatus::Running;
         if active_slots == 0 {
@@ -135,6 +138,19 @@ impl WorkerProtocol {
         self.clear_paced();
         self.clear_timers();
     }
+}
+
+/// The blocks each of a worker's `threads` threads takes of a job of `blocks`: one
+/// contiguous run each, in thread order, the first `blocks % threads` one block longer.
+/// Every rank cuts its jobs so, and so the same elements meet in the same slots.
+pub fn thread_blocks(blocks: usize, threads: usize) -> impl Iterator<Item = Range<usize>> {
+    let threads = threads.max(1);
+    let (share, extra) = (blocks / threads, blocks % threads);
+    (0..threads).scan(0, move |first, thread| {
+        let run = *first..*first + share + usize::from(thread < extra);
+        *first = run.end;
+        Some(run)
+    })
 }
 
 /// Elements in block `block` of a job: a full packet of its element type, or the tail.
@@ -180,6 +196,14 @@ mod tests {
             JobSpec { layout: Layout::Sparse(BlockMask::new(4)), exponents: true, ..dense(4) };
         assert_eq!(idle.start_job(start, sparse_exponents), Err(JobError::SparseExponents));
         assert_eq!((idle.status(), idle.counters().jobs_failed), (&JobStatus::Done, 0));
+    }
+
+    #[test]
+    fn threads_take_contiguous_runs_the_first_ones_a_block_longer() {
+        let runs: Vec<Range<usize>> = thread_blocks(7, 3).collect();
+        assert_eq!(runs, [0..3, 3..5, 5..7]);
+        let runs: Vec<Range<usize>> = thread_blocks(1, 2).collect();
+        assert_eq!(runs, [0..1, 1..1], "a thread may have nothing to do");
     }
 
     #[test]
