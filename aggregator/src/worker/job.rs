@@ -11,7 +11,6 @@ use netagg_wire::packet::END_OF_STREAM;
 use netagg_wire::ElementType;
 
 use super::streams::Layout;
-use super::tail::Tail;
 use super::{Job, WorkerProtocol};
 
 /// One job, as this worker thread sees it.
@@ -97,7 +96,6 @@ impl WorkerProtocol {
         }
         self.pacer.job_started(now, &mut self.delivered);
         self.start_streams(&spec, active_slots);
-        self.tail = Tail::of_job(&spec.layout, blocks);
         self.job = Some(Job { spec, blocks });
         self.status = JobStatus::Running;
         if active_slots == 0 {

@@ -23,8 +23,6 @@
 //!   in which the switch finds lost contributions.
 //! - `early_loss`: loss found and repaired in round trips of the path, not timeouts:
 //!   a slot overtaken by later results, or whose recovery goes unanswered.
-//! - `tail`: losses among a dense job's last sendings, which nothing later reveals,
-//!   found by one probe after a short silence.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -46,7 +44,6 @@ mod recovery;
 mod send;
 mod sequence;
 mod streams;
-mod tail;
 #[cfg(test)]
 mod testing;
 mod timers;
@@ -56,7 +53,6 @@ pub use keys::{SessionKey, SessionKeys};
 pub use streams::{BlockMask, Layout};
 
 use queue::SendQueue;
-use tail::Tail;
 pub(crate) use timers::RttEstimate;
 use timers::YEAR;
 
@@ -226,9 +222,6 @@ enum Send {
     /// A probe: where do this slot and the next ones stand at the switch? Dropped if the
     /// thread's wait ended while it was queued.
     Probe,
-    /// A probe of the job's tail (`tail`): as [`Send::Probe`], but no wait's, so that
-    /// no slot's timer waits for its report.
-    TailProbe,
 }
 
 /// A contribution's first sending: the one send the pacer may hold back.
@@ -385,8 +378,6 @@ pub struct WorkerProtocol {
     answer_rtt: Option<RttEstimate>,
     /// The latest result's round was completed by another worker's contribution.
     peers_complete: bool,
-    /// Where the thread stands in its job's tail.
-    tail: Tail,
     /// What the thread knows of each switch endpoint it sends to, one per range of
     /// [`WorkerConfig::keys`].
     endpoints: Vec<EndpointState>,
@@ -454,7 +445,6 @@ impl WorkerProtocol {
             probe: None,
             answer_rtt: None,
             peers_complete: false,
-            tail: Tail::default(),
             endpoints,
             counters: WorkerCounters::default(),
         }

@@ -33,7 +33,7 @@ use crate::round::is_after;
 /// packets; one slot each at one element), a probe per stretch of them was a probe per
 /// slot, every timeout of a wait. Rounds take turns over the stretches past this many.
 /// Eight cover 512 slots of the default 256-element packets.
-pub(super) const PROBES_PER_TIMEOUT: usize = 8;
+const PROBES_PER_TIMEOUT: usize = 8;
 
 impl SlotState {
     /// Whether the slot lacks the result of `round`, one of the 64 after `have` (a result
@@ -133,7 +133,17 @@ impl WorkerProtocol {
     /// retransmissions or a timeout per lost result; at most [`PROBES_PER_TIMEOUT`] of
     /// them, from where the wait's last probes left off.
     fn send_probe(&mut self, now: Instant, index: u16) {
-        let bases = self.probe_bases();
+        // The first slot of each stretch of active slots that one report covers.
+        let stretch = progress_slots(self.config.packet_elements);
+        let (mut bases, mut covered) = (Vec::new(), 0);
+        for base in 0..self.slots.len() {
+            if base >= covered && self.slots[base].active {
+                bases.push(base);
+                // A report covers only its switch's slots: the next switch's get a probe
+                // of their own.
+                covered = (base + stretch).min(self.local_owner_end(base as u16));
+            }
+        }
         let (count, from) = match self.probe {
             Some(probe) => (probe.count + 1, usize::from(probe.next)),
             // A wait's first probes start at the slot that waited latest: a result its
@@ -162,21 +172,6 @@ impl WorkerProtocol {
         // The round trip under way measures the late peer, not the path.
         self.timed = None;
         self.arm_timer(index, now);
-    }
-
-    /// The first slot of each stretch of active slots that one report covers.
-    pub(super) fn probe_bases(&self) -> Vec<usize> {
-        let stretch = progress_slots(self.config.packet_elements);
-        let (mut bases, mut covered) = (Vec::new(), 0);
-        for base in 0..self.slots.len() {
-            if base >= covered && self.slots[base].active {
-                bases.push(base);
-                // A report covers only its switch's slots: the next switch's get a probe
-                // of their own.
-                covered = (base + stretch).min(self.local_owner_end(base as u16));
-            }
-        }
-        bases
     }
 
     /// Slot `index` has evidence of a loss: it backs off and queues its recovery.
@@ -330,8 +325,8 @@ mod tests {
     use super::super::{Delivery, WorkerConfig};
 
     use super::super::testing::{
-        config, next_sending, numbered, parsed, pending_of, progress_of, result_of, running, running_sparse,
-        sent, sparse_result, Numbers,
+        config, numbered, parsed, pending_of, progress_of, result_of, running, running_sparse, sent,
+        sparse_result, Numbers,
     };
     use super::super::{JobSpec, JobStatus, Layout};
     use super::*;
@@ -540,11 +535,12 @@ mod tests {
             (MessageType::Ack, 1, Flags::WANT_RESULT)
         );
         assert_eq!(request.buffer_len(), HEADER_LEN + CHECKSUM_LEN, "header only");
-        // The switch holds it: nothing is sent again, and the slot keeps asking (past the
-        // job's tail probe).
+        // The switch holds it: nothing is sent again, and the slot keeps asking.
         protocol.handle_datagram(start + timeout, &pending_of(&asked[0], true), &mut Numbers);
         assert!(sent(&mut protocol, start + timeout).is_empty());
-        let (_, again) = next_sending(&mut protocol);
+        let next = protocol.poll_timeout().unwrap();
+        protocol.handle_timeout(next);
+        let again = sent(&mut protocol, next);
         let request = PacketRepr::parse(&Packet::new_checked(&again[0][..]).unwrap());
         assert_eq!((again.len(), request.message_type), (1, MessageType::Ack));
         assert_eq!(protocol.counters().retransmissions, 0);
@@ -579,7 +575,8 @@ mod tests {
             "a slot timer, not the job's: {:?}",
             deadline - start
         );
-        let (deadline, request) = next_sending(&mut protocol);
+        protocol.handle_timeout(deadline);
+        let request = sent(&mut protocol, deadline);
         assert_eq!(
             PacketRepr::parse(&Packet::new_checked(&request[0][..]).unwrap()).message_type,
             MessageType::Ack

@@ -139,12 +139,9 @@ impl WorkerProtocol {
             if let Some(contribution) = slot.outstanding {
                 let endpoint = slot.endpoint;
                 self.sent_first(self.transmissions, index, endpoint, contribution.round);
-                self.sent_once(now, contribution);
             }
         }
-        if send != Send::TailProbe {
-            self.arm_timer(index, now);
-        }
+        self.arm_timer(index, now);
         if matches!(send, Send::Request { .. } | Send::Data { retransmission: Some(_) }) {
             self.recovery_sent(now, index);
         }
@@ -200,11 +197,9 @@ impl WorkerProtocol {
                 repr.flags = repr.flags | Flags::WANT_RESULT;
                 self.counters.acks_sent += 1;
             }
-            Send::Probe | Send::TailProbe => {
+            Send::Probe => {
                 // The wait ended while the probe was queued: nothing to ask.
-                if send == Send::Probe {
-                    self.probe?;
-                }
+                self.probe?;
                 repr.message_type = MessageType::Probe;
                 self.counters.probes += 1;
                 // Echoed in the report: slots whose wait began after it are not in it.

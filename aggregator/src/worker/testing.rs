@@ -169,28 +169,6 @@ pub(super) fn sent(protocol: &mut WorkerProtocol, now: Instant) -> Vec<Vec<u8>> 
     .collect()
 }
 
-/// What the protocol sends at `now`, but for probes: the packets of tests whose job's tail
-/// probe (`tail`) goes out beside what they follow.
-pub(super) fn sent_but_probes(protocol: &mut WorkerProtocol, now: Instant) -> Vec<Vec<u8>> {
-    let mut packets = sent(protocol, now);
-    packets.retain(|packet| parsed(packet).message_type != netagg_wire::MessageType::Probe);
-    packets
-}
-
-/// The protocol's next sending but probes, at its next deadlines (past its tail probe's,
-/// say): when, and the packets.
-pub(super) fn next_sending(protocol: &mut WorkerProtocol) -> (Instant, Vec<Vec<u8>>) {
-    for _ in 0..16 {
-        let at = protocol.poll_timeout().expect("a deadline");
-        protocol.handle_timeout(at);
-        let packets = sent_but_probes(protocol, at);
-        if !packets.is_empty() {
-            return (at, packets);
-        }
-    }
-    panic!("nothing but probes sent at the next 16 deadlines");
-}
-
 /// The header of a packet the protocol sent.
 pub(super) fn parsed(packet: &[u8]) -> PacketRepr {
     PacketRepr::parse(&Packet::new_checked(packet).unwrap())

@@ -78,7 +78,7 @@ impl WorkerProtocol {
         // share, is not for every turn of every thread's loop.
         let held = !self.paced.is_empty() || !self.resends.is_empty();
         let paced = if held { self.pacer.ready_at() } else { None };
-        [timer, paced, self.tail_deadline()].into_iter().flatten().chain([job_deadline]).min()
+        [timer, paced].into_iter().flatten().chain([job_deadline]).min()
     }
 
     /// Fires every timer due at `now`: retransmissions, requests, and the job timeout.
@@ -92,9 +92,6 @@ impl WorkerProtocol {
         }
         while let Some(index) = self.due_timer(now) {
             self.slot_timed_out(now, index);
-        }
-        if self.tail_deadline().is_some_and(|deadline| deadline <= now) {
-            self.probe_tail();
         }
     }
 
