@@ -17,15 +17,18 @@ fn median(mut ratios: Vec<f64>) -> f64 {
 }
 
 /// Every case's jobs end exact, on two seeds of the links' losses. Bounds, against the
-/// largest ratio measured on four seeds (`examples/collapse_matrix.rs`, once a measured
-/// rate stays for the session and spreads every timer armed behind it, issue 31 item 4;
-/// before, in brackets): dense, first jobs within 10 times the time the busiest link
-/// allows (9.08; 10.2), 3 behind an 8 KB bucket (2.60; 1.83), later ones within 3.5
-/// (3.05; 3.79), 2.2 behind a bucket (1.95; 2.00), their median within 1.4 (1.31 on the
-/// test's seeds; 1.35); sparse, every job behind a bucket within 4 (3.54; 3.24), first
-/// jobs within 9 (7.97; 19.0), later jobs behind 2 KB queues within 9.5 (8.08; 17.1) and
-/// behind 1 KB ones within 17 (14.8; 52.7). Sparse jobs lose their results on the way
-/// down, where four workers' rounds complete independently into a queue of a frame or two.
+/// largest ratio measured on four seeds (`examples/collapse_matrix.rs`, session 22: a
+/// measured rate stays for the session and spreads the timers armed in step behind it,
+/// and a sparse job's contributions take the ordering's evidence only while their path is
+/// seen losing; session 21's in brackets): dense, first jobs within 12.5 times the time
+/// the busiest link allows (11.8; 10.2), 3.5 behind an 8 KB bucket (3.27; 1.83), later
+/// ones within 3.5 (3.12; 3.79), 2 behind a bucket (1.65; 2.00), their median within 1.4
+/// on the test's seeds; sparse, every job behind a bucket within 4 (3.60; 3.24), first
+/// jobs within 17 (15.9; 19.0), later jobs behind 2 KB queues within 7 (6.29; 17.1) and
+/// behind 1 KB ones within 11 (10.0; 52.7). The test runs two of the four seeds, so its
+/// bounds hold those seeds' largest, which may sit below a wider sweep's (twelve seeds:
+/// `benches/RESULTS.md`). Sparse jobs lose their results on the way down, where four
+/// workers' rounds complete independently into a queue of a frame or two.
 #[test]
 fn windows_far_above_tiny_queues_converge_instead_of_collapsing() {
     let mut dense_later = Vec::new();
@@ -37,14 +40,14 @@ fn windows_far_above_tiny_queues_converge_instead_of_collapsing() {
                 }
                 let bucket = case.limit.burst_bytes > 0;
                 let bound = match (case.sparse, bucket, case.limit.queue_bytes, job) {
-                    (false, true, _, 0) => 3.0,
-                    (false, false, _, 0) => 10.0,
-                    (false, true, _, _) => 2.2,
+                    (false, true, _, 0) => 3.5,
+                    (false, false, _, 0) => 12.5,
+                    (false, true, _, _) => 2.0,
                     (false, false, _, _) => 3.5,
                     (true, true, _, _) => 4.0,
-                    (true, false, _, 0) => 9.0,
-                    (true, false, 2000, _) => 9.5,
-                    (true, false, _, _) => 17.0,
+                    (true, false, _, 0) => 17.0,
+                    (true, false, 2000, _) => 7.0,
+                    (true, false, _, _) => 11.0,
                 };
                 assert!(ratio < bound, "{}, seed {seed}, job {job}: {ratio:.2} of the model", case.name());
             }

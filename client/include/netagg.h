@@ -211,7 +211,7 @@ typedef struct netagg_stats {
 extern "C" {
 #endif // __cplusplus
 
-// The library's version, e.g. "0.1.0": a static NUL-terminated string. Thread-safe.
+// The library's version, e.g. "0.2.0": a static NUL-terminated string. Thread-safe.
 const char *netagg_version(void);
 
 // Writes a fixed description of `result` into `buffer` (see `netagg_last_error_message`
@@ -408,11 +408,12 @@ netagg_result netagg_wait_all(const struct netagg_context *context);
 // Writes the context's counters into the `stats_size` bytes at `stats` (also after it
 // stopped); pass `sizeof(netagg_stats)`. Thread-safe.
 //
-// The size keeps programs and libraries of different versions apart: counters are only
-// ever appended, so the struct of an older header is a prefix of this library's and gets
-// the counters it names, and counters of a newer header that this library does not keep
-// read 0. A size that is not a whole number of 8-byte counters is refused with
-// `NETAGG_INVALID_ARGUMENT`.
+// The size keeps programs and libraries of different versions apart (from 0.2 on, whose
+// soname, libnetagg.so.0.2, no program built for 0.1's two-argument call loads):
+// counters are only ever appended, so the struct of an older header is a prefix of this
+// library's and gets the counters it names, and counters of a newer header that this
+// library does not keep read 0. A size of 0, or one that is not a whole number of 8-byte
+// counters, is refused with `NETAGG_INVALID_ARGUMENT`.
 //
 // # Safety
 // `context` is NULL or live; `stats` is NULL or writable for `stats_size` bytes.

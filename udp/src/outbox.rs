@@ -158,9 +158,13 @@ impl<K: Copy + Eq + Hash, A> Outbox<K, A> {
         };
         target.batches[joins].push(&copy[..len]);
         // The next datagram is written into the batch of the longest ones, which it
-        // most likely joins; and into a newer batch of theirs once the older is full.
+        // most likely joins; and into a newer batch of theirs once the older is full. In a
+        // group that keeps its order only the last batch takes datagrams: into that one.
         let lender = &target.batches[target.lender];
-        if len > lender.segment() || (joins > target.lender && !lender.accepts(lender.segment())) {
+        if target.in_order
+            || len > lender.segment()
+            || (joins > target.lender && !lender.accepts(lender.segment()))
+        {
             target.lender = joins;
         }
         self.scratch = copy;

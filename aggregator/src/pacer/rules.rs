@@ -106,6 +106,8 @@ pub(crate) struct Pacer {
     pub(super) next_send: Option<Instant>,
     /// When the next slot's timer may fire: see [`Pacer::retry_at`].
     pub(super) next_retry: Option<Instant>,
+    /// The deadline of the timer armed last, before any spreading.
+    pub(super) last_deadline: Option<Instant>,
     /// The least round trip of the session: the path without a queue.
     pub(super) min_rtt: Option<Duration>,
     pub(super) period: Period,
@@ -145,6 +147,7 @@ impl Pacer {
             rate: None,
             next_send: None,
             next_retry: None,
+            last_deadline: None,
             min_rtt: None,
             period: Period::default(),
             capacity: None,
@@ -194,8 +197,9 @@ impl Pacer {
         self.period.sent += 1;
     }
 
-    /// When a slot's timer, due at `deadline`, fires: a result's `bytes` at the rate after
-    /// the timer armed before it, and at most `timeout` late. Timers armed together fire
+    /// When a slot's timer, due at `deadline`, fires: if it is in step with the timer armed
+    /// before it (due within a result's time of that one), a result's `bytes` at the rate
+    /// after it, and at most `timeout` late; if not, when it is due. Timers armed together fire
     /// together: slots re-armed behind the same results still coming, and backed-off ones,
     /// which stay in step at one backoff. Each round of their requests draws its answers
     /// back at once: a queue of a frame or two passes one or two of them, and the rest
@@ -210,8 +214,18 @@ impl Pacer {
         let Some(rate) = self.rate.filter(|_| self.measured) else {
             return deadline;
         };
-        let at = self.next_retry.map_or(deadline, |next| next.max(deadline)).min(deadline + timeout);
-        self.next_retry = Some(at + Duration::from_nanos(bytes as u64 * 1_000_000_000 / rate));
+        let spacing = Duration::from_nanos(bytes as u64 * 1_000_000_000 / rate);
+        // In step with the timer armed before it: due within a result's time of that one's
+        // deadline. A timer not in step fires when it is due, so that a spread's lag ends
+        // with the burst that made it, rather than staying with every later timer.
+        let in_step =
+            self.last_deadline.is_some_and(|last| deadline.max(last) - deadline.min(last) < spacing);
+        let at = match self.next_retry {
+            Some(next) if in_step => next.max(deadline).min(deadline + timeout),
+            _ => deadline,
+        };
+        self.last_deadline = Some(deadline);
+        self.next_retry = Some(at + spacing);
         at
     }
 

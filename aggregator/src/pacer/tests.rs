@@ -348,6 +348,22 @@ fn timers_due_together_are_spread_at_a_measured_rate() {
     assert_eq!(pacer.retry_at(due, MS * 5, 1_000), due + MS * 5);
 }
 
+/// A spread's lag ends with the burst that made it: after 64 timers due at once, timers
+/// armed a result's time apart, each due a result's time after the one before, fire when
+/// they are due, not 63 turns late for the rest of the session.
+#[test]
+fn timers_armed_at_the_rate_after_a_burst_fire_when_due() {
+    let due = Instant::now() + MS * 80;
+    let pacer = &mut overflowed(MS * 5, 10_000).pacer;
+    let spacing = Duration::from_nanos(1_000 * 1_000_000_000 / pacer.rate().unwrap());
+    let burst: Vec<Instant> = (0..64).map(|_| pacer.retry_at(due, MS * 400, 1_000)).collect();
+    assert_eq!(burst[63], due + spacing * 63);
+    for turn in 1..8 {
+        let later = due + spacing * turn;
+        assert_eq!(pacer.retry_at(later, MS * 400, 1_000), later, "turn {turn}");
+    }
+}
+
 #[test]
 fn an_overflow_starts_up_from_the_rate_its_burst_was_delivered_at() {
     // The burst's survivors came back within 5 ms, 10 000 bytes of them: 2 MB/s,

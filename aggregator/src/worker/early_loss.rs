@@ -89,7 +89,10 @@ impl WorkerProtocol {
                     && slot.outstanding.is_some_and(|c| c.round == sending.tag)
             })
         {
-            if self.slots[sending.slot as usize].deadline.is_some_and(|deadline| lost_at < deadline) {
+            // A slot that would not take the ordering's word at its timer is left to it.
+            let due_later =
+                self.slots[sending.slot as usize].deadline.is_some_and(|deadline| lost_at < deadline);
+            if due_later && self.order_speaks(sending.slot) {
                 self.set_deadline(sending.slot, lost_at);
             }
         }

@@ -122,8 +122,16 @@ impl WorkerProtocol {
         let slot = &self.slots[index as usize];
         let endpoint = &self.endpoints[slot.endpoint];
         let overtaken = endpoint.latest_answered.is_some_and(|answered| answered > slot.waiting_since);
-        let order_speaks = slot.outstanding.is_some() && !self.sparse_job();
-        slot.ahead != 0 || (overtaken && (order_speaks || endpoint.gaps.losing(slot.waiting_since)))
+        slot.ahead != 0 || (overtaken && self.order_speaks(index))
+    }
+
+    /// Whether slot `index` takes a result of a later sending as evidence of its loss:
+    /// with a contribution of a dense job out, always; else only while its path is seen
+    /// losing ([`WorkerProtocol::loss_evident`] says why).
+    pub(super) fn order_speaks(&self, index: u16) -> bool {
+        let slot = &self.slots[index as usize];
+        (slot.outstanding.is_some() && !self.sparse_job())
+            || self.endpoints[slot.endpoint].gaps.losing(slot.waiting_since)
     }
 
     /// Nothing answered since slot `index` sent: the thread waits, most likely for a late

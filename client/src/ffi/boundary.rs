@@ -122,6 +122,13 @@ impl<T> Output<T> {
     }
 }
 
+/// A struct every byte of which is initialised: no padding, so that its bytes may be
+/// copied out as they are.
+///
+/// # Safety
+/// The type has no padding bytes (a `repr(C)` struct of `u64`s, say).
+pub(crate) unsafe trait Plain: Copy {}
+
 /// Where a struct the caller sized goes: the caller says how many bytes its `T` has, which
 /// differ from this library's when the two were built from different headers.
 pub(crate) struct SizedOutput<T> {
@@ -129,7 +136,7 @@ pub(crate) struct SizedOutput<T> {
     size: usize,
 }
 
-impl<T: Copy> SizedOutput<T> {
+impl<T: Plain> SizedOutput<T> {
     /// # Safety
     /// `pointer` is NULL or valid for writing `size` bytes until [`SizedOutput::write`].
     pub unsafe fn new(pointer: *mut T, size: usize, argument: &str) -> Result<SizedOutput<T>, Failure> {
@@ -139,13 +146,12 @@ impl<T: Copy> SizedOutput<T> {
         Ok(SizedOutput { pointer, size })
     }
 
-    /// Writes the first `size` bytes of `value`, and zeros past its end. `T` must have no
-    /// padding (every byte of it initialised), as a `repr(C)` struct of `u64`s has none.
+    /// Writes the first `size` bytes of `value`, and zeros past its end.
     pub fn write(self, value: T) {
         let ours = size_of::<T>().min(self.size);
         let bytes = self.pointer.cast::<u8>();
         // SAFETY: `size` bytes at the pointer are writable (`new`'s contract), `ours` of
-        // them come from `value`, which is initialised throughout, and the rest are zeroed.
+        // them come from `value`, initialised throughout (`Plain`), and the rest are zeroed.
         unsafe {
             std::ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), bytes, ours);
             std::ptr::write_bytes(bytes.add(ours), 0, self.size - ours);

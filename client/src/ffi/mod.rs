@@ -153,6 +153,9 @@ pub struct netagg_stats {
     pub progress_reports: u64,
 }
 
+// SAFETY: a repr(C) struct of u64s only, which has no padding.
+unsafe impl boundary::Plain for netagg_stats {}
+
 static JOBS: LazyLock<Mutex<HashMap<netagg_job, Job>>> = LazyLock::new(Default::default);
 static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
 
@@ -241,7 +244,7 @@ unsafe fn submit(
     Ok(job)
 }
 
-/// The library's version, e.g. "0.1.0": a static NUL-terminated string. Thread-safe.
+/// The library's version, e.g. "0.2.0": a static NUL-terminated string. Thread-safe.
 #[no_mangle]
 pub extern "C" fn netagg_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
@@ -712,11 +715,12 @@ pub unsafe extern "C" fn netagg_wait_all(context: *const netagg_context) -> neta
 /// Writes the context's counters into the `stats_size` bytes at `stats` (also after it
 /// stopped); pass `sizeof(netagg_stats)`. Thread-safe.
 ///
-/// The size keeps programs and libraries of different versions apart: counters are only
-/// ever appended, so the struct of an older header is a prefix of this library's and gets
-/// the counters it names, and counters of a newer header that this library does not keep
-/// read 0. A size that is not a whole number of 8-byte counters is refused with
-/// `NETAGG_INVALID_ARGUMENT`.
+/// The size keeps programs and libraries of different versions apart (from 0.2 on, whose
+/// soname, libnetagg.so.0.2, no program built for 0.1's two-argument call loads):
+/// counters are only ever appended, so the struct of an older header is a prefix of this
+/// library's and gets the counters it names, and counters of a newer header that this
+/// library does not keep read 0. A size of 0, or one that is not a whole number of 8-byte
+/// counters, is refused with `NETAGG_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `context` is NULL or live; `stats` is NULL or writable for `stats_size` bytes.
