@@ -25,16 +25,19 @@ fn worker_environment(rank: usize) -> String {
 // Lines the tests look for start with a line feed: the benchmark's progress bar ends
 // without one.
 
-/// A line of a VM's script that says in the share that its rank's command has ended.
+/// A line of a VM's script that says in the share that its command has ended, the switch
+/// included where it runs one.
 fn mark_ended(rank: usize) -> String {
     format!(": > rank{rank}.ended")
 }
 
-/// A line of a VM's script that waits, up to 120 s, until rank `rank`'s command has
-/// ended: the VM of a killed process stays up, as its host would, so that its kernel's
-/// notices (TCP's FIN, rdma_cm's disconnect) and their retransmissions reach the other
-/// VM. A VM that powered off at once would test a vanished host instead, and only when
-/// its notices were slower than its exit.
+/// A line of a VM's script that waits, up to 120 s, until rank `rank`'s VM has marked
+/// its command ended: the VM of a killed process stays up, as its host would, so that its
+/// kernel's notices (TCP's FIN, rdma_cm's disconnect) and their retransmissions reach the
+/// other VM, and the other VM's switch tears its connections down with a live peer. A VM
+/// that powered off at once would test a vanished host instead: there a queue pair's
+/// destruction can wait about 50 s in the kernel (Soft-RoCE, Linux 6.1), in a rank's
+/// teardown as in the switch's.
 fn await_ended(rank: usize) -> String {
     format!("for i in $(seq 600); do [ -e rank{rank}.ended ] && break; sleep 0.2; done")
 }
@@ -186,8 +189,8 @@ fn a_worker_killed_mid_job_fails_the_other_s_job_within_the_job_timeout() {
     let endless = "allreduce_benchmark --tensor-numel 64Ki --num-jobs 100000 --num-warmup-jobs 0";
     let vm0 = format!(
         "{START_SWITCH}\nstart=$(date +%s)\nNETAGG_GENERAL__JOB_TIMEOUT=5 {} {endless} && exit 1\n\
-         printf '\\nrank 0 failed after %d s\\n' $(( $(date +%s) - start ))\n{}\nkill -INT $switch; \
-         wait $switch; status=$?; cat switch.log; exit $status",
+         printf '\\nrank 0 failed after %d s\\n' $(( $(date +%s) - start ))\nkill -INT $switch; \
+         wait $switch; status=$?; cat switch.log\n{}\nexit $status",
         worker_environment(0),
         mark_ended(0)
     );
