@@ -259,7 +259,10 @@ impl WorkerProtocol {
         // The next wait begins now, or at the first sending of the contribution queued (a
         // probe's report, which may come before that sending, must not take it as lost).
         slot.waiting_since = self.transmissions;
-        if self.pending.len() == queued_before {
+        if slot.silent_turn {
+            // Its timer starts with its turn.
+            slot.deadline = None;
+        } else if self.pending.len() == queued_before {
             self.arm_timer(index, now);
         } else {
             // The packet queued for the slot arms its timer when it is sent; until then

@@ -15,7 +15,7 @@ use netagg_wire::{Flags, MessageType, PacketRepr};
 
 use super::job::block_len;
 use super::streams::Layout;
-use super::{BlockIo, Send, TimedPacket, WorkerProtocol, FIRST_SENDING};
+use super::{BlockIo, PacedTurn, Send, TimedPacket, WorkerProtocol, FIRST_SENDING};
 
 impl WorkerProtocol {
     /// Writes the next packet to send into `buf` and returns its length.
@@ -58,11 +58,16 @@ impl WorkerProtocol {
             }
             let (index, send) = match self.resends.pop_front() {
                 Some(resend) => resend,
-                None => {
-                    let index = self.paced.pop_front()?;
-                    self.slots[index as usize].paced = false;
-                    (index, FIRST_SENDING)
-                }
+                None => match self.paced.pop_front()? {
+                    PacedTurn::Contribution(index) => {
+                        self.slots[index as usize].paced = false;
+                        (index, FIRST_SENDING)
+                    }
+                    PacedTurn::Silent(index) => {
+                        self.take_silent_turn(now, index);
+                        continue;
+                    }
+                },
             };
             if let Some(len) = self.transmit(now, index, send, buf, io) {
                 return Some(len);
@@ -85,16 +90,43 @@ impl WorkerProtocol {
         let slot = &mut self.slots[index as usize];
         if slot.active && slot.outstanding.is_some() && !slot.paced {
             slot.paced = true;
-            self.paced.push_back(index);
+            self.paced.push_back(PacedTurn::Contribution(index));
             self.counters.paced += 1;
+        }
+    }
+
+    /// Puts slot `index`'s turn for a round it has nothing to send to in the pacer's
+    /// queue, if a measured rate paces the path ([`LinkPacer::paces_rounds`]): see
+    /// [`PacedTurn::Silent`]. Until the turn is taken the slot's wait has not begun, and
+    /// no timer runs for it.
+    ///
+    /// [`LinkPacer::paces_rounds`]: crate::pacer::LinkPacer::paces_rounds
+    pub(super) fn queue_silent_turn(&mut self, index: u16) {
+        if self.pacer.paces_rounds() {
+            self.slots[index as usize].silent_turn = true;
+            self.paced.push_back(PacedTurn::Silent(index));
+        }
+    }
+
+    /// Takes slot `index`'s silent turn at `now`: books the result its round draws, and
+    /// starts the slot's wait for it, unless the result came first.
+    fn take_silent_turn(&mut self, now: Instant, index: u16) {
+        self.pacer.sent(now, self.paced_len());
+        let slot = &mut self.slots[index as usize];
+        if std::mem::take(&mut slot.silent_turn) && slot.active {
+            slot.waiting_since = self.transmissions;
+            self.arm_timer(index, now);
         }
     }
 
     /// Empties the pacer's queues: their packets are no longer to be sent.
     pub(super) fn clear_paced(&mut self) {
         self.resends.clear();
-        for index in self.paced.drain(..) {
-            self.slots[index as usize].paced = false;
+        for turn in self.paced.drain(..) {
+            match turn {
+                PacedTurn::Contribution(index) => self.slots[index as usize].paced = false,
+                PacedTurn::Silent(index) => self.slots[index as usize].silent_turn = false,
+            }
         }
     }
 

@@ -128,6 +128,8 @@ impl WorkerProtocol {
         // The switch's maximum of the look-ahead exponents: what the next block uses.
         let agreed = job.spec.exponents.then_some(repr.exponent);
         let slot = &mut self.slots[index as usize];
+        // The round its turn waited for completed without it.
+        slot.silent_turn = false;
         match &job.spec.layout {
             Layout::Dense if exponent_round => {
                 // Every slot's first block goes out now, encoded with the agreed exponent.
@@ -161,6 +163,8 @@ impl WorkerProtocol {
                     slot.outstanding = Some(Contribution::data(round, block, next, None));
                     slot.my_next = next;
                     self.pending.push_back((index, FIRST_SENDING));
+                } else {
+                    self.queue_silent_turn(index);
                 }
             }
         }
