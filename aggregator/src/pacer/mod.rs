@@ -123,7 +123,7 @@ const BURST: Duration = Duration::from_millis(2);
 /// How far ahead of its schedule a packet may leave: a thread woken for one packet sends
 /// what falls due within this too, so that pacing costs a wake-up per few packets, not
 /// one per packet.
-const QUANTUM: Duration = Duration::from_micros(500);
+pub(crate) const QUANTUM: Duration = Duration::from_micros(500);
 
 /// The least rate the pacer sets, in bytes per second: time alone must keep releasing
 /// packets, however long the measured delays.

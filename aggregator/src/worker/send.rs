@@ -325,8 +325,63 @@ mod tests {
 
     use netagg_wire::Packet;
 
-    use super::super::testing::{result_of, running, sent, Numbers};
+    use netagg_wire::{ElementType, MessageType, PacketRepr};
+
+    use super::super::testing::{
+        config, measured_path, parsed, result_of, running, sent, sparse_result, Numbers,
+    };
+    use super::super::{BlockMask, JobSpec, Layout};
     use super::*;
+    use crate::pacer::QUANTUM;
+
+    /// Behind a measured rate, a sparse round that names only another worker's block
+    /// takes a turn at the pacer, as a sending would: the slot's timer runs from then,
+    /// and a contribution released after it waits its turn behind it. Paced by its own
+    /// sendings alone, the worker sent that contribution at the turn's time.
+    #[test]
+    fn a_silent_round_takes_its_turn_at_the_pacer_and_starts_its_timer_then() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        // Results at about 250 kB/s: a result's time is about 2 ms at the rate.
+        let pacer = measured_path(start, 1);
+        let mut protocol = WorkerProtocol::with_pacer(config(2, timeout), start, pacer.clone());
+        // Slot 0's stream is blocks 0, 2, 4 ... of which 4 is this worker's first; slot
+        // 1's is 1, 3, 5 ... from 3.
+        let mask = BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block));
+        let job = JobSpec {
+            job: 1,
+            element_type: ElementType::Int32,
+            elements: 12,
+            layout: Layout::Sparse(mask),
+            exponents: false,
+        };
+        protocol.start_job(start, job).unwrap();
+        // The two openings, a result's time apart.
+        assert_eq!(sent(&mut protocol, start).len(), 1);
+        let second = pacer.ready_at().unwrap();
+        assert_eq!(sent(&mut protocol, second).len(), 1);
+        // Slot 0's next round is another worker's block 2; slot 1's is this worker's 3.
+        let now = second + Duration::from_micros(100);
+        protocol.handle_datagram(now, &sparse_result(0, 0, 0, 2, 0), &mut Numbers);
+        protocol.handle_datagram(now, &sparse_result(1, 0, 1, 3, 0), &mut Numbers);
+        // Slot 0 acknowledges its result at once (a silent slot does, every depth / 2
+        // results); slot 1's block waits behind slot 0's turn.
+        let at_once: Vec<MessageType> =
+            sent(&mut protocol, now).iter().map(|p| parsed(p).message_type).collect();
+        assert_eq!(at_once, [MessageType::Ack]);
+        let turn = pacer.ready_at().unwrap();
+        assert!(turn > now + QUANTUM, "the turn waits for the pacer");
+        assert_eq!(protocol.poll_timeout(), Some(turn));
+        // The turn sends nothing, arms slot 0's timer, and holds slot 1's block back.
+        assert!(sent(&mut protocol, turn).is_empty());
+        assert!(protocol.slots[0].deadline.is_some_and(|deadline| deadline >= turn + timeout));
+        let after = pacer.ready_at().unwrap();
+        assert!(after > turn + QUANTUM);
+        let contribution = sent(&mut protocol, after);
+        let blocks: Vec<(u16, u32)> =
+            contribution.iter().map(|p| parsed(p)).map(|p: PacketRepr| (p.slot, p.block)).collect();
+        assert_eq!(blocks, [(1, 3)]);
+    }
 
     #[test]
     fn a_retransmission_of_a_round_answered_meanwhile_is_not_sent() {

@@ -128,8 +128,6 @@ impl WorkerProtocol {
         // The switch's maximum of the look-ahead exponents: what the next block uses.
         let agreed = job.spec.exponents.then_some(repr.exponent);
         let slot = &mut self.slots[index as usize];
-        // The round its turn waited for completed without it.
-        slot.silent_turn = false;
         match &job.spec.layout {
             Layout::Dense if exponent_round => {
                 // Every slot's first block goes out now, encoded with the agreed exponent.
@@ -154,6 +152,8 @@ impl WorkerProtocol {
                 }
             }
             Layout::Sparse(mask) => {
+                // The round a silent turn waited for came, with or without it.
+                slot.silent_turn = false;
                 if repr.next_block == END_OF_STREAM {
                     slot.end_round = Some(repr.round);
                 } else if repr.next_block == slot.my_next {
