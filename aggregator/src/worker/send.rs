@@ -4,7 +4,9 @@
 //! [`LinkPacer`], which every thread of the worker shares: unpaced until the worker's
 //! path shows an overflowing queue, then spaced at the rate the path delivers (see
 //! [`crate::pacer`]). A contribution the pacer holds has never been sent: no timer runs
-//! for it, and no recovery may send it.
+//! for it, and no recovery may send it. Behind a measured rate a sparse job's rounds that
+//! name only other workers' blocks take turns in the same queue, which send nothing
+//! ([`PacedTurn::Silent`]).
 //!
 //! [`LinkPacer`]: crate::pacer::LinkPacer
 
