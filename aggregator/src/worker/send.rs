@@ -385,6 +385,41 @@ mod tests {
         assert_eq!(blocks, [(1, 3)]);
     }
 
+    /// Behind a measured rate, a silent slot's request, which draws its round's result
+    /// down the path again, is booked at the pacer (and still leaves at once); a
+    /// contributing slot's, which asks whether the switch holds its contribution, is not.
+    #[test]
+    fn a_silent_slots_request_is_booked_at_the_pacer_and_a_contributing_slots_is_not() {
+        let start = Instant::now();
+        let pacer = measured_path(start, 1);
+        let mut protocol =
+            WorkerProtocol::with_pacer(config(2, Duration::from_millis(10)), start, pacer.clone());
+        let mask = BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block));
+        let job = JobSpec {
+            job: 1,
+            element_type: ElementType::Int32,
+            elements: 12,
+            layout: Layout::Sparse(mask),
+            exponents: false,
+        };
+        protocol.start_job(start, job).unwrap();
+        assert_eq!(sent(&mut protocol, start).len(), 1);
+        let second = pacer.ready_at().unwrap();
+        assert_eq!(sent(&mut protocol, second).len(), 1);
+        // Slot 0 goes silent (another worker's block 2 next); slot 1 sends its block 3.
+        protocol.handle_datagram(second, &sparse_result(0, 0, 0, 2, 0), &mut Numbers);
+        protocol.handle_datagram(second, &sparse_result(1, 0, 1, 3, 0), &mut Numbers);
+        sent(&mut protocol, second);
+        let mut request = |index: u16, round: u32| {
+            let before = pacer.ready_at().unwrap();
+            protocol.pending.push_back((index, Send::Request { round }));
+            assert_eq!(sent(&mut protocol, second).len(), 1, "slot {index}'s request leaves at once");
+            pacer.ready_at().unwrap() - before
+        };
+        assert!(request(0, 1) > Duration::ZERO, "the silent slot's request takes a result's time");
+        assert_eq!(request(1, 1), Duration::ZERO, "the contributing slot's takes none");
+    }
+
     #[test]
     fn a_retransmission_of_a_round_answered_meanwhile_is_not_sent() {
         let start = Instant::now();
