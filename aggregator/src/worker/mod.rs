@@ -227,6 +227,25 @@ enum Send {
 /// A contribution's first sending: the one send the pacer may hold back.
 const FIRST_SENDING: Send = Send::Data { retransmission: None };
 
+/// A slot's turn in the pacer's queue: each round a paced thread takes part in draws one
+/// result down its path, whether or not it sends anything to the round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PacedTurn {
+    /// The slot's contribution's first sending, held back.
+    Contribution(u16),
+    /// A round of a sparse stream that names only other workers' blocks: nothing to
+    /// send, but its result comes down this worker's path as every other does. Booked
+    /// at the pacer like a sending, so that the rate paces the results a thread's
+    /// rounds draw, not only the packets it sends: paced by its sendings alone, each of
+    /// four workers let the rounds of the others' blocks through unpaced, their results
+    /// came down at 1.4 times the rate each measured, and the rounds, taken in a
+    /// different order by each worker, completed in bursts that a queue of a frame or
+    /// two dropped (`benches/RESULTS.md`, "Rounds paced, not packets"). Taken in the
+    /// order of the results that released them, as the peers take theirs, the turns
+    /// keep the workers' rounds in step, as a dense job's are.
+    Silent(u16),
+}
+
 /// What a thread knows of one switch endpoint it sends to. Each endpoint answers in its
 /// own order and numbers its own broadcasts (a switch of a sharded session sits behind
 /// queues of its own; lanes of one switch run on threads of their own): a result from
@@ -278,6 +297,10 @@ struct SlotState {
     /// The outstanding contribution waits in the pacer's queue and was never sent: no
     /// timer runs for it, and nothing may send it but the pacer.
     paced: bool,
+    /// The slot waits for a round it has nothing to send to, whose turn waits in the
+    /// pacer's queue ([`PacedTurn::Silent`]): its peers take their turns for the round
+    /// about when this thread takes its own, so its wait, and its timer, begin then.
+    silent_turn: bool,
     /// The number of its contribution's first sending among the thread's (`loss_runs`).
     first_sending: u64,
     /// Consecutive timeouts of this slot; each doubles its timeout.
@@ -346,9 +369,9 @@ pub struct WorkerProtocol {
     status: JobStatus,
     broken: bool,
     pending: SendQueue<(u16, Send)>,
-    /// Slots whose contribution's first sending waits for the pacer, in the order they
-    /// were queued.
-    paced: VecDeque<u16>,
+    /// Slots whose turn waits for the pacer, in the order they were queued: a
+    /// contribution's first sending, or a round this thread only waits for.
+    paced: VecDeque<PacedTurn>,
     /// Retransmissions waiting for the pacer, which go before the first sendings.
     resends: VecDeque<(u16, Send)>,
     /// The pacer of this worker's path, which its other threads may share.
@@ -415,6 +438,7 @@ impl WorkerProtocol {
                 held: None,
                 deferred: false,
                 paced: false,
+                silent_turn: false,
                 first_sending: 0,
                 backoff: 0,
                 recovery_sent: None,

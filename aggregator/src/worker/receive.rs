@@ -259,12 +259,13 @@ impl WorkerProtocol {
         // The next wait begins now, or at the first sending of the contribution queued (a
         // probe's report, which may come before that sending, must not take it as lost).
         slot.waiting_since = self.transmissions;
-        if self.pending.len() == queued_before {
-            self.arm_timer(index, now);
-        } else {
-            // The packet queued for the slot arms its timer when it is sent; until then
-            // the timer of the packet just answered must not fire.
+        if self.pending.len() != queued_before || slot.silent_turn {
+            // The packet queued for the slot arms its timer when it is sent, and a silent
+            // turn queued for it when it is taken; until then the timer of the packet
+            // just answered must not fire.
             slot.deadline = None;
+        } else {
+            self.arm_timer(index, now);
         }
     }
 }

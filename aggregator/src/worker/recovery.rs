@@ -64,8 +64,9 @@ impl WorkerProtocol {
     pub(super) fn slot_timed_out(&mut self, now: Instant, index: u16) {
         let slot = &mut self.slots[index as usize];
         slot.deadline = None;
-        if slot.paced {
-            // Its contribution was never sent: the pacer sends it, and arms the timer.
+        if slot.paced || slot.silent_turn {
+            // Its contribution was never sent, or its wait has not begun: the pacer's
+            // turn arms the timer.
             return;
         }
         let loss_evident = self.loss_evident(index);

@@ -152,6 +152,8 @@ impl WorkerProtocol {
                 }
             }
             Layout::Sparse(mask) => {
+                // The round a silent turn waited for came, with or without it.
+                slot.silent_turn = false;
                 if repr.next_block == END_OF_STREAM {
                     slot.end_round = Some(repr.round);
                 } else if repr.next_block == slot.my_next {
@@ -161,6 +163,8 @@ impl WorkerProtocol {
                     slot.outstanding = Some(Contribution::data(round, block, next, None));
                     slot.my_next = next;
                     self.pending.push_back((index, FIRST_SENDING));
+                } else {
+                    self.queue_silent_turn(index);
                 }
             }
         }

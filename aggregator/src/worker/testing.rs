@@ -1,13 +1,14 @@
 //! What the worker core's tests share: a switch's answers built from the worker's own
 //! packets, and a thread of one-element blocks.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use netagg_wire::packet::BROADCAST_RANK;
 use netagg_wire::{ElementType, Flags, Integrity, MessageType, Packet, PacketRepr};
 
 use super::{BlockIo, BlockMask, JobSpec, Layout, SessionKey, SessionKeys, WorkerConfig, WorkerProtocol};
-use crate::pacer::PacingConfig;
+use crate::pacer::{DeliveryBatch, LinkPacer, LossRuns, PacingConfig, OVERFLOW_RUN};
 
 /// Blocks of int32 elements, each element being the block's number.
 pub(super) struct Numbers;
@@ -126,6 +127,26 @@ pub(super) fn config(slots: u16, timeout: Duration) -> WorkerConfig {
 /// `elements`; retransmission timeout `timeout`.
 pub(super) fn running(start: Instant, slots: u16, elements: u64, timeout: Duration) -> WorkerProtocol {
     running_on(config(slots, timeout), start, elements)
+}
+
+/// A path paced at a measured rate: an overflow at `now` after `results` results of 1 000
+/// bytes, all come at `now` (handed in with a round trip), starts it up at twice
+/// `results` kB over the 4 ms a seed is timed over at least, a sending booked as a mean
+/// result (1 000 bytes until others come).
+pub(super) fn measured_path(now: Instant, results: u32) -> Arc<LinkPacer> {
+    let pacer = LinkPacer::new(PacingConfig::DEFAULT);
+    let mut batch = DeliveryBatch::default();
+    for _ in 0..results {
+        batch.add(&pacer, now, 1_000);
+    }
+    pacer.sample(now, Duration::from_millis(1), true, &mut batch);
+    let mut runs = LossRuns::default();
+    let numbers: Vec<u64> = (0..OVERFLOW_RUN).map(|_| runs.first_sending()).collect();
+    for number in numbers {
+        pacer.lost(now, &mut runs, number, 1_000);
+    }
+    assert!(pacer.rate().is_some(), "measured");
+    pacer
 }
 
 /// A protocol of `config` running a dense int32 job of `elements`.

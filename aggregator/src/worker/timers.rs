@@ -194,14 +194,11 @@ impl WorkerProtocol {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use netagg_wire::{ElementType, Flags, Packet};
 
-    use super::super::testing::{pending_of, result_of, running, sent, Numbers};
+    use super::super::testing::{measured_path, pending_of, result_of, running, sent, Numbers};
     use super::super::{Delivery, JobSpec, Layout};
     use super::*;
-    use crate::pacer::{DeliveryBatch, LinkPacer, LossRuns, PacingConfig, OVERFLOW_RUN};
 
     #[test]
     fn one_packet_per_round_trip_is_timed() {
@@ -227,29 +224,13 @@ mod tests {
         assert_eq!(protocol.status(), &JobStatus::Done);
     }
 
-    /// A path paced at a measured rate: an overflow after results of 1 000 bytes coming at
-    /// about 250 MB/s starts it up at twice that, a sending booked as a mean result.
-    fn measured_path(now: Instant) -> Arc<LinkPacer> {
-        let pacer = LinkPacer::new(PacingConfig::DEFAULT);
-        let mut batch = DeliveryBatch::default();
-        for _ in 0..1_000 {
-            batch.add(&pacer, now, 1_000);
-        }
-        let mut runs = LossRuns::default();
-        let numbers: Vec<u64> = (0..OVERFLOW_RUN).map(|_| runs.first_sending()).collect();
-        for number in numbers {
-            pacer.lost(now, &mut runs, number, 1_000);
-        }
-        assert!(pacer.rate().is_some(), "measured");
-        pacer
-    }
-
     #[test]
     fn timers_armed_together_behind_a_measured_rate_fire_a_result_s_time_apart() {
         let start = Instant::now();
         let timeout = Duration::from_millis(10);
         let config = super::super::testing::config(4, timeout);
-        let pacer = measured_path(start);
+        // Results at about 250 MB/s: a result's time is 2 µs at the rate.
+        let pacer = measured_path(start, 1_000);
         let mut protocol = WorkerProtocol::with_pacer(config, start, pacer.clone());
         let job = JobSpec {
             job: 1,
