@@ -370,6 +370,7 @@ mod tests {
         // Results at about 250 kB/s: a result's time is about 2 ms at the rate.
         let pacer = measured_path(start, 1);
         let mut protocol = WorkerProtocol::with_pacer(config(2, timeout), start, pacer.clone());
+        let thread = protocol.turn;
         // Slot 0's stream is blocks 0, 2, 4 ... of which 4 is this worker's first; slot
         // 1's is 1, 3, 5 ... from 3.
         let mask = BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block));
@@ -383,7 +384,7 @@ mod tests {
         protocol.start_job(start, job).unwrap();
         // The two openings, a result's time apart.
         assert_eq!(sent(&mut protocol, start).len(), 1);
-        let second = pacer.ready_at().unwrap();
+        let second = pacer.ready_at(thread).unwrap();
         assert_eq!(sent(&mut protocol, second).len(), 1);
         // Slot 0's next round is another worker's block 2; slot 1's is this worker's 3.
         let now = second + Duration::from_micros(100);
@@ -394,13 +395,13 @@ mod tests {
         let at_once: Vec<MessageType> =
             sent(&mut protocol, now).iter().map(|p| parsed(p).message_type).collect();
         assert_eq!(at_once, [MessageType::Ack]);
-        let turn = pacer.ready_at().unwrap();
+        let turn = pacer.ready_at(thread).unwrap();
         assert!(turn > now + QUANTUM, "the turn waits for the pacer");
         assert_eq!(protocol.poll_timeout(), Some(turn));
         // The turn sends nothing, arms slot 0's timer, and holds slot 1's block back.
         assert!(sent(&mut protocol, turn).is_empty());
         assert!(protocol.slots[0].deadline.is_some_and(|deadline| deadline >= turn + timeout));
-        let after = pacer.ready_at().unwrap();
+        let after = pacer.ready_at(thread).unwrap();
         assert!(after > turn + QUANTUM);
         let contribution = sent(&mut protocol, after);
         let blocks: Vec<(u16, u32)> =
@@ -417,6 +418,7 @@ mod tests {
         let pacer = measured_path(start, 1);
         let mut protocol =
             WorkerProtocol::with_pacer(config(2, Duration::from_millis(10)), start, pacer.clone());
+        let thread = protocol.turn;
         let mask = BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block));
         let job = JobSpec {
             job: 1,
@@ -427,17 +429,17 @@ mod tests {
         };
         protocol.start_job(start, job).unwrap();
         assert_eq!(sent(&mut protocol, start).len(), 1);
-        let second = pacer.ready_at().unwrap();
+        let second = pacer.ready_at(thread).unwrap();
         assert_eq!(sent(&mut protocol, second).len(), 1);
         // Slot 0 goes silent (another worker's block 2 next); slot 1 sends its block 3.
         protocol.handle_datagram(second, &sparse_result(0, 0, 0, 2, 0), &mut Numbers);
         protocol.handle_datagram(second, &sparse_result(1, 0, 1, 3, 0), &mut Numbers);
         sent(&mut protocol, second);
         let mut request = |index: u16, round: u32| {
-            let before = pacer.ready_at().unwrap();
+            let before = pacer.ready_at(thread).unwrap();
             protocol.pending.push_back((index, Send::Request { round }));
             assert_eq!(sent(&mut protocol, second).len(), 1, "slot {index}'s request leaves at once");
-            pacer.ready_at().unwrap() - before
+            pacer.ready_at(thread).unwrap() - before
         };
         assert!(request(0, 1) > Duration::ZERO, "the silent slot's request takes a result's time");
         assert_eq!(request(1, 1), Duration::ZERO, "the contributing slot's takes none");
