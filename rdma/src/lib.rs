@@ -7,6 +7,8 @@
 //!   through rdma_cm, carrying messages with SEND and RECV from registered buffers;
 //! - [`tagged`]: connections bound to the peers that announced their tags, and
 //!   [`Port`], the listening side of many of them;
+//! - [`reaper`]: a thread that destroys connections, so that no data path or shutdown
+//!   waits for a kernel slow to destroy a queue pair whose peer vanished;
 //! - [`settings`]: an endpoint's [`Settings`] made into addresses and options.
 //!
 //! All unsafe code of netagg's RDMA path is in this crate: in thin owning wrappers over
@@ -18,6 +20,7 @@ mod connection;
 mod device;
 mod listener;
 mod port;
+pub mod reaper;
 mod returns;
 pub mod settings;
 pub mod tagged;
@@ -27,6 +30,7 @@ pub use connection::{recv_any, sleep_until_readable, Connection, Options, RecvFa
 pub use device::{devices, Device, PortInfo, PortState};
 pub use listener::{Listener, Request};
 pub use port::{Closed, Port};
+pub use reaper::Reaper;
 pub use settings::Settings;
 
 /// Why RDMA could not do what was asked: whole sentences for the user.

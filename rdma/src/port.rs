@@ -8,6 +8,12 @@
 //! A connection that fails or whose peer disconnects is closed once the messages it
 //! received are handed over, and [`Port::take_failed`] names its peer and how it ended,
 //! for whatever depended on it.
+//!
+//! Connections that end, or whose peers are forgotten, are destroyed by the port's
+//! [`Reaper`], never on the thread that serves the port: destroying a queue pair to a
+//! peer host that vanished can block in the kernel for tens of seconds, and every other
+//! peer of the port would wait with it. Dropping the port hands its last connections to
+//! the reaper and waits at most [`crate::reaper::FINISH_WAIT`] for them.
 
 use std::io;
 use std::net::SocketAddr;
@@ -15,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
+use crate::reaper::Reaper;
 use crate::tagged::{Peer, TagTaken, Tags};
 use crate::{sleep_until_readable, Connection, Listener, Options, Wait};
 
@@ -45,6 +52,8 @@ pub struct Port {
     /// Connections that ended since [`Port::take_failed`] was last called, and how.
     failed: Vec<(Peer, Closed)>,
     last_request_check: Instant,
+    /// Destroys the connections that go, away from the thread that serves the port.
+    reaper: Reaper<Connection>,
 }
 
 impl Port {
@@ -61,6 +70,7 @@ impl Port {
             queued: Vec::new(),
             failed: Vec::new(),
             last_request_check: Instant::now(),
+            reaper: Reaper::start("RDMA connections")?,
         })
     }
 
@@ -126,8 +136,7 @@ impl Port {
     /// Drops a connection that ended (its peer gone, a completion failed), once every
     /// message it received is handed over, and keeps how for [`Port::take_failed`].
     fn close(&mut self, peer: Peer, closed: Closed) {
-        self.connections.remove(&peer);
-        self.queued.retain(|&queued| queued != peer);
+        self.let_go(peer);
         self.failed.push((peer, closed));
     }
 
@@ -223,9 +232,25 @@ impl Port {
 
     /// `peer` is done with: its connection, or the wait for it, goes.
     pub fn forget(&mut self, peer: Peer) {
-        self.connections.remove(&peer);
+        self.let_go(peer);
         self.tags.forget(peer);
-        self.queued.retain(|&queued| queued != peer);
         self.failed.retain(|&(failed, _)| failed != peer);
+    }
+
+    /// Hands `peer`'s connection, if it has one, to the reaper, and unqueues it.
+    fn let_go(&mut self, peer: Peer) {
+        if let Some(connection) = self.connections.remove(&peer) {
+            self.reaper.reap(connection);
+        }
+        self.queued.retain(|&queued| queued != peer);
+    }
+}
+
+impl Drop for Port {
+    /// Hands every connection to the reaper, which the fields' drop then ends.
+    fn drop(&mut self) {
+        for (_, connection) in self.connections.drain() {
+            self.reaper.reap(connection);
+        }
     }
 }

@@ -36,8 +36,9 @@ fn mark_ended(rank: usize) -> String {
 /// kernel's notices (TCP's FIN, rdma_cm's disconnect) and their retransmissions reach the
 /// other VM, and the other VM's switch tears its connections down with a live peer. A VM
 /// that powered off at once would test a vanished host instead: there a queue pair's
-/// destruction can wait about 50 s in the kernel (Soft-RoCE, Linux 6.1), in a rank's
-/// teardown as in the switch's.
+/// destruction can wait about 50 s in the kernel (Soft-RoCE, Linux 6.1): netagg's reaper
+/// threads keep that wait off the data path, `Context::stop` and the switch's shutdown,
+/// but a process's exit may still wait for it.
 fn await_ended(rank: usize) -> String {
     format!("for i in $(seq 600); do [ -e rank{rank}.ended ] && break; sleep 0.2; done")
 }

@@ -228,6 +228,17 @@ impl Transport for RdmaTransport {
     }
 }
 
+impl Drop for RdmaTransport {
+    /// Destroys the connections on a thread of their own, waiting at most
+    /// [`netagg_rdma::reaper::FINISH_WAIT`]: a queue pair to a switch host that vanished
+    /// can take tens of seconds to destroy, which would hold up the worker thread's end
+    /// and so `Context::stop` long after its jobs failed. The process's exit may still
+    /// wait for it.
+    fn drop(&mut self) {
+        netagg_rdma::reaper::reap_all(self.connections.drain(..), "RDMA connections to the switch");
+    }
+}
+
 impl SwitchTransport for RdmaTransport {
     fn endpoint(&self) -> Endpoint {
         let ip = self.local.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
