@@ -63,25 +63,12 @@ impl LinkPacer {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(crate) fn allows(&self, now: Instant, thread: usize, first_sending: bool) -> bool {
-        self.state().allows_for(now, thread, first_sending)
+    pub(crate) fn allows(&self, now: Instant) -> bool {
+        self.state().allows(now)
     }
 
-    pub(crate) fn ready_at(&self, thread: usize) -> Option<Instant> {
-        self.state().ready_at_for(thread)
-    }
-
-    /// A thread joins the pacer's turns: the index names it in the calls that take one.
-    pub(crate) fn join(&self) -> usize {
-        self.state().turns.join()
-    }
-
-    /// Thread `thread` holds a data packet back, or no longer does, with `left` first
-    /// sendings of its dense share still to make.
-    pub(crate) fn stands(&self, thread: usize, holding: bool, left: Option<u32>) {
-        let mut state = self.state();
-        state.turns.set_holding(thread, holding);
-        state.turns.set_left(thread, left);
+    pub(crate) fn ready_at(&self) -> Option<Instant> {
+        self.state().ready_at()
     }
 
     /// Books a data packet sent; nothing to book, and no lock to take, while the path is

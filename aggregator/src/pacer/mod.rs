@@ -15,9 +15,6 @@
 //!
 //! One [`LinkPacer`] serves all of a worker's threads, since they share its link. It
 //! paces data: contributions' first sendings and retransmissions, retransmissions first.
-//! A due first sending goes to the thread with the most of its share left that holds
-//! one back (`turns`), so that the threads, whose job ends with the last of them, end
-//! their shares together.
 //! Acknowledgements, requests and probes, header-only and few, pass at once; but behind
 //! a queue too short to show delay, slots' timers armed together, which would fire
 //! together and draw their answers back at once into that queue, fire spread at the
@@ -108,7 +105,6 @@ mod loss_runs;
 mod rules;
 #[cfg(test)]
 mod tests;
-mod turns;
 
 use std::time::Duration;
 

@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::turns::Turns;
 use super::{
     PacingConfig, BURST, DELIVERY_WINDOW, LOSSY_CREEP, LOSSY_PATH_CUTS, LOSS_SAMPLE, LOSS_TOLERANCE,
     MAX_RAISE, MEASURE_SENDINGS, MIN_PERIOD, MIN_RATE, PACING_GAINS, QUANTUM, SAMPLES, STARTUP_FLAT,
@@ -139,8 +138,6 @@ pub(crate) struct Pacer {
     /// Cuts in a row for a share lost above the tolerance, with no judgment below it
     /// between them.
     pub(super) lossy_cuts: u32,
-    /// The standing of the threads that share this path.
-    pub(super) turns: Turns,
 }
 
 impl Pacer {
@@ -165,7 +162,6 @@ impl Pacer {
             cuts: 0,
             judged: (0, 0),
             lossy_cuts: 0,
-            turns: Turns::default(),
         }
     }
 
@@ -180,26 +176,6 @@ impl Pacer {
         let allowed = self.ready_at().is_none_or(|due| due <= now + QUANTUM);
         self.limited |= !allowed;
         allowed
-    }
-
-    /// Whether thread `thread`'s data packet may leave at `now`: as [`Pacer::allows`],
-    /// and a first sending only once no thread further behind takes the turn
-    /// ([`Turns`]).
-    pub(crate) fn allows_for(&mut self, now: Instant, thread: usize, first_sending: bool) -> bool {
-        if !self.allows(now) {
-            return false;
-        }
-        let yields = first_sending
-            && self.rate.and(self.next_send).is_some_and(|due| self.turns.yields(thread, due, now));
-        self.limited |= yields;
-        !yields
-    }
-
-    /// When thread `thread`'s held first sending falls due: [`Pacer::ready_at`], or a
-    /// [`QUANTUM`] later while a thread further behind holds one too.
-    pub(crate) fn ready_at_for(&self, thread: usize) -> Option<Instant> {
-        let due = self.ready_at()?;
-        Some(if self.turns.behind(thread) { due + QUANTUM } else { due })
     }
 
     /// When the next paced packet falls due, which is when a thread holding one back

@@ -572,7 +572,7 @@ fn a_paced_sending_is_booked_at_the_mean_result_s_size() {
     pacer.state().rate = Some(1_000_000);
     pacer.rate.store(1_000_000, Ordering::Relaxed);
     pacer.sent(now, 1_000);
-    let next = pacer.ready_at(pacer.join()).unwrap();
+    let next = pacer.ready_at().unwrap();
     // 200 bytes at 1 MB/s after the start, which BURST may put back.
     assert_eq!(next + BURST, now + Duration::from_micros(200));
 }
@@ -658,64 +658,4 @@ fn results_reach_the_path_s_count_by_the_batch_and_at_every_reading() {
     assert_eq!(count(&pacer), 64 * 1024 + 900, "so does a job's start");
     pacer.sent(start + 3 * MS, 1000);
     assert_eq!(pacer.state().next_send, None, "an unpaced path books no sending");
-}
-
-/// A paced path shared by two threads, both joined; the clock a second on, past any burst.
-fn shared_path() -> (Path, usize, usize, Instant) {
-    let mut path = Path::new(CONFIG);
-    path.queue(MS * 10, 100_000_000);
-    let (first, second) = (path.pacer.turns.join(), path.pacer.turns.join());
-    (path, first, second, Instant::now() + Duration::from_secs(1))
-}
-
-#[test]
-fn a_due_first_sending_goes_to_the_holding_thread_with_more_of_its_share_left() {
-    let (mut path, ahead, behind, now) = shared_path();
-    let pacer = &mut path.pacer;
-    pacer.turns.set_left(ahead, Some(10));
-    pacer.turns.set_left(behind, Some(20));
-    pacer.turns.set_holding(behind, true);
-    pacer.sent(now, 1_000);
-    let due = pacer.ready_at().unwrap();
-    assert!(!pacer.allows_for(due, ahead, true), "the thread further behind takes the turn");
-    assert_eq!(pacer.ready_at_for(ahead), Some(pacer.ready_at().unwrap() + QUANTUM));
-    assert!(pacer.allows_for(due, behind, true));
-    assert_eq!(pacer.ready_at_for(behind), pacer.ready_at());
-    // A retransmission goes in any thread's turn; so does a first sending once the thread
-    // behind no longer holds one back, or is no longer behind.
-    assert!(pacer.allows_for(due, ahead, false));
-    pacer.turns.set_holding(behind, false);
-    assert!(pacer.allows_for(due, ahead, true));
-    pacer.turns.set_holding(behind, true);
-    pacer.turns.set_left(behind, Some(10));
-    assert!(pacer.allows_for(due, ahead, true), "level: whoever asks first");
-}
-
-#[test]
-fn a_turn_the_thread_behind_leaves_untaken_goes_to_another_a_quantum_later() {
-    let (mut path, ahead, behind, now) = shared_path();
-    let pacer = &mut path.pacer;
-    pacer.turns.set_left(ahead, Some(10));
-    pacer.turns.set_left(behind, Some(20));
-    pacer.turns.set_holding(behind, true);
-    pacer.sent(now, 1_000);
-    let due = pacer.ready_at().unwrap();
-    assert!(!pacer.allows_for(due + QUANTUM / 2, ahead, true));
-    assert!(pacer.allows_for(due + QUANTUM, ahead, true), "the link idles a quantum at most");
-}
-
-#[test]
-fn threads_of_a_sparse_job_take_turns_as_they_come() {
-    let (mut path, first, second, now) = shared_path();
-    let pacer = &mut path.pacer;
-    pacer.turns.set_left(first, None);
-    pacer.turns.set_left(second, Some(20));
-    pacer.turns.set_holding(second, true);
-    pacer.sent(now, 1_000);
-    let due = pacer.ready_at().unwrap();
-    assert!(pacer.allows_for(due, first, true), "a sparse share's count says nothing");
-    pacer.turns.set_left(first, Some(10));
-    pacer.turns.set_left(second, None);
-    pacer.turns.set_holding(first, false);
-    assert!(pacer.allows_for(due, first, true));
 }

@@ -96,7 +96,6 @@ impl WorkerProtocol {
         }
         self.pacer.job_started(now, &mut self.delivered);
         self.start_streams(&spec, active_slots);
-        self.first_sendings_left = (!matches!(spec.layout, Layout::Sparse(_))).then_some(blocks);
         self.job = Some(Job { spec, blocks });
         self.status = JobStatus::Running;
         if active_slots == 0 {

@@ -376,13 +376,6 @@ pub struct WorkerProtocol {
     resends: VecDeque<(u16, Send)>,
     /// The pacer of this worker's path, which its other threads may share.
     pacer: Arc<LinkPacer>,
-    /// This thread's index in its pacer's turns.
-    turn: usize,
-    /// First sendings of this thread's dense share still to make; `None` in a sparse job.
-    first_sendings_left: Option<u32>,
-    /// What the pacer last heard of this thread: whether it held a data packet back, and
-    /// `first_sendings_left`.
-    told_standing: (bool, Option<u32>),
     /// Results received and not yet in the pacer's count.
     delivered: DeliveryBatch,
     /// The thread's first sendings, and the run of them found lost, for the pacer.
@@ -457,9 +450,6 @@ impl WorkerProtocol {
         let endpoints = (0..config.keys.endpoints()).map(|_| EndpointState::default()).collect();
         WorkerProtocol {
             base_timeout: config.retransmit_timeout,
-            turn: pacer.join(),
-            first_sendings_left: None,
-            told_standing: (false, None),
             pacer,
             delivered: DeliveryBatch::default(),
             loss_runs: LossRuns::default(),

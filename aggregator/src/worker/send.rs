@@ -30,37 +30,16 @@ impl WorkerProtocol {
         if buf.len() < datagram_len(self.config.packet_elements as usize) {
             return None;
         }
-        let sent = self.next_transmit(now, buf, io);
-        self.tell_standing();
-        sent
-    }
-
-    /// Tells the pacer's turns where this thread stands, if that changed: whether it
-    /// holds a packet back, always, and how much of its share is left while paced (a lock
-    /// per packet there, none on an unpaced path).
-    fn tell_standing(&mut self) {
-        let holding = !self.resends.is_empty() || !self.paced.is_empty();
-        let standing = (holding, self.first_sendings_left);
-        let told = self.told_standing;
-        if holding != told.0 || (standing.1 != told.1 && self.pacer.rate().is_some()) {
-            self.pacer.stands(self.turn, holding, self.first_sendings_left);
-            self.told_standing = standing;
-        }
-    }
-
-    fn next_transmit(&mut self, now: Instant, buf: &mut [u8], io: &mut impl BlockIo) -> Option<usize> {
         let pacing = self.pacer.rate().is_some();
         while let Some((index, send)) = self.pending.pop_front() {
             // Data waits behind data already waiting, in order, retransmissions first.
             let waiting = !self.resends.is_empty() || !self.paced.is_empty();
             match send {
-                FIRST_SENDING if pacing && (waiting || !self.pacer.allows(now, self.turn, true)) => {
+                FIRST_SENDING if pacing && (waiting || !self.pacer.allows(now)) => {
                     self.queue_paced(index);
                     continue;
                 }
-                Send::Data { retransmission: Some(_) }
-                    if pacing && (waiting || !self.pacer.allows(now, self.turn, false)) =>
-                {
+                Send::Data { retransmission: Some(_) } if pacing && (waiting || !self.pacer.allows(now)) => {
                     // One copy waits: a later timeout or notice asking for the same adds
                     // nothing.
                     if !self.resends.contains(&(index, send)) {
@@ -76,7 +55,7 @@ impl WorkerProtocol {
         }
         // Retransmissions first: they repair rounds every worker waits on.
         while !self.resends.is_empty() || !self.paced.is_empty() {
-            if !self.pacer.allows(now, self.turn, self.resends.is_empty()) {
+            if !self.pacer.allows(now) {
                 return None;
             }
             let (index, send) = match self.resends.pop_front() {
@@ -170,7 +149,6 @@ impl WorkerProtocol {
                 PacedTurn::Silent(index) => self.slots[index as usize].silent_turn = false,
             }
         }
-        self.tell_standing();
     }
 
     /// Builds `send` for slot `index` into `buf`, and books it as sent at `now`.
@@ -210,7 +188,6 @@ impl WorkerProtocol {
         }
         self.book_loss(now, index, send);
         if send == FIRST_SENDING {
-            self.first_sendings_left = self.first_sendings_left.map(|left| left.saturating_sub(1));
             let slot = &mut self.slots[index as usize];
             slot.waiting_since = self.transmissions;
             slot.first_sending = self.loss_runs.first_sending();

@@ -77,7 +77,7 @@ impl WorkerProtocol {
         // Asked only with a packet held back: the pacer's lock, which the worker's threads
         // share, is not for every turn of every thread's loop.
         let held = !self.paced.is_empty() || !self.resends.is_empty();
-        let paced = if held { self.pacer.ready_at(self.turn) } else { None };
+        let paced = if held { self.pacer.ready_at() } else { None };
         [timer, paced].into_iter().flatten().chain([job_deadline]).min()
     }
 
