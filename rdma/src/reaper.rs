@@ -106,6 +106,11 @@ impl<T: Send + 'static> Reaper<T> {
             // Nothing is ever sent: only the timeout is left.
             Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {
                 let left = self.pending.load(Ordering::Acquire);
+                if left == 0 {
+                    // The last drop ended as the wait did: the thread is leaving.
+                    let _ = thread.join();
+                    return Ending::Done;
+                }
                 tracing::warn!(
                     "{left} {} still being destroyed after {wait:?}: left to finish in the background \
                      (a queue pair to a peer host that vanished can take about 50 s to destroy); \

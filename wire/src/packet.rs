@@ -785,6 +785,20 @@ impl PacketRepr {
 mod tests {
     use super::*;
 
+    /// `per_packet` multiplies by elements per `ELEMENT_LEN` bytes, which is exact only
+    /// where a type's size divides it: a wider type added would count 0 elements.
+    #[test]
+    fn every_element_types_size_divides_the_element_len_and_fills_the_payload() {
+        let types: Vec<ElementType> =
+            (0..=u8::MAX).filter_map(|value| ElementType::try_from(value).ok()).collect();
+        assert_eq!(types.len(), 4);
+        for element_type in types {
+            assert_eq!(ELEMENT_LEN % element_type.size(), 0, "{element_type:?}");
+            let elements = element_type.per_packet(256) as usize;
+            assert_eq!(elements * element_type.size(), 256 * ELEMENT_LEN, "{element_type:?}");
+        }
+    }
+
     fn sample() -> PacketRepr {
         PacketRepr {
             message_type: MessageType::Data,

@@ -242,8 +242,9 @@ enum PacedTurn {
     /// different order by each worker, completed in bursts that a queue of a frame or
     /// two dropped (`benches/RESULTS.md`, "Rounds paced, not packets"). Taken in the
     /// order of the results that released them, as the peers take theirs, the turns
-    /// keep the workers' rounds in step, as a dense job's are.
-    Silent(u16),
+    /// keep the workers' rounds in step, as a dense job's are. Names the slot and the
+    /// round.
+    Silent(u16, u32),
 }
 
 /// What a thread knows of one switch endpoint it sends to. Each endpoint answers in its
@@ -300,7 +301,9 @@ struct SlotState {
     /// The slot waits for a round it has nothing to send to, whose turn waits in the
     /// pacer's queue ([`PacedTurn::Silent`]): its peers take their turns for the round
     /// about when this thread takes its own, so its wait, and its timer, begin then.
-    silent_turn: bool,
+    /// Holds the round waited for: a turn queued for an earlier round, whose result came
+    /// before the turn was taken, must not begin this round's wait early.
+    silent_turn: Option<u32>,
     /// The number of its contribution's first sending among the thread's (`loss_runs`).
     first_sending: u64,
     /// Consecutive timeouts of this slot; each doubles its timeout.
@@ -438,7 +441,7 @@ impl WorkerProtocol {
                 held: None,
                 deferred: false,
                 paced: false,
-                silent_turn: false,
+                silent_turn: None,
                 first_sending: 0,
                 backoff: 0,
                 recovery_sent: None,

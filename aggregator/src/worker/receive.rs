@@ -259,7 +259,7 @@ impl WorkerProtocol {
         // The next wait begins now, or at the first sending of the contribution queued (a
         // probe's report, which may come before that sending, must not take it as lost).
         slot.waiting_since = self.transmissions;
-        if self.pending.len() != queued_before || slot.silent_turn {
+        if self.pending.len() != queued_before || slot.silent_turn.is_some() {
             // The packet queued for the slot arms its timer when it is sent, and a silent
             // turn queued for it when it is taken; until then the timer of the packet
             // just answered must not fire.

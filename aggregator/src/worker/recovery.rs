@@ -64,7 +64,7 @@ impl WorkerProtocol {
     pub(super) fn slot_timed_out(&mut self, now: Instant, index: u16) {
         let slot = &mut self.slots[index as usize];
         slot.deadline = None;
-        if slot.paced || slot.silent_turn {
+        if slot.paced || slot.silent_turn.is_some() {
             // Its contribution was never sent, or its wait has not begun: the pacer's
             // turn arms the timer.
             return;

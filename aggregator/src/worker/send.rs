@@ -65,8 +65,8 @@ impl WorkerProtocol {
                         self.slots[index as usize].paced = false;
                         (index, FIRST_SENDING)
                     }
-                    PacedTurn::Silent(index) => {
-                        self.take_silent_turn(now, index);
+                    PacedTurn::Silent(index, round) => {
+                        self.take_silent_turn(now, index, round);
                         continue;
                     }
                 },
@@ -103,19 +103,24 @@ impl WorkerProtocol {
     /// no timer runs for it.
     ///
     /// [`LinkPacer::paces_rounds`]: crate::pacer::LinkPacer::paces_rounds
-    pub(super) fn queue_silent_turn(&mut self, index: u16) {
+    pub(super) fn queue_silent_turn(&mut self, index: u16, round: u32) {
         if self.pacer.paces_rounds() {
-            self.slots[index as usize].silent_turn = true;
-            self.paced.push_back(PacedTurn::Silent(index));
+            self.slots[index as usize].silent_turn = Some(round);
+            self.paced.push_back(PacedTurn::Silent(index, round));
         }
     }
 
-    /// Takes slot `index`'s silent turn at `now`: books the result its round draws, and
-    /// starts the slot's wait for it, unless the result came first.
-    fn take_silent_turn(&mut self, now: Instant, index: u16) {
+    /// Takes slot `index`'s silent turn for `round` at `now`: books the result the round
+    /// draws, and starts the slot's wait for it, unless the result came first (the slot
+    /// then waits for a later round, or none).
+    fn take_silent_turn(&mut self, now: Instant, index: u16, round: u32) {
         self.pacer.sent(now, self.paced_len());
         let slot = &mut self.slots[index as usize];
-        if std::mem::take(&mut slot.silent_turn) && slot.active {
+        if slot.silent_turn != Some(round) {
+            return;
+        }
+        slot.silent_turn = None;
+        if slot.active {
             slot.waiting_since = self.transmissions;
             self.arm_timer(index, now);
         }
@@ -146,7 +151,7 @@ impl WorkerProtocol {
         for turn in self.paced.drain(..) {
             match turn {
                 PacedTurn::Contribution(index) => self.slots[index as usize].paced = false,
-                PacedTurn::Silent(index) => self.slots[index as usize].silent_turn = false,
+                PacedTurn::Silent(index, _) => self.slots[index as usize].silent_turn = None,
             }
         }
     }
@@ -347,7 +352,6 @@ mod tests {
         // Results at about 250 kB/s: a result's time is about 2 ms at the rate.
         let pacer = measured_path(start, 1);
         let mut protocol = WorkerProtocol::with_pacer(config(2, timeout), start, pacer.clone());
-        let thread = protocol.turn;
         // Slot 0's stream is blocks 0, 2, 4 ... of which 4 is this worker's first; slot
         // 1's is 1, 3, 5 ... from 3.
         let mask = BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block));
@@ -361,7 +365,7 @@ mod tests {
         protocol.start_job(start, job).unwrap();
         // The two openings, a result's time apart.
         assert_eq!(sent(&mut protocol, start).len(), 1);
-        let second = pacer.ready_at(thread).unwrap();
+        let second = pacer.ready_at().unwrap();
         assert_eq!(sent(&mut protocol, second).len(), 1);
         // Slot 0's next round is another worker's block 2; slot 1's is this worker's 3.
         let now = second + Duration::from_micros(100);
@@ -372,18 +376,70 @@ mod tests {
         let at_once: Vec<MessageType> =
             sent(&mut protocol, now).iter().map(|p| parsed(p).message_type).collect();
         assert_eq!(at_once, [MessageType::Ack]);
-        let turn = pacer.ready_at(thread).unwrap();
+        let turn = pacer.ready_at().unwrap();
         assert!(turn > now + QUANTUM, "the turn waits for the pacer");
         assert_eq!(protocol.poll_timeout(), Some(turn));
         // The turn sends nothing, arms slot 0's timer, and holds slot 1's block back.
         assert!(sent(&mut protocol, turn).is_empty());
         assert!(protocol.slots[0].deadline.is_some_and(|deadline| deadline >= turn + timeout));
-        let after = pacer.ready_at(thread).unwrap();
+        let after = pacer.ready_at().unwrap();
         assert!(after > turn + QUANTUM);
         let contribution = sent(&mut protocol, after);
         let blocks: Vec<(u16, u32)> =
             contribution.iter().map(|p| parsed(p)).map(|p: PacketRepr| (p.slot, p.block)).collect();
         assert_eq!(blocks, [(1, 3)]);
+    }
+
+    /// A silent turn begins the wait of its own round only: when a round's result comes
+    /// before its turn is taken and the next round is silent too, the slot has two turns
+    /// queued, and the first, taken, books a result's time but begins no wait.
+    #[test]
+    fn a_silent_turn_outrun_by_its_result_leaves_the_next_rounds_wait_to_its_own_turn() {
+        let start = Instant::now();
+        let pacer = measured_path(start, 1);
+        let mut protocol =
+            WorkerProtocol::with_pacer(config(2, Duration::from_millis(10)), start, pacer.clone());
+        // Slot 0's stream is blocks 0, 2, 4 ... of which 8 is this worker's first; slot
+        // 1's is 1, 3, 5 ... from 3.
+        let mask = BlockMask::from_fn(12, |block| [3, 5, 7, 8, 9].contains(&block));
+        let job = JobSpec {
+            job: 1,
+            element_type: ElementType::Int32,
+            elements: 12,
+            layout: Layout::Sparse(mask),
+            exponents: false,
+        };
+        protocol.start_job(start, job).unwrap();
+        assert_eq!(sent(&mut protocol, start).len(), 1);
+        let second = pacer.ready_at().unwrap();
+        assert_eq!(sent(&mut protocol, second).len(), 1);
+        // Slot 1 contributes block 3 next, so the turns wait behind its sending; slot 0's
+        // round 1 (block 2) and, its result come at once, round 2 (block 4) are silent.
+        let now = second + Duration::from_micros(100);
+        protocol.handle_datagram(now, &sparse_result(1, 0, 1, 3, 0), &mut Numbers);
+        protocol.handle_datagram(now, &sparse_result(0, 0, 0, 2, 0), &mut Numbers);
+        protocol.handle_datagram(now, &sparse_result(0, 1, 2, 4, 0), &mut Numbers);
+        assert_eq!(protocol.slots[0].silent_turn, Some(2));
+        let queued =
+            |protocol: &WorkerProtocol, round: u32| protocol.paced.contains(&PacedTurn::Silent(0, round));
+        assert!(queued(&protocol, 1) && queued(&protocol, 2), "slot 0 has two turns queued");
+        // The stale turn, for round 1, comes first: booked, and round 2's wait not begun
+        // (its timer, if an acknowledgement armed it, fires to no effect until then).
+        let mut turns = 0;
+        while queued(&protocol, 1) {
+            sent(&mut protocol, pacer.ready_at().unwrap_or(now));
+            turns += 1;
+            assert!(turns <= 3, "the turns are taken");
+        }
+        assert!(queued(&protocol, 2));
+        assert_eq!(protocol.slots[0].silent_turn, Some(2), "the stale turn starts no wait");
+        while queued(&protocol, 2) {
+            sent(&mut protocol, pacer.ready_at().unwrap());
+            turns += 1;
+            assert!(turns <= 4, "the turns are taken");
+        }
+        assert_eq!(protocol.slots[0].silent_turn, None);
+        assert!(protocol.slots[0].deadline.is_some(), "round 2's own turn starts its wait");
     }
 
     /// Behind a measured rate, a silent slot's request, which draws its round's result
@@ -395,7 +451,6 @@ mod tests {
         let pacer = measured_path(start, 1);
         let mut protocol =
             WorkerProtocol::with_pacer(config(2, Duration::from_millis(10)), start, pacer.clone());
-        let thread = protocol.turn;
         let mask = BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block));
         let job = JobSpec {
             job: 1,
@@ -406,17 +461,17 @@ mod tests {
         };
         protocol.start_job(start, job).unwrap();
         assert_eq!(sent(&mut protocol, start).len(), 1);
-        let second = pacer.ready_at(thread).unwrap();
+        let second = pacer.ready_at().unwrap();
         assert_eq!(sent(&mut protocol, second).len(), 1);
         // Slot 0 goes silent (another worker's block 2 next); slot 1 sends its block 3.
         protocol.handle_datagram(second, &sparse_result(0, 0, 0, 2, 0), &mut Numbers);
         protocol.handle_datagram(second, &sparse_result(1, 0, 1, 3, 0), &mut Numbers);
         sent(&mut protocol, second);
         let mut request = |index: u16, round: u32| {
-            let before = pacer.ready_at(thread).unwrap();
+            let before = pacer.ready_at().unwrap();
             protocol.pending.push_back((index, Send::Request { round }));
             assert_eq!(sent(&mut protocol, second).len(), 1, "slot {index}'s request leaves at once");
-            pacer.ready_at(thread).unwrap() - before
+            pacer.ready_at().unwrap() - before
         };
         assert!(request(0, 1) > Duration::ZERO, "the silent slot's request takes a result's time");
         assert_eq!(request(1, 1), Duration::ZERO, "the contributing slot's takes none");

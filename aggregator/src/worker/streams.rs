@@ -153,7 +153,7 @@ impl WorkerProtocol {
             }
             Layout::Sparse(mask) => {
                 // The round a silent turn waited for came, with or without it.
-                slot.silent_turn = false;
+                slot.silent_turn = None;
                 if repr.next_block == END_OF_STREAM {
                     slot.end_round = Some(repr.round);
                 } else if repr.next_block == slot.my_next {
@@ -164,7 +164,7 @@ impl WorkerProtocol {
                     slot.my_next = next;
                     self.pending.push_back((index, FIRST_SENDING));
                 } else {
-                    self.queue_silent_turn(index);
+                    self.queue_silent_turn(index, repr.round.wrapping_add(1));
                 }
             }
         }

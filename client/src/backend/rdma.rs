@@ -260,7 +260,10 @@ impl SwitchTransport for RdmaTransport {
                 )
             })
             .collect::<io::Result<Vec<_>>>()?;
-        self.connections = connections;
+        // Connections to an earlier set of switches go as the transport's own do at its
+        // end: one to a host that vanished could block here for tens of seconds.
+        let replaced = std::mem::replace(&mut self.connections, connections);
+        netagg_rdma::reaper::reap_all(replaced, "RDMA connections to the switch");
         self.switches = switches;
         self.paths = Some(paths.clone());
         self.next = 0;
