@@ -328,6 +328,7 @@ impl WorkerProtocol {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use netagg_wire::Packet;
@@ -339,22 +340,20 @@ mod tests {
     };
     use super::super::{BlockMask, JobSpec, Layout};
     use super::*;
-    use crate::pacer::QUANTUM;
+    use crate::pacer::{LinkPacer, QUANTUM};
 
-    /// Behind a measured rate, a sparse round that names only another worker's block
-    /// takes a turn at the pacer, as a sending would: the slot's timer runs from then,
-    /// and a contribution released after it waits its turn behind it. Paced by its own
-    /// sendings alone, the worker sent that contribution at the turn's time.
-    #[test]
-    fn a_silent_round_takes_its_turn_at_the_pacer_and_starts_its_timer_then() {
-        let start = Instant::now();
-        let timeout = Duration::from_millis(10);
-        // Results at about 250 kB/s: a result's time is about 2 ms at the rate.
+    /// A protocol of two slots behind a measured rate (results at about 250 kB/s, a
+    /// result's time about 2 ms), running a sparse int32 job of 12 one-element blocks
+    /// of which this worker holds `blocks`, its two openings sent: the pacer, the
+    /// protocol, and when the second opening left.
+    fn sparse_behind_a_measured_rate(
+        start: Instant,
+        timeout: Duration,
+        blocks: &'static [u32],
+    ) -> (Arc<LinkPacer>, WorkerProtocol, Instant) {
         let pacer = measured_path(start, 1);
         let mut protocol = WorkerProtocol::with_pacer(config(2, timeout), start, pacer.clone());
-        // Slot 0's stream is blocks 0, 2, 4 ... of which 4 is this worker's first; slot
-        // 1's is 1, 3, 5 ... from 3.
-        let mask = BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block));
+        let mask = BlockMask::from_fn(12, |block| blocks.contains(&block));
         let job = JobSpec {
             job: 1,
             element_type: ElementType::Int32,
@@ -367,6 +366,20 @@ mod tests {
         assert_eq!(sent(&mut protocol, start).len(), 1);
         let second = pacer.ready_at().unwrap();
         assert_eq!(sent(&mut protocol, second).len(), 1);
+        (pacer, protocol, second)
+    }
+
+    /// Behind a measured rate, a sparse round that names only another worker's block
+    /// takes a turn at the pacer, as a sending would: the slot's timer runs from then,
+    /// and a contribution released after it waits its turn behind it. Paced by its own
+    /// sendings alone, the worker sent that contribution at the turn's time.
+    #[test]
+    fn a_silent_round_takes_its_turn_at_the_pacer_and_starts_its_timer_then() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(10);
+        // Slot 0's stream is blocks 0, 2, 4 ... of which 4 is this worker's first; slot
+        // 1's is 1, 3, 5 ... from 3.
+        let (pacer, mut protocol, second) = sparse_behind_a_measured_rate(start, timeout, &[3, 4, 5, 7, 9]);
         // Slot 0's next round is another worker's block 2; slot 1's is this worker's 3.
         let now = second + Duration::from_micros(100);
         protocol.handle_datagram(now, &sparse_result(0, 0, 0, 2, 0), &mut Numbers);
@@ -396,23 +409,10 @@ mod tests {
     #[test]
     fn a_silent_turn_outrun_by_its_result_leaves_the_next_rounds_wait_to_its_own_turn() {
         let start = Instant::now();
-        let pacer = measured_path(start, 1);
-        let mut protocol =
-            WorkerProtocol::with_pacer(config(2, Duration::from_millis(10)), start, pacer.clone());
         // Slot 0's stream is blocks 0, 2, 4 ... of which 8 is this worker's first; slot
         // 1's is 1, 3, 5 ... from 3.
-        let mask = BlockMask::from_fn(12, |block| [3, 5, 7, 8, 9].contains(&block));
-        let job = JobSpec {
-            job: 1,
-            element_type: ElementType::Int32,
-            elements: 12,
-            layout: Layout::Sparse(mask),
-            exponents: false,
-        };
-        protocol.start_job(start, job).unwrap();
-        assert_eq!(sent(&mut protocol, start).len(), 1);
-        let second = pacer.ready_at().unwrap();
-        assert_eq!(sent(&mut protocol, second).len(), 1);
+        let (pacer, mut protocol, second) =
+            sparse_behind_a_measured_rate(start, Duration::from_millis(10), &[3, 5, 7, 8, 9]);
         // Slot 1 contributes block 3 next, so the turns wait behind its sending; slot 0's
         // round 1 (block 2) and, its result come at once, round 2 (block 4) are silent.
         let now = second + Duration::from_micros(100);
@@ -448,21 +448,8 @@ mod tests {
     #[test]
     fn a_silent_slots_request_is_booked_at_the_pacer_and_a_contributing_slots_is_not() {
         let start = Instant::now();
-        let pacer = measured_path(start, 1);
-        let mut protocol =
-            WorkerProtocol::with_pacer(config(2, Duration::from_millis(10)), start, pacer.clone());
-        let mask = BlockMask::from_fn(12, |block| [3, 4, 5, 7, 9].contains(&block));
-        let job = JobSpec {
-            job: 1,
-            element_type: ElementType::Int32,
-            elements: 12,
-            layout: Layout::Sparse(mask),
-            exponents: false,
-        };
-        protocol.start_job(start, job).unwrap();
-        assert_eq!(sent(&mut protocol, start).len(), 1);
-        let second = pacer.ready_at().unwrap();
-        assert_eq!(sent(&mut protocol, second).len(), 1);
+        let (pacer, mut protocol, second) =
+            sparse_behind_a_measured_rate(start, Duration::from_millis(10), &[3, 4, 5, 7, 9]);
         // Slot 0 goes silent (another worker's block 2 next); slot 1 sends its block 3.
         protocol.handle_datagram(second, &sparse_result(0, 0, 0, 2, 0), &mut Numbers);
         protocol.handle_datagram(second, &sparse_result(1, 0, 1, 3, 0), &mut Numbers);
