@@ -228,6 +228,9 @@ impl Transport for RdmaTransport {
     }
 }
 
+/// What the transport's reapers destroy, for their log lines.
+const CONNECTIONS: &str = "RDMA connections to the switch";
+
 impl Drop for RdmaTransport {
     /// Destroys the connections on a thread of their own, waiting at most
     /// [`netagg_rdma::reaper::FINISH_WAIT`]: a queue pair to a switch host that vanished
@@ -235,7 +238,7 @@ impl Drop for RdmaTransport {
     /// and so `Context::stop` long after its jobs failed. The process's exit may still
     /// wait for it.
     fn drop(&mut self) {
-        netagg_rdma::reaper::reap_all(self.connections.drain(..), "RDMA connections to the switch");
+        netagg_rdma::reaper::reap_all(self.connections.drain(..), CONNECTIONS);
     }
 }
 
@@ -263,7 +266,7 @@ impl SwitchTransport for RdmaTransport {
         // Connections to an earlier set of switches go as the transport's own do at its
         // end: one to a host that vanished could block here for tens of seconds.
         let replaced = std::mem::replace(&mut self.connections, connections);
-        netagg_rdma::reaper::reap_all(replaced, "RDMA connections to the switch");
+        netagg_rdma::reaper::reap_all(replaced, CONNECTIONS);
         self.switches = switches;
         self.paths = Some(paths.clone());
         self.next = 0;
