@@ -186,14 +186,9 @@ impl WorkerProtocol {
         // The wait starts with a contribution's first sending. An answer to a resent one
         // or to a request may answer the first sending, so it must not count as the
         // answer to a packet sent later than the others waiting.
-        // Booked at the pacer: what draws a result down the path, every data packet and
-        // the requests `request_draws_result` names.
-        let booked = match send {
-            Send::Data { .. } => true,
-            Send::Request { .. } => self.request_draws_result(index),
-            _ => false,
-        };
-        if booked {
+        if let Send::Data { .. } = send {
+            self.pacer.sent(now, self.paced_len());
+        } else if matches!(send, Send::Request { .. }) && self.request_draws_result(index) {
             self.pacer.sent(now, self.paced_len());
         }
         self.book_loss(now, index, send);
